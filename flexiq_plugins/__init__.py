@@ -1,0 +1,91 @@
+"""flexiq-plugins: durable steps for the Celery and Dramatiq task queues you already run.
+
+Inside a task body::
+
+    from flexiq_plugins import current_job
+
+    step = current_job.step
+    charge = step.run("charge", lambda: pay(order, idempotency_key=step.idempotency_key))
+    step.sleep("1h")
+    step.run("receipt", lambda: send_receipt(charge))
+
+The framework integrations live in ``celery_ext`` and ``dramatiq_ext``; this
+package never imports Celery or Dramatiq.
+"""
+
+from ._store.base import DeadLetterRecord, JobEnvelope, RunRecord, StepRow, StepStore
+from ._store.memory import MemoryStepStore
+from .attempt import Attempt, AttemptDriver, DurableConfig, JobInfo, Limits
+from .codec import CodecChain, FernetCodec, FunctionSerializer, JsonSerializer, ZlibCodec
+from .context import JobContext, StepContext, current_job
+from .durations import parse_duration
+from .errors import (
+    ClaimLost,
+    CodecError,
+    ConcurrentStep,
+    ConfigurationError,
+    DecodeError,
+    DuplicateStepKey,
+    EncodeError,
+    FlexiqError,
+    InvalidStepKey,
+    InvalidStepName,
+    NoCurrentJob,
+    NotInStep,
+    SleepSignal,
+    StepDivergence,
+    StepLimitExceeded,
+    StepSignal,
+    StepUsageError,
+    StoreError,
+    StoreUnavailable,
+    SwallowedStepSignal,
+)
+from .identity import new_run_key
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Attempt",
+    "AttemptDriver",
+    "ClaimLost",
+    "CodecChain",
+    "CodecError",
+    "ConcurrentStep",
+    "ConfigurationError",
+    "DeadLetterRecord",
+    "DecodeError",
+    "DuplicateStepKey",
+    "DurableConfig",
+    "EncodeError",
+    "FernetCodec",
+    "FlexiqError",
+    "FunctionSerializer",
+    "InvalidStepKey",
+    "InvalidStepName",
+    "JobContext",
+    "JobEnvelope",
+    "JobInfo",
+    "JsonSerializer",
+    "Limits",
+    "MemoryStepStore",
+    "NoCurrentJob",
+    "NotInStep",
+    "RunRecord",
+    "SleepSignal",
+    "StepContext",
+    "StepDivergence",
+    "StepLimitExceeded",
+    "StepRow",
+    "StepSignal",
+    "StepStore",
+    "StepUsageError",
+    "StoreError",
+    "StoreUnavailable",
+    "SwallowedStepSignal",
+    "ZlibCodec",
+    "__version__",
+    "current_job",
+    "new_run_key",
+    "parse_duration",
+]

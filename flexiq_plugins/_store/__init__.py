@@ -1,0 +1,1 @@
+"""Step stores: the interface, the in-memory store and the SQL store."""

@@ -1,0 +1,384 @@
+"""The narrow interface between the attempt driver and durable storage.
+
+A store keeps three things: *runs* (one row per run key: status, the claim and
+the job envelope), *step rows* (the committed steps of a run) and *dead
+letters*. Every method states its atomicity and its fencing; both
+implementations (:class:`~flexiq_plugins.MemoryStepStore`,
+:class:`~flexiq_plugins.SqlStepStore`) pass one contract test suite.
+
+Times are ``float`` seconds since the epoch **on the store's clock** (C23): a
+SQL store reads the database's clock inside the same transaction, so a worker
+whose own clock is skewed can neither take a live claim nor extend a sleep.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "CLEANABLE_STATUSES",
+    "TERMINAL_STATUSES",
+    "Begun",
+    "BeginResult",
+    "Busy",
+    "Claim",
+    "DeadLetterRecord",
+    "Finished",
+    "JobEnvelope",
+    "NewDeadLetter",
+    "RunRecord",
+    "RunStatus",
+    "StepKind",
+    "StepRow",
+    "StepStore",
+]
+
+RunStatus = Literal["pending", "running", "sleeping", "retrying", "succeeded", "failed", "dead", "cancelled"]
+"""The states of a run. ``succeeded``, ``failed``, ``dead`` and ``cancelled`` are terminal."""
+
+TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "dead", "cancelled"})
+CLEANABLE_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+"""Terminal states that :meth:`StepStore.cleanup` may drop; ``dead`` runs stay until purged (C27)."""
+
+StepKind = Literal["run", "sleep"]
+
+
+@dataclass(frozen=True)
+class JobEnvelope:
+    """What is needed to re-publish a job (C35): stored with its run.
+
+    Parameters:
+      task_name(str): the Celery task name or Dramatiq actor name.
+      framework(str): ``"celery"``, ``"dramatiq"`` or ``"test"``.
+      queue(str | None): the queue the job was published to.
+      args(list): positional arguments, as the framework serialized them.
+      kwargs(dict): keyword arguments.
+      options(dict): framework options needed to re-publish (headers, eta …),
+        JSON-compatible.
+    """
+
+    task_name: str
+    framework: str
+    queue: str | None = None
+    args: Sequence[Any] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the envelope as a JSON-compatible ``dict``."""
+        return {
+            "task_name": self.task_name,
+            "framework": self.framework,
+            "queue": self.queue,
+            "args": list(self.args),
+            "kwargs": dict(self.kwargs),
+            "options": dict(self.options),
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobEnvelope:
+        """Build an envelope from :meth:`to_dict`'s output."""
+        return cls(
+            task_name=data["task_name"],
+            framework=data["framework"],
+            queue=data.get("queue"),
+            args=list(data.get("args") or ()),
+            kwargs=dict(data.get("kwargs") or {}),
+            options=dict(data.get("options") or {}),
+        )
+
+
+@dataclass(frozen=True)
+class Claim:
+    """``(run key, owner, attempt, lease_until)``: what every write is fenced on.
+
+    Parameters:
+      run_key(str): the run claimed.
+      owner(str): the claiming worker's id (host, pid, random part).
+      attempt(int): this attempt's number, 1 for the first.
+      lease_until(float): lease expiry, epoch seconds, store clock.
+    """
+
+    run_key: str
+    owner: str
+    attempt: int
+    lease_until: float
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One committed step.
+
+    Parameters:
+      position(int): 0-based index in the run's recorded sequence.
+      step_key(str): ``name#n`` or ``name:key`` (C1).
+      kind(str): ``"run"`` or ``"sleep"``.
+      value(bytes | None): the encoded value of a ``run`` step.
+      wake_at(float | None): a ``sleep`` step's wake time, epoch seconds.
+      committed_at(float | None): commit time, epoch seconds, store clock
+        (``None`` before it is stored).
+      attempt(int): the attempt that committed it.
+    """
+
+    position: int
+    step_key: str
+    kind: StepKind
+    value: bytes | None = None
+    wake_at: float | None = None
+    committed_at: float | None = None
+    attempt: int = 0
+
+    @property
+    def size(self) -> int:
+        """The stored value's size in bytes (0 for a sleep)."""
+        return len(self.value) if self.value is not None else 0
+
+
+@dataclass(frozen=True)
+class Begun:
+    """The run was claimed: run the body.
+
+    Parameters:
+      claim(Claim): the new claim.
+      snapshot(tuple[StepRow, ...]): every committed step row, by position.
+      now(float): the store's clock when the claim was taken (epoch seconds).
+      takeovers(int): how many times a claim of this run was taken over from a
+        worker whose lease expired, this takeover included (C25).
+      envelope(JobEnvelope): the run's stored envelope.
+    """
+
+    claim: Claim
+    snapshot: tuple[StepRow, ...]
+    now: float
+    takeovers: int
+    envelope: JobEnvelope
+
+
+@dataclass(frozen=True)
+class Busy:
+    """Another live claim holds the run (C24).
+
+    Parameters:
+      lease_remaining(float): seconds until that claim's lease expires.
+    """
+
+    lease_remaining: float
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The run is already terminal (C26): acknowledge without running.
+
+    Parameters:
+      status(str): the terminal status.
+    """
+
+    status: str
+
+
+BeginResult = Begun | Busy | Finished
+
+
+@dataclass(frozen=True)
+class NewDeadLetter:
+    """What the driver records when a job is dead-lettered (C30).
+
+    Parameters:
+      job_id(str): the framework's job id.
+      reason(str): a short kind, e.g. ``"divergence"``, ``"worker_lost"``.
+      message(str): the error's message.
+      traceback(str): the formatted traceback ('' if none).
+    """
+
+    job_id: str
+    reason: str
+    message: str
+    traceback: str = ""
+
+
+@dataclass(frozen=True)
+class DeadLetterRecord:
+    """A stored dead letter."""
+
+    id: int
+    run_key: str
+    job_id: str
+    task_name: str
+    reason: str
+    message: str
+    traceback: str
+    envelope: JobEnvelope
+    created_at: float
+    retried_at: float | None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """A stored run, as operators see it."""
+
+    run_key: str
+    task_name: str
+    framework: str
+    queue: str | None
+    status: str
+    owner: str | None
+    attempt: int
+    lease_until: float | None
+    takeovers: int
+    job_id: str | None
+    envelope: JobEnvelope
+    step_count: int
+    step_bytes: int
+    created_at: float
+    updated_at: float
+
+
+class StepStore(abc.ABC):
+    """Durable storage for runs, step rows and dead letters.
+
+    Implementations must be safe to share between threads of one process and,
+    for SQL, between processes (each process opens its own connections; a
+    forked child never reuses its parent's). Errors from the storage engine are
+    translated here: connection loss and timeouts raise
+    :class:`~flexiq_plugins.errors.StoreUnavailable`.
+    """
+
+    # ------------------------------------------------------------- attempts
+    @abc.abstractmethod
+    def begin(
+        self,
+        run_key: str,
+        job_id: str,
+        envelope: JobEnvelope,
+        owner: str,
+        lease_seconds: float,
+    ) -> BeginResult:
+        """Claim the run for a new attempt and read its snapshot (C23–C26).
+
+        One transaction. Creates the run (status ``running``) if it does not
+        exist, storing ``envelope``. Then, reading the store's clock ``now``:
+
+        - status terminal → :class:`Finished`, nothing written;
+        - a claim is held and ``lease_until > now`` → :class:`Busy`, nothing
+          written;
+        - otherwise the run is claimed: ``attempt += 1``, ``owner = owner``,
+          ``lease_until = now + lease_seconds``, status ``running``, job id
+          updated. If the previous claim was still held (its lease expired:
+          its worker died) ``takeovers += 1``. Returns :class:`Begun` with
+          every step row.
+
+        ``lease_seconds`` is in seconds.
+        """
+
+    @abc.abstractmethod
+    def renew(self, claim: Claim, lease_seconds: float) -> Claim:
+        """Extend the claim's lease to ``now + lease_seconds`` (store clock).
+
+        One transaction, fenced on ``(run_key, owner, attempt)``: raises
+        :class:`~flexiq_plugins.errors.ClaimLost` if the claim is no longer the
+        run's. Returns the renewed claim.
+        """
+
+    @abc.abstractmethod
+    def commit_step(self, claim: Claim, row: StepRow) -> StepRow:
+        """Insert one step row (C5, C9).
+
+        One transaction, fenced: the row is inserted only while the run's
+        ``(owner, attempt)`` are the claim's; otherwise
+        :class:`~flexiq_plugins.errors.ClaimLost` and nothing is written. The
+        run's step count and byte total are updated in the same transaction.
+        Returns the row with ``committed_at`` set.
+        """
+
+    @abc.abstractmethod
+    def finish(
+        self,
+        claim: Claim,
+        status: RunStatus,
+        *,
+        drop_steps: bool = False,
+        dead_letter: NewDeadLetter | None = None,
+    ) -> None:
+        """End the attempt: set ``status`` and release the claim.
+
+        One transaction, fenced on the claim (else
+        :class:`~flexiq_plugins.errors.ClaimLost`, nothing written). With
+        ``drop_steps`` the run's step rows are deleted (C27); with
+        ``dead_letter`` a dead letter is recorded carrying the run's envelope
+        (C30). ``status`` is one of ``sleeping``, ``retrying``, ``succeeded``,
+        ``failed``, ``dead``, ``cancelled``.
+        """
+
+    @abc.abstractmethod
+    def settle_failed(self, run_key: str, attempt: int) -> bool:
+        """Mark a ``retrying`` run ``failed`` once the framework gives up.
+
+        One transaction; only applies while the run is ``retrying`` at
+        ``attempt`` (no newer attempt started). Returns whether it applied.
+        """
+
+    @abc.abstractmethod
+    def now(self) -> float:
+        """Return the store's clock, epoch seconds."""
+
+    # ------------------------------------------------------------ operators
+    @abc.abstractmethod
+    def get_run(self, run_key: str) -> RunRecord:
+        """Return one run; raises :class:`~flexiq_plugins.errors.UnknownRun`."""
+
+    @abc.abstractmethod
+    def list_runs(
+        self,
+        *,
+        status: str | None = None,
+        task_name: str | None = None,
+        since: float | None = None,
+        limit: int = 100,
+    ) -> list[RunRecord]:
+        """Return runs, newest first, filtered by status, task and ``updated_at >= since``."""
+
+    @abc.abstractmethod
+    def get_steps(self, run_key: str) -> list[StepRow]:
+        """Return the run's step rows ordered by position (empty if none)."""
+
+    @abc.abstractmethod
+    def list_dead_letters(
+        self, *, task_name: str | None = None, include_retried: bool = False
+    ) -> list[DeadLetterRecord]:
+        """Return dead letters, oldest first."""
+
+    @abc.abstractmethod
+    def get_dead_letter(self, dead_letter_id: int) -> DeadLetterRecord:
+        """Return one dead letter; raises :class:`~flexiq_plugins.errors.UnknownDeadLetter`."""
+
+    @abc.abstractmethod
+    def prepare_retry(self, dead_letter_id: int, *, reset_from: str | None = None) -> DeadLetterRecord:
+        """Make a dead-lettered run runnable again, keeping its run key (C11, C30).
+
+        One transaction: the run's status becomes ``pending`` (claim cleared),
+        the dead letter's ``retried_at`` is set; with ``reset_from`` the step
+        row with that key and every later position are deleted. Returns the
+        dead letter (with ``retried_at`` set).
+        """
+
+    @abc.abstractmethod
+    def purge_dead_letters(self, ids: Sequence[int] | None = None) -> int:
+        """Delete the given dead letters (all when ``ids`` is ``None``); return how many."""
+
+    @abc.abstractmethod
+    def cleanup(self, *, older_than: float) -> int:
+        """Delete succeeded, failed and cancelled runs (and their steps) last updated before ``older_than``.
+
+        Dead-lettered runs are kept: their rows let a retry replay (C27).
+        Returns how many runs were deleted.
+        """
+
+    def iter_runs(self, **filters: Any) -> Iterator[RunRecord]:
+        """Iterate :meth:`list_runs` (convenience)."""
+        yield from self.list_runs(**filters)
+
+    def close(self) -> None:  # noqa: B027 - optional hook, no-op by default
+        """Release connections. Optional."""

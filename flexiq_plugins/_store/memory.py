@@ -1,0 +1,288 @@
+"""An in-process step store for tests and examples.
+
+It keeps everything in dictionaries behind one lock, so each method is atomic
+the way the interface describes. Nothing survives the process: use
+:class:`~flexiq_plugins.SqlStepStore` for anything durable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from ..errors import ClaimLost, UnknownDeadLetter, UnknownRun
+from .base import (
+    CLEANABLE_STATUSES,
+    TERMINAL_STATUSES,
+    BeginResult,
+    Begun,
+    Busy,
+    Claim,
+    DeadLetterRecord,
+    Finished,
+    JobEnvelope,
+    NewDeadLetter,
+    RunRecord,
+    RunStatus,
+    StepRow,
+    StepStore,
+)
+
+__all__ = ["MemoryStepStore"]
+
+
+class MemoryStepStore(StepStore):
+    """A :class:`StepStore` held in memory.
+
+    Parameters:
+      clock(Callable[[], float] | None): the store's clock in epoch seconds;
+        defaults to :func:`time.time`. Tests pass their own to move time.
+    """
+
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        self._clock = clock or time.time
+        self._lock = threading.RLock()
+        self._runs: dict[str, RunRecord] = {}
+        self._steps: dict[str, list[StepRow]] = {}
+        self._dead: dict[int, DeadLetterRecord] = {}
+        self._next_dead_id = 1
+
+    def now(self) -> float:
+        """Return the store's clock, epoch seconds."""
+        return self._clock()
+
+    # ------------------------------------------------------------- attempts
+    def begin(
+        self, run_key: str, job_id: str, envelope: JobEnvelope, owner: str, lease_seconds: float
+    ) -> BeginResult:
+        """See :meth:`StepStore.begin`."""
+        with self._lock:
+            now = self.now()
+            run = self._runs.get(run_key) or self._new_run(run_key, envelope, now)
+            if run.status in TERMINAL_STATUSES:
+                return Finished(run.status)
+            held = run.owner is not None and run.lease_until is not None
+            if held and run.lease_until is not None and run.lease_until > now:
+                return Busy(run.lease_until - now)
+            run = dataclasses.replace(
+                run,
+                status="running",
+                owner=owner,
+                attempt=run.attempt + 1,
+                lease_until=now + lease_seconds,
+                takeovers=run.takeovers + (1 if held else 0),
+                job_id=job_id,
+                updated_at=now,
+            )
+            self._runs[run_key] = run
+            claim = Claim(run_key, owner, run.attempt, now + lease_seconds)
+            snapshot = tuple(self._steps.get(run_key, ()))
+            return Begun(claim, snapshot, now, run.takeovers, run.envelope)
+
+    def _new_run(self, run_key: str, envelope: JobEnvelope, now: float) -> RunRecord:
+        return RunRecord(
+            run_key=run_key,
+            task_name=envelope.task_name,
+            framework=envelope.framework,
+            queue=envelope.queue,
+            status="pending",
+            owner=None,
+            attempt=0,
+            lease_until=None,
+            takeovers=0,
+            job_id=None,
+            envelope=envelope,
+            step_count=0,
+            step_bytes=0,
+            created_at=now,
+            updated_at=now,
+        )
+
+    def _fenced(self, claim: Claim) -> RunRecord:
+        run = self._runs.get(claim.run_key)
+        if run is None or run.owner != claim.owner or run.attempt != claim.attempt:
+            raise ClaimLost(
+                f"attempt {claim.attempt} of run {claim.run_key!r} no longer holds its claim"
+            )
+        return run
+
+    def renew(self, claim: Claim, lease_seconds: float) -> Claim:
+        """See :meth:`StepStore.renew`."""
+        with self._lock:
+            run = self._fenced(claim)
+            until = self.now() + lease_seconds
+            self._runs[claim.run_key] = dataclasses.replace(run, lease_until=until)
+            return dataclasses.replace(claim, lease_until=until)
+
+    def commit_step(self, claim: Claim, row: StepRow) -> StepRow:
+        """See :meth:`StepStore.commit_step`."""
+        with self._lock:
+            run = self._fenced(claim)
+            steps = self._steps.setdefault(claim.run_key, [])
+            if any(s.step_key == row.step_key for s in steps):
+                raise ClaimLost(f"step {row.step_key!r} of run {claim.run_key!r} is already committed")
+            now = self.now()
+            stored = dataclasses.replace(row, committed_at=now, attempt=claim.attempt)
+            steps.append(stored)
+            self._runs[claim.run_key] = dataclasses.replace(
+                run,
+                step_count=run.step_count + 1,
+                step_bytes=run.step_bytes + row.size,
+                updated_at=now,
+            )
+            return stored
+
+    def finish(
+        self,
+        claim: Claim,
+        status: RunStatus,
+        *,
+        drop_steps: bool = False,
+        dead_letter: NewDeadLetter | None = None,
+    ) -> None:
+        """See :meth:`StepStore.finish`."""
+        with self._lock:
+            run = self._fenced(claim)
+            now = self.now()
+            run = dataclasses.replace(run, status=status, owner=None, lease_until=None, updated_at=now)
+            if drop_steps:
+                self._steps.pop(claim.run_key, None)
+                run = dataclasses.replace(run, step_count=0, step_bytes=0)
+            self._runs[claim.run_key] = run
+            if dead_letter is not None:
+                self._add_dead_letter(run, dead_letter, now)
+
+    def _add_dead_letter(self, run: RunRecord, dead: NewDeadLetter, now: float) -> None:
+        record = DeadLetterRecord(
+            id=self._next_dead_id,
+            run_key=run.run_key,
+            job_id=dead.job_id,
+            task_name=run.task_name,
+            reason=dead.reason,
+            message=dead.message,
+            traceback=dead.traceback,
+            envelope=run.envelope,
+            created_at=now,
+            retried_at=None,
+        )
+        self._dead[record.id] = record
+        self._next_dead_id += 1
+
+    def settle_failed(self, run_key: str, attempt: int) -> bool:
+        """See :meth:`StepStore.settle_failed`."""
+        with self._lock:
+            run = self._runs.get(run_key)
+            if run is None or run.status != "retrying" or run.attempt != attempt:
+                return False
+            self._runs[run_key] = dataclasses.replace(run, status="failed", updated_at=self.now())
+            return True
+
+    # ------------------------------------------------------------ operators
+    def get_run(self, run_key: str) -> RunRecord:
+        """See :meth:`StepStore.get_run`."""
+        with self._lock:
+            try:
+                return self._runs[run_key]
+            except KeyError:
+                raise UnknownRun(f"no run has the run key {run_key!r}") from None
+
+    def list_runs(
+        self,
+        *,
+        status: str | None = None,
+        task_name: str | None = None,
+        since: float | None = None,
+        limit: int = 100,
+    ) -> list[RunRecord]:
+        """See :meth:`StepStore.list_runs`."""
+        with self._lock:
+            runs = [
+                r
+                for r in self._runs.values()
+                if (status is None or r.status == status)
+                and (task_name is None or r.task_name == task_name)
+                and (since is None or r.updated_at >= since)
+            ]
+        runs.sort(key=lambda r: (r.updated_at, r.run_key), reverse=True)
+        return runs[:limit]
+
+    def get_steps(self, run_key: str) -> list[StepRow]:
+        """See :meth:`StepStore.get_steps`."""
+        with self._lock:
+            return sorted(self._steps.get(run_key, ()), key=lambda s: s.position)
+
+    def list_dead_letters(
+        self, *, task_name: str | None = None, include_retried: bool = False
+    ) -> list[DeadLetterRecord]:
+        """See :meth:`StepStore.list_dead_letters`."""
+        with self._lock:
+            return [
+                d
+                for d in sorted(self._dead.values(), key=lambda d: d.id)
+                if (task_name is None or d.task_name == task_name)
+                and (include_retried or d.retried_at is None)
+            ]
+
+    def get_dead_letter(self, dead_letter_id: int) -> DeadLetterRecord:
+        """See :meth:`StepStore.get_dead_letter`."""
+        with self._lock:
+            try:
+                return self._dead[dead_letter_id]
+            except KeyError:
+                raise UnknownDeadLetter(f"no dead letter has the id {dead_letter_id!r}") from None
+
+    def prepare_retry(self, dead_letter_id: int, *, reset_from: str | None = None) -> DeadLetterRecord:
+        """See :meth:`StepStore.prepare_retry`."""
+        with self._lock:
+            dead = self.get_dead_letter(dead_letter_id)
+            run = self.get_run(dead.run_key)
+            steps = self.get_steps(dead.run_key)
+            if reset_from is not None:
+                cut = _reset_position(steps, reset_from, dead.run_key)
+                steps = [s for s in steps if s.position < cut]
+                self._steps[dead.run_key] = steps
+            now = self.now()
+            self._runs[dead.run_key] = dataclasses.replace(
+                run,
+                status="pending",
+                owner=None,
+                lease_until=None,
+                takeovers=0,
+                step_count=len(steps),
+                step_bytes=sum(s.size for s in steps),
+                updated_at=now,
+            )
+            dead = dataclasses.replace(dead, retried_at=now)
+            self._dead[dead.id] = dead
+            return dead
+
+    def purge_dead_letters(self, ids: Sequence[int] | None = None) -> int:
+        """See :meth:`StepStore.purge_dead_letters`."""
+        with self._lock:
+            doomed = list(self._dead) if ids is None else [i for i in ids if i in self._dead]
+            for i in doomed:
+                del self._dead[i]
+            return len(doomed)
+
+    def cleanup(self, *, older_than: float) -> int:
+        """See :meth:`StepStore.cleanup`."""
+        with self._lock:
+            doomed = [
+                k
+                for k, r in self._runs.items()
+                if r.status in CLEANABLE_STATUSES and r.updated_at < older_than
+            ]
+            for k in doomed:
+                del self._runs[k]
+                self._steps.pop(k, None)
+            return len(doomed)
+
+
+def _reset_position(steps: Sequence[StepRow], reset_from: str, run_key: str) -> int:
+    for s in steps:
+        if s.step_key == reset_from:
+            return s.position
+    keys = ", ".join(s.step_key for s in steps) or "(none)"
+    raise UnknownRun(f"run {run_key!r} has no step {reset_from!r}; its steps are: {keys}")

@@ -1,0 +1,254 @@
+"""``current_job`` and the step API a task body uses.
+
+``current_job`` reads a :class:`contextvars.ContextVar`, so threads, asyncio
+tasks and gevent greenlets each see their own job. The step methods are thin:
+they validate, then hand over to the running attempt
+(:class:`flexiq_plugins.attempt.Attempt`), which owns the snapshot, the claim
+and the commit. The call chain is ``run → _replay_or_execute → _commit``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from .durations import parse_duration
+from .errors import NoCurrentJob, NotInStep, StepUsageError
+
+if TYPE_CHECKING:
+    from .attempt import Attempt
+
+__all__ = ["JobContext", "StepContext", "current_job"]
+
+T = TypeVar("T")
+
+_job: ContextVar[JobContext | None] = ContextVar("flexiq_current_job", default=None)
+_step_key: ContextVar[str | None] = ContextVar("flexiq_current_step", default=None)
+
+_NOT_ENABLED = (
+    "no durable job is running in this context. current_job is set only inside a task "
+    "body run by an integration: for Celery call celery_ext.install(app) at set-up; for "
+    "Dramatiq add dramatiq_ext.DurableSteps() to the broker's middleware"
+)
+
+
+class StepContext:
+    """The step API of one running attempt: ``current_job.step``.
+
+    Steps run one at a time (C8). Each method validates its arguments before
+    anything runs; the errors it raises are listed per method.
+    """
+
+    def __init__(self, attempt: Attempt) -> None:
+        self._attempt = attempt
+
+    # ------------------------------------------------------------- run
+    def run(self, name: str, fn: Callable[[], T], *, key: str | int | None = None) -> T:
+        """Run ``fn()`` once per run and return its value; later attempts get the stored value.
+
+        Parameters:
+          name(str): the step name (C2): non-empty, ≤ 128 bytes UTF-8, no
+            ``#``, ``:`` or control characters. Never inferred (C4).
+          fn(Callable[[], T]): the step body, called with no arguments.
+          key(str | int | None): pins the step to data (``name:key``), ≤ 256
+            bytes; keyed calls do not advance the ``name#n`` counter (C1).
+
+        Returns the value decoded from its stored bytes, on the first run too
+        (C7): a tuple under JSON comes back as a list every time.
+
+        Raises:
+          InvalidStepName, InvalidStepKey: bad name or key (C2), before anything runs.
+          DuplicateStepKey: the same step key twice in one attempt (C3).
+          ConcurrentStep: another step of this attempt is uncommitted (C8).
+          StepDivergence: the recorded sequence has another step here (C12).
+          EncodeError: the serializer cannot encode the value; nothing is committed (C7).
+          StepLimitExceeded: a size cap refused the commit (C22).
+          Exception: whatever ``fn`` raises; nothing is committed (C6).
+        """
+        with self._attempt.step_guard():
+            step = self._attempt.enter(name, key, "run")
+            if step.memo is not None:
+                return self._attempt.memo_value(step)  # type: ignore[no-any-return]
+            with _in_step(step.id.step_key):
+                value = fn()
+            if inspect.isawaitable(value):
+                _discard(value)
+                raise StepUsageError(f"step {step.id.step_key!r} returned an awaitable; use await step.arun(...)")
+            return self._attempt.commit_value(step, value)  # type: ignore[no-any-return]
+
+    async def arun(self, name: str, fn: Callable[[], Awaitable[T] | T], *, key: str | int | None = None) -> T:
+        """Async form of :meth:`run`: ``fn()`` may return an awaitable, which is awaited.
+
+        Same parameters, return value and errors as :meth:`run`. Two ``arun``
+        calls under ``asyncio.gather`` fail the attempt with ``ConcurrentStep`` (C8).
+        """
+        with self._attempt.step_guard():
+            step = self._attempt.enter(name, key, "run")
+            if step.memo is not None:
+                return self._attempt.memo_value(step)  # type: ignore[no-any-return]
+            await asyncio.sleep(0)  # let a concurrent sibling reach its guard now (C8)
+            with _in_step(step.id.step_key):
+                pending = fn()
+                value = await pending if inspect.isawaitable(pending) else pending
+            return self._attempt.commit_value(step, value)  # type: ignore[no-any-return]
+
+    # ----------------------------------------------------------- sleep
+    def sleep(self, duration: str | timedelta | float, *, name: str | None = None) -> None:
+        """End the attempt now; the job comes back after ``duration`` (C15–C19).
+
+        Parameters:
+          duration(str | timedelta | int | float): ``"500ms"``, ``"30s"``,
+            ``"5m"``, ``"1h30m"``, ``"3d"``, ``"1w"``, a ``timedelta`` or seconds.
+          name(str | None): names the sleep step (``name#n``); unnamed sleeps
+            are ``sleep#0``, ``sleep#1`` …
+
+        The wake time is fixed by the first commit (C17): a replay of a due
+        sleep returns at once; one woken early ends the attempt again.
+
+        Raises:
+          ValueError: a negative or unparsable duration, naming the accepted forms.
+          SleepSignal: always, unless the sleep is already due; not an error (C20).
+        """
+        seconds = parse_duration(duration)
+        self._sleep(name, lambda now: now + seconds)
+
+    def sleep_until(self, when: datetime, *, name: str | None = None) -> None:
+        """End the attempt until the timezone-aware datetime ``when`` (C17, C19).
+
+        Raises:
+          ValueError: ``when`` is not a timezone-aware ``datetime``.
+          SleepSignal: unless ``when`` has passed.
+        """
+        if not isinstance(when, datetime) or when.tzinfo is None or when.utcoffset() is None:
+            raise ValueError(
+                f"sleep_until needs a timezone-aware datetime, got {when!r}; "
+                "use e.g. datetime(2030, 1, 1, tzinfo=timezone.utc)"
+            )
+        wake_at = when.timestamp()
+        self._sleep(name, lambda _now: wake_at)
+
+    def _sleep(self, name: str | None, wake_at: Callable[[float], float]) -> None:
+        with self._attempt.step_guard():
+            step = self._attempt.enter("sleep" if name is None else name, None, "sleep")
+            self._attempt.sleep(step, wake_at)
+
+    # ----------------------------------------------------- idempotency
+    @property
+    def idempotency_key(self) -> str:
+        """``"<run key>:<step key>"`` of the step whose body is running (C10, C11).
+
+        Derived from nothing else: no clock, payload, serializer or codec.
+
+        Raises:
+          NotInStep: read outside a step body.
+        """
+        step_key = _step_key.get()
+        if step_key is None:
+            raise NotInStep(
+                "step.idempotency_key names the step that is running, so it is readable only "
+                "inside a step body, e.g. step.run('charge', lambda: pay(key=step.idempotency_key))"
+            )
+        return f"{self._attempt.run_key}:{step_key}"
+
+
+class JobContext:
+    """The running job as the body sees it.
+
+    Attributes:
+      run_key(str): the durable identity that survives retries, sleeps and
+        dead-letter retries.
+      job_id(str): the framework's id of this message.
+      attempt(int): this attempt's number, 1 for the first.
+      task_name(str): the task or actor name.
+      step(StepContext): the step API.
+    """
+
+    def __init__(self, attempt: Attempt) -> None:
+        self.run_key = attempt.run_key
+        self.job_id = attempt.job_id
+        self.attempt = attempt.number
+        self.task_name = attempt.task_name
+        self.step = StepContext(attempt)
+
+    @contextlib.contextmanager
+    def activate(self) -> Iterator[JobContext]:
+        """Make this the current job in the calling context for the ``with`` block."""
+        token = _job.set(self)
+        try:
+            yield self
+        finally:
+            _job.reset(token)
+
+
+class _CurrentJob:
+    """The proxy behind ``current_job``: each attribute reads the running job.
+
+    Raises :class:`NoCurrentJob` outside a durable job, saying how to enable
+    the plugin.
+    """
+
+    def get(self) -> JobContext | None:
+        """Return the running job, or ``None`` outside one."""
+        return _job.get()
+
+    def _require(self) -> JobContext:
+        job = _job.get()
+        if job is None:
+            raise NoCurrentJob(_NOT_ENABLED)
+        return job
+
+    @property
+    def step(self) -> StepContext:
+        """The :class:`StepContext` of the running job."""
+        return self._require().step
+
+    @property
+    def run_key(self) -> str:
+        """The run key (str, a UUIDv7 when minted at publish)."""
+        return self._require().run_key
+
+    @property
+    def job_id(self) -> str:
+        """The framework's job id (Celery task id, Dramatiq message id)."""
+        return self._require().job_id
+
+    @property
+    def attempt(self) -> int:
+        """The attempt number, 1 for the first."""
+        return self._require().attempt
+
+    @property
+    def task_name(self) -> str:
+        """The task or actor name."""
+        return self._require().task_name
+
+    def __bool__(self) -> bool:
+        return _job.get() is not None
+
+    def __repr__(self) -> str:
+        job = _job.get()
+        return "<current_job: none>" if job is None else f"<current_job {job.task_name} run={job.run_key}>"
+
+
+current_job = _CurrentJob()
+"""The running durable job; ``current_job.step`` is its :class:`StepContext`."""
+
+
+@contextlib.contextmanager
+def _in_step(step_key: str) -> Iterator[None]:
+    token = _step_key.set(step_key)
+    try:
+        yield
+    finally:
+        _step_key.reset(token)
+
+
+def _discard(value: Any) -> None:
+    close = getattr(value, "close", None)
+    if callable(close):
+        close()

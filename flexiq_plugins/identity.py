@@ -1,0 +1,208 @@
+"""Step identity (C1–C4) and the divergence check (C12, C14).
+
+A step is identified by what the code asks for, never by the callable (C4):
+
+- unkeyed: ``name#n``, ``n`` = how many unkeyed steps of that name already ran
+  in this attempt (``charge#0``, ``fetch#0``, ``fetch#1``);
+- keyed: ``name:key``, pinned to the data, so iteration order does not matter.
+  A keyed call does not advance the counter: adding one must not shift the key
+  of every later unkeyed call of the same name.
+
+:class:`Sequence` replays an attempt against the snapshot loaded when it
+started, in memory (C9): keyed steps are matched by key anywhere in the
+recorded sequence, unkeyed ones by their position among the unkeyed steps.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .errors import DuplicateStepKey, InvalidStepKey, InvalidStepName, StepDivergence
+from ._store.base import StepKind, StepRow
+
+__all__ = [
+    "MAX_KEY_BYTES",
+    "MAX_NAME_BYTES",
+    "new_run_key",
+    "Sequence",
+    "StepId",
+    "validate_key",
+    "validate_name",
+]
+
+MAX_NAME_BYTES = 128
+MAX_KEY_BYTES = 256
+_NAME_FORMS = "a non-empty str of at most 128 bytes UTF-8 without '#', ':' or control characters"
+_KEY_FORMS = "a str or int of at most 256 bytes UTF-8, without control characters"
+
+
+def validate_name(name: object) -> str:
+    """Return ``name`` if it is a valid step name, else raise :class:`InvalidStepName` (C2)."""
+    if not isinstance(name, str):
+        raise InvalidStepName(f"step name {name!r} is a {type(name).__name__}; a name is {_NAME_FORMS}")
+    problem = _name_problem(name)
+    if problem:
+        raise InvalidStepName(f"step name {name!r} {problem}; a name is {_NAME_FORMS}")
+    return name
+
+
+def _name_problem(name: str) -> str:
+    size = len(name.encode("utf-8"))
+    if not name:
+        return "is empty"
+    if size > MAX_NAME_BYTES:
+        return f"is {size} bytes long"
+    if "#" in name or ":" in name:
+        return "contains '#' or ':'"
+    if _has_control(name):
+        return "contains a control character"
+    return ""
+
+
+def validate_key(key: object) -> str:
+    """Return ``key`` as a ``str`` (an ``int`` is converted), else raise :class:`InvalidStepKey` (C2)."""
+    if isinstance(key, bool) or not isinstance(key, (str, int)):
+        raise InvalidStepKey(f"step key {key!r} is a {type(key).__name__}; a key is {_KEY_FORMS}")
+    text = str(key)
+    size = len(text.encode("utf-8"))
+    if size > MAX_KEY_BYTES:
+        raise InvalidStepKey(f"step key {_short(text)} is {size} bytes long; a key is {_KEY_FORMS}")
+    if _has_control(text):
+        raise InvalidStepKey(f"step key {text!r} contains a control character; a key is {_KEY_FORMS}")
+    return text
+
+
+def _has_control(text: str) -> bool:
+    return any(unicodedata.category(ch) == "Cc" for ch in text)
+
+
+def _short(text: str) -> str:
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+@dataclass(frozen=True)
+class StepId:
+    """A step's identity within an attempt.
+
+    Parameters:
+      name(str): the validated name.
+      key(str | None): the validated explicit key, if any.
+      step_key(str): ``name#n`` or ``name:key``.
+      kind(str): ``"run"`` or ``"sleep"``.
+    """
+
+    name: str
+    key: str | None
+    step_key: str
+    kind: StepKind
+
+    @property
+    def keyed(self) -> bool:
+        """Whether the step has an explicit key."""
+        return self.key is not None
+
+
+class Sequence:
+    """The running step sequence of one attempt, checked against its snapshot.
+
+    Parameters:
+      snapshot(Iterable[StepRow]): the run's committed step rows.
+      job_label(str): how divergence messages name the job.
+    """
+
+    def __init__(self, snapshot: Iterable[StepRow], job_label: str) -> None:
+        self.recorded = sorted(snapshot, key=lambda r: r.position)
+        self._keyed = {r.step_key: r for r in self.recorded if _is_keyed(r.step_key)}
+        self._unkeyed = [r for r in self.recorded if not _is_keyed(r.step_key)]
+        self._job = job_label
+        self._counts: Counter[str] = Counter()
+        self._seen: set[str] = set()
+        self.running: list[str] = []
+        self._unkeyed_used = 0
+
+    @property
+    def next_position(self) -> int:
+        """The position a newly committed step takes."""
+        return len(self.recorded)
+
+    def derive(self, name: object, key: object, kind: StepKind) -> StepId:
+        """Validate and derive the next step's identity (C1–C3); nothing is recorded yet."""
+        valid_name = validate_name(name)
+        if key is None:
+            step_key = f"{valid_name}#{self._counts[valid_name]}"
+            step = StepId(valid_name, None, step_key, kind)
+        else:
+            valid_key = validate_key(key)
+            step = StepId(valid_name, valid_key, f"{valid_name}:{valid_key}", kind)
+        if step.step_key in self._seen:
+            raise DuplicateStepKey(
+                f"step key {step.step_key!r} was already used in this attempt of {self._job}; "
+                "two steps must not derive the same key (give them different names or keys)"
+            )
+        return step
+
+    def enter(self, step: StepId) -> StepRow | None:
+        """Record that ``step`` runs now; return its committed row (memo) or ``None`` (new).
+
+        Raises :class:`StepDivergence` if the recorded row at this step's place
+        has another key or kind (C12).
+        """
+        self._seen.add(step.step_key)
+        self.running.append(step.step_key)
+        if step.keyed:
+            row = self._keyed.get(step.step_key)
+        else:
+            self._counts[step.name] += 1
+            row = self._match_unkeyed(step)
+        if row is not None and row.kind != step.kind:
+            self._diverge(row, step)
+        return row
+
+    def _match_unkeyed(self, step: StepId) -> StepRow | None:
+        index = self._unkeyed_used
+        self._unkeyed_used += 1
+        if index >= len(self._unkeyed):
+            return None
+        row = self._unkeyed[index]
+        if row.step_key != step.step_key:
+            self._diverge(row, step)
+        return row
+
+    def _diverge(self, row: StepRow, step: StepId) -> None:
+        now = step.step_key if row.kind == step.kind else f"{step.step_key} ({step.kind})"
+        was = row.step_key if row.kind == step.kind else f"{row.step_key} ({row.kind})"
+        raise StepDivergence(
+            f"step sequence changed for {self._job} at position {row.position}\n"
+            f"  recorded: {', '.join(r.step_key for r in self.recorded)}\n"
+            f"  running:  {', '.join(self.running)}\n"
+            f"  step {row.position} was {was!r}, now {now!r}\n"
+            "A memoized result would answer a different question than the step asking for it. "
+            "Drain or dead-letter this task's in-flight jobs before deploying a change to its "
+            "step sequence."
+        )
+
+    def record(self, row: StepRow) -> None:
+        """Add a newly committed row to the recorded sequence."""
+        self.recorded.append(row)
+        if _is_keyed(row.step_key):
+            self._keyed[row.step_key] = row
+        else:
+            self._unkeyed.append(row)
+
+    def unused(self) -> list[str]:
+        """Recorded step keys this attempt did not reach (steps removed from the end, C14)."""
+        return [r.step_key for r in self.recorded if r.step_key not in self._seen]
+
+
+def _is_keyed(step_key: str) -> bool:
+    return ":" in step_key
+
+
+def new_run_key() -> str:
+    """Mint a run key: a UUIDv7 string (time-ordered), as stamped at publish."""
+    import uuid6
+
+    return str(uuid6.uuid7())
