@@ -40,6 +40,8 @@ from .errors import (
     StoreError,
     StoreUnavailable,
     SwallowedStepSignal,
+    UnknownDeadLetter,
+    UnknownRun,
 )
 from .identity import new_run_key
 
@@ -83,6 +85,8 @@ __all__ = [
     "StoreError",
     "StoreUnavailable",
     "SwallowedStepSignal",
+    "UnknownDeadLetter",
+    "UnknownRun",
     "ZlibCodec",
     "__version__",
     "current_job",

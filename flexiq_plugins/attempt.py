@@ -35,7 +35,9 @@ from .context import JobContext
 from .errors import (
     ClaimLost,
     ConcurrentStep,
+    DecodeError,
     Disposition,
+    EncodeError,
     SleepSignal,
     StepLimitExceeded,
     StepSignal,
@@ -149,7 +151,7 @@ class AttemptDriver:
         if isinstance(result, base.Finished):
             return outcomes.Duplicate(result.status)
         if isinstance(result, base.Busy):
-            delay = min(self.config.busy_retry_seconds, max(result.lease_remaining, 0.1))
+            delay = max(min(self.config.busy_retry_seconds, result.lease_remaining), 0.0)
             return outcomes.Busy(delay)
         if result.takeovers > self.config.max_takeovers:
             return self._worker_lost(job, result)
@@ -254,9 +256,9 @@ class Attempt:
 
     def enter(self, name: object, key: object, kind: StepKind) -> _Step:
         """Derive the step's identity and match it against the snapshot (C1–C3, C12)."""
-        step_id = self._sequence.derive(name, key, kind)
-        self._active = step_id.step_key
         try:
+            step_id = self._sequence.derive(name, key, kind)
+            self._active = step_id.step_key
             memo = self._sequence.enter(step_id)
         except BaseException as exc:
             self._latch(exc)
@@ -264,7 +266,8 @@ class Attempt:
 
     def memo_value(self, step: _Step) -> Any:
         """Decode a memo hit from the snapshot; no store statement (C5, C9)."""
-        assert step.memo is not None and step.memo.value is not None
+        assert step.memo is not None
+        assert step.memo.value is not None
         return self._config.codec.decode(step.memo.value, step_key=step.id.step_key)
 
     def commit_value(self, step: _Step, value: Any) -> Any:
@@ -272,10 +275,15 @@ class Attempt:
         codec = self._config.codec
         try:
             encoded = codec.encode(value, step_key=step.id.step_key)
+            decoded = codec.decode(encoded, step_key=step.id.step_key)  # never store what cannot be read back
+        except DecodeError as exc:
+            self._latch(
+                EncodeError(f"step {step.id.step_key!r} returned a value its serializer cannot read back: {exc}")
+            )
         except BaseException as exc:
             self._latch(exc)
         self._commit(step, encoded, None)
-        return codec.decode(encoded, step_key=step.id.step_key)
+        return decoded
 
     def sleep(self, step: _Step, wake_at_from: Callable[[float], float]) -> None:
         """Commit a new sleep's wake time or replay an old one; raise :class:`SleepSignal` unless due (C15, C17)."""

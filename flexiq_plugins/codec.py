@@ -81,8 +81,8 @@ class FunctionSerializer:
 
     Parameters:
       name(str): recorded in the stored bytes, e.g. ``"kombu:json"``.
-      dumps(Callable[[Any], bytes]): encoder.
-      loads(Callable[[bytes], Any]): decoder.
+      dump_fn(Callable[[Any], bytes]): encoder.
+      load_fn(Callable[[bytes], Any]): decoder.
     """
 
     name: str

@@ -26,6 +26,8 @@ into a retry or, worse, a success (C20). Everything else is an ordinary
         │   ├── EncodeError
         │   └── DecodeError
         ├── StepRetryExhausted                a step's durable retry budget is spent (C31)
+        ├── DeadLettered                      the job went to the dead-letter path (C13, C30)
+        ├── UnsupportedInEagerMode (RuntimeError)  a sleep or put-back under Celery's eager mode
         └── StoreError                        anything the step store reports
             ├── StoreUnavailable              connection lost, timeout: retryable (C28)
             ├── ClaimLost                     another attempt holds the run (C25)
@@ -45,6 +47,7 @@ __all__ = [
     "CodecError",
     "ConcurrentStep",
     "ConfigurationError",
+    "DeadLettered",
     "DecodeError",
     "Disposition",
     "DuplicateStepKey",
@@ -65,6 +68,7 @@ __all__ = [
     "SwallowedStepSignal",
     "UnknownDeadLetter",
     "UnknownRun",
+    "UnsupportedInEagerMode",
     "classify",
 ]
 
@@ -91,7 +95,10 @@ class SleepSignal(StepSignal):
     def __init__(self, step_key: str, wake_at: float) -> None:
         self.step_key = step_key
         self.wake_at = wake_at
-        when = datetime.fromtimestamp(wake_at).astimezone().isoformat(timespec="seconds")
+        try:
+            when = datetime.fromtimestamp(wake_at).astimezone().isoformat(timespec="seconds")
+        except (OverflowError, OSError, ValueError):  # beyond what datetime can show, e.g. timedelta.max
+            when = f"{wake_at:.0f} seconds since the epoch"
         super().__init__(f"step {step_key!r} sleeps until {when}")
 
 
@@ -162,6 +169,24 @@ class DecodeError(CodecError):
 
 class StepRetryExhausted(FlexiqError):
     """A step's durable retry budget is spent (C31)."""
+
+
+class DeadLettered(FlexiqError):
+    """The job was dead-lettered and will not be retried (C13, C29, C30).
+
+    What a framework adapter reports (for example in Celery's result backend)
+    once the store has recorded the dead letter. The first argument is the
+    message, which starts with the reason kind (``"divergence: ..."``).
+    """
+
+
+class UnsupportedInEagerMode(FlexiqError, RuntimeError):
+    """A durable job asked to be put back on its queue while run eagerly.
+
+    Under Celery's ``task_always_eager`` (or ``Task.apply``) there is no broker
+    to re-enqueue a sleeping or busy job, so ``step.sleep`` fails the eager
+    call with this error instead of blocking or recursing (C15).
+    """
 
 
 class StoreError(FlexiqError):

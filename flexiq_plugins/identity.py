@@ -20,8 +20,8 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from .errors import DuplicateStepKey, InvalidStepKey, InvalidStepName, StepDivergence
 from ._store.base import StepKind, StepRow
+from .errors import DuplicateStepKey, InvalidStepKey, InvalidStepName, StepDivergence
 
 __all__ = [
     "MAX_KEY_BYTES",
@@ -66,7 +66,10 @@ def validate_key(key: object) -> str:
     """Return ``key`` as a ``str`` (an ``int`` is converted), else raise :class:`InvalidStepKey` (C2)."""
     if isinstance(key, bool) or not isinstance(key, (str, int)):
         raise InvalidStepKey(f"step key {key!r} is a {type(key).__name__}; a key is {_KEY_FORMS}")
-    text = str(key)
+    try:
+        text = str(key)
+    except ValueError as exc:  # an int longer than sys.get_int_max_str_digits() digits
+        raise InvalidStepKey(f"step key is an int too long to turn into a str; a key is {_KEY_FORMS}") from exc
     size = len(text.encode("utf-8"))
     if size > MAX_KEY_BYTES:
         raise InvalidStepKey(f"step key {_short(text)} is {size} bytes long; a key is {_KEY_FORMS}")

@@ -1,0 +1,279 @@
+"""Claims, fencing and terminal state, C23–C27.
+
+Most tests move the fake store clock to expire leases. The lease-renewal test
+(C23) needs real time, because renewal runs in a background thread: it uses a
+real-clock store with a 0.3 s lease and waits on an ``Event`` with a timeout.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from flexiq_plugins import (
+    Attempt,
+    AttemptDriver,
+    ClaimLost,
+    DurableConfig,
+    JobEnvelope,
+    JobInfo,
+    MemoryStepStore,
+    current_job,
+    outcomes,
+)
+
+JOB = JobInfo("run-1", "job-1", JobEnvelope("task", "test"))
+
+
+# ----------------------------------------------------------------- C23 lease
+def test_c23_lease_is_renewed_while_a_long_body_runs():
+    """A body running three leases long keeps its claim: a second delivery meanwhile is Busy."""
+    store = MemoryStepStore()
+    driver = AttemptDriver(store, DurableConfig(lease_seconds=0.6, busy_retry_seconds=5))
+    seen: dict[str, object] = {}
+
+    def body():
+        threading.Event().wait(1.8)  # three leases; nobody sets it
+        seen["second"] = driver.start(JOB, owner="w2")
+        seen["lease_left"] = store.get_run("run-1").lease_until - store.now()
+        return current_job.step.run("after", lambda: "committed under the renewed claim")
+
+    outcome = driver.start(JOB, owner="w1").run(body)
+    assert isinstance(seen["second"], outcomes.Busy)
+    assert 0 < seen["second"].retry_after <= 0.6
+    assert 0 < seen["lease_left"] <= 0.6
+    assert outcome == outcomes.Completed("committed under the renewed claim")
+
+
+def test_c23_without_a_running_body_the_lease_is_not_renewed():
+    """Control for the renewal test: an idle claim's lease runs out and the next delivery takes over."""
+    store = MemoryStepStore()
+    driver = AttemptDriver(store, DurableConfig(lease_seconds=0.3))
+    first = driver.start(JOB, owner="w1")
+    assert isinstance(first, Attempt)
+    threading.Event().wait(0.5)
+    second = driver.start(JOB, owner="w2")
+    assert isinstance(second, Attempt)
+    assert second.number == 2
+
+
+def test_c23_claim_uses_the_store_clock_not_the_worker_clock(make_harness, clock):
+    """The lease is stamped from the store's clock: ``lease_until`` = store now + lease."""
+    harness = make_harness(lease_seconds=30)
+    attempt = harness.start()
+    assert attempt.claim.lease_until == clock() + 30
+    assert attempt.number == 1
+    assert attempt.now() == pytest.approx(clock(), abs=1)
+
+
+# ------------------------------------------------------------------ C24 busy
+def test_c24_second_delivery_under_a_live_claim_is_busy_and_runs_nothing(make_harness, clock):
+    """While a live claim holds the run, another delivery is Busy for ≤ busy_retry and ≤ lease left."""
+    harness = make_harness(lease_seconds=30, busy_retry_seconds=5)
+    harness.start(owner="w1")
+
+    busy = harness.driver.start(harness.job(), owner="w2")
+    assert busy == outcomes.Busy(5.0)
+
+    clock.advance(28)  # 2 s of lease left
+    busy = harness.driver.start(harness.job(), owner="w2")
+    assert isinstance(busy, outcomes.Busy)
+    assert busy.retry_after == pytest.approx(2.0)
+    run = harness.store.get_run(harness.run_key)
+    assert (run.owner, run.attempt) == ("w1", 1)
+
+
+def test_c24_duplicate_after_the_run_succeeded_is_acknowledged_without_running(harness):
+    """Once the run succeeded, a duplicate delivery gets Duplicate('succeeded') and no attempt."""
+    assert harness.run(lambda: "done") == outcomes.Completed("done")
+    assert harness.driver.start(harness.job()) == outcomes.Duplicate("succeeded")
+
+
+# -------------------------------------------------------------- C25 takeover
+def test_c25_expired_claim_is_taken_over_and_the_old_attempts_step_is_refused(harness, clock):
+    """After takeover, the old attempt's next commit raises ClaimLost and its outcome is Dropped."""
+    taken: list[object] = []
+    errors: list[BaseException] = []
+
+    def old_body():
+        current_job.step.run("a", lambda: "old-a")
+        clock.advance(31)  # the old worker stalls past its lease
+        taken.append(harness.driver.start(harness.job("job-1"), owner="w2"))
+        try:
+            current_job.step.run("b", lambda: "old-b")
+        except ClaimLost as exc:
+            errors.append(exc)
+            raise
+
+    outcome = harness.run(old_body, owner="w1")
+    assert isinstance(outcome, outcomes.Dropped)
+    assert len(errors) == 1
+    (new,) = taken
+    assert isinstance(new, Attempt)
+    assert new.number == 2
+    assert [r.step_key for r in harness.store.get_steps(harness.run_key)] == ["a#0"]
+    run = harness.store.get_run(harness.run_key)
+    assert (run.status, run.owner, run.attempt, run.takeovers) == ("running", "w2", 2, 1)
+    assert harness.store.list_dead_letters(include_retried=True) == []
+
+    calls: list[str] = []
+
+    def new_body():
+        step = current_job.step
+        return [step.run("a", lambda: calls.append("a")), step.run("b", lambda: calls.append("b") or "new-b")]
+
+    assert new.run(new_body) == outcomes.Completed(["old-a", "new-b"])
+    assert calls == ["b"]
+
+
+@pytest.mark.parametrize(
+    "ending",
+    ["return", "raise", "sleep", "dead_letter"],
+)
+def test_c25_old_attempt_outcome_is_dropped_however_it_ends(harness, clock, ending):
+    """Returning, raising, sleeping or dead-lettering after a takeover: Dropped, the new claim untouched."""
+
+    def old_body():
+        clock.advance(31)
+        assert isinstance(harness.driver.start(harness.job(), owner="w2"), Attempt)
+        if ending == "raise":
+            raise RuntimeError("late failure")
+        if ending == "sleep":
+            current_job.step.sleep("1h")
+        if ending == "dead_letter":
+            current_job.step.run("x", object)
+        return "late success"
+
+    outcome = harness.run(old_body, owner="w1")
+    assert isinstance(outcome, outcomes.Dropped)
+    run = harness.store.get_run(harness.run_key)
+    assert (run.status, run.owner, run.attempt) == ("running", "w2", 2)
+    assert harness.store.list_dead_letters(include_retried=True) == []
+    assert harness.store.get_steps(harness.run_key) == []
+
+
+def test_c25_released_claims_are_not_takeovers(make_harness, clock):
+    """A retry or a sleep releases the claim: the next delivery is no takeover, even with max_takeovers=0."""
+    harness = make_harness(max_takeovers=0)
+
+    def body():
+        if current_job.attempt == 1:
+            raise RuntimeError("retry")
+        current_job.step.sleep("1s")
+        return "ok"
+
+    assert isinstance(harness.run(body), outcomes.Retry)
+    assert isinstance(harness.run(body), outcomes.Sleeping)
+    clock.advance(2)
+    assert harness.run(body) == outcomes.Completed("ok")
+    assert harness.store.get_run(harness.run_key).takeovers == 0
+
+
+def test_c25_takeovers_beyond_the_limit_dead_letter_with_worker_lost(make_harness, clock):
+    """With ``max_takeovers=2`` the third takeover of a dead worker's claim is DeadLetter('worker_lost')."""
+    harness = make_harness(max_takeovers=2, lease_seconds=30)
+    harness.start(owner="w0")
+    for n in (1, 2):
+        clock.advance(31)
+        attempt = harness.start(owner=f"w{n}")
+        assert attempt.number == n + 1
+    clock.advance(31)
+    outcome = harness.driver.start(harness.job(), owner="w3")
+    assert isinstance(outcome, outcomes.DeadLetter)
+    assert outcome.reason == "worker_lost"
+    assert "3 times" in outcome.message
+    assert "limit 2" in outcome.message
+    (letter,) = harness.store.list_dead_letters()
+    assert letter.reason == "worker_lost"
+    assert harness.store.get_run(harness.run_key).status == "dead"
+    assert harness.driver.start(harness.job(), owner="w4") == outcomes.Duplicate("dead")
+
+
+def test_c25_worker_lost_run_runs_again_after_a_dead_letter_retry(make_harness, clock):
+    """A ``worker_lost`` dead letter, once retried, starts with a fresh takeover count and runs."""
+    harness = make_harness(max_takeovers=0)
+    harness.start(owner="w0")
+    clock.advance(31)
+    assert isinstance(harness.driver.start(harness.job(), owner="w1"), outcomes.DeadLetter)
+    (letter,) = harness.store.list_dead_letters()
+    harness.store.prepare_retry(letter.id)
+    assert harness.run(lambda: "finally", job_id="job-2") == outcomes.Completed("finally")
+
+
+def test_c25_default_takeover_limit_is_five(harness, clock):
+    """By default five takeovers are allowed and the sixth dead-letters."""
+    harness.start(owner="w0")
+    for n in range(1, 6):
+        clock.advance(31)
+        harness.start(owner=f"w{n}")
+    clock.advance(31)
+    outcome = harness.driver.start(harness.job(), owner="w6")
+    assert isinstance(outcome, outcomes.DeadLetter)
+    assert outcome.reason == "worker_lost"
+
+
+# --------------------------------------------------------------- C26 terminal
+@pytest.mark.parametrize("status", ["succeeded", "dead", "failed"])
+def test_c26_terminal_run_is_a_duplicate_and_the_body_is_not_called(harness, status):
+    """A redelivered job of a succeeded, dead-lettered or failed run is Duplicate; no attempt, no body."""
+    if status == "succeeded":
+        harness.run(lambda: "ok")
+    elif status == "dead":
+        harness.run(lambda: current_job.step.run("x", object))
+    else:
+        attempt = harness.start()
+        assert isinstance(attempt.run(lambda: 1 / 0), outcomes.Retry)
+        assert attempt.settle_failed() is True
+    assert harness.store.get_run(harness.run_key).status == status
+
+    again = harness.driver.start(harness.job("job-redelivered"))
+    assert again == outcomes.Duplicate(status)  # an outcome, not an Attempt: there is no body to call
+    assert harness.store.get_run(harness.run_key).attempt == 1
+
+
+def test_c26_terminal_state_is_committed_before_the_outcome_is_returned(harness):
+    """By the time ``run`` returns Completed, the store already says ``succeeded`` with the claim released."""
+    outcome = harness.run(lambda: "ok")
+    run = harness.store.get_run(harness.run_key)
+    assert outcome == outcomes.Completed("ok")
+    assert (run.status, run.owner) == ("succeeded", None)
+
+
+# ------------------------------------------------------------- C27 retention
+def _two_steps():
+    current_job.step.run("a", lambda: 1)
+    current_job.step.run("b", lambda: 2)
+    return "ok"
+
+
+def test_c27_step_rows_of_a_succeeded_run_are_dropped(harness):
+    """On success the run's step rows are deleted."""
+    assert harness.run(_two_steps) == outcomes.Completed("ok")
+    assert harness.store.get_steps(harness.run_key) == []
+    assert harness.store.get_run(harness.run_key).step_count == 0
+
+
+def test_c27_keep_succeeded_steps_keeps_the_rows(make_harness):
+    """With ``keep_succeeded_steps`` the rows of a succeeded run stay for inspection."""
+    harness = make_harness(keep_succeeded_steps=True)
+    assert harness.run(_two_steps) == outcomes.Completed("ok")
+    assert [r.step_key for r in harness.store.get_steps(harness.run_key)] == ["a#0", "b#0"]
+
+
+def test_c27_rows_of_a_dead_lettered_run_are_kept_and_replayed_on_retry(harness):
+    """A dead-lettered run keeps its rows; after ``prepare_retry`` a new job replays them as memo hits."""
+    calls: list[str] = []
+
+    def body():
+        step = current_job.step
+        first = step.run("a", lambda: calls.append("a") or "A")
+        last = step.run("b", lambda: calls.append("b") or (object() if current_job.attempt == 1 else "B"))
+        return [first, last]
+
+    assert isinstance(harness.run(body), outcomes.DeadLetter)
+    assert [r.step_key for r in harness.store.get_steps(harness.run_key)] == ["a#0"]
+    (letter,) = harness.store.list_dead_letters()
+    harness.store.prepare_retry(letter.id)
+    assert harness.run(body, job_id="job-2") == outcomes.Completed(["A", "B"])
+    assert calls == ["a", "b", "b"]

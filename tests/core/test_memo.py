@@ -1,0 +1,268 @@
+"""Memoization, C5–C7 and C9: what is committed, what comes back, and what it costs.
+
+The store is an in-memory one; C9's "no statement on a memo hit" is checked by
+counting the driver's calls on the store interface (the SQL statement counts
+belong to the store's own tests).
+"""
+
+from __future__ import annotations
+
+import pytest
+from cryptography.fernet import Fernet
+
+from flexiq_plugins import (
+    AttemptDriver,
+    CodecChain,
+    DecodeError,
+    DurableConfig,
+    EncodeError,
+    FernetCodec,
+    JobEnvelope,
+    JobInfo,
+    MemoryStepStore,
+    ZlibCodec,
+    current_job,
+    outcomes,
+)
+
+
+class Boom(Exception):
+    """A user error raised on purpose."""
+
+
+def test_c5_memo_hit_returns_the_stored_value_without_calling_the_body(harness):
+    """After a step commits, a later attempt returns its stored value and never calls its body."""
+    calls: list[int] = []
+
+    def body():
+        step = current_job.step
+        value = step.run("charge", lambda: calls.append(current_job.attempt) or {"id": "ch_1"})
+        if current_job.attempt == 1:
+            raise Boom("fail after the charge")
+        return value
+
+    assert isinstance(harness.run(body), outcomes.Retry)
+    assert harness.run(body) == outcomes.Completed({"id": "ch_1"})
+    assert calls == [1]
+
+
+def test_c6_body_that_raises_commits_nothing_and_runs_again(harness):
+    """A raising step body commits no row, its exception propagates, and the next attempt re-runs it."""
+    calls: list[int] = []
+
+    def charge():
+        calls.append(current_job.attempt)
+        if current_job.attempt == 1:
+            raise Boom("card declined")
+        return "ok"
+
+    caught: list[BaseException] = []
+
+    def body():
+        try:
+            return current_job.step.run("charge", charge)
+        except Boom as exc:
+            caught.append(exc)
+            raise
+
+    first = harness.run(body)
+    assert isinstance(first, outcomes.Retry)
+    assert isinstance(first.error, Boom)
+    assert first.always is False
+    assert len(caught) == 1
+    assert harness.store.get_steps(harness.run_key) == []
+    assert harness.store.get_run(harness.run_key).status == "retrying"
+    assert harness.run(body) == outcomes.Completed("ok")
+    assert calls == [1, 2]
+
+
+class _Killed(BaseException):
+    """Stands for SIGKILL: the attempt stops where it is and never concludes."""
+
+
+def test_c6_process_death_before_commit_runs_the_body_again(harness, clock):
+    """A worker dying inside a step body commits nothing; the attempt taking over runs the body again."""
+    calls: list[str] = []
+
+    def charge_then_die():
+        calls.append("w1")
+        raise _Killed
+
+    dead = harness.start(owner="w1")
+    with pytest.raises(_Killed), dead.activate():
+        current_job.step.run("charge", charge_then_die)
+    assert harness.store.get_steps(harness.run_key) == []
+    clock.advance(60)  # the dead worker's lease runs out
+    outcome = harness.run(lambda: current_job.step.run("charge", lambda: calls.append("w2") or "ok"), owner="w2")
+    assert outcome == outcomes.Completed("ok")
+    assert calls == ["w1", "w2"]
+
+
+def test_c7_tuple_comes_back_as_a_list_on_first_run_and_on_replay(harness):
+    """Under JSON a tuple is a list both times, so a caller never sees two types."""
+    seen: list[object] = []
+
+    def body():
+        value = current_job.step.run("pair", lambda: (1, "a"))
+        seen.append(value)
+        if current_job.attempt == 1:
+            raise Boom("retry")
+        return value
+
+    harness.run(body)
+    harness.run(body)
+    assert seen == [[1, "a"], [1, "a"]]
+    assert all(type(v) is list for v in seen)
+
+
+def test_c7_dict_with_int_keys_comes_back_decoded_on_first_run(harness):
+    """The first run returns the decoded value too: JSON turns ``{1: 'a'}`` into ``{'1': 'a'}``."""
+    outcome = harness.run(lambda: current_job.step.run("m", lambda: {1: "a"}))
+    assert outcome == outcomes.Completed({"1": "a"})
+
+
+@pytest.mark.parametrize(
+    "value",
+    [pytest.param(object(), id="object"), pytest.param({1, 2}, id="set"), pytest.param(float("nan"), id="nan")],
+)
+def test_c7_unencodable_value_fails_with_encode_error_and_commits_nothing(harness, value):
+    """A value JSON cannot encode raises ``EncodeError`` naming the step; no row; dead-lettered."""
+    calls: list[str] = []
+
+    def body():
+        current_job.step.run("render", lambda: calls.append("ran") or value)
+
+    outcome = harness.run(body)
+    assert isinstance(outcome, outcomes.DeadLetter)
+    assert outcome.reason == "unencodable_value"
+    assert isinstance(outcome.error, EncodeError)
+    assert "'render#0'" in outcome.message
+    assert "'json'" in outcome.message
+    assert calls == ["ran"]
+    assert harness.store.get_steps(harness.run_key) == []
+
+
+def _driver(store: MemoryStepStore, codec: CodecChain) -> AttemptDriver:
+    return AttemptDriver(store, DurableConfig(codec=codec))
+
+
+def _job(job_id: str = "job-1") -> JobInfo:
+    return JobInfo("run-1", job_id, JobEnvelope("task", "test"))
+
+
+def _commit_then_fail(driver: AttemptDriver, value: object) -> None:
+    def body():
+        current_job.step.run("secret", lambda: value)
+        raise Boom("leave the row for a replay")
+
+    assert isinstance(driver.start(_job()).run(body), outcomes.Retry)
+
+
+def _replay(driver: AttemptDriver) -> outcomes.Outcome:
+    calls: list[str] = []
+    outcome = driver.start(_job()).run(lambda: current_job.step.run("secret", lambda: calls.append("x")))
+    assert calls == [], "a replay must not call the body"
+    return outcome
+
+
+@pytest.mark.parametrize(
+    "codecs",
+    [
+        pytest.param(lambda: [ZlibCodec()], id="zlib"),
+        pytest.param(lambda: [FernetCodec(Fernet.generate_key())], id="fernet"),
+        pytest.param(lambda: [ZlibCodec(level=9), FernetCodec(Fernet.generate_key())], id="zlib-fernet"),
+    ],
+)
+def test_c7_codec_chains_round_trip_on_first_run_and_replay(memory_store, codecs):
+    """zlib and Fernet chains store transformed bytes and give the value back, first run and replay."""
+    driver = _driver(memory_store, CodecChain(codecs=codecs()))
+    value = {"card": "4242" * 50, "amount": [1, 2]}
+    _commit_then_fail(driver, value)
+    stored = memory_store.get_steps("run-1")[0].value
+    assert stored is not None
+    assert b"4242" not in stored, "the codecs must reach the stored bytes"
+    assert _replay(driver) == outcomes.Completed(value)
+
+
+def test_c7_row_stored_by_another_chain_is_a_decode_error_naming_both(memory_store):
+    """A worker with another codec chain cannot misread a row: ``DecodeError`` names both chains."""
+    _commit_then_fail(_driver(memory_store, CodecChain()), "plain")
+    outcome = _replay(_driver(memory_store, CodecChain(codecs=[ZlibCodec()])))
+    assert isinstance(outcome, outcomes.Retry)
+    assert isinstance(outcome.error, DecodeError)
+    message = str(outcome.error)
+    assert "'secret#0'" in message
+    assert "stored by codec chain 'FQ1|json'" in message
+    assert "configured with 'FQ1|json|zlib'" in message
+
+
+def test_c7_rotated_out_fernet_key_is_a_decode_error(memory_store):
+    """Bytes written with a key no longer configured raise ``DecodeError``, never garbage."""
+    old = Fernet.generate_key()
+    _commit_then_fail(_driver(memory_store, CodecChain(codecs=[FernetCodec(old)])), "secret")
+    outcome = _replay(_driver(memory_store, CodecChain(codecs=[FernetCodec(Fernet.generate_key())])))
+    assert isinstance(outcome, outcomes.Retry)
+    assert isinstance(outcome.error, DecodeError)
+    assert "Fernet key" in str(outcome.error)
+
+
+def test_c7_multifernet_rotation_still_decrypts_with_the_old_key_second(memory_store):
+    """With ``[new, old]`` keys, rows written under ``old`` still decrypt; new rows use ``new``."""
+    old, new = Fernet.generate_key(), Fernet.generate_key()
+    _commit_then_fail(_driver(memory_store, CodecChain(codecs=[FernetCodec(old)])), "secret")
+    rotated = _driver(memory_store, CodecChain(codecs=[FernetCodec([new, old])]))
+
+    def body():
+        first = current_job.step.run("secret", lambda: "never")
+        current_job.step.run("fresh", lambda: "new-row")
+        raise Boom(first)
+
+    outcome = rotated.start(_job()).run(body)
+    assert isinstance(outcome, outcomes.Retry)
+    assert str(outcome.error) == "secret"
+    fresh = memory_store.get_steps("run-1")[1].value
+    assert fresh is not None
+    _, _, token = fresh.partition(b"\n")
+    assert Fernet(new).decrypt(token) == b'"new-row"'
+
+
+class CountingStore:
+    """Wraps a store and records every method the driver calls on it."""
+
+    def __init__(self, inner: MemoryStepStore) -> None:
+        self.inner = inner
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str):
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        def counted(*args, **kwargs):
+            self.calls.append(name)
+            return attr(*args, **kwargs)
+
+        return counted
+
+
+def test_c9_memo_hit_makes_no_store_call_and_a_new_step_makes_one(memory_store):
+    """A memo hit (and its divergence check) touches no store method; a new step is one ``commit_step``."""
+    store = CountingStore(memory_store)
+    driver = AttemptDriver(store, DurableConfig())  # type: ignore[arg-type]
+    _commit_then_fail(AttemptDriver(memory_store, DurableConfig()), "v")
+
+    during: dict[str, list[str]] = {}
+
+    def body():
+        before = list(store.calls)
+        current_job.step.run("secret", lambda: "never")
+        during["memo"] = store.calls[len(before) :]
+        before = list(store.calls)
+        current_job.step.run("new", lambda: "n")
+        during["new"] = store.calls[len(before) :]
+        return "done"
+
+    attempt = driver.start(_job())
+    assert store.calls == ["begin"]
+    assert attempt.run(body) == outcomes.Completed("done")
+    assert during == {"memo": [], "new": ["commit_step"]}

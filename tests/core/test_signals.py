@@ -1,0 +1,117 @@
+"""Signals that cannot be caught away, C20 and C21.
+
+The sleep and divergence signals are not ``Exception``s, and a body that catches
+them anyway (bare ``except:``) and returns is failed regardless, naming what it
+swallowed.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from flexiq_plugins import (
+    SleepSignal,
+    StepDivergence,
+    StepSignal,
+    SwallowedStepSignal,
+    current_job,
+    outcomes,
+)
+
+
+@pytest.mark.parametrize("signal", [SleepSignal, StepDivergence, StepSignal])
+def test_c20_signals_derive_from_base_exception_not_exception(signal):
+    """Sleep and divergence signals are ``BaseException`` subclasses that ``except Exception`` misses."""
+    assert issubclass(signal, BaseException)
+    assert not issubclass(signal, Exception)
+
+
+def test_c20_except_exception_around_a_sleep_does_not_catch_it(harness):
+    """A task's ``except Exception`` lets the sleep through: the attempt ends Sleeping."""
+    caught: list[Exception] = []
+
+    def body():
+        try:
+            current_job.step.sleep("1h")
+        except Exception as exc:
+            caught.append(exc)
+        return "ran on"
+
+    assert isinstance(harness.run(body), outcomes.Sleeping)
+    assert caught == []
+
+
+def test_c21_swallowed_sleep_with_bare_except_is_dead_lettered(harness):
+    """A bare ``except:`` that swallows the sleep and returns ends in DeadLetter naming SleepSignal."""
+    after: list[str] = []
+
+    def body():
+        try:  # noqa: SIM105 - a task body swallowing on purpose is the case under test
+            current_job.step.sleep("1h")
+        except:  # noqa: E722 - the point of the test
+            pass
+        after.append("ran without a claim")
+        return "returned anyway"
+
+    outcome = harness.run(body)
+    assert isinstance(outcome, outcomes.DeadLetter)
+    assert outcome.reason == "swallowed_signal"
+    assert isinstance(outcome.error, SwallowedStepSignal)
+    assert "SleepSignal" in outcome.message
+    assert "returned anyway" in outcome.message
+    assert after == ["ran without a claim"]
+    assert harness.store.get_run(harness.run_key).status == "dead"
+
+
+def test_c21_swallowed_sleep_then_another_step_re_raises_the_sleep(harness):
+    """After a swallowed sleep, the next step raises the latched signal again and runs nothing."""
+    calls: list[str] = []
+
+    def body():
+        try:  # noqa: SIM105 - a task body swallowing on purpose is the case under test
+            current_job.step.sleep("1h")
+        except BaseException:
+            pass
+        current_job.step.run("after", lambda: calls.append("after"))
+
+    outcome = harness.run(body)
+    assert calls == []
+    assert isinstance(outcome, outcomes.Sleeping)
+
+
+def test_c21_swallowed_divergence_is_dead_lettered_naming_step_divergence(harness):
+    """``except BaseException`` around a diverged step, then returning: DeadLetter naming StepDivergence."""
+
+    def record():
+        current_job.step.run("charge", lambda: 1)
+        raise RuntimeError("keep the row")
+
+    harness.run(record)
+
+    def body():
+        try:  # noqa: SIM105 - a task body swallowing on purpose is the case under test
+            current_job.step.run("refund", lambda: 2)
+        except BaseException:
+            pass
+        return "wrong answer"
+
+    outcome = harness.run(body)
+    assert isinstance(outcome, outcomes.DeadLetter)
+    assert isinstance(outcome.error, SwallowedStepSignal)
+    assert outcome.reason == "swallowed_signal"
+    assert "StepDivergence" in outcome.message
+
+
+def test_c21_swallowed_signal_replaced_by_another_error_is_still_dead_lettered(harness):
+    """Catching the sleep and raising an ordinary error instead is not a retry: it is SwallowedStepSignal."""
+
+    def body():
+        try:
+            current_job.step.sleep("1h")
+        except BaseException:
+            raise ValueError("converted") from None
+
+    outcome = harness.run(body)
+    assert isinstance(outcome, outcomes.DeadLetter)
+    assert isinstance(outcome.error, SwallowedStepSignal)
+    assert "raised ValueError instead" in outcome.message
