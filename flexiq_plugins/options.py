@@ -16,12 +16,12 @@ from .codec import Codec, CodecChain, Serializer
 from .durations import parse_duration
 from .errors import ConfigurationError
 
-__all__ = ["OPTION_NAMES", "build_config"]
+__all__ = ["OPTION_NAMES", "build_config", "check_options"]
 
 OPTION_NAMES: dict[str, str] = {
     "max_hop": "longest delay of one sleep hop: seconds or a duration string (default '15m', C18)",
-    "lease_seconds": "claim lease in seconds, renewed every third of it (default 30, C23)",
-    "busy_retry_seconds": "most seconds a duplicate delivery is put back for (default 5, C24)",
+    "lease_seconds": "claim lease: seconds or a duration string, renewed every third of it (default 30, C23)",
+    "busy_retry_seconds": "most a duplicate delivery is put back for: seconds or a duration (default 5, C24)",
     "max_takeovers": "claim takeovers from dead workers before 'worker_lost' (default 5, C25)",
     "step_bytes": "cap on one step's encoded value in bytes (default 262144, C22)",
     "run_bytes": "cap on all step values of one run in bytes (default 4194304, C22)",
@@ -29,6 +29,14 @@ OPTION_NAMES: dict[str, str] = {
     "codecs": "byte codecs after the serializer, e.g. [ZlibCodec(), FernetCodec(key)] (C7)",
     "keep_succeeded_steps": "keep step rows of succeeded runs for inspection (default False, C27)",
 }
+
+
+def check_options(options: Mapping[str, Any], *, where: str = "options", ignore: Sequence[str] = ()) -> None:
+    """Raise :class:`ConfigurationError` naming any option not in :data:`OPTION_NAMES` (or ``ignore``)."""
+    unknown = sorted(set(options) - set(OPTION_NAMES) - set(ignore))
+    if unknown:
+        accepted = "\n".join(f"  {k}: {v}" for k, v in OPTION_NAMES.items())
+        raise ConfigurationError(f"{where} got unknown option(s) {', '.join(unknown)}; accepted:\n{accepted}")
 
 
 def build_config(
@@ -44,10 +52,7 @@ def build_config(
     Raises:
       ConfigurationError: an unknown option name or a bad value, naming it and the accepted forms.
     """
-    unknown = sorted(set(options) - set(OPTION_NAMES) - set(ignore))
-    if unknown:
-        accepted = "\n".join(f"  {k}: {v}" for k, v in OPTION_NAMES.items())
-        raise ConfigurationError(f"unknown option(s) {', '.join(unknown)}; accepted:\n{accepted}")
+    check_options(options, ignore=ignore)
     defaults = Limits()
     try:
         limits = Limits(
@@ -59,9 +64,9 @@ def build_config(
         return DurableConfig(
             codec=CodecChain(serializer, _codecs(options.get("codecs", ()))),
             limits=limits,
-            lease_seconds=float(options.get("lease_seconds", base.lease_seconds)),
+            lease_seconds=parse_duration(options.get("lease_seconds", base.lease_seconds)),
             max_hop_seconds=parse_duration(options.get("max_hop", base.max_hop_seconds)),
-            busy_retry_seconds=float(options.get("busy_retry_seconds", base.busy_retry_seconds)),
+            busy_retry_seconds=parse_duration(options.get("busy_retry_seconds", base.busy_retry_seconds)),
             max_takeovers=_positive_int(options, "max_takeovers", base.max_takeovers),
             keep_succeeded_steps=bool(options.get("keep_succeeded_steps", False)),
         )

@@ -376,6 +376,26 @@ class StepStore(abc.ABC):
         Returns how many runs were deleted.
         """
 
+    @abc.abstractmethod
+    def mark_recovered(self, run_key: str, *, status: str, updated_at: float) -> bool:
+        """Claim a stranded run for recovery: a compare-and-set on its state (C35).
+
+        One transaction: sets the run's ``updated_at`` to the store's ``now``
+        only while its ``status`` and ``updated_at`` are still the given ones
+        (what the caller read) and, for a ``running`` run, its lease has
+        expired. Of several recoverers that read the same run, exactly one
+        gets ``True`` and re-publishes it; the others get ``False``. Nothing
+        else changes (claim, attempt, takeovers, steps).
+
+        Parameters:
+          run_key(str): the run.
+          status(str): the status the caller read.
+          updated_at(float): the ``updated_at`` the caller read, epoch seconds.
+
+        Returns:
+          bool: whether this caller won the run.
+        """
+
     def iter_runs(self, **filters: Any) -> Iterator[RunRecord]:
         """Iterate :meth:`list_runs` (convenience)."""
         yield from self.list_runs(**filters)

@@ -54,9 +54,7 @@ class MemoryStepStore(StepStore):
         return self._clock()
 
     # ------------------------------------------------------------- attempts
-    def begin(
-        self, run_key: str, job_id: str, envelope: JobEnvelope, owner: str, lease_seconds: float
-    ) -> BeginResult:
+    def begin(self, run_key: str, job_id: str, envelope: JobEnvelope, owner: str, lease_seconds: float) -> BeginResult:
         """See :meth:`StepStore.begin`."""
         with self._lock:
             now = self.now()
@@ -103,9 +101,7 @@ class MemoryStepStore(StepStore):
     def _fenced(self, claim: Claim) -> RunRecord:
         run = self._runs.get(claim.run_key)
         if run is None or run.owner != claim.owner or run.attempt != claim.attempt:
-            raise ClaimLost(
-                f"attempt {claim.attempt} of run {claim.run_key!r} no longer holds its claim"
-            )
+            raise ClaimLost(f"attempt {claim.attempt} of run {claim.run_key!r} no longer holds its claim")
         return run
 
     def renew(self, claim: Claim, lease_seconds: float) -> Claim:
@@ -221,8 +217,7 @@ class MemoryStepStore(StepStore):
             return [
                 d
                 for d in sorted(self._dead.values(), key=lambda d: d.id)
-                if (task_name is None or d.task_name == task_name)
-                and (include_retried or d.retried_at is None)
+                if (task_name is None or d.task_name == task_name) and (include_retried or d.retried_at is None)
             ]
 
     def get_dead_letter(self, dead_letter_id: int) -> DeadLetterRecord:
@@ -261,19 +256,27 @@ class MemoryStepStore(StepStore):
     def purge_dead_letters(self, ids: Sequence[int] | None = None) -> int:
         """See :meth:`StepStore.purge_dead_letters`."""
         with self._lock:
-            doomed = list(self._dead) if ids is None else [i for i in ids if i in self._dead]
+            doomed = list(self._dead) if ids is None else sorted({i for i in ids if i in self._dead})
             for i in doomed:
                 del self._dead[i]
             return len(doomed)
 
+    def mark_recovered(self, run_key: str, *, status: str, updated_at: float) -> bool:
+        """See :meth:`StepStore.mark_recovered`."""
+        with self._lock:
+            run = self._runs.get(run_key)
+            now = self.now()
+            if run is None or run.status != status or run.updated_at != updated_at:
+                return False
+            if status == "running" and run.lease_until is not None and run.lease_until > now:
+                return False
+            self._runs[run_key] = dataclasses.replace(run, updated_at=now)
+            return True
+
     def cleanup(self, *, older_than: float) -> int:
         """See :meth:`StepStore.cleanup`."""
         with self._lock:
-            doomed = [
-                k
-                for k, r in self._runs.items()
-                if r.status in CLEANABLE_STATUSES and r.updated_at < older_than
-            ]
+            doomed = [k for k, r in self._runs.items() if r.status in CLEANABLE_STATUSES and r.updated_at < older_than]
             for k in doomed:
                 del self._runs[k]
                 self._steps.pop(k, None)

@@ -42,15 +42,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import sqlite3
 import threading
 import time
 import weakref
 import zlib
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ContextManager, TypeVar
+from typing import Any, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import event
@@ -81,8 +82,7 @@ __all__ = ["ACCEPTED_STORE_FORMS", "DEFAULT_TABLE_PREFIX", "SqlStepStore", "norm
 
 DEFAULT_TABLE_PREFIX = "flexiq_"
 ACCEPTED_STORE_FORMS = (
-    "sqlite:///path, postgresql://…, mysql://… (or mariadb://…), memory://, "
-    "a sqlalchemy Engine or a StepStore"
+    "sqlite:///path, postgresql://…, mysql://… (or mariadb://…), memory://, a sqlalchemy Engine or a StepStore"
 )
 """The store specifications accepted, for error messages."""
 
@@ -271,7 +271,7 @@ def _install_sqlite_events(engine: Engine, *, wal: bool) -> None:
         try:
             cursor.execute(f"PRAGMA busy_timeout = {_SQLITE_BUSY_TIMEOUT_MS}")
             if wal:
-                cursor.execute("PRAGMA journal_mode = WAL")
+                _enable_wal(cursor)
         finally:
             cursor.close()
 
@@ -281,6 +281,26 @@ def _install_sqlite_events(engine: Engine, *, wal: bool) -> None:
 
     event.listen(engine, "connect", on_connect)
     event.listen(engine, "begin", on_begin)
+
+
+def _enable_wal(cursor: Any) -> None:
+    """Switch the file to WAL (persistent), retrying while another connection holds a lock.
+
+    SQLite answers a journal-mode change with "database is locked" at once,
+    without waiting on the busy timeout, when another connection is inside a
+    transaction: several workers opening a fresh file together hit exactly that.
+    """
+    deadline = time.monotonic() + _SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode")
+            if str(cursor.fetchone()[0]).lower() != "wal":
+                cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
 
 
 def _on_mysql_connect(dbapi_connection: Any, _record: Any) -> None:
@@ -313,8 +333,8 @@ def upgrade_store(
     """Bring the store's tables to ``revision`` with the shipped Alembic migrations.
 
     Idempotent, and safe when several processes call it at once: PostgreSQL
-    takes a transaction-level advisory lock, MySQL/MariaDB a ``GET_LOCK``, and
-    SQLite's ``BEGIN IMMEDIATE`` serializes the whole upgrade.
+    takes an advisory lock and MySQL/MariaDB a ``GET_LOCK``, both held until
+    the upgrade has committed; SQLite's ``BEGIN IMMEDIATE`` serializes it.
 
     Parameters:
       url_or_engine(str | URL | Engine): the store's URL or an engine.
@@ -326,9 +346,10 @@ def upgrade_store(
       StoreUnavailable: the database cannot be reached.
       StoreError: the migration failed.
     """
-    owned = not isinstance(url_or_engine, Engine)
-    engine = _create_engine(normalize_url(url_or_engine)) if owned else url_or_engine
-    assert isinstance(engine, Engine)
+    if isinstance(url_or_engine, Engine):
+        engine, owned = url_or_engine, False
+    else:
+        engine, owned = _create_engine(normalize_url(url_or_engine)), True
     try:
         with _translated(engine):
             _upgrade(engine, revision, table_prefix)
@@ -344,26 +365,36 @@ def _upgrade(engine: Engine, revision: str, prefix: str) -> None:
     config = Config()
     config.set_main_option("script_location", str(_MIGRATIONS))
     config.attributes["table_prefix"] = prefix
-    with engine.begin() as conn, _migration_lock(conn, prefix):
+    with engine.connect() as conn, _migration_lock(conn, prefix), conn.begin():
         config.attributes["connection"] = conn
         command.upgrade(config, revision)
 
 
 @contextmanager
 def _migration_lock(conn: Connection, prefix: str) -> Iterator[None]:
+    """Hold a session-level lock across the whole upgrade, released only after its commit.
+
+    Released after the commit so a second process waiting on it sees the new
+    version row and does nothing. SQLite needs none: ``BEGIN IMMEDIATE``
+    already serializes the upgrade's transaction.
+    """
     name = conn.dialect.name
     key = f"flexiq-migrate:{prefix}"
     if name == "postgresql":
-        conn.execute(sa.select(sa.func.pg_advisory_xact_lock(zlib.crc32(key.encode()))))
-        yield
+        number = zlib.crc32(key.encode())
+        lock, unlock = sa.func.pg_advisory_lock(number), sa.func.pg_advisory_unlock(number)
     elif name in ("mysql", "mariadb"):
-        conn.execute(sa.select(sa.func.get_lock(key[:64], 120)))
-        try:
-            yield
-        finally:
-            conn.execute(sa.select(sa.func.release_lock(key[:64])))
+        lock, unlock = sa.func.get_lock(key[:64], 120), sa.func.release_lock(key[:64])
     else:
         yield
+        return
+    conn.execute(sa.select(lock))
+    conn.commit()
+    try:
+        yield
+    finally:
+        conn.execute(sa.select(unlock))
+        conn.commit()
 
 
 # ------------------------------------------------------- error translation
@@ -383,9 +414,12 @@ def _translated(engine: Engine) -> Iterator[None]:
 def _translate(exc: BaseException, engine: Engine) -> StoreError:
     where = _safe(engine.url)
     detail = _detail(exc)
-    unavailable = isinstance(exc, _UNAVAILABLE) or (
-        isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated
-    )
+    if _is_missing_table(exc):
+        return StoreError(
+            f"the step store at {where} has no tables ({detail}): run `flexiq store upgrade` "
+            "or open the store with auto_upgrade=True"
+        )
+    unavailable = isinstance(exc, _UNAVAILABLE) or (isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated)
     if unavailable:
         return StoreUnavailable(f"the step store at {where} is unavailable: {detail}")
     return StoreError(f"the step store at {where} failed: {detail}")
@@ -398,12 +432,25 @@ def _detail(exc: BaseException) -> str:
     return text[:300]
 
 
+def _is_missing_table(exc: BaseException) -> bool:
+    """An undefined table: SQLite's wording, PostgreSQL's SQLSTATE 42P01, MySQL's error 1146."""
+    if not isinstance(exc, sa_exc.DBAPIError):
+        return False
+    origin = exc.orig
+    args: tuple[Any, ...] = getattr(origin, "args", ())
+    return (
+        getattr(origin, "sqlstate", None) == "42P01"
+        or (bool(args) and args[0] == 1146)
+        or "no such table" in str(origin)
+    )
+
+
 def _is_deadlock(exc: sa_exc.DBAPIError) -> bool:
     """A deadlock or serialization failure: the server rolled the transaction back."""
     origin = exc.orig
     if getattr(origin, "sqlstate", None) in ("40P01", "40001"):
         return True
-    args = getattr(origin, "args", ())
+    args: tuple[Any, ...] = getattr(origin, "args", ())
     return bool(args) and args[0] == 1213
 
 
@@ -412,7 +459,7 @@ class SqlStepStore(StepStore):
     """A :class:`StepStore` in a SQL database, through SQLAlchemy Core.
 
     Parameters:
-      url_or_engine(str | Engine): a SQLAlchemy URL (``sqlite:///path``,
+      url_or_engine(str | URL | Engine): a SQLAlchemy URL (``sqlite:///path``,
         ``postgresql://…``, ``mysql://…``, ``mariadb://…``; a missing driver is
         filled in: psycopg 3, PyMySQL) or an engine you configured yourself (it
         is used as is, and not disposed by :meth:`close`).
@@ -443,10 +490,11 @@ class SqlStepStore(StepStore):
         self._dialect = self._engine.dialect.name
         if self._dialect not in _CLOCKS:
             raise ConfigurationError(_bad_store_message(_safe(self._engine.url)))
-        self._clock = sa.literal_column(_CLOCKS[self._dialect], type_=sa.Double(asdecimal=False))
+        self._clock: sa.ColumnElement[float] = sa.literal_column(
+            _CLOCKS[self._dialect], type_=sa.Double(asdecimal=False)
+        )
         self._t = _tables(table_prefix)
         self._prefix = table_prefix
-        self._auto_upgrade = auto_upgrade
         self._schema_ready = not auto_upgrade
         # One shared connection (in-memory SQLite) must not run two transactions at once.
         self._shared_connection = isinstance(self._engine.pool, StaticPool)
@@ -460,6 +508,11 @@ class SqlStepStore(StepStore):
     def engine(self) -> Engine:
         """The SQLAlchemy engine the store uses."""
         return self._engine
+
+    @property
+    def table_prefix(self) -> str:
+        """The prefix of the store's table names."""
+        return self._prefix
 
     @property
     def url(self) -> str:
@@ -511,7 +564,7 @@ class SqlStepStore(StepStore):
                 time.sleep(0.01 * (_DEADLOCK_RETRIES - retries))
 
     def _once(self, work: Callable[[Connection], T], *, read_only: bool) -> T:
-        guard: ContextManager[Any] = self._serial if self._shared_connection else nullcontext()
+        guard: AbstractContextManager[Any] = self._serial if self._shared_connection else nullcontext()
         with guard:
             self._ensure_schema()
             if read_only:
@@ -548,9 +601,7 @@ class SqlStepStore(StepStore):
         return self._read(self._now)
 
     # ---------------------------------------------------- attempts
-    def begin(
-        self, run_key: str, job_id: str, envelope: JobEnvelope, owner: str, lease_seconds: float
-    ) -> BeginResult:
+    def begin(self, run_key: str, job_id: str, envelope: JobEnvelope, owner: str, lease_seconds: float) -> BeginResult:
         """Claim the run for a new attempt and read its snapshot (C23–C26).
 
         One transaction: insert the run if absent, lock its row, read the
@@ -569,12 +620,21 @@ class SqlStepStore(StepStore):
         """
         envelope_json = _dump_envelope(envelope)
         return self._write(
-            lambda conn: self._begin(conn, run_key, job_id, envelope, envelope_json, owner, lease_seconds)
+            lambda conn: self._begin(
+                conn,
+                run_key=run_key,
+                job_id=job_id,
+                envelope=envelope,
+                envelope_json=envelope_json,
+                owner=owner,
+                lease_seconds=lease_seconds,
+            )
         )
 
     def _begin(
         self,
         conn: Connection,
+        *,
         run_key: str,
         job_id: str,
         envelope: JobEnvelope,
@@ -731,9 +791,7 @@ class SqlStepStore(StepStore):
 
     def _add_dead_letter(self, conn: Connection, run_key: str, dead: NewDeadLetter, now: float) -> None:
         runs = self._t.runs
-        run = conn.execute(
-            sa.select(runs.c.task_name, runs.c.envelope).where(runs.c.run_key == run_key)
-        ).one()
+        run = conn.execute(sa.select(runs.c.task_name, runs.c.envelope).where(runs.c.run_key == run_key)).one()
         conn.execute(
             sa.insert(self._t.dead).values(
                 run_key=run_key,
@@ -936,6 +994,37 @@ class SqlStepStore(StepStore):
         if ids is not None:
             query = query.where(dead.c.id.in_(sorted(set(ids))))
         return self._write(lambda conn: conn.execute(query).rowcount)
+
+    def mark_recovered(self, run_key: str, *, status: str, updated_at: float) -> bool:
+        """Claim a stranded run for recovery with one conditional ``UPDATE`` (C35).
+
+        Sets ``updated_at`` to the database's clock only while ``status`` and
+        ``updated_at`` are the ones given and, for a ``running`` run, the lease
+        has expired; the row count says who won.
+
+        Parameters:
+          run_key(str): the run.
+          status(str): the status the caller read.
+          updated_at(float): the ``updated_at`` the caller read, epoch seconds.
+
+        Returns:
+          bool: whether this caller won the run.
+
+        Raises:
+          StoreUnavailable: the database cannot be reached.
+        """
+        runs = self._t.runs
+
+        def work(conn: Connection) -> bool:
+            now = self._now(conn)
+            query = sa.update(runs).where(
+                runs.c.run_key == run_key, runs.c.status == status, runs.c.updated_at == updated_at
+            )
+            if status == "running":
+                query = query.where(sa.or_(runs.c.lease_until.is_(None), runs.c.lease_until <= now))
+            return conn.execute(query.values(updated_at=now)).rowcount == 1
+
+        return self._write(work)
 
     def cleanup(self, *, older_than: float) -> int:
         """Delete succeeded, failed and cancelled runs (and their steps) updated before ``older_than``.

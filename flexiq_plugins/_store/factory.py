@@ -1,0 +1,61 @@
+"""Turn whatever the user configured into a :class:`StepStore`.
+
+Adapters accept a store in several shapes (``install(app, store=...)``,
+``DurableSteps(store=...)``): a ready store, a SQLAlchemy engine, a URL, or
+nothing at all. This is the one place that decides what each shape means, so
+Celery and Dramatiq users get the same answer and the same error for a typo.
+With nothing configured the store is the SQLite file ``flexiq_steps.db`` in
+the working directory: durable, and needing no server.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from sqlalchemy.engine import URL, Engine
+
+from ..errors import ConfigurationError
+from .base import StepStore
+from .memory import MemoryStepStore
+from .sql import ACCEPTED_STORE_FORMS, SqlStepStore
+
+__all__ = ["DEFAULT_STORE_URL", "STORE_URL_ENV", "open_store"]
+
+DEFAULT_STORE_URL = "sqlite:///flexiq_steps.db"
+"""The store used when nothing is configured: a SQLite file in the working directory."""
+
+STORE_URL_ENV = "FLEXIQ_STORE_URL"
+"""The environment variable read when no store is given."""
+
+_MEMORY_URLS = frozenset({"memory://", "memory:"})
+
+
+def open_store(spec: str | URL | Engine | StepStore | None = None, **kwargs: Any) -> StepStore:
+    """Return the step store that ``spec`` describes.
+
+    - a :class:`StepStore` is returned as is (``kwargs`` are ignored);
+    - ``"memory://"`` gives a :class:`MemoryStepStore` (``kwargs`` go to it);
+    - a SQLAlchemy :class:`~sqlalchemy.engine.Engine` or URL (``sqlite:///path``,
+      ``postgresql://…``, ``mysql://…``, ``mariadb://…``) gives a
+      :class:`SqlStepStore` (``kwargs``: ``auto_upgrade``, ``table_prefix``);
+    - ``None`` reads the ``FLEXIQ_STORE_URL`` environment variable, else uses
+      :data:`DEFAULT_STORE_URL`.
+
+    Parameters:
+      spec(str | URL | Engine | StepStore | None): the store, or where it is.
+      kwargs: passed to the store's constructor.
+
+    Raises:
+      ConfigurationError: an unknown scheme or type, naming the value and the
+        accepted forms, or a missing database driver.
+    """
+    if spec is None:
+        spec = os.environ.get(STORE_URL_ENV) or DEFAULT_STORE_URL
+    if isinstance(spec, StepStore):
+        return spec
+    if isinstance(spec, str) and spec.strip().lower() in _MEMORY_URLS:
+        return MemoryStepStore(**kwargs)
+    if isinstance(spec, (str, URL, Engine)):
+        return SqlStepStore(spec, **kwargs)
+    raise ConfigurationError(f"cannot use {spec!r} as a step store; accepted forms: {ACCEPTED_STORE_FORMS}")

@@ -1,0 +1,198 @@
+"""Dead letters, failed runs and store outages on Dramatiq (C13, C26, C28–C30)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import dramatiq
+from dq_support import dead_letter_count, status_of, wait_until
+from dramatiq.middleware import Middleware
+
+from dramatiq_ext import RUN_KEY_OPTION, DurableSteps, republish
+from flexiq_plugins import current_job
+from flexiq_plugins._store.base import StepStore
+
+
+def test_c13_divergence_goes_to_the_xq_once_without_retry(
+    broker: dramatiq.Broker,
+    queue: str,
+    namespace: str,
+    sqlite_store: StepStore,
+    start_worker: Callable[..., dramatiq.Worker],
+) -> None:
+    """A step sequence that changes between attempts is dead-lettered once, even with ``max_retries=20``.
+
+    The broker's ``.XQ`` holds exactly one message, the body ran twice (the
+    failing attempt and the diverging one, never a third), and the store
+    records the dead letter with reason ``divergence`` (C13, C30).
+    """
+    broker.add_middleware(DurableSteps(store=sqlite_store))
+    attempts: list[int] = []
+
+    @dramatiq.actor(broker=broker, queue_name=queue, max_retries=20, min_backoff=10, max_backoff=20)
+    def shifty() -> None:
+        attempts.append(current_job.attempt)
+        step = current_job.step
+        step.run("a" if len(attempts) == 1 else "b", lambda: 1)
+        if len(attempts) == 1:
+            raise RuntimeError("fails once, then the code changed")
+
+    start_worker(broker)
+    run_key = shifty.send().options[RUN_KEY_OPTION]
+    wait_until(lambda: dead_letter_count(broker, queue, namespace) == 1, what="one dead letter in the XQ")
+    wait_until(lambda: status_of(sqlite_store, run_key) == "dead", what="the run to be dead")
+
+    assert attempts == [1, 2]
+    assert dead_letter_count(broker, queue, namespace) == 1
+    (dead,) = sqlite_store.list_dead_letters()
+    assert (dead.run_key, dead.reason, dead.task_name) == (run_key, "divergence", "shifty")
+    assert "step 0 was 'a#0', now 'b#0'" in dead.message
+
+
+def test_c26_run_settled_failed_when_retries_are_exhausted(
+    stub_broker: dramatiq.Broker,
+    queue: str,
+    sqlite_store: StepStore,
+    start_worker: Callable[..., dramatiq.Worker],
+) -> None:
+    """When the Retries middleware gives up, the run is ``failed`` in the store; each retry ran the body."""
+    stub_broker.add_middleware(DurableSteps(store=sqlite_store))
+    calls: list[int] = []
+
+    @dramatiq.actor(broker=stub_broker, queue_name=queue, max_retries=2, min_backoff=10, max_backoff=20)
+    def flaky() -> None:
+        calls.append(current_job.attempt)
+        raise ValueError("always")
+
+    start_worker(stub_broker)
+    run_key = flaky.send().options[RUN_KEY_OPTION]
+    stub_broker.join(queue, fail_fast=False, timeout=10_000)
+
+    assert calls == [1, 2, 3]
+    assert status_of(sqlite_store, run_key) == "failed"
+    assert len(stub_broker.dead_letters_by_queue[queue]) == 1
+
+
+class _Enqueues(Middleware):
+    """Records every enqueue (a real middleware, for observing the broker)."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, dict[str, Any], int | None]] = []
+
+    def before_enqueue(self, broker: dramatiq.Broker, message: Any, delay: int | None) -> None:
+        self.seen.append((message.message_id, dict(message.options), delay))
+
+
+def test_c28_store_outage_is_retried_even_with_max_retries_zero(
+    stub_broker: dramatiq.Broker, queue: str, start_worker: Callable[..., dramatiq.Worker]
+) -> None:
+    """A store that cannot be reached re-enqueues the message whatever ``max_retries`` says.
+
+    The store is a PostgreSQL URL on a closed port: a real connection refusal.
+    The retry does not use the Retries budget (``retries`` stays unset) and the
+    actor body never runs.
+    """
+    enqueues = _Enqueues()
+    stub_broker.add_middleware(enqueues)
+    stub_broker.add_middleware(DurableSteps(store="postgresql+psycopg://postgres@127.0.0.1:9/none"))
+    calls: list[int] = []
+
+    @dramatiq.actor(broker=stub_broker, queue_name=queue, max_retries=0)
+    def unlucky() -> None:
+        calls.append(1)
+
+    start_worker(stub_broker)
+    sent = unlucky.send()
+    again = wait_until(
+        lambda: [e for e in enqueues.seen if e[1].get("flexiq_outages") == 1], what="the outage re-enqueue"
+    )
+
+    message_id, options, delay = again[0]
+    assert message_id == sent.message_id
+    assert "retries" not in options
+    assert delay is not None
+    assert delay >= 500
+    assert calls == []
+    assert stub_broker.dead_letters_by_queue[queue] == []
+
+
+def test_c30_c35_republish_from_the_stored_envelope_keeps_the_run_key(
+    stub_broker: dramatiq.Broker,
+    queue: str,
+    sqlite_store: StepStore,
+    start_worker: Callable[..., dramatiq.Worker],
+) -> None:
+    """A dead-lettered run re-published from its stored envelope gets a new message id, the same run key.
+
+    The envelope holds the actor, queue, arguments and options (C35).
+    Its committed step replays from the store (not called again) with the
+    same idempotency key (C11), and the run then succeeds.
+    """
+    stub_broker.add_middleware(DurableSteps(store=sqlite_store))
+    keys: list[str] = []
+    fixed: list[bool] = []
+
+    @dramatiq.actor(broker=stub_broker, queue_name=queue, max_retries=5)
+    def order(order_id: str, *, amount: int) -> None:
+        step = current_job.step
+        step.run("charge", lambda: keys.append(step.idempotency_key))
+        if not fixed:
+            step.run("x" * 300, lambda: None)  # an invalid name: dead-lettered (C2, C29)
+
+    start_worker(stub_broker)
+    first = order.send("o-9", amount=3)
+    stub_broker.join(queue, fail_fast=False, timeout=10_000)
+    (dead,) = sqlite_store.list_dead_letters()
+    assert dead.envelope.args == ["o-9"]
+    assert dead.envelope.kwargs == {"amount": 3}
+
+    fixed.append(True)
+    sqlite_store.prepare_retry(dead.id)
+    again = republish(stub_broker, dead.envelope, dead.run_key)
+    stub_broker.join(queue, fail_fast=False, timeout=10_000)
+
+    assert again.message_id != first.message_id
+    assert again.options[RUN_KEY_OPTION] == first.options[RUN_KEY_OPTION]
+    assert status_of(sqlite_store, dead.run_key) == "succeeded"
+    assert keys == [f"{dead.run_key}:charge#0"]
+
+
+def test_c20_c21_signals_pass_except_exception_and_swallowing_them_dead_letters(
+    stub_broker: dramatiq.Broker,
+    queue: str,
+    sqlite_store: StepStore,
+    start_worker: Callable[..., dramatiq.Worker],
+) -> None:
+    """``except Exception`` does not catch a sleep (C20); ``except BaseException`` that returns is dead-lettered (C21).
+
+    Dramatiq's worker never sees a step signal: the swallowing job is failed
+    to the ``.XQ`` queue with reason ``swallowed_signal``, without a retry.
+    """
+    stub_broker.add_middleware(DurableSteps(store=sqlite_store))
+    woke: list[str] = []
+
+    @dramatiq.actor(broker=stub_broker, queue_name=queue, max_retries=20)
+    def polite() -> None:
+        try:
+            current_job.step.sleep("50ms")
+        except Exception:  # a sleep is not an error: this does not catch it
+            woke.append("caught")
+        woke.append("after sleep")
+
+    @dramatiq.actor(broker=stub_broker, queue_name=queue, max_retries=20)
+    def greedy() -> None:
+        try:
+            current_job.step.sleep("50ms")
+        except BaseException:
+            woke.append("swallowed")
+
+    start_worker(stub_broker)
+    polite.send()
+    greedy.send()
+    stub_broker.join(queue, fail_fast=False, timeout=10_000)
+
+    assert sorted(woke) == ["after sleep", "swallowed"]
+    (dead,) = sqlite_store.list_dead_letters()
+    assert (dead.task_name, dead.reason) == ("greedy", "swallowed_signal")
+    assert len(stub_broker.dead_letters_by_queue[queue]) == 1

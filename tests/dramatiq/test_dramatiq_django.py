@@ -1,0 +1,58 @@
+"""``"dramatiq_ext.DurableSteps"`` listed in django_dramatiq's settings runs durable actors."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flexiq_plugins._store.sql import SqlStepStore
+
+HERE = Path(__file__).parent
+ROOT = HERE.parents[1]
+
+SCRIPT = """
+import json, django, dramatiq
+django.setup()
+import dq_django_tasks
+broker = dramatiq.get_broker()
+worker = dramatiq.Worker(broker, worker_timeout=100)
+worker.start()
+message = dq_django_tasks.welcome.send(42)
+broker.join("django_q", fail_fast=True, timeout=20_000)
+worker.stop()
+print(json.dumps({"run_key": message.options["flexiq_run_key"], "broker": type(broker).__name__}))
+"""
+
+
+@pytest.mark.slow
+def test_c15_c18_django_settings_only_setup_runs_a_durable_actor(sqlite_url: str) -> None:
+    """Django settings alone configure the middleware: store URL and ``MAX_HOP`` from ``FLEXIQ``.
+
+    ``DurableSteps`` is built by django_dramatiq with no arguments; the store
+    and options are read from settings at the first message. The 500 ms sleep
+    is cut into 200 ms hops (C18), so the run takes at least four attempts,
+    and ends ``succeeded`` in the SQLite store named by ``FLEXIQ["STORE_URL"]``.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "FLEXIQ_STORE_URL"}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]),
+        DJANGO_SETTINGS_MODULE="dq_django_settings",
+        FLEXIQ_TEST_STORE=sqlite_url,
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT], env=env, cwd=HERE, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+
+    store = SqlStepStore(sqlite_url)
+    run = store.get_run(result["run_key"])
+    store.close()
+    assert result["broker"] == "StubBroker"
+    assert run.status == "succeeded"
+    assert run.attempt >= 4

@@ -1,0 +1,551 @@
+"""One contract suite for every step store (memory, SQLite, PostgreSQL, MariaDB).
+
+Each test states the rule of ``StepStore`` (``flexiq_plugins/_store/base.py``)
+and of CONTRACT.md it proves. The ``store`` fixture runs every test against
+all four stores, so the SQL store is held to exactly the behaviour of the
+in-memory reference. Lease expiry is waited for by polling the store's own
+clock, never by a bare sleep.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from uuid import uuid4
+
+import pytest
+
+from flexiq_plugins._store.base import (
+    Begun,
+    Busy,
+    Claim,
+    Finished,
+    JobEnvelope,
+    NewDeadLetter,
+    StepRow,
+    StepStore,
+)
+from flexiq_plugins.errors import ClaimLost, StoreError, UnknownDeadLetter, UnknownRun
+
+ENVELOPE = JobEnvelope(
+    task_name="shop.checkout",
+    framework="test",
+    queue="default",
+    args=[1, "two"],
+    kwargs={"order": "A-1"},
+    options={"headers": {"flexiq_run_key": "x"}},
+)
+SHORT_LEASE = 0.2
+
+
+def new_key() -> str:
+    return uuid4().hex
+
+
+def claim_run(
+    store: StepStore,
+    run_key: str,
+    *,
+    owner: str = "worker-1",
+    lease: float = 30.0,
+    envelope: JobEnvelope = ENVELOPE,
+    job_id: str = "job-1",
+) -> Begun:
+    result = store.begin(run_key, job_id, envelope, owner, lease)
+    assert isinstance(result, Begun), result
+    return result
+
+
+def wait_past(store: StepStore, moment: float, timeout: float = 10.0) -> None:
+    """Poll the store's clock until it is past ``moment``."""
+    deadline = time.monotonic() + timeout
+    while store.now() <= moment:
+        assert time.monotonic() < deadline, "the store's clock did not pass the moment"
+        time.sleep(0.01)
+
+
+def tick(store: StepStore) -> float:
+    """Wait until the store's clock has moved on (SQLite's ticks in milliseconds); return the new time."""
+    wait_past(store, store.now())
+    return store.now()
+
+
+def run_row(position: int, key: str, value: bytes = b"value") -> StepRow:
+    return StepRow(position=position, step_key=key, kind="run", value=value)
+
+
+def commit_rows(store: StepStore, claim: Claim, count: int) -> list[StepRow]:
+    return [store.commit_step(claim, run_row(i, f"step#{i}", b"v" * (i + 1))) for i in range(count)]
+
+
+def terminal_run(store: StepStore, status: str, *, steps: int = 0, task: str = "shop.checkout") -> str:
+    key = new_key()
+    envelope = JobEnvelope(task_name=task, framework="test")
+    claim = claim_run(store, key, envelope=envelope).claim
+    commit_rows(store, claim, steps)
+    store.finish(claim, status)  # type: ignore[arg-type]
+    return key
+
+
+def dead_letter(store: StepStore, *, steps: int = 3, task: str = "shop.checkout") -> tuple[str, int]:
+    key = new_key()
+    envelope = JobEnvelope(task_name=task, framework="test", args=[7])
+    claim = claim_run(store, key, envelope=envelope, job_id="job-dead").claim
+    commit_rows(store, claim, steps)
+    store.finish(
+        claim,
+        "dead",
+        dead_letter=NewDeadLetter("job-dead", "divergence", "step changed", "Traceback ..."),
+    )
+    (record,) = [d for d in store.list_dead_letters() if d.run_key == key]
+    return key, record.id
+
+
+# ----------------------------------------------------------------- begin
+def test_c23_begin_creates_and_claims_a_new_run(store: StepStore) -> None:
+    """A first ``begin`` creates the run with its envelope and claims attempt 1 (C23, C35)."""
+    key = new_key()
+    begun = claim_run(store, key, lease=30.0)
+    assert begun.claim == Claim(key, "worker-1", 1, begun.now + 30.0)
+    assert begun.snapshot == ()
+    assert begun.takeovers == 0
+    assert begun.envelope.to_dict() == ENVELOPE.to_dict()
+    run = store.get_run(key)
+    assert (run.status, run.owner, run.attempt, run.job_id) == ("running", "worker-1", 1, "job-1")
+    assert (run.task_name, run.framework, run.queue) == ("shop.checkout", "test", "default")
+    assert run.lease_until == pytest.approx(begun.claim.lease_until)
+    assert (run.step_count, run.step_bytes, run.takeovers) == (0, 0, 0)
+    assert run.envelope.to_dict() == ENVELOPE.to_dict()
+    assert run.created_at <= run.updated_at
+
+
+def test_c35_begin_keeps_the_first_envelope(store: StepStore) -> None:
+    """The run keeps the envelope it was created with; a later ``begin`` updates only the job id (C35)."""
+    key = new_key()
+    store.finish(claim_run(store, key).claim, "sleeping")
+    other = JobEnvelope(task_name="other.task", framework="test", args=[99])
+    begun = claim_run(store, key, envelope=other, job_id="job-2")
+    assert begun.envelope.to_dict() == ENVELOPE.to_dict()
+    run = store.get_run(key)
+    assert run.envelope.to_dict() == ENVELOPE.to_dict()
+    assert run.job_id == "job-2"
+
+
+def test_c5_begin_returns_the_snapshot_by_position(store: StepStore) -> None:
+    """A new attempt's snapshot holds every committed row in position order, values intact (C5, C9)."""
+    key = new_key()
+    first = claim_run(store, key)
+    committed = commit_rows(store, first.claim, 3)
+    store.finish(first.claim, "retrying")
+    second = claim_run(store, key, owner="worker-2")
+    assert second.snapshot == tuple(committed)
+    assert [s.position for s in second.snapshot] == [0, 1, 2]
+    assert second.claim.attempt == 2
+    assert second.takeovers == 0
+
+
+def test_c24_begin_is_busy_while_the_lease_is_live(store: StepStore) -> None:
+    """A second delivery while the claim's lease is live gets ``Busy`` and writes nothing (C24)."""
+    key = new_key()
+    claim_run(store, key, lease=30.0)
+    before = store.get_run(key)
+    result = store.begin(key, "job-dup", ENVELOPE, "worker-2", 30.0)
+    assert isinstance(result, Busy)
+    assert 0 < result.lease_remaining <= 30.0
+    after = store.get_run(key)
+    assert (after.owner, after.attempt, after.job_id, after.updated_at) == (
+        before.owner,
+        before.attempt,
+        before.job_id,
+        before.updated_at,
+    )
+
+
+@pytest.mark.parametrize("status", ["succeeded", "failed", "dead", "cancelled"])
+def test_c26_begin_on_a_terminal_run_is_finished(store: StepStore, status: str) -> None:
+    """A redelivered job of a terminal run gets ``Finished`` and writes nothing (C26)."""
+    key = terminal_run(store, status)
+    before = store.get_run(key)
+    assert store.begin(key, "job-again", ENVELOPE, "worker-2", 30.0) == Finished(status)
+    assert store.get_run(key) == before
+
+
+def test_c15_a_released_claim_is_taken_without_takeover(store: StepStore) -> None:
+    """After ``finish`` released the claim (a sleep), the next ``begin`` claims at once and is no takeover (C15)."""
+    key = new_key()
+    first = claim_run(store, key, lease=30.0)
+    store.finish(first.claim, "sleeping")
+    run = store.get_run(key)
+    assert (run.status, run.owner, run.lease_until) == ("sleeping", None, None)
+    second = claim_run(store, key, owner="worker-2")
+    assert (second.claim.attempt, second.takeovers) == (2, 0)
+
+
+# --------------------------------------------------------- claims, fencing
+def test_c23_lease_uses_the_store_clock(store: StepStore) -> None:
+    """``Begun.now`` is the store's clock and the lease is ``now + lease_seconds`` on it (C23)."""
+    before = store.now()
+    begun = claim_run(store, new_key(), lease=12.5)
+    after = store.now()
+    assert before <= begun.now <= after
+    assert begun.claim.lease_until == pytest.approx(begun.now + 12.5)
+
+
+def test_c25_takeover_after_lease_expiry(store: StepStore) -> None:
+    """A claim whose lease expired is taken over: attempt and takeovers go up by one (C25)."""
+    key = new_key()
+    old = claim_run(store, key, lease=SHORT_LEASE)
+    wait_past(store, old.claim.lease_until)
+    new = claim_run(store, key, owner="worker-2", job_id="job-2")
+    assert (new.claim.attempt, new.claim.owner, new.takeovers) == (2, "worker-2", 1)
+    run = store.get_run(key)
+    assert (run.owner, run.attempt, run.takeovers, run.job_id) == ("worker-2", 2, 1, "job-2")
+
+
+def test_c25_takeover_fences_the_old_claim(store: StepStore) -> None:
+    """Every write of a taken-over claim raises ``ClaimLost`` and writes nothing (C25)."""
+    key = new_key()
+    old = claim_run(store, key, lease=SHORT_LEASE).claim
+    wait_past(store, old.lease_until)
+    claim_run(store, key, owner="worker-2")
+    before = store.get_run(key)
+    with pytest.raises(ClaimLost):
+        store.renew(old, 30.0)
+    with pytest.raises(ClaimLost):
+        store.commit_step(old, run_row(0, "charge#0"))
+    with pytest.raises(ClaimLost):
+        store.finish(old, "dead", drop_steps=True, dead_letter=NewDeadLetter("job-1", "error", "boom"))
+    assert store.get_steps(key) == []
+    assert store.get_run(key) == before
+    assert [d for d in store.list_dead_letters(include_retried=True) if d.run_key == key] == []
+
+
+def test_c25_takeovers_accumulate(store: StepStore) -> None:
+    """Each takeover from a dead worker counts, so the driver can dead-letter at its limit (C25)."""
+    key = new_key()
+    claim = claim_run(store, key, lease=SHORT_LEASE).claim
+    for n in (1, 2):
+        wait_past(store, claim.lease_until)
+        begun = claim_run(store, key, owner=f"worker-{n + 1}", lease=SHORT_LEASE)
+        assert begun.takeovers == n
+        claim = begun.claim
+    assert store.get_run(key).takeovers == 2
+
+
+def test_c23_renew_extends_the_lease_on_the_store_clock(store: StepStore) -> None:
+    """``renew`` moves the lease to the store's ``now + lease_seconds``: the run stays Busy (C23, C24)."""
+    key = new_key()
+    claim = claim_run(store, key, lease=SHORT_LEASE).claim
+    before = store.now()
+    renewed = store.renew(claim, 30.0)
+    assert renewed == Claim(claim.run_key, claim.owner, claim.attempt, renewed.lease_until)
+    assert renewed.lease_until >= before + 30.0
+    assert store.get_run(key).lease_until == pytest.approx(renewed.lease_until)
+    wait_past(store, claim.lease_until)
+    assert isinstance(store.begin(key, "job-2", ENVELOPE, "worker-2", 30.0), Busy)
+
+
+def test_c25_a_finished_claim_is_fenced(store: StepStore) -> None:
+    """Once ``finish`` released the claim, the same claim can write nothing more (C25)."""
+    claim = claim_run(store, new_key()).claim
+    store.finish(claim, "sleeping")
+    with pytest.raises(ClaimLost):
+        store.finish(claim, "succeeded")
+    with pytest.raises(ClaimLost):
+        store.renew(claim, 30.0)
+    with pytest.raises(ClaimLost):
+        store.commit_step(claim, run_row(0, "late#0"))
+
+
+# ------------------------------------------------------------ commit_step
+def test_c9_commit_step_updates_totals_and_returns_committed_at(store: StepStore) -> None:
+    """``commit_step`` stores the row, stamps ``committed_at`` and the attempt, and updates the totals (C9)."""
+    key = new_key()
+    claim = claim_run(store, key).claim
+    before = store.now()
+    first = store.commit_step(claim, run_row(0, "charge#0", b"12345"))
+    second = store.commit_step(claim, run_row(1, "receipt:A-1", b"678"))
+    after = store.now()
+    for row in (first, second):
+        assert row.committed_at is not None
+        assert before <= row.committed_at <= after
+        assert row.attempt == 1
+    assert (first.step_key, first.value, first.kind) == ("charge#0", b"12345", "run")
+    assert store.get_steps(key) == [first, second]
+    run = store.get_run(key)
+    assert (run.step_count, run.step_bytes) == (2, 8)
+
+
+def test_c3_commit_of_an_already_committed_key_is_refused(store: StepStore) -> None:
+    """A second commit of the same step key raises ``ClaimLost`` and changes nothing (C3, C5)."""
+    key = new_key()
+    claim = claim_run(store, key).claim
+    store.commit_step(claim, run_row(0, "charge#0", b"first"))
+    with pytest.raises(ClaimLost):
+        store.commit_step(claim, run_row(1, "charge#0", b"second"))
+    assert [s.value for s in store.get_steps(key)] == [b"first"]
+    run = store.get_run(key)
+    assert (run.step_count, run.step_bytes) == (1, 5)
+
+
+def test_c15_sleep_step_keeps_its_wake_time(store: StepStore) -> None:
+    """A sleep row stores its wake time and no value; it adds no bytes (C15, C17)."""
+    key = new_key()
+    claim = claim_run(store, key).claim
+    wake_at = store.now() + 3600.0
+    store.commit_step(claim, StepRow(position=0, step_key="sleep#0", kind="sleep", wake_at=wake_at))
+    (row,) = store.get_steps(key)
+    assert (row.kind, row.value) == ("sleep", None)
+    assert row.wake_at == pytest.approx(wake_at)
+    run = store.get_run(key)
+    assert (run.step_count, run.step_bytes) == (1, 0)
+
+
+def test_c22_a_four_mib_value_round_trips(store: StepStore) -> None:
+    """A 4 MiB step value (the default run cap) is stored and read back byte for byte (C22, C5)."""
+    key = new_key()
+    value = os.urandom(4 * 1024 * 1024)
+    claim = claim_run(store, key).claim
+    store.commit_step(claim, run_row(0, "render#0", value))
+    store.finish(claim, "sleeping")
+    begun = claim_run(store, key, owner="worker-2")
+    assert begun.snapshot[0].value == value
+    assert store.get_steps(key)[0].value == value
+    assert store.get_run(key).step_bytes == len(value)
+
+
+def test_c1_step_keys_are_exact_strings(store: StepStore) -> None:
+    """Step keys differing only in case or by non-ASCII text are distinct steps (C1, C2)."""
+    key = new_key()
+    claim = claim_run(store, key).claim
+    keys = ["charge#0", "Charge#0", "prix:café", "prix:cafe"]
+    for i, step_key in enumerate(keys):
+        store.commit_step(claim, run_row(i, step_key))
+    assert [s.step_key for s in store.get_steps(key)] == keys
+
+
+# ----------------------------------------------------------------- finish
+def test_c27_finish_with_drop_steps_deletes_the_rows(store: StepStore) -> None:
+    """A succeeded run's step rows are dropped and its totals reset; the claim is released (C27, C26)."""
+    key = new_key()
+    claim = claim_run(store, key).claim
+    commit_rows(store, claim, 3)
+    store.finish(claim, "succeeded", drop_steps=True)
+    assert store.get_steps(key) == []
+    run = store.get_run(key)
+    assert (run.status, run.owner, run.lease_until, run.step_count, run.step_bytes) == (
+        "succeeded",
+        None,
+        None,
+        0,
+        0,
+    )
+
+
+def test_c27_finish_without_drop_keeps_the_rows(store: StepStore) -> None:
+    """A dead-lettered run keeps its step rows so its retry replays (C27)."""
+    key = new_key()
+    claim = claim_run(store, key).claim
+    rows = commit_rows(store, claim, 2)
+    store.finish(claim, "dead")
+    assert store.get_steps(key) == rows
+    assert store.get_run(key).step_count == 2
+
+
+def test_c30_finish_with_a_dead_letter_records_it_with_the_envelope(store: StepStore) -> None:
+    """``finish(dead_letter=…)`` records job, task, reason, message, traceback and envelope (C30)."""
+    key = new_key()
+    claim = claim_run(store, key, job_id="job-9").claim
+    before = store.now()
+    store.finish(claim, "dead", dead_letter=NewDeadLetter("job-9", "divergence", "step 0 changed", "Tb"))
+    (dead,) = [d for d in store.list_dead_letters() if d.run_key == key]
+    assert (dead.job_id, dead.task_name, dead.reason, dead.message, dead.traceback) == (
+        "job-9",
+        "shop.checkout",
+        "divergence",
+        "step 0 changed",
+        "Tb",
+    )
+    assert dead.envelope.to_dict() == ENVELOPE.to_dict()
+    assert dead.created_at >= before
+    assert dead.retried_at is None
+    assert store.get_dead_letter(dead.id) == dead
+    assert store.get_run(key).status == "dead"
+
+
+# ----------------------------------------------------------- settle_failed
+def test_c28_settle_failed_applies_only_to_the_retrying_attempt(store: StepStore) -> None:
+    """``settle_failed`` marks a retrying run failed only at its attempt, once (C28)."""
+    key = new_key()
+    claim = claim_run(store, key).claim
+    store.finish(claim, "retrying")
+    assert store.settle_failed(key, attempt=2) is False
+    assert store.settle_failed(key, attempt=1) is True
+    assert store.get_run(key).status == "failed"
+    assert store.settle_failed(key, attempt=1) is False
+    assert store.settle_failed("no-such-run", attempt=1) is False
+
+
+def test_c28_settle_failed_ignores_a_run_that_moved_on(store: StepStore) -> None:
+    """A newer attempt started after ``retrying``: settling the old attempt changes nothing (C28)."""
+    key = new_key()
+    store.finish(claim_run(store, key).claim, "retrying")
+    claim_run(store, key, owner="worker-2")
+    assert store.settle_failed(key, attempt=1) is False
+    assert store.get_run(key).status == "running"
+
+
+# -------------------------------------------------------------- operators
+def test_get_run_of_an_unknown_key_raises_unknown_run(store: StepStore) -> None:
+    """``get_run`` of an unknown run key raises ``UnknownRun`` (a ``StoreError`` and ``LookupError``)."""
+    with pytest.raises(UnknownRun) as info:
+        store.get_run("no-such-run")
+    assert isinstance(info.value, StoreError)
+    assert isinstance(info.value, LookupError)
+    assert store.get_steps("no-such-run") == []
+
+
+def test_list_runs_filters_and_orders_newest_first(store: StepStore) -> None:
+    """``list_runs`` filters by status, task and ``updated_at >= since``, newest first, up to ``limit``."""
+    a = terminal_run(store, "succeeded", task="task.a")
+    tick(store)
+    b = terminal_run(store, "dead", task="task.b")
+    since = tick(store)
+    tick(store)
+    c = terminal_run(store, "succeeded", task="task.b")
+    assert [r.run_key for r in store.list_runs()][:3] == [c, b, a]
+    assert {r.run_key for r in store.list_runs(status="succeeded")} == {a, c}
+    assert {r.run_key for r in store.list_runs(task_name="task.b")} == {b, c}
+    assert [r.run_key for r in store.list_runs(status="succeeded", task_name="task.b")] == [c]
+    assert [r.run_key for r in store.list_runs(since=since)] == [c]
+    assert [r.run_key for r in store.list_runs(limit=1)] == [c]
+    assert [r.run_key for r in store.iter_runs(status="dead")] == [b]
+
+
+def test_c30_dead_letters_list_get_and_filter(store: StepStore) -> None:
+    """Dead letters list oldest first, filter by task, and hide retried ones unless asked (C30)."""
+    _, first = dead_letter(store, task="task.a")
+    _, second = dead_letter(store, task="task.b")
+    assert [d.id for d in store.list_dead_letters()] == [first, second]
+    assert [d.id for d in store.list_dead_letters(task_name="task.b")] == [second]
+    store.prepare_retry(first)
+    assert [d.id for d in store.list_dead_letters()] == [second]
+    assert [d.id for d in store.list_dead_letters(include_retried=True)] == [first, second]
+    assert store.get_dead_letter(first).retried_at is not None
+
+
+def test_c30_unknown_dead_letter_raises(store: StepStore) -> None:
+    """Reading or retrying an unknown dead letter raises ``UnknownDeadLetter`` (C30)."""
+    with pytest.raises(UnknownDeadLetter):
+        store.get_dead_letter(424242)
+    with pytest.raises(UnknownDeadLetter):
+        store.prepare_retry(424242)
+
+
+def test_c11_prepare_retry_keeps_the_run_key_and_its_steps(store: StepStore) -> None:
+    """A retried dead letter makes its run pending with the same key; the next attempt replays its steps (C11, C30)."""
+    key, dead_id = dead_letter(store, steps=3)
+    rows = store.get_steps(key)
+    before = store.now()
+    dead = store.prepare_retry(dead_id)
+    assert dead.id == dead_id
+    assert dead.retried_at is not None
+    assert dead.retried_at >= before
+    run = store.get_run(key)
+    assert (run.status, run.owner, run.lease_until, run.takeovers, run.step_count) == (
+        "pending",
+        None,
+        None,
+        0,
+        3,
+    )
+    begun = claim_run(store, key, owner="worker-2", job_id="job-new")
+    assert begun.snapshot == tuple(rows)
+    assert (begun.claim.attempt, begun.takeovers) == (2, 0)
+
+
+def test_c30_prepare_retry_reset_from_deletes_that_step_and_later_ones(store: StepStore) -> None:
+    """``reset_from`` deletes the named step and every later position; totals follow (C30)."""
+    key, dead_id = dead_letter(store, steps=3)
+    first = store.get_steps(key)[0]
+    store.prepare_retry(dead_id, reset_from="step#1")
+    assert store.get_steps(key) == [first]
+    run = store.get_run(key)
+    assert (run.status, run.step_count, run.step_bytes) == ("pending", 1, first.size)
+
+
+def test_c30_prepare_retry_reset_from_an_unknown_step_changes_nothing(store: StepStore) -> None:
+    """An unknown ``reset_from`` raises ``UnknownRun`` naming the run's steps; nothing changes (C30)."""
+    key, dead_id = dead_letter(store, steps=2)
+    with pytest.raises(UnknownRun, match="step#0, step#1"):
+        store.prepare_retry(dead_id, reset_from="nope#0")
+    assert store.get_run(key).status == "dead"
+    assert len(store.get_steps(key)) == 2
+    assert store.get_dead_letter(dead_id).retried_at is None
+
+
+def test_c30_purge_dead_letters(store: StepStore) -> None:
+    """``purge_dead_letters`` deletes the given ids (or all) and returns how many (C30)."""
+    ids = [dead_letter(store, steps=0)[1] for _ in range(3)]
+    assert store.purge_dead_letters([]) == 0
+    assert store.purge_dead_letters([ids[0], 987654]) == 1
+    assert [d.id for d in store.list_dead_letters()] == ids[1:]
+    assert store.purge_dead_letters() == 2
+    assert store.list_dead_letters(include_retried=True) == []
+    with pytest.raises(UnknownDeadLetter):
+        store.get_dead_letter(ids[0])
+
+
+def test_c27_cleanup_drops_only_old_succeeded_failed_and_cancelled_runs(store: StepStore) -> None:
+    """``cleanup`` deletes old succeeded/failed/cancelled runs with their steps; dead and live runs stay (C27)."""
+    doomed = [terminal_run(store, status, steps=1) for status in ("succeeded", "failed", "cancelled")]
+    dead = terminal_run(store, "dead", steps=2)
+    sleeping = terminal_run(store, "sleeping", steps=1)
+    running = new_key()
+    claim_run(store, running)
+    cutoff = tick(store)
+    tick(store)
+    recent = terminal_run(store, "succeeded", steps=1)
+    assert store.cleanup(older_than=cutoff) == 3
+    for key in doomed:
+        with pytest.raises(UnknownRun):
+            store.get_run(key)
+        assert store.get_steps(key) == []
+    for key in (dead, sleeping, running, recent):
+        store.get_run(key)
+    assert len(store.get_steps(dead)) == 2
+    assert store.cleanup(older_than=cutoff) == 0
+
+
+# -------------------------------------------------------------- recovery
+def test_c35_mark_recovered_is_a_compare_and_set(store: StepStore) -> None:
+    """``mark_recovered`` wins once for the state read; a stale read or another status loses (C35).
+
+    Two recoverers that read the same sleeping run race: the first moves
+    ``updated_at`` to the store's clock and gets ``True``, the second, still
+    holding the old ``updated_at``, gets ``False``. Nothing but ``updated_at``
+    changes.
+    """
+    key = terminal_run(store, "sleeping", steps=1)
+    seen = store.get_run(key)
+    tick(store)
+    assert store.mark_recovered(key, status="sleeping", updated_at=seen.updated_at) is True
+    assert store.mark_recovered(key, status="sleeping", updated_at=seen.updated_at) is False
+    after = store.get_run(key)
+    assert after.updated_at > seen.updated_at
+    assert (after.status, after.attempt, after.owner, after.step_count) == ("sleeping", 1, None, 1)
+    assert store.mark_recovered(key, status="pending", updated_at=after.updated_at) is False
+    assert store.mark_recovered(new_key(), status="sleeping", updated_at=after.updated_at) is False
+
+
+def test_c35_mark_recovered_skips_a_running_run_with_a_live_lease(store: StepStore) -> None:
+    """A ``running`` run is won only once its lease has expired: a live worker is never recovered (C35)."""
+    live = new_key()
+    claim_run(store, live, lease=30.0)
+    assert store.mark_recovered(live, status="running", updated_at=store.get_run(live).updated_at) is False
+    lost = new_key()
+    claim = claim_run(store, lost, lease=SHORT_LEASE).claim
+    seen = store.get_run(lost)
+    wait_past(store, claim.lease_until)
+    assert store.mark_recovered(lost, status="running", updated_at=seen.updated_at) is True
+    assert store.get_run(lost).owner == "worker-1"  # the claim is left for the next begin to take over

@@ -1,0 +1,386 @@
+"""What only the SQL store must prove: transactions, clocks, errors, forks, concurrency.
+
+The behaviour every store shares is in ``test_store_contract.py``. Here the
+SQL store is checked against the real servers for what a mock cannot show:
+that ``begin`` and ``commit_step`` are one transaction each (C9), that the
+database's clock decides leases (C23), that an unreachable server surfaces as
+``StoreUnavailable`` with nothing from SQLAlchemy leaking, that a forked child
+opens its own connections, and that concurrent deliveries claim a run once.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy import event
+
+from flexiq_plugins._store.base import Begun, Busy, Claim, JobEnvelope, NewDeadLetter, StepRow, StepStore
+from flexiq_plugins._store.factory import DEFAULT_STORE_URL, STORE_URL_ENV, open_store
+from flexiq_plugins._store.memory import MemoryStepStore
+from flexiq_plugins._store.sql import SqlStepStore, normalize_url, upgrade_store
+from flexiq_plugins.errors import ClaimLost, ConfigurationError, StoreError, StoreUnavailable
+
+ENVELOPE = JobEnvelope(task_name="shop.checkout", framework="test", args=[1])
+SQL_BACKENDS = [
+    "sqlite",
+    pytest.param("postgres", marks=pytest.mark.postgres),
+    pytest.param("mysql", marks=pytest.mark.mysql),
+]
+
+
+@pytest.fixture(params=SQL_BACKENDS)
+def sql_store(request: pytest.FixtureRequest, make_sql_store: Callable[..., SqlStepStore]) -> SqlStepStore:
+    """A fresh SQL store on SQLite, PostgreSQL and MariaDB in turn, its schema already created."""
+    store = make_sql_store(request.getfixturevalue(f"{request.param}_url"))
+    store.now()  # runs the migration, so tests observe only their own statements
+    return store
+
+
+def claim(store: StepStore, run_key: str, owner: str = "worker-1", lease: float = 30.0) -> Begun:
+    result = store.begin(run_key, "job-1", ENVELOPE, owner, lease)
+    assert isinstance(result, Begun), result
+    return result
+
+
+class TransactionLog:
+    """Counts transactions and statements on an engine through SQLAlchemy events."""
+
+    def __init__(self, engine: sa.Engine) -> None:
+        self.begins = 0
+        self.commits = 0
+        self.rollbacks = 0
+        self.statements: list[str] = []
+        event.listen(engine, "begin", self._begin)
+        event.listen(engine, "commit", self._commit)
+        event.listen(engine, "rollback", self._rollback)
+        event.listen(engine, "before_cursor_execute", self._statement)
+
+    def _begin(self, conn: Any) -> None:
+        self.begins += 1
+
+    def _commit(self, conn: Any) -> None:
+        self.commits += 1
+
+    def _rollback(self, conn: Any) -> None:
+        self.rollbacks += 1
+
+    def _statement(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        self.statements.append(statement)
+
+    def reset(self) -> None:
+        self.begins = self.commits = self.rollbacks = 0
+        self.statements.clear()
+
+    def work_statements(self) -> list[str]:
+        """The statements other than SQLite's explicit ``BEGIN``."""
+        return [s for s in self.statements if not s.startswith("BEGIN")]
+
+
+# ------------------------------------------------------------ transactions
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_c9_begin_and_commit_step_are_one_transaction_each(
+    backend: str, request: pytest.FixtureRequest, make_sql_store: Callable[..., SqlStepStore]
+) -> None:
+    """``begin`` and ``commit_step`` each run in exactly one committed transaction (C9)."""
+    store = make_sql_store(request.getfixturevalue(f"{backend}_url"))
+    store.now()
+    log = TransactionLog(store.engine)
+
+    log.reset()
+    begun = claim(store, "run-c9")
+    assert (log.begins, log.commits, log.rollbacks) == (1, 1, 0)
+    assert len(log.work_statements()) == 5  # insert-if-absent, lock, clock, claim, snapshot
+
+    log.reset()
+    store.commit_step(begun.claim, StepRow(0, "charge#0", "run", b"v"))
+    assert (log.begins, log.commits, log.rollbacks) == (1, 1, 0)
+    assert len(log.work_statements()) == 3  # clock, fenced update, insert
+
+    log.reset()
+    store.finish(begun.claim, "succeeded", drop_steps=True)
+    assert (log.begins, log.commits) == (1, 1)
+
+
+def test_c25_a_refused_write_rolls_back(sql_store: SqlStepStore) -> None:
+    """A fenced write that finds its claim lost rolls its transaction back: nothing is committed (C25)."""
+    old = claim(sql_store, "run-fenced", lease=0.2).claim
+    while sql_store.now() <= old.lease_until:
+        time.sleep(0.01)
+    claim(sql_store, "run-fenced", owner="worker-2")
+    log = TransactionLog(sql_store.engine)
+    with pytest.raises(ClaimLost):
+        sql_store.commit_step(old, StepRow(0, "charge#0", "run", b"v"))
+    assert (log.commits, log.rollbacks) == (0, 1)
+    assert sql_store.get_steps("run-fenced") == []
+
+
+def test_c23_skewed_worker_clock_cannot_steal_live_claim(
+    sql_store: SqlStepStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the worker's clock a day ahead, a live claim is still ``Busy``: leases use the database clock (C23)."""
+    claim(sql_store, "run-skew", lease=30.0)
+    real_now = time.time()
+    monkeypatch.setattr(time, "time", lambda: real_now + 86_400.0)
+    result = sql_store.begin("run-skew", "job-2", ENVELOPE, "skewed-worker", 30.0)
+    assert isinstance(result, Busy)
+    assert 0 < result.lease_remaining <= 30.0
+    assert abs(sql_store.now() - real_now) < 60.0
+    assert sql_store.get_run("run-skew").owner == "worker-1"
+
+
+# ------------------------------------------------------------------ errors
+UNREACHABLE = [
+    "postgresql+psycopg://postgres:s3cret@127.0.0.1:1/test?connect_timeout=2",
+    "mysql+pymysql://root:s3cret@127.0.0.1:1/test?connect_timeout=2",
+]
+
+
+def every_public_call(store: StepStore) -> Iterator[tuple[str, Callable[[], object]]]:
+    fake = Claim("run-x", "w", 1, 0.0)
+    yield "now", store.now
+    yield "begin", lambda: store.begin("run-x", "job", ENVELOPE, "w", 30.0)
+    yield "renew", lambda: store.renew(fake, 30.0)
+    yield "commit_step", lambda: store.commit_step(fake, StepRow(0, "a#0", "run", b"v"))
+    yield "finish", lambda: store.finish(fake, "dead", dead_letter=NewDeadLetter("j", "error", "m"))
+    yield "settle_failed", lambda: store.settle_failed("run-x", 1)
+    yield "get_run", lambda: store.get_run("run-x")
+    yield "list_runs", store.list_runs
+    yield "get_steps", lambda: store.get_steps("run-x")
+    yield "list_dead_letters", store.list_dead_letters
+    yield "get_dead_letter", lambda: store.get_dead_letter(1)
+    yield "prepare_retry", lambda: store.prepare_retry(1)
+    yield "purge_dead_letters", store.purge_dead_letters
+    yield "cleanup", lambda: store.cleanup(older_than=0.0)
+
+
+@pytest.mark.parametrize("url", UNREACHABLE, ids=["postgres", "mysql"])
+def test_c28_unreachable_server_raises_store_unavailable(url: str) -> None:
+    """Every public method raises ``StoreUnavailable`` for a server that is down, password hidden (C28).
+
+    Nothing from SQLAlchemy leaks: the raised type is ours, the original is its ``__cause__``.
+    """
+    store = SqlStepStore(url)  # construction does not connect
+    for name, call in every_public_call(store):
+        with pytest.raises(StoreError) as info:
+            call()
+        assert type(info.value) is StoreUnavailable, name
+        assert isinstance(info.value.__cause__, sa.exc.SQLAlchemyError), name
+        assert "s3cret" not in str(info.value)
+        assert "***@127.0.0.1:1" in str(info.value)
+    store.close()
+
+
+def test_c28_unopenable_sqlite_file_raises_store_unavailable(tmp_path: Path) -> None:
+    """A SQLite file in a missing directory raises ``StoreUnavailable``, not a SQLAlchemy error (C28)."""
+    store = SqlStepStore(f"sqlite:///{tmp_path / 'missing' / 'steps.db'}")
+    with pytest.raises(StoreUnavailable) as info:
+        store.begin("run-x", "job", ENVELOPE, "w", 30.0)
+    assert isinstance(info.value.__cause__, sa.exc.SQLAlchemyError)
+
+
+@pytest.mark.postgres
+def test_a_data_error_is_a_store_error_not_unavailable(
+    postgres_url: str, make_sql_store: Callable[..., SqlStepStore]
+) -> None:
+    """A database error that is no outage (a run key over 64 characters) is a plain ``StoreError``."""
+    store = make_sql_store(postgres_url)
+    with pytest.raises(StoreError) as info:
+        store.begin("k" * 65, "job", ENVELOPE, "w", 30.0)
+    assert type(info.value) is StoreError
+    assert isinstance(info.value.__cause__, sa.exc.DataError)
+
+
+def test_missing_tables_without_auto_upgrade_names_the_fix(make_sql_store: Callable[..., SqlStepStore]) -> None:
+    """With ``auto_upgrade=False`` and no tables, the error says to run the upgrade."""
+    store = make_sql_store("sqlite://", auto_upgrade=False)
+    with pytest.raises(StoreError, match="flexiq store upgrade"):
+        store.get_run("run-x")
+
+
+def test_an_envelope_that_is_not_json_is_refused(sql_store: SqlStepStore) -> None:
+    """A job envelope the store cannot write as JSON raises ``StoreError`` before any write (C35)."""
+    bad = JobEnvelope(task_name="t", framework="test", args=[object()])
+    with pytest.raises(StoreError, match="JSON"):
+        sql_store.begin("run-bad", "job", bad, "w", 30.0)
+    assert sql_store.list_runs() == []
+
+
+# --------------------------------------------------------------- factory
+@pytest.mark.parametrize("spec", ["redis://localhost:6379/0", "oracle://scott@db/x", "steps.db", ""])
+def test_unknown_store_scheme_raises_configuration_error(spec: str) -> None:
+    """An unknown store URL raises ``ConfigurationError`` naming the value and the accepted forms."""
+    with pytest.raises(ConfigurationError) as info:
+        open_store(spec)
+    assert repr(spec) in str(info.value)
+    assert "sqlite:///path" in str(info.value)
+    assert "memory://" in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_open_store_rejects_other_types() -> None:
+    """``open_store`` of something that is no URL, engine or store raises ``ConfigurationError``."""
+    with pytest.raises(ConfigurationError, match="42"):
+        open_store(42)  # type: ignore[arg-type]
+
+
+def test_open_store_forms(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store is returned as is, ``memory://`` is in memory, an engine or URL gives a SQL store."""
+    memory = MemoryStepStore()
+    assert open_store(memory) is memory
+    assert isinstance(open_store("memory://"), MemoryStepStore)
+    engine = sa.create_engine(f"sqlite:///{tmp_path / 'engine.db'}")
+    from_engine = open_store(engine)
+    assert isinstance(from_engine, SqlStepStore)
+    assert from_engine.engine is engine
+    from_url = open_store(f"sqlite:///{tmp_path / 'url.db'}", table_prefix="x_")
+    assert isinstance(from_url, SqlStepStore)
+    assert from_url.table_prefix == "x_"
+    from_url.close()
+    engine.dispose()
+
+
+def test_open_store_defaults_to_env_then_a_sqlite_file_in_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No spec: ``FLEXIQ_STORE_URL`` if set, else ``flexiq_steps.db`` in the working directory."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv(STORE_URL_ENV, raising=False)
+    default = open_store()
+    assert isinstance(default, SqlStepStore)
+    assert DEFAULT_STORE_URL == "sqlite:///flexiq_steps.db"
+    assert default.engine.url.database == str(tmp_path / "flexiq_steps.db")
+    claim(default, "run-default")
+    assert (tmp_path / "flexiq_steps.db").exists()
+    default.close()
+    monkeypatch.setenv(STORE_URL_ENV, "memory://")
+    assert isinstance(open_store(), MemoryStepStore)
+
+
+def test_urls_without_a_driver_get_this_packages_drivers() -> None:
+    """``postgresql://`` uses psycopg 3, ``mysql://`` and ``mariadb://`` use PyMySQL with utf8mb4."""
+    assert normalize_url("postgresql://u@h/db").drivername == "postgresql+psycopg"
+    assert normalize_url("postgres://u@h/db").drivername == "postgresql+psycopg"
+    assert normalize_url("postgresql+psycopg://u@h/db").drivername == "postgresql+psycopg"
+    mysql = normalize_url("mysql://u@h/db")
+    assert (mysql.drivername, mysql.query["charset"]) == ("mysql+pymysql", "utf8mb4")
+    assert normalize_url("mariadb://u@h/db").drivername == "mariadb+pymysql"
+    assert normalize_url("sqlite://").database is None
+
+
+def test_sqlite_opens_in_wal_mode_with_a_busy_timeout(sqlite_url: str) -> None:
+    """A SQLite store uses WAL journaling and a 30 s busy timeout, so processes can share the file."""
+    store = SqlStepStore(sqlite_url)
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 30_000
+    store.close()
+
+
+@pytest.mark.mysql
+def test_mariadb_url_works_end_to_end(mysql_url: str, make_sql_store: Callable[..., SqlStepStore]) -> None:
+    """A ``mariadb://`` URL (MariaDB dialect) creates the same schema: a 1 MiB value round-trips."""
+    store = make_sql_store(mysql_url.replace("mysql+pymysql://", "mariadb://"))
+    begun = claim(store, "run-mariadb")
+    value = os.urandom(1024 * 1024)
+    store.commit_step(begun.claim, StepRow(0, "blob#0", "run", value))
+    assert store.get_steps("run-mariadb")[0].value == value
+
+
+# ------------------------------------------------------------ processes
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
+def test_forked_child_uses_its_own_connections(
+    backend: str, request: pytest.FixtureRequest, make_sql_store: Callable[..., SqlStepStore], tmp_path: Path
+) -> None:
+    """A forked child using the parent's store object works while the parent keeps working (prefork safety)."""
+    store = make_sql_store(request.getfixturevalue(f"{backend}_url"))
+    claim(store, "warm-up")  # the parent's pool now holds a connection
+    errors = tmp_path / "child-errors.txt"
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        code = 1
+        try:
+            exercise(store, "child")
+            code = 0
+        except BaseException:
+            errors.write_text(traceback.format_exc())
+        finally:
+            os._exit(code)
+    exercise(store, "parent")
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, errors.read_text() if errors.exists() else status
+    assert {r.run_key for r in store.list_runs(status="succeeded")} >= {f"child-{i}" for i in range(10)} | {
+        f"parent-{i}" for i in range(10)
+    }
+
+
+def exercise(store: SqlStepStore, who: str) -> None:
+    for i in range(10):
+        begun = claim(store, f"{who}-{i}", owner=who)
+        store.commit_step(begun.claim, StepRow(0, "charge#0", "run", b"v"))
+        store.finish(begun.claim, "succeeded")
+
+
+def test_c24_concurrent_begin_claims_once(sql_store: SqlStepStore) -> None:
+    """Eight deliveries of one run at once: exactly one claims it, the others are ``Busy`` (C24)."""
+
+    def deliver(i: int) -> object:
+        return sql_store.begin("run-new", "job", ENVELOPE, f"w{i}", 30.0)
+
+    for _ in ("a new run", "an existing released run"):
+        results = concurrently(deliver)
+        begun = [r for r in results if isinstance(r, Begun)]
+        assert len(begun) == 1, results
+        assert all(isinstance(r, Busy) for r in results if r is not begun[0])
+        sql_store.finish(begun[0].claim, "sleeping")
+    assert sql_store.get_run("run-new").attempt == 2
+
+
+def concurrently(call: Callable[[int], object], threads: int = 8) -> list[object]:
+    barrier = threading.Barrier(threads)
+    results: list[object] = [None] * threads
+
+    def worker(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = call(i)
+        except Exception as exc:
+            results[i] = exc
+
+    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return results
+
+
+# -------------------------------------------------------------- migrations
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "sqlite",
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("mysql", marks=pytest.mark.mysql),
+    ],
+)
+def test_upgrade_store_is_idempotent_and_safe_concurrently(
+    backend: str, request: pytest.FixtureRequest, make_sql_store: Callable[..., SqlStepStore]
+) -> None:
+    """``upgrade_store`` run four times at once and again later leaves one schema at head."""
+    url = request.getfixturevalue(f"{backend}_url")
+    store = make_sql_store(url, auto_upgrade=False)
+    results = concurrently(lambda _: upgrade_store(url, table_prefix=store.table_prefix), threads=4)
+    assert results == [None] * 4
+    upgrade_store(url, table_prefix=store.table_prefix)
+    with store.engine.connect() as conn:
+        versions = conn.execute(sa.text(f"SELECT version_num FROM {store.table_prefix}alembic_version")).all()
+    assert [v[0] for v in versions] == ["0001"]
+    claim(store, "run-after-upgrade")
