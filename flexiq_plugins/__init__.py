@@ -14,7 +14,9 @@ package never imports Celery or Dramatiq.
 """
 
 from ._store.base import DeadLetterRecord, JobEnvelope, RunRecord, StepRow, StepStore
+from ._store.factory import open_store
 from ._store.memory import MemoryStepStore
+from ._store.sql import SqlStepStore, upgrade_store
 from .attempt import Attempt, AttemptDriver, DurableConfig, JobInfo, Limits
 from .codec import CodecChain, FernetCodec, FunctionSerializer, JsonSerializer, ZlibCodec
 from .context import JobContext, StepContext, current_job
@@ -75,6 +77,7 @@ __all__ = [
     "NotInStep",
     "RunRecord",
     "SleepSignal",
+    "SqlStepStore",
     "StepContext",
     "StepDivergence",
     "StepLimitExceeded",
@@ -91,5 +94,7 @@ __all__ = [
     "__version__",
     "current_job",
     "new_run_key",
+    "open_store",
     "parse_duration",
+    "upgrade_store",
 ]

@@ -44,6 +44,7 @@ EXPORTED = [
     "NotInStep",
     "RunRecord",
     "SleepSignal",
+    "SqlStepStore",
     "StepContext",
     "StepDivergence",
     "StepLimitExceeded",
@@ -60,7 +61,9 @@ EXPORTED = [
     "__version__",
     "current_job",
     "new_run_key",
+    "open_store",
     "parse_duration",
+    "upgrade_store",
 ]
 
 

@@ -1,0 +1,223 @@
+"""Run the checkout demo: ``python -m examples.checkout [--framework F] [--broker URL] [--crash]``.
+
+The demo publishes one checkout job, runs a real worker process, and prints the
+story the task writes to its journal as it happens, then the tally read from
+the fake payment API and the step store.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+ROOT = Path(__file__).resolve().parents[2]
+ORDER = ("order-42", 1999)
+TIMEOUT = 120.0
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--framework", type=click.Choice(["celery", "dramatiq"]), default="celery", show_default=True)
+@click.option(
+    "--broker",
+    default="",
+    help="redis://127.0.0.1:6379/0 or amqp://guest:guest@127.0.0.1:5672// "
+    "(default: no server — kombu's SQLite transport for Celery, an in-process StubBroker for Dramatiq)",
+)
+@click.option("--crash", is_flag=True, help="SIGKILL the worker right after the charge commits.")
+@click.option("--dir", "workdir", type=click.Path(file_okay=False), help="Where the SQLite files go.")
+def main(framework: str, broker: str, crash: bool, workdir: str | None) -> None:
+    """The checkout demo: charge once, sleep, send a receipt that fails on its first try."""
+    if crash and framework == "dramatiq" and not broker:
+        raise click.UsageError(
+            "--crash needs a real broker with Dramatiq: the StubBroker lives inside this process and "
+            "cannot redeliver a message after its worker is killed. Add --broker redis://127.0.0.1:6379/0 "
+            "or --broker amqp://guest:guest@127.0.0.1:5672//"
+        )
+    demo_dir = Path(workdir or tempfile.mkdtemp(prefix="flexiq-demo-")).resolve()
+    demo_dir.mkdir(parents=True, exist_ok=True)
+    os.environ["FLEXIQ_DEMO_DIR"] = str(demo_dir)
+    os.environ["FLEXIQ_DEMO_BROKER"] = broker
+    sys.path.insert(0, str(ROOT))
+    if crash:
+        (demo_dir / "crash-armed").touch()
+    demo = _Demo(framework, broker, crash, demo_dir)
+    sys.exit(demo.run())
+
+
+class _Demo:
+    def __init__(self, framework: str, broker: str, crash: bool, demo_dir: Path) -> None:
+        from flexiq_plugins import new_run_key
+
+        self.framework = framework
+        self.broker = broker
+        self.crash = crash
+        self.dir = demo_dir
+        self.run_key = new_run_key()
+        self.started = time.monotonic()
+        self.worker: subprocess.Popen[bytes] | None = None
+        self.workers_started = 0
+
+    # ------------------------------------------------------------ the story
+    def run(self) -> int:
+        transport = self.broker or (
+            "kombu's SQLite transport (no server)" if self.framework == "celery" else "in-process StubBroker"
+        )
+        click.echo(f"flexiq-plugins checkout demo — {self.framework}, broker: {transport}")
+        click.echo(f"step store and demo files: {self.dir}")
+        click.echo(f"run key {self.run_key}")
+        click.echo(f"publishing checkout{ORDER!r}\n")
+        try:
+            ok = self._drive()
+        finally:
+            self._stop_worker()
+        return self._tally(ok)
+
+    def _drive(self) -> bool:
+        if self.framework == "dramatiq" and not self.broker:
+            return self._drive_in_process()
+        self._start_worker()
+        done = self._publish()
+        return self._follow(done)
+
+    def _follow(self, done: Any) -> bool:
+        seen = 0
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:
+            seen = self._print_journal(seen)
+            if done():
+                self._print_journal(seen)
+                return True
+            time.sleep(0.2)
+        click.echo(f"gave up after {TIMEOUT:.0f}s; the worker log is {self.dir / 'worker.log'}")
+        return False
+
+    def _print_journal(self, seen: int) -> int:
+        from .services import Journal
+
+        for n, at, line in Journal().read_from(seen):
+            click.echo(f"[{at - self._epoch_start:5.1f}s] {line}")
+            seen = n
+            if "CRASH POINT" in line:
+                self._crash(line)
+        return seen
+
+    @property
+    def _epoch_start(self) -> float:
+        return time.time() - (time.monotonic() - self.started)
+
+    # ------------------------------------------------------------- workers
+    def _worker_cmd(self) -> list[str]:
+        if self.framework == "celery":
+            return [sys.executable, "-m", "celery", "-A", "examples.checkout.celery_app", "worker",
+                    "-P", "prefork", "-c", "1", "-l", "warning",
+                    "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
+        return [sys.executable, "-m", "dramatiq", "examples.checkout.dramatiq_app", "-p", "1", "-t", "1"]
+
+    def _start_worker(self) -> None:
+        self.workers_started += 1
+        log = open(self.dir / "worker.log", "ab")  # noqa: SIM115 - handed to the child process
+        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        self.worker = subprocess.Popen(
+            self._worker_cmd(), cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True
+        )
+        click.echo(f"         worker #{self.workers_started} started (pid {self.worker.pid})")
+
+    def _stop_worker(self) -> None:
+        if self.worker is not None and self.worker.poll() is None:
+            os.killpg(self.worker.pid, signal.SIGTERM)
+            try:
+                self.worker.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.worker.pid, signal.SIGKILL)
+                self.worker.wait()
+
+    def _crash(self, line: str) -> None:
+        assert self.worker is not None
+        if self.broker:
+            os.killpg(self.worker.pid, signal.SIGKILL)
+            self.worker.wait()
+            click.echo("         >>> SIGKILL: the whole worker is dead, its message unacknowledged")
+            click.echo("         >>> starting a new worker; the broker will redeliver the job")
+            self._start_worker()
+            return
+        pid = int(line.rsplit("pid ", 1)[1].rstrip(")"))
+        os.kill(pid, signal.SIGKILL)
+        click.echo(f"         >>> SIGKILL to pool process {pid}, which was running the task")
+        click.echo("         >>> the embedded SQLite transport cannot redeliver a message whose whole worker")
+        click.echo("             died, so this run kills only the pool process: the worker's main process")
+        click.echo("             puts the message back (reject_on_worker_lost) and a new pool process takes it.")
+        click.echo("             Use --broker redis://… or amqp://… to kill the whole worker instead.")
+
+    # ------------------------------------------------------------ publish
+    def _publish(self) -> Any:
+        if self.framework == "celery":
+            from .celery_app import checkout
+
+            result = checkout.apply_async(ORDER, headers={"flexiq_run_key": self.run_key})
+            self.result = result
+            return result.ready
+        from .dramatiq_app import checkout as actor
+
+        actor.send_with_options(args=ORDER, flexiq_run_key=self.run_key)
+        return self._run_finished
+
+    def _run_finished(self) -> bool:
+        from flexiq_plugins import UnknownRun
+
+        try:
+            return self._store().get_run(self.run_key).status in {"succeeded", "failed", "dead"}
+        except UnknownRun:
+            return False
+
+    def _drive_in_process(self) -> bool:
+        import logging
+
+        import dramatiq
+
+        from .dramatiq_app import broker, checkout
+
+        logging.getLogger("dramatiq").setLevel(logging.CRITICAL)  # the journal tells the story
+        click.echo("         (Dramatiq has no embedded transport a separate process could share:")
+        click.echo("          the worker runs in this process, on a StubBroker; its log is hidden)")
+        worker = dramatiq.Worker(broker, worker_threads=1)
+        worker.start()
+        try:
+            checkout.send_with_options(args=ORDER, flexiq_run_key=self.run_key)
+            return self._follow(self._run_finished)
+        finally:
+            worker.stop()
+
+    # -------------------------------------------------------------- tally
+    def _store(self) -> Any:
+        from flexiq_plugins._store.factory import open_store
+
+        return open_store(f"sqlite:///{self.dir}/steps.db")
+
+    def _tally(self, ok: bool) -> int:
+        from .services import Payments
+
+        run = self._store().get_run(self.run_key)
+        calls, charges = Payments().calls(), Payments().charges()
+        click.echo("")
+        if self.framework == "celery" and ok:
+            click.echo(f"AsyncResult({self.result.id}).get() -> {self.result.get(timeout=10)!r}")
+        times = "time" if calls == 1 else "times"
+        click.echo(f"payment API called {calls} {times} for {run.attempt} attempts; {charges} charge made")
+        if run.takeovers:
+            click.echo(f"the dead worker's claim expired and was taken over {run.takeovers} time(s)")
+        click.echo(f"run {run.run_key}: {run.status}")
+        good = ok and run.status == "succeeded" and calls == 1 and charges == 1
+        click.echo("OK: one charge, receipt retried, sleep survived" if good else "NOT OK: see above")
+        return 0 if good else 1
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""The checkout as an ordinary Celery task; ``celery_ext.install`` adds durable steps.
+
+Configured from the environment the demo sets: ``FLEXIQ_DEMO_DIR`` (where the
+SQLite files live) and ``FLEXIQ_DEMO_BROKER`` (empty: kombu's SQLAlchemy
+transport on a SQLite file, no server).
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+
+import celery_ext
+
+from . import flow
+from .services import ReceiptNotSent
+
+DEMO_DIR = os.path.abspath(os.environ.get("FLEXIQ_DEMO_DIR", "."))
+BROKER = os.environ.get("FLEXIQ_DEMO_BROKER") or f"sqla+sqlite:///{DEMO_DIR}/broker.db"
+
+app = Celery("checkout_demo", broker=BROKER, backend=f"db+sqlite:///{DEMO_DIR}/results.db")
+app.conf.update(
+    worker_prefetch_multiplier=1,
+    worker_hijack_root_logger=False,
+    broker_connection_retry_on_startup=True,
+    result_extended=True,
+)
+if BROKER.startswith("redis://"):
+    app.conf.broker_transport_options = {"visibility_timeout": 10}  # redeliver a dead worker's job after 10 s
+celery_ext.install(app, store=f"sqlite:///{DEMO_DIR}/steps.db", lease_seconds=4)
+
+
+@app.task(autoretry_for=(ReceiptNotSent,), default_retry_delay=1, max_retries=3)
+def checkout(order_id: str, amount_cents: int) -> str:
+    """Charge once, wait, send the receipt (see :func:`examples.checkout.flow.checkout`)."""
+    return flow.checkout(order_id, amount_cents)

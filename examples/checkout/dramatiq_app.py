@@ -1,0 +1,55 @@
+"""The checkout as an ordinary Dramatiq actor; the ``DurableSteps`` middleware adds durable steps.
+
+``FLEXIQ_DEMO_BROKER`` picks the broker: ``redis://…`` or ``amqp://…``; empty
+means Dramatiq's in-process ``StubBroker`` (Dramatiq has no embedded transport
+that a separate worker process could share).
+"""
+
+from __future__ import annotations
+
+import os
+
+import dramatiq
+from dramatiq.brokers.stub import StubBroker
+
+from dramatiq_ext import DurableSteps
+
+from . import flow
+from .services import ReceiptNotSent
+
+DEMO_DIR = os.path.abspath(os.environ.get("FLEXIQ_DEMO_DIR", "."))
+BROKER_URL = os.environ.get("FLEXIQ_DEMO_BROKER", "")
+
+
+def _broker() -> dramatiq.Broker:
+    if BROKER_URL.startswith("redis://"):
+        from dramatiq.brokers.redis import RedisBroker
+
+        return RedisBroker(url=BROKER_URL, namespace="flexiq-demo", heartbeat_timeout=10_000)
+    if BROKER_URL.startswith("amqp://"):
+        from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+        # kombu spells the default vhost "//", pika "/%2F": accept the Celery spelling too
+        url = BROKER_URL[:-2] + "/%2F" if BROKER_URL.endswith("//") else BROKER_URL
+        return RabbitmqBroker(url=url)
+    return StubBroker()
+
+
+broker = _broker()
+broker.add_middleware(DurableSteps(store=f"sqlite:///{DEMO_DIR}/steps.db", lease_seconds=4))
+dramatiq.set_broker(broker)
+
+
+@dramatiq.actor(
+    max_retries=3,
+    min_backoff=1000,
+    max_backoff=1000,
+    retry_when=lambda retries, exc: isinstance(exc, ReceiptNotSent) and retries < 3,
+)
+def checkout(order_id: str, amount_cents: int) -> None:
+    """Charge once, wait, send the receipt (see :func:`examples.checkout.flow.checkout`).
+
+    Dramatiq keeps no results without a result backend, so the charge id is
+    only in the journal and the store.
+    """
+    flow.checkout(order_id, amount_cents)

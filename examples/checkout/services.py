@@ -1,0 +1,107 @@
+"""The demo's outside world: a fake payment API, a flaky receipt mailer and a journal.
+
+All three keep their state in one SQLite file shared by the demo and its
+worker processes, so what they report survives a worker killed with SIGKILL.
+
+The payment API behaves like a real one: it deduplicates on the idempotency
+key (a repeated key returns the first charge) and counts every call it really
+received, which is how the demo proves "one charge".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Journal", "Payments", "ReceiptMailer", "ReceiptNotSent", "state_path"]
+
+
+def state_path() -> Path:
+    """The shared SQLite file: ``$FLEXIQ_DEMO_DIR/services.db``."""
+    return Path(os.environ.get("FLEXIQ_DEMO_DIR", ".")) / "services.db"
+
+
+@contextmanager
+def _db() -> Iterator[sqlite3.Connection]:
+    conn = sqlite3.connect(state_path(), timeout=30, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.executescript(
+            """
+            CREATE TABLE IF NOT EXISTS payment_calls (n INTEGER PRIMARY KEY, idem_key TEXT, at REAL);
+            CREATE TABLE IF NOT EXISTS charges (idem_key TEXT PRIMARY KEY, charge TEXT);
+            CREATE TABLE IF NOT EXISTS receipts (n INTEGER PRIMARY KEY, order_id TEXT, ok INTEGER);
+            CREATE TABLE IF NOT EXISTS journal (n INTEGER PRIMARY KEY, at REAL, line TEXT);
+            """
+        )
+        yield conn
+    finally:
+        conn.close()
+
+
+class Payments:
+    """A fake payment API that deduplicates on the idempotency key."""
+
+    def charge(self, order_id: str, amount_cents: int, *, idempotency_key: str) -> dict[str, object]:
+        """Charge once per idempotency key; a repeated key returns the first charge."""
+        with _db() as db:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("INSERT INTO payment_calls (idem_key, at) VALUES (?, ?)", (idempotency_key, time.time()))
+            row = db.execute("SELECT charge FROM charges WHERE idem_key = ?", (idempotency_key,)).fetchone()
+            if row is None:
+                charge = {"id": "ch_" + uuid.uuid4().hex[:10], "order": order_id, "amount": amount_cents}
+                db.execute("INSERT INTO charges VALUES (?, ?)", (idempotency_key, json.dumps(charge)))
+            else:
+                charge = json.loads(row[0])
+            db.execute("COMMIT")
+            return charge
+
+    def calls(self) -> int:
+        """How many times the API was really called."""
+        with _db() as db:
+            return int(db.execute("SELECT count(*) FROM payment_calls").fetchone()[0])
+
+    def charges(self) -> int:
+        """How many distinct charges were made."""
+        with _db() as db:
+            return int(db.execute("SELECT count(*) FROM charges").fetchone()[0])
+
+
+class ReceiptNotSent(Exception):
+    """The mail server refused the receipt (it does so once, on purpose)."""
+
+
+class ReceiptMailer:
+    """Sends receipts; the first attempt for an order fails."""
+
+    def send(self, order_id: str, charge: dict[str, object]) -> str:
+        """Send a receipt, failing the first time for each order."""
+        with _db() as db:
+            tries = db.execute("SELECT count(*) FROM receipts WHERE order_id = ?", (order_id,)).fetchone()[0]
+            ok = tries > 0
+            db.execute("INSERT INTO receipts (order_id, ok) VALUES (?, ?)", (order_id, int(ok)))
+        if not ok:
+            raise ReceiptNotSent(f"mail server busy, receipt for {order_id} not sent")
+        return f"receipt for {charge['id']} sent"
+
+
+@dataclass
+class Journal:
+    """The story the demo prints: lines written by the task, read by the demo."""
+
+    def write(self, line: str) -> None:
+        """Append one line."""
+        with _db() as db:
+            db.execute("INSERT INTO journal (at, line) VALUES (?, ?)", (time.time(), line))
+
+    def read_from(self, n: int) -> list[tuple[int, float, str]]:
+        """Return lines after number ``n``."""
+        with _db() as db:
+            return list(db.execute("SELECT n, at, line FROM journal WHERE n > ? ORDER BY n", (n,)))
