@@ -1,0 +1,54 @@
+"""``celery_ext.install``: three lines to give an existing Celery app durable steps."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flexiq_plugins.errors import ConfigurationError
+
+from ._options import parse_options
+from ._prepare import prepare_app
+from ._runtime import Runtime, StoreSpec, runtime_of
+from ._signals import connect_signals, on_app_finalized
+from ._task import DurableTask
+
+__all__ = ["install"]
+
+
+def install(app: Any, store: StoreSpec = None, **options: Any) -> None:
+    """Give the tasks of ``app`` durable steps (``current_job.step``).
+
+    Works for ``@app.task`` and ``@shared_task`` tasks declared before or
+    after the call, on a finalized app or not; ``celery.*`` built-ins and
+    tasks declared with ``durable=False`` are left alone. Durable tasks get
+    ``acks_late=True`` and ``reject_on_worker_lost=True`` unless they set
+    them (C26). Nothing connects to the store here: each process opens it on
+    first use.
+
+    Parameters:
+      app(celery.Celery): the application.
+      store(str | sqlalchemy.Engine | StepStore | None): a SQLAlchemy URL
+        (``"sqlite:///steps.db"``, ``"postgresql://…"``), an engine or a
+        store. ``None``: the ``FLEXIQ_STORE_URL`` environment variable, then
+        the app setting ``flexiq_store_url``, then ``sqlite:///flexiq_steps.db``.
+      options: the shared options of :mod:`flexiq_plugins.options`:
+        ``max_hop`` (seconds or ``"15m"``, C18), ``lease_seconds`` (seconds,
+        C23), ``busy_retry_seconds`` (seconds, C24), ``max_takeovers`` (C25),
+        ``step_bytes`` / ``run_bytes`` (bytes) and ``run_steps`` (C22),
+        ``codecs`` (C7), ``keep_succeeded_steps`` (C27); and the Celery ones:
+        ``serializer``, ``dead_letter_queue`` (default
+        ``"flexiq.dead_letter"``), ``dead_letter_path`` (``"auto"``,
+        ``"reject"``, ``"queue"``, C30), ``store_retry_seconds`` (seconds, C28).
+
+    Raises:
+      ConfigurationError: an unknown option or unusable value, or ``install``
+        called twice on one app.
+    """
+    if runtime_of(app) is not None:
+        raise ConfigurationError(f"celery_ext.install was already called on app {app.main!r}")
+    Runtime(app, store, parse_options(**options))
+    app.Task = type("DurableTask", (DurableTask, app.Task), {"__module__": __name__})
+    connect_signals()
+    app.on_after_finalize.connect(on_app_finalized, weak=False)
+    if app.finalized:
+        prepare_app(app)

@@ -1,0 +1,65 @@
+"""Making tasks durable, whenever and however they were declared.
+
+Tasks declared after ``install`` without a ``base=`` are created from the
+app's ``Task``, which ``install`` replaced with a :class:`DurableTask`
+subclass: nothing to do. The others, tasks with their own ``base=`` class and
+tasks created before ``install`` on an already finalized app, get a subclass
+of their class with :class:`DurableTask` mixed in first; the instance in the
+registry keeps its identity (its ``__class__`` is swapped), so references
+held by user code stay valid. This runs at ``install`` (finalized apps),
+after finalization and at ``worker_init``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import Task
+
+from ._task import ACK_DEFAULTS, DurableTask
+
+__all__ = ["is_builtin", "prepare_app", "prepare_task"]
+
+
+def is_builtin(name: str | None) -> bool:
+    """Whether ``name`` is one of Celery's own tasks (``celery.*``), which stay untouched."""
+    return not name or name.startswith("celery.")
+
+
+def prepare_app(app: Any) -> None:
+    """Make every non-built-in, non-opted-out task of the (finalized) ``app`` durable."""
+    for name, task in list(app.tasks.items()):
+        if not is_builtin(name):
+            prepare_task(task, app)
+
+
+def prepare_task(task: Any, app: Any) -> None:
+    """Mix :class:`DurableTask` into ``task``'s class unless it is there or ``durable=False``."""
+    if isinstance(task, DurableTask) or getattr(task, "durable", True) is False:
+        return
+    original = type(task)
+    durable = type(original.__name__, (DurableTask, original), {"__module__": original.__module__})
+    durable.__qualname__ = original.__qualname__
+    for attr in ACK_DEFAULTS:
+        if not _explicit(original, attr, app.conf.get(f"task_{attr}")):
+            setattr(durable, attr, True)
+    task.__class__ = durable
+
+
+def _explicit(cls: type, attr: str, configured: object) -> bool:
+    """Whether the task class set ``attr`` itself (C26: the user's choice wins).
+
+    A class Celery already bound holds the app's setting in its own
+    ``__dict__``; there, only a value different from the setting is known to be
+    the user's.
+    """
+    for klass in cls.__mro__:
+        if klass is Task or klass is object:
+            return False
+        value = klass.__dict__.get(attr)
+        if value is None:
+            continue
+        if klass.__dict__.get("__bound__"):
+            return bool(value != configured)
+        return True
+    return False

@@ -1,0 +1,54 @@
+"""Celery signal receivers: the run key at publish, fresh stores after fork, tasks made durable.
+
+They are connected once per process (``dispatch_uid``), whatever the number
+of apps, and do nothing for an app that :func:`celery_ext.install` was not
+called on. ``celery.*`` built-in tasks are never touched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from celery import signals
+
+from flexiq_plugins.identity import new_run_key
+
+from ._options import RUN_KEY_HEADER
+from ._prepare import prepare_app
+from ._runtime import all_runtimes, runtime_of
+
+__all__ = ["connect_signals", "on_app_finalized"]
+
+
+def stamp_run_key(sender: Any = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
+    """``before_task_publish``: add the ``flexiq_run_key`` header unless the message has one (C11)."""
+    if headers is None or str(sender or "").startswith("celery."):
+        return
+    if not headers.get(RUN_KEY_HEADER):
+        headers[RUN_KEY_HEADER] = new_run_key()
+
+
+def forget_parent_stores(**_: Any) -> None:
+    """``worker_process_init``: a prefork child opens its own store, never its parent's connections."""
+    for runtime in all_runtimes():
+        runtime.forget_process_state()
+
+
+def prepare_worker_app(sender: Any = None, **_: Any) -> None:
+    """``worker_init``: make every task of the worker's app durable before its tracers are built."""
+    app = getattr(sender, "app", None)
+    if app is not None and runtime_of(app) is not None:
+        prepare_app(app)
+
+
+def on_app_finalized(sender: Any = None, **_: Any) -> None:
+    """``app.on_after_finalize``: make the tasks created at finalization durable."""
+    if sender is not None and runtime_of(sender) is not None:
+        prepare_app(sender)
+
+
+def connect_signals() -> None:
+    """Connect the process-wide receivers (idempotent)."""
+    signals.before_task_publish.connect(stamp_run_key, weak=False, dispatch_uid="flexiq.stamp_run_key")
+    signals.worker_process_init.connect(forget_parent_stores, weak=False, dispatch_uid="flexiq.fork")
+    signals.worker_init.connect(prepare_worker_app, weak=False, dispatch_uid="flexiq.worker_init")

@@ -1,0 +1,148 @@
+"""The durable task class: one attempt of the core around each execution of the body.
+
+Celery's tracer calls ``task(*args, **kwargs)`` when a task class defines
+``__call__``; :class:`DurableTask` does, so every delivery of a durable task
+goes through :meth:`DurableTask.__call__`:
+
+``__call__ → _run_attempt → (body inside Attempt.activate) → Attempt.conclude → act``
+
+The body is the task's ``run`` (with ``autoretry_for`` already wrapped around
+it by Celery) or a user base class's own ``__call__``. Whatever it raises is
+handed to the core, which classifies it before any retry filter (C28, C29);
+step signals are ``BaseException`` and are converted here, so none ever
+reaches Celery's tracer (which would leave the message unacknowledged on the
+solo and threads pools).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+
+from celery import Task
+from celery.exceptions import Ignore
+
+from flexiq_plugins import outcomes
+from flexiq_plugins.attempt import Attempt
+from flexiq_plugins.errors import Disposition, StepSignal, StoreError, classify
+
+from ._envelope import job_info
+from ._runtime import Runtime, runtime_of
+from ._verbs import act
+
+__all__ = ["ACK_DEFAULTS", "DurableTask"]
+
+logger = logging.getLogger("flexiq_plugins.celery")
+
+ACK_DEFAULTS = ("acks_late", "reject_on_worker_lost")
+"""Task attributes turned on for durable tasks unless the task sets them (C26)."""
+
+_NEVER_RETRIED = (Disposition.DEAD_LETTER, Disposition.SLEEP)
+
+
+class DurableTask(Task):  # type: ignore[misc]
+    """A Celery task whose body may use ``current_job.step`` (C5–C30).
+
+    ``celery_ext.install`` makes it the app's default ``Task`` base and mixes
+    it into tasks that have their own ``base=``; you rarely name it yourself.
+    ``@app.task(durable=False)`` opts a task out: it then runs exactly as
+    plain Celery would, and ``current_job`` is not available in it.
+    """
+
+    durable: bool = True
+    _flexiq_explicit: frozenset[str] = frozenset()
+
+    @classmethod
+    def bind(cls, app: Any) -> Any:
+        """Bind to ``app``; durable tasks default to ``acks_late`` and ``reject_on_worker_lost`` (C26)."""
+        if not cls.__dict__.get("__bound__", False):
+            cls._flexiq_explicit = frozenset(a for a in ACK_DEFAULTS if getattr(cls, a, None) is not None)
+        bound = super().bind(app)
+        if cls.durable and runtime_of(app) is not None:
+            for attr in ACK_DEFAULTS:
+                if attr not in cls._flexiq_explicit:
+                    setattr(cls, attr, True)
+        return bound
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run one attempt of the job being executed (or the plain body when not durable)."""
+        request = self.request
+        runtime = runtime_of(self.app) if self.durable else None
+        if runtime is None or request.called_directly:
+            return self._flexiq_body(args, kwargs)
+        return _run_attempt(self, runtime, request, args, kwargs)
+
+    def retry(  # noqa: PLR0917 - the signature of Celery's Task.retry
+        self,
+        args: Any = None,
+        kwargs: Any = None,
+        exc: BaseException | None = None,
+        throw: bool = True,
+        eta: Any = None,
+        countdown: float | None = None,
+        max_retries: int | None = None,
+        **options: Any,
+    ) -> Any:
+        """Celery's ``retry``, except for step signals and dead-letter errors, which it re-raises.
+
+        ``autoretry_for=(Exception,)`` or a ``self.retry()`` in an ``except``
+        block would otherwise publish a retry for an error that is never
+        retried (C13, C29) or for a sleep that is not a failure (C16).
+        """
+        pending = exc if exc is not None else sys.exc_info()[1]
+        if pending is not None and (isinstance(pending, StepSignal) or classify(pending) in _NEVER_RETRIED):
+            raise pending
+        return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
+
+    def _flexiq_body(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Call the body as Celery would have without this class."""
+        if _next_call_is_celerys(type(self)):
+            return self.run(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+
+def _next_call_is_celerys(cls: type) -> bool:
+    """Whether the ``__call__`` after :class:`DurableTask` in ``cls``'s MRO is Celery's own."""
+    mro = cls.__mro__
+    for klass in mro[mro.index(DurableTask) + 1 :]:
+        if "__call__" in klass.__dict__:
+            return klass is Task
+    return True
+
+
+def _run_attempt(
+    task: DurableTask, runtime: Runtime, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    try:
+        started = runtime.driver().start(job_info(task, request))
+    except StoreError as exc:
+        return act(task, request, runtime, outcomes.Retry(exc, always=True))
+    if not isinstance(started, Attempt):
+        return act(task, request, runtime, started)
+    outcome, passthrough = _execute(task, started, args, kwargs)
+    if passthrough is not None and isinstance(outcome, outcomes.Completed):
+        raise passthrough
+    return act(task, request, runtime, outcome, started)
+
+
+def _execute(
+    task: DurableTask, attempt: Attempt, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[outcomes.Outcome, Ignore | None]:
+    """Run the body inside the attempt; return its outcome and a Celery ``Ignore`` to re-raise."""
+    try:
+        with attempt.activate():
+            value = task._flexiq_body(args, kwargs)
+    except Ignore as exc:  # self.replace() and friends: the job is handed on, the run is done
+        return _conclude(attempt, value=None), exc
+    except BaseException as exc:
+        return _conclude(attempt, error=exc), None
+    return _conclude(attempt, value=value), None
+
+
+def _conclude(attempt: Attempt, **what: Any) -> outcomes.Outcome:
+    try:
+        return attempt.conclude(**what)
+    except StoreError as exc:
+        logger.warning("run %s: could not record the attempt's outcome: %s", attempt.run_key, exc)
+        return outcomes.Retry(exc, always=True)

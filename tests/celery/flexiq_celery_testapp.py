@@ -1,0 +1,217 @@
+"""The Celery apps and tasks the Celery adapter tests run, in-process and in worker subprocesses.
+
+In-process tests call :func:`make_app` with their own broker, store and side
+table. Worker subprocesses (``celery -A flexiq_celery_testapp worker``) build
+the module-level ``app`` from environment variables (see :func:`app_from_env`).
+
+Real calls of step bodies are counted in a SQLite side table (a file), so a
+count survives worker processes being killed.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+from celery import Celery, Task, shared_task
+
+import celery_ext
+from flexiq_plugins import SqlStepStore, current_job
+
+REDIS_BACKEND = "redis://127.0.0.1:6379/13"
+
+VERSION = {"value": 1}
+"""The "deployed" version of :func:`diverging`; tests flip it to simulate a deploy."""
+
+
+# ------------------------------------------------------------------ side table
+def record_call(calls: str, what: str, key: str = "") -> int:
+    """Record one real call of ``what`` in the SQLite file ``calls``; return how many there are now."""
+    with sqlite3.connect(calls, timeout=30) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS calls (what TEXT, key TEXT, pid INTEGER, at REAL)")
+        conn.execute("INSERT INTO calls VALUES (?, ?, ?, ?)", (what, key, os.getpid(), time.time()))
+        return int(conn.execute("SELECT COUNT(*) FROM calls WHERE what = ?", (what,)).fetchone()[0])
+
+
+def count_calls(calls: str, what: str) -> int:
+    """How many real calls of ``what`` the side table ``calls`` holds."""
+    if not Path(calls).exists():
+        return 0
+    with sqlite3.connect(calls, timeout=30) as conn:
+        conn.execute("CREATE TABLE IF NOT EXISTS calls (what TEXT, key TEXT, pid INTEGER, at REAL)")
+        return int(conn.execute("SELECT COUNT(*) FROM calls WHERE what = ?", (what,)).fetchone()[0])
+
+
+def call_keys(calls: str, what: str) -> list[str]:
+    """The idempotency keys recorded with the calls of ``what``."""
+    with sqlite3.connect(calls, timeout=30) as conn:
+        return [r[0] for r in conn.execute("SELECT key FROM calls WHERE what = ? ORDER BY at", (what,))]
+
+
+# ------------------------------------------------------------------------ apps
+def make_app(name: str, broker: str, store: Any, calls: str, **options: Any) -> Celery:
+    """A fresh app on queue ``name`` with the durable-steps adapter and the test tasks."""
+    app = Celery(name, broker=broker, backend=REDIS_BACKEND, set_as_current=False)
+    app.conf.update(
+        task_default_queue=name,
+        result_expires=600,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        worker_prefetch_multiplier=4,
+    )
+    options.setdefault("dead_letter_queue", f"{name}.dlq")
+    options.setdefault("busy_retry_seconds", 0.5)
+    celery_ext.install(app, store=store, **options)
+    register_tasks(app, calls)
+    return app
+
+
+class CountingBase(Task):  # type: ignore[misc]
+    """A user base class with its own ``__call__``, as projects often have."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        result = super().__call__(*args, **kwargs)
+        return {"wrapped": result}
+
+
+def register_tasks(app: Celery, calls: str) -> None:  # noqa: PLR0915 - one place lists every test task
+    """Declare the test tasks on ``app``."""
+
+    def charge_and_receipt(task: Any, order: int, pause: float) -> dict[str, Any]:
+        step = current_job.step
+        charge = step.run("charge", lambda: {"order": order, "n": record_call(calls, "charge", step.idempotency_key)})
+        step.sleep(pause)
+
+        def receipt() -> str:
+            if record_call(calls, "receipt", step.idempotency_key) == 1:
+                raise ConnectionError("mail server down")
+            return f"receipt for {charge['order']}"
+
+        return {"charge": charge, "receipt": step.run("receipt", receipt), "retries": task.request.retries}
+
+    @app.task(bind=True, name=f"{app.main}.checkout", autoretry_for=(Exception,), max_retries=3, default_retry_delay=0)
+    def checkout(self: Any, order: int, pause: float = 1) -> dict[str, Any]:
+        return charge_and_receipt(self, order, pause)
+
+    @app.task(bind=True, name=f"{app.main}.checkout_manual", max_retries=3)
+    def checkout_manual(self: Any, order: int, pause: float = 1) -> dict[str, Any]:
+        try:
+            return charge_and_receipt(self, order, pause)
+        except Exception as exc:
+            raise self.retry(exc=exc, countdown=0) from exc
+
+    @app.task(bind=True, name=f"{app.main}.sleeper", autoretry_for=(Exception,), max_retries=5)
+    def sleeper(self: Any, seconds: float) -> dict[str, Any]:
+        step = current_job.step
+        started = step.run("start", time.time)
+        step.sleep(seconds)
+        return {"retries": self.request.retries, "attempt": current_job.attempt, "started": started}
+
+    def diverging_body(pause: float) -> str:
+        step = current_job.step
+        first = "reserve" if VERSION["value"] == 1 else "allocate"
+        step.run(first, lambda: record_call(calls, first))
+        step.sleep(pause)
+        return step.run("ship", lambda: "shipped")
+
+    @app.task(bind=True, name=f"{app.main}.diverging", autoretry_for=(Exception,), max_retries=20)
+    def diverging(self: Any, pause: float) -> str:
+        return diverging_body(pause)
+
+    @app.task(bind=True, name=f"{app.main}.diverging_manual", max_retries=20)
+    def diverging_manual(self: Any, pause: float) -> str:
+        try:
+            return diverging_body(pause)
+        except Exception as exc:
+            raise self.retry(exc=exc, countdown=0) from exc
+
+    @app.task(bind=True, name=f"{app.main}.duplicate_key", autoretry_for=(Exception,), max_retries=20)
+    def duplicate_key(self: Any) -> str:
+        step = current_job.step
+        record_call(calls, "duplicate_key")
+        step.run("a", lambda: 1, key="k")
+        step.run("a", lambda: 2, key="k")
+        return "unreachable"
+
+    @app.task(name=f"{app.main}.slow_once")
+    def slow_once(seconds: float) -> str:
+        def body() -> str:
+            record_call(calls, "slow_once")
+            time.sleep(seconds)  # the workload: holds the claim while the duplicate arrives
+            return "done"
+
+        return current_job.step.run("slow", body)
+
+    @app.task(name=f"{app.main}.plain")
+    def plain(x: int) -> int:
+        return x * 2
+
+    @app.task(name=f"{app.main}.plain_fails")
+    def plain_fails(x: int) -> int:
+        raise ValueError(f"bad {x}")
+
+    @app.task(bind=True, name=f"{app.main}.plain_retries", max_retries=5)
+    def plain_retries(self: Any, until: int) -> int:
+        if self.request.retries < until:
+            raise self.retry(countdown=0)
+        return int(self.request.retries)
+
+    @app.task(bind=True, name=f"{app.main}.custom_base", base=CountingBase)
+    def custom_base(self: Any, x: int) -> Any:
+        return current_job.step.run("double", lambda: x * 2)
+
+    @app.task(name=f"{app.main}.opted_out", durable=False)
+    def opted_out() -> str:
+        return "job" if current_job else "no job"
+
+    @app.task(name=f"{app.main}.not_late", acks_late=False)
+    def not_late() -> str:
+        return current_job.step.run("x", lambda: "x")
+
+    @app.task(name=f"{app.main}.crashy", bind=True)
+    def crashy(self: Any, marker_dir: str, crash_in: str) -> dict[str, Any]:
+        step = current_job.step
+
+        def hang_first_time(what: str) -> int:
+            n = record_call(calls, what, step.idempotency_key)
+            if what == crash_in and n == 1:
+                (Path(marker_dir) / f"{what}.pid").write_text(str(os.getpid()))
+                time.sleep(60)  # killed here by the test
+            return n
+
+        charge = step.run("charge", lambda: hang_first_time("charge"))
+        after = step.run("after_charge", lambda: hang_first_time("after_charge"))
+        return {"charge": charge, "after": after, "attempt": current_job.attempt}
+
+    @app.task(name=f"{app.main}.bulk")
+    def bulk(i: int) -> int:
+        step = current_job.step
+        a = step.run("a", lambda: i)
+        return step.run("b", lambda: a + 1)
+
+
+@shared_task(name="flexiq_tests.shared_double", bind=True)
+def shared_double(self: Any, x: int) -> dict[str, Any]:
+    """A ``@shared_task`` declared at import time, before any app is installed."""
+    return {"value": current_job.step.run("double", lambda: x * 2), "run_key": current_job.run_key}
+
+
+# ----------------------------------------------------------- worker processes
+def app_from_env() -> Celery | None:
+    """The app of a ``celery -A flexiq_celery_testapp worker`` subprocess, or ``None`` in-process."""
+    broker = os.environ.get("FLEXIQ_TEST_BROKER")
+    if not broker:
+        return None
+    store_url = os.environ["FLEXIQ_TEST_STORE"]
+    prefix = os.environ.get("FLEXIQ_TEST_TABLE_PREFIX")
+    store: Any = SqlStepStore(store_url, table_prefix=prefix) if prefix else store_url
+    lease = float(os.environ.get("FLEXIQ_TEST_LEASE", "30"))
+    return make_app(
+        os.environ["FLEXIQ_TEST_QUEUE"], broker, store, os.environ["FLEXIQ_TEST_CALLS"], lease_seconds=lease
+    )
+
+
+app = app_from_env()
