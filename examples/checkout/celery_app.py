@@ -31,7 +31,7 @@ if BROKER.startswith("redis://"):
 celery_ext.install(app, store=f"sqlite:///{DEMO_DIR}/steps.db", lease_seconds=4)
 
 
-@app.task(autoretry_for=(ReceiptNotSent,), default_retry_delay=1, max_retries=3)
+@app.task(autoretry_for=(ReceiptNotSent,), default_retry_delay=1, max_retries=3)  # type: ignore[untyped-decorator]
 def checkout(order_id: str, amount_cents: int) -> str:
     """Charge once, wait, send the receipt (see :func:`examples.checkout.flow.checkout`)."""
     return flow.checkout(order_id, amount_cents)

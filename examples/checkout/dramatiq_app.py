@@ -25,7 +25,7 @@ def _broker() -> dramatiq.Broker:
     if BROKER_URL.startswith("redis://"):
         from dramatiq.brokers.redis import RedisBroker
 
-        return RedisBroker(url=BROKER_URL, namespace="flexiq-demo", heartbeat_timeout=10_000)
+        return RedisBroker(url=BROKER_URL, namespace="flexiq-demo", heartbeat_timeout=10_000)  # type: ignore[no-untyped-call]
     if BROKER_URL.startswith("amqp://"):
         from dramatiq.brokers.rabbitmq import RabbitmqBroker
 

@@ -1,0 +1,79 @@
+"""``flexiq runs list`` and ``flexiq runs show``: what the store knows about runs."""
+
+from __future__ import annotations
+
+import click
+
+from .._store.base import RunStatus
+from ..codec import CodecChain
+from ..operations import decode_step_value, list_runs, load_object, show_run
+from . import render
+from .state import EXIT_USAGE, CliState, console, emit_json, fail, pass_state
+from .types import DURATION
+
+__all__ = ["runs"]
+
+STATUSES = list(RunStatus.__args__)  # type: ignore[attr-defined]
+
+
+@click.group()
+def runs() -> None:
+    """Inspect runs and their steps."""
+
+
+@runs.command("list")
+@click.option("--status", type=click.Choice(STATUSES), help="Only runs in this status.")
+@click.option("--task", "task_name", metavar="NAME", help="Only runs of this task or actor.")
+@click.option("--since", type=DURATION, metavar="DURATION", help="Only runs updated within this window (1h, 7d).")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True, help="At most this many runs.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_state
+def list_command(
+    state: CliState, *, status: str | None, task_name: str | None, since: float | None, limit: int, as_json: bool
+) -> None:
+    """List runs, most recently updated first."""
+    found = list_runs(state.store, status=status, task_name=task_name, since=since, limit=limit)
+    if as_json:
+        emit_json([render.run_dict(r) for r in found])
+        return
+    out = console()
+    if not found:
+        out.print("No runs.")
+        return
+    out.print(render.runs_table(found))
+
+
+@runs.command("show")
+@click.argument("run_key")
+@click.option("--values", is_flag=True, help="Decode and print step values (they may be sensitive).")
+@click.option("--codec", "codec_ref", metavar="MODULE:CHAIN", help="The CodecChain the workers use, for --values.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_state
+def show_command(state: CliState, *, run_key: str, values: bool, codec_ref: str | None, as_json: bool) -> None:
+    """Show one run: state, attempts, claim and its step sequence."""
+    details = show_run(state.store, run_key)
+    codec = _codec(codec_ref) if values else None
+    decoded = [decode_step_value(s, codec) for s in details.steps] if values else None
+    if as_json:
+        steps = [render.step_dict(s, decoded[i] if decoded else None) for i, s in enumerate(details.steps)]
+        run = {**render.run_dict(details.run), "wake_at": render.iso_time(details.wake_at)}
+        emit_json({"run": run, "steps": steps})
+        return
+    out = console()
+    out.print(render.run_fields(details))
+    out.print()
+    if details.steps:
+        out.print(render.steps_table(details.steps, decoded))
+    else:
+        out.print("No step rows (a succeeded run's rows are dropped unless kept for inspection).")
+
+
+def _codec(ref: str | None) -> CodecChain | None:
+    if ref is None:
+        return None
+    chain = load_object(ref)
+    if callable(chain) and not isinstance(chain, CodecChain):
+        chain = chain()
+    if not isinstance(chain, CodecChain):
+        fail(f"--codec {ref} is not a CodecChain (or a function returning one)", EXIT_USAGE)
+    return chain

@@ -1,0 +1,114 @@
+"""Fixtures of the ``flexiq`` CLI tests: stores filled through the real core, and the CLI runner.
+
+Runs are made the way workers make them, through ``AttemptDriver`` against a
+real ``SqlStepStore`` (a SQLite file; PostgreSQL where concurrency matters),
+so the CLI reads exactly what production writes. Broker-backed tests use the
+local Redis and RabbitMQ through the root ``require_service`` (skip locally,
+fail in CI).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from flexiq_plugins import Attempt, AttemptDriver, DurableConfig, JobEnvelope, JobInfo, current_job
+from flexiq_plugins._store.sql import SqlStepStore
+from flexiq_plugins.cli import cli
+
+
+class Runs:
+    """Makes runs in ``store`` through the real attempt driver.
+
+    Parameters:
+      store(SqlStepStore): the store.
+    """
+
+    def __init__(self, store: SqlStepStore) -> None:
+        self.store = store
+        self.driver = AttemptDriver(store, DurableConfig(keep_succeeded_steps=True, lease_seconds=30))
+
+    def job(self, run_key: str, task: str = "shop.checkout", framework: str = "celery", job_id: str = "") -> JobInfo:
+        """A job of ``run_key``; the envelope is what a worker would store."""
+        envelope = JobEnvelope(task, framework, "orders", [42], {"express": True})
+        return JobInfo(run_key, job_id or f"job-{run_key}", envelope)
+
+    def attempt(self, run_key: str, body: Callable[[], Any], **job: Any) -> Any:
+        """Run one attempt of ``body`` for ``run_key``; return its outcome."""
+        attempt = self.driver.start(self.job(run_key, **job))
+        assert isinstance(attempt, Attempt), attempt
+        return attempt.run(body)
+
+    def succeeded(self, run_key: str, **job: Any) -> None:
+        """A run that charged and succeeded (its rows kept for inspection)."""
+        self.attempt(run_key, lambda: current_job.step.run("charge", lambda: {"id": "ch_1", "amount": 1200}), **job)
+
+    def sleeping(self, run_key: str, pause: str = "1h", **job: Any) -> None:
+        """A run that charged and sleeps for ``pause``."""
+
+        def body() -> None:
+            step = current_job.step
+            step.run("charge", lambda: {"id": "ch_1", "amount": 1200})
+            step.sleep(pause)
+
+        self.attempt(run_key, body, **job)
+
+    def dead(self, run_key: str, **job: Any) -> int:
+        """A run dead-lettered by divergence (a step renamed between attempts); return the dead letter id."""
+        self.attempt(run_key, _fails_after("reserve"), **job)
+        self.attempt(run_key, _fails_after("hold"), job_id=f"job-{run_key}-2", **job)
+        (dead,) = [d for d in self.store.list_dead_letters() if d.run_key == run_key]
+        return dead.id
+
+    def failed(self, run_key: str, status: str = "failed", **job: Any) -> None:
+        """A run that ended ``failed`` (or ``cancelled``) with one step."""
+        attempt = self.driver.start(self.job(run_key, **job))
+        assert isinstance(attempt, Attempt)
+        with attempt.activate():
+            current_job.step.run("charge", lambda: 1)
+        self.store.finish(attempt.claim, status)  # type: ignore[arg-type]
+
+
+def _fails_after(first: str) -> Callable[[], None]:
+    def body() -> None:
+        step = current_job.step
+        step.run(first, lambda: "held")
+        step.run("charge", lambda: {"id": "ch_1"})
+        raise ConnectionError("payment gateway timeout")
+
+    return body
+
+
+@pytest.fixture
+def store_url(tmp_path: Path) -> str:
+    """A SQLite store file in the test's directory."""
+    return f"sqlite:///{tmp_path / 'steps.db'}"
+
+
+@pytest.fixture
+def store(store_url: str) -> Iterator[SqlStepStore]:
+    """The SQLite store behind ``store_url`` (tables created)."""
+    sql = SqlStepStore(store_url)
+    yield sql
+    sql.close()
+
+
+@pytest.fixture
+def runs(store: SqlStepStore) -> Runs:
+    """A maker of runs in ``store``."""
+    return Runs(store)
+
+
+@pytest.fixture
+def flexiq(store_url: str) -> Callable[..., Result]:
+    """``flexiq(*args)``: invoke the CLI on ``store_url`` in-process; returns click's ``Result``."""
+    runner = CliRunner()
+
+    def invoke(*args: str) -> Result:
+        return runner.invoke(cli, ["--store", store_url, *args], catch_exceptions=False)
+
+    return invoke

@@ -1,0 +1,158 @@
+"""``flexiq runs list|show``: tables for people, stable JSON for scripts, values only on request."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+
+from click.testing import CliRunner, Result
+from conftest import Runs
+
+from flexiq_plugins._store.sql import SqlStepStore
+from flexiq_plugins.cli import cli
+
+RUN_KEYS = {
+    "run_key", "task_name", "framework", "queue", "status", "attempt", "owner", "lease_until",
+    "takeovers", "job_id", "step_count", "step_bytes", "created_at", "updated_at",
+}  # fmt: skip
+STEP_KEYS = {"position", "step_key", "kind", "size", "attempt", "committed_at", "wake_at"}
+
+
+def line_of(output: str, needle: str) -> list[str]:
+    """The whitespace-separated cells of the one output line containing ``needle``."""
+    (line,) = [ln for ln in output.splitlines() if needle in ln]
+    return line.split()
+
+
+def test_runs_list_prints_a_table_newest_first(runs: Runs, flexiq: Callable[..., Result]) -> None:
+    """``runs list`` prints a header and one row per run: key, task, framework, status, attempt, steps, bytes."""
+    runs.succeeded("run-ok", task="shop.invoice")
+    runs.sleeping("run-zz")
+    result = flexiq("runs", "list")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].split()[:8] == ["RUN", "KEY", "TASK", "FRAMEWORK", "STATUS", "ATTEMPT", "STEPS", "BYTES"]
+    assert line_of(result.stdout, "run-zz")[:7] == ["run-zz", "shop.checkout", "celery", "sleeping", "1", "2", "36"]
+    assert line_of(result.stdout, "run-ok")[:4] == ["run-ok", "shop.invoice", "celery", "succeeded"]
+    assert result.stdout.index("run-zz") < result.stdout.index("run-ok")
+
+
+def test_runs_list_json_has_stable_keys_and_filters(runs: Runs, flexiq: Callable[..., Result]) -> None:
+    """``--json`` gives exactly the documented keys; ``--status``, ``--task`` and ``--since`` filter."""
+    runs.succeeded("run-a", task="shop.invoice")
+    runs.sleeping("run-b")
+    rows = json.loads(flexiq("runs", "list", "--json").stdout)
+    assert [set(r) for r in rows] == [RUN_KEYS, RUN_KEYS]
+    assert rows[0]["run_key"] == "run-b"
+    assert rows[0]["lease_until"] is None
+    assert rows[0]["created_at"].endswith("+00:00")
+    by_status = json.loads(flexiq("runs", "list", "--status", "sleeping", "--json").stdout)
+    assert [r["run_key"] for r in by_status] == ["run-b"]
+    by_task = json.loads(flexiq("runs", "list", "--task", "shop.invoice", "--json").stdout)
+    assert [r["run_key"] for r in by_task] == ["run-a"]
+    time.sleep(0.3)
+    runs.succeeded("run-c")
+    recent = json.loads(flexiq("runs", "list", "--since", "200ms", "--json").stdout)
+    assert [r["run_key"] for r in recent] == ["run-c"]
+
+
+def test_runs_show_prints_state_claim_and_steps_without_values(runs: Runs, flexiq: Callable[..., Result]) -> None:
+    """``runs show`` lists each step's key, kind, size, commit and wake time, and never a value by default."""
+    runs.sleeping("run-s")
+    result = flexiq("runs", "show", "run-s")
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert line_of(out, "Status:") == ["Status:", "sleeping"]
+    assert line_of(out, "Attempts:") == ["Attempts:", "1"]
+    assert line_of(out, "Claim:") == ["Claim:", "none"]
+    assert line_of(out, "Steps:") == ["Steps:", "2", "(36", "bytes)"]
+    assert "UTC" in " ".join(line_of(out, "Wake at:"))
+    assert line_of(out, "STEP KEY")[:6] == ["#", "STEP", "KEY", "KIND", "SIZE", "COMMITTED"]
+    assert "VALUE" not in out
+    assert line_of(out, "charge#0")[:4] == ["0", "charge#0", "run", "36"]
+    sleep_row = line_of(out, "sleep#0")
+    assert sleep_row[:4] == ["1", "sleep#0", "sleep", "0"]
+    assert sleep_row.count("UTC") == 2  # committed at and wake at
+    assert "ch_1" not in out
+
+
+def test_runs_show_values_decodes_on_request(runs: Runs, flexiq: Callable[..., Result]) -> None:
+    """``--values`` decodes values with the JSON reader; the JSON shape gains ``value`` and ``value_note``."""
+    runs.sleeping("run-v")
+    table = flexiq("runs", "show", "run-v", "--values").stdout
+    assert "{'id': 'ch_1', 'amount': 1200}" in " ".join(line_of(table, "charge#0"))
+    data = json.loads(flexiq("runs", "show", "run-v", "--values", "--json").stdout)
+    assert set(data) == {"run", "steps"}
+    assert set(data["run"]) == RUN_KEYS | {"wake_at"}
+    charge, sleep = data["steps"]
+    assert set(charge) == STEP_KEYS | {"value", "value_note"}
+    assert (charge["value"], charge["value_note"]) == ({"id": "ch_1", "amount": 1200}, None)
+    assert sleep["value"] is None
+    assert data["run"]["wake_at"] == sleep["wake_at"]
+    plain = json.loads(flexiq("runs", "show", "run-v", "--json").stdout)
+    assert {k for s in plain["steps"] for k in s} == STEP_KEYS
+
+
+def test_c7_a_framework_serialized_value_decodes_or_gets_a_note(
+    runs: Runs, store: SqlStepStore, flexiq: Callable[..., Result]
+) -> None:
+    """Values a framework serializer stored: JSON-family ones decode; others (pickle) get a note, no traceback (C7)."""
+    from flexiq_plugins import AttemptDriver, CodecChain, DurableConfig, FunctionSerializer, current_job
+
+    for name, dumps in [
+        ("dramatiq:json", lambda v: json.dumps({"v": v}).encode()),
+        ("kombu:pickle", lambda v: b"\x80\x04not-unpickled"),
+    ]:
+        chain = CodecChain(FunctionSerializer(name, dumps, lambda b: json.loads(b)["v"] if b[:1] == b"{" else 0))
+        driver = AttemptDriver(store, DurableConfig(codec=chain, keep_succeeded_steps=True))
+        runs.driver = driver
+        runs.attempt(f"run-{name}", lambda: current_job.step.run("charge", lambda: {"id": "ch_9"}))
+    ok = json.loads(flexiq("runs", "show", "run-dramatiq:json", "--values", "--json").stdout)
+    assert ok["steps"][0]["value"] == {"id": "ch_9"}
+    result = flexiq("runs", "show", "run-kombu:pickle", "--values")
+    assert result.exit_code == 0, result.output
+    assert "stored by 'kombu:pickle'; pass --codec to decode it" in result.stdout
+    assert "Traceback" not in result.output
+
+
+def test_c30_unknown_run_key_exits_3_without_traceback(flexiq: Callable[..., Result], runs: Runs) -> None:
+    """An unknown run key is one ``Error:`` line on stderr and exit code 3."""
+    runs.succeeded("run-known")
+    result = flexiq("runs", "show", "no-such-run")
+    assert result.exit_code == 3
+    assert result.stderr.strip() == "Error: no run has the run key 'no-such-run'"
+    assert result.stdout == ""
+
+
+def test_usage_errors_exit_2(flexiq: Callable[..., Result], runs: Runs) -> None:
+    """A bad duration or status is a usage error: exit 2 with the accepted forms."""
+    runs.succeeded("run-known")
+    bad_since = flexiq("runs", "list", "--since", "5 parsecs")
+    assert bad_since.exit_code == 2
+    assert "is not a duration" in bad_since.stderr
+    assert flexiq("runs", "list", "--status", "asleep").exit_code == 2
+
+
+def test_unreachable_store_exits_1_with_a_message() -> None:
+    """A store that refuses connections (a closed port) is ``Error: … unavailable`` and exit 1, no traceback."""
+    result = CliRunner().invoke(cli, ["--store", "postgresql://postgres@127.0.0.1:9/none", "runs", "list"])
+    assert result.exit_code == 1
+    assert "is unavailable" in result.stderr
+    assert "Traceback" not in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_a_store_without_tables_says_to_upgrade(tmp_path: object) -> None:
+    """A database without tables is exit 1 with the hint ``flexiq store upgrade``; the CLI never migrates."""
+    url = f"sqlite:///{tmp_path}/empty.db"
+    result = CliRunner().invoke(cli, ["--store", url, "runs", "list"])
+    assert result.exit_code == 1
+    assert "flexiq store upgrade" in result.stderr
+
+
+def test_store_url_comes_from_the_environment(store_url: str, runs: Runs) -> None:
+    """Without ``--store`` the CLI reads ``FLEXIQ_STORE_URL``."""
+    runs.succeeded("run-env")
+    result = CliRunner(env={"FLEXIQ_STORE_URL": store_url}).invoke(cli, ["runs", "list", "--json"])
+    assert [r["run_key"] for r in json.loads(result.stdout)] == ["run-env"]
