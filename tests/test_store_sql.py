@@ -384,3 +384,40 @@ def test_upgrade_store_is_idempotent_and_safe_concurrently(
         versions = conn.execute(sa.text(f"SELECT version_num FROM {store.table_prefix}alembic_version")).all()
     assert [v[0] for v in versions] == ["0001"]
     claim(store, "run-after-upgrade")
+
+
+@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_c9_driver_memo_hit_is_zero_statements_and_a_new_step_one_transaction(
+    backend: str, request: pytest.FixtureRequest, make_sql_store: Callable[..., SqlStepStore]
+) -> None:
+    """Through the attempt driver on a SQL store (C9): starting an attempt is one transaction,
+    each new step one transaction, and a replayed step (memo hit) issues no statement at all."""
+    from flexiq_plugins import AttemptDriver, DurableConfig, JobInfo, current_job
+    from flexiq_plugins.outcomes import Completed, Retry
+
+    store = make_sql_store(request.getfixturevalue(f"{backend}_url"))
+    store.now()
+    driver = AttemptDriver(store, DurableConfig(lease_seconds=600))  # no renewal inside the test
+    job = JobInfo("run-c9-driver", "job-1", ENVELOPE)
+    log = TransactionLog(store.engine)
+    seen: list[tuple[int, int]] = []
+
+    def body(fail: bool) -> str:
+        for name in ("a", "b"):
+            before = (log.begins, len(log.work_statements()))
+            current_job.step.run(name, lambda: name)
+            seen.append((log.begins - before[0], len(log.work_statements()) - before[1]))
+        if fail:
+            raise RuntimeError("end the first attempt with its rows kept")
+        return "done"
+
+    log.reset()
+    attempt = driver.start(job)
+    assert log.begins == 1, "attempt start is one transaction"
+    assert isinstance(attempt.run(body, True), Retry)  # type: ignore[union-attr]
+    assert seen == [(1, 3), (1, 3)], "each new step is one transaction of three statements"
+
+    seen.clear()
+    attempt = driver.start(job)
+    assert isinstance(attempt.run(body, False), Completed)  # type: ignore[union-attr]
+    assert seen == [(0, 0), (0, 0)], "memo hits issue no statement"

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,8 @@ def main(framework: str, broker: str, crash: bool, workdir: str | None) -> None:
     demo_dir.mkdir(parents=True, exist_ok=True)
     os.environ["FLEXIQ_DEMO_DIR"] = str(demo_dir)
     os.environ["FLEXIQ_DEMO_BROKER"] = broker
+    # a queue of its own, so another demo (or a leftover message of an interrupted one) never mixes in
+    os.environ["FLEXIQ_DEMO_QUEUE"] = f"flexiq-demo-{uuid.uuid4().hex[:8]}"
     sys.path.insert(0, str(ROOT))
     if crash:
         (demo_dir / "crash-armed").touch()
@@ -117,7 +120,7 @@ class _Demo:
     def _worker_cmd(self) -> list[str]:
         if self.framework == "celery":
             return [sys.executable, "-m", "celery", "-A", "examples.checkout.celery_app", "worker",
-                    "-P", "prefork", "-c", "1", "-l", "warning",
+                    "-P", "prefork", "-c", "1", "-l", "warning", "-Q", os.environ["FLEXIQ_DEMO_QUEUE"],
                     "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
         return [sys.executable, "-m", "dramatiq", "examples.checkout.dramatiq_app", "-p", "1", "-t", "1"]
 
@@ -202,9 +205,15 @@ class _Demo:
         return open_store(f"sqlite:///{self.dir}/steps.db")
 
     def _tally(self, ok: bool) -> int:
+        from flexiq_plugins import UnknownRun
+
         from .services import Payments
 
-        run = self._store().get_run(self.run_key)
+        try:
+            run = self._store().get_run(self.run_key)
+        except UnknownRun:
+            click.echo(f"\nthe job never started: no run {self.run_key} in the store; see {self.dir / 'worker.log'}")
+            return 1
         calls, charges = Payments().calls(), Payments().charges()
         click.echo("")
         if self.framework == "celery" and ok:

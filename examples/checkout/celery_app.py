@@ -18,9 +18,11 @@ from .services import ReceiptNotSent
 
 DEMO_DIR = os.path.abspath(os.environ.get("FLEXIQ_DEMO_DIR", "."))
 BROKER = os.environ.get("FLEXIQ_DEMO_BROKER") or f"sqla+sqlite:///{DEMO_DIR}/broker.db"
+QUEUE = os.environ.get("FLEXIQ_DEMO_QUEUE", "flexiq-demo")
 
 app = Celery("checkout_demo", broker=BROKER, backend=f"db+sqlite:///{DEMO_DIR}/results.db")
 app.conf.update(
+    task_default_queue=QUEUE,
     worker_prefetch_multiplier=1,
     worker_hijack_root_logger=False,
     broker_connection_retry_on_startup=True,

@@ -19,13 +19,14 @@ from .services import ReceiptNotSent
 
 DEMO_DIR = os.path.abspath(os.environ.get("FLEXIQ_DEMO_DIR", "."))
 BROKER_URL = os.environ.get("FLEXIQ_DEMO_BROKER", "")
+QUEUE = os.environ.get("FLEXIQ_DEMO_QUEUE", "flexiq-demo")
 
 
 def _broker() -> dramatiq.Broker:
     if BROKER_URL.startswith("redis://"):
         from dramatiq.brokers.redis import RedisBroker
 
-        return RedisBroker(url=BROKER_URL, namespace="flexiq-demo", heartbeat_timeout=10_000)  # type: ignore[no-untyped-call]
+        return RedisBroker(url=BROKER_URL, namespace=QUEUE, heartbeat_timeout=10_000)  # type: ignore[no-untyped-call]
     if BROKER_URL.startswith("amqp://"):
         from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
@@ -41,6 +42,7 @@ dramatiq.set_broker(broker)
 
 
 @dramatiq.actor(
+    queue_name=QUEUE,
     max_retries=3,
     min_backoff=1000,
     max_backoff=1000,
