@@ -24,7 +24,7 @@ ORDER = ("order-42", 1999)
 TIMEOUT = 120.0
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(context_settings={"help_option_names": ["-h", "--help"]}, name="./dev demo")
 @click.option("--framework", type=click.Choice(["celery", "dramatiq"]), default="celery", show_default=True)
 @click.option(
     "--broker",
@@ -66,6 +66,7 @@ class _Demo:
         self.run_key = new_run_key()
         self.started = time.monotonic()
         self.worker: subprocess.Popen[bytes] | None = None
+        self.crashed_at = 0.0
         self.workers_started = 0
 
     # ------------------------------------------------------------ the story
@@ -93,11 +94,18 @@ class _Demo:
     def _follow(self, done: Any) -> bool:
         seen = 0
         deadline = time.monotonic() + TIMEOUT
+        quiet_since = time.monotonic()
         while time.monotonic() < deadline:
-            seen = self._print_journal(seen)
+            before, seen = seen, self._print_journal(seen)
             if done():
                 self._print_journal(seen)
                 return True
+            if seen != before:
+                quiet_since = time.monotonic()
+            elif self.crashed_at and time.monotonic() - quiet_since > 5:
+                waited = time.monotonic() - self.crashed_at
+                click.echo(f"         ... {waited:.0f}s since the kill: waiting for the broker to redeliver the job")
+                quiet_since = time.monotonic()
             time.sleep(0.2)
         click.echo(f"gave up after {TIMEOUT:.0f}s; the worker log is {self.dir / 'worker.log'}")
         return False
@@ -144,11 +152,15 @@ class _Demo:
 
     def _crash(self, line: str) -> None:
         assert self.worker is not None
+        self.crashed_at = time.monotonic()
         if self.broker:
             os.killpg(self.worker.pid, signal.SIGKILL)
             self.worker.wait()
-            click.echo("         >>> SIGKILL: the whole worker is dead, its message unacknowledged")
-            click.echo("         >>> starting a new worker; the broker will redeliver the job")
+            click.echo(f"         >>> SIGKILL to the whole worker (process group {self.worker.pid}):")
+            click.echo("             its message is unacknowledged and its claim on the run still holds")
+            click.echo("         >>> starting a new worker; the broker redelivers the job (RabbitMQ at once,")
+            click.echo("             Redis after its visibility timeout) and the new attempt takes over")
+            click.echo("             the run once the dead worker's 4 s lease has expired")
             self._start_worker()
             return
         pid = int(line.rsplit("pid ", 1)[1].rstrip(")"))
@@ -156,7 +168,8 @@ class _Demo:
         click.echo(f"         >>> SIGKILL to pool process {pid}, which was running the task")
         click.echo("         >>> the embedded SQLite transport cannot redeliver a message whose whole worker")
         click.echo("             died, so this run kills only the pool process: the worker's main process")
-        click.echo("             puts the message back (reject_on_worker_lost) and a new pool process takes it.")
+        click.echo("             puts the message back (reject_on_worker_lost) and a new pool process takes it")
+        click.echo("             over once the dead one's 4 s lease on the run has expired.")
         click.echo("             Use --broker redis://… or amqp://… to kill the whole worker instead.")
 
     # ------------------------------------------------------------ publish
@@ -214,18 +227,28 @@ class _Demo:
         except UnknownRun:
             click.echo(f"\nthe job never started: no run {self.run_key} in the store; see {self.dir / 'worker.log'}")
             return 1
-        calls, charges = Payments().calls(), Payments().charges()
+        calls, charges = Payments().calls(self.run_key), Payments().charges(self.run_key)
         click.echo("")
         if self.framework == "celery" and ok:
             click.echo(f"AsyncResult({self.result.id}).get() -> {self.result.get(timeout=10)!r}")
-        times = "time" if calls == 1 else "times"
-        click.echo(f"payment API called {calls} {times} for {run.attempt} attempts; {charges} charge made")
+        click.echo(
+            f"payment API called {_plural(calls, 'time')} for {_plural(run.attempt, 'attempt')}; "
+            f"{_plural(charges, 'charge')} made"
+        )
         if run.takeovers:
-            click.echo(f"the dead worker's claim expired and was taken over {run.takeovers} time(s)")
+            click.echo(f"the dead worker's claim expired and was taken over {_plural(run.takeovers, 'time')}")
         click.echo(f"run {run.run_key}: {run.status}")
+        click.echo("\nThe run key names the job across all its attempts (the framework's job id may change);")
+        click.echo("a memo hit is a step whose committed value was returned without calling its body again;")
+        click.echo("'charge#0' is the step key: the first step named 'charge'. Inspect the run's steps with:")
+        click.echo(f"  .venv/bin/flexiq --store sqlite:///{self.dir}/steps.db runs show {self.run_key}")
         good = ok and run.status == "succeeded" and calls == 1 and charges == 1
         click.echo("OK: one charge, receipt retried, sleep survived" if good else "NOT OK: see above")
         return 0 if good else 1
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 if __name__ == "__main__":

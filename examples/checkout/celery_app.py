@@ -29,8 +29,14 @@ app.conf.update(
     result_extended=True,
 )
 if BROKER.startswith("redis://"):
-    app.conf.broker_transport_options = {"visibility_timeout": 10}  # redeliver a dead worker's job after 10 s
-celery_ext.install(app, store=f"sqlite:///{DEMO_DIR}/steps.db", lease_seconds=4)
+    # a dead worker's unacknowledged job comes back once unacknowledged for 10 s; kombu looks
+    # for such jobs every unacked_restore_interval * unacked_restore_throttle seconds (default 100)
+    app.conf.broker_transport_options = {
+        "visibility_timeout": 10,
+        "unacked_restore_interval": 1,
+        "unacked_restore_throttle": 1,
+    }
+celery_ext.install(app, store=f"sqlite:///{DEMO_DIR}/steps.db", lease_seconds=4, keep_succeeded_steps=True)
 
 
 @app.task(autoretry_for=(ReceiptNotSent,), default_retry_delay=1, max_retries=3)  # type: ignore[untyped-decorator]

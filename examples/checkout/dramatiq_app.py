@@ -24,9 +24,14 @@ QUEUE = os.environ.get("FLEXIQ_DEMO_QUEUE", "flexiq-demo")
 
 def _broker() -> dramatiq.Broker:
     if BROKER_URL.startswith("redis://"):
-        from dramatiq.brokers.redis import RedisBroker
+        from dramatiq.brokers.redis import MAINTENANCE_SCALE, RedisBroker
 
-        return RedisBroker(url=BROKER_URL, namespace=QUEUE, heartbeat_timeout=10_000)  # type: ignore[no-untyped-call]
+        return RedisBroker(  # type: ignore[no-untyped-call]
+            url=BROKER_URL,
+            namespace=QUEUE,
+            heartbeat_timeout=3_000,  # ms: a dead worker's unacknowledged job comes back after 3 s
+            maintenance_chance=MAINTENANCE_SCALE,  # look for such jobs on every command, not by chance
+        )
     if BROKER_URL.startswith("amqp://"):
         from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
@@ -37,7 +42,7 @@ def _broker() -> dramatiq.Broker:
 
 
 broker = _broker()
-broker.add_middleware(DurableSteps(store=f"sqlite:///{DEMO_DIR}/steps.db", lease_seconds=4))
+broker.add_middleware(DurableSteps(store=f"sqlite:///{DEMO_DIR}/steps.db", lease_seconds=4, keep_succeeded_steps=True))
 dramatiq.set_broker(broker)
 
 

@@ -63,15 +63,16 @@ class Payments:
             db.execute("COMMIT")
             return charge
 
-    def calls(self) -> int:
-        """How many times the API was really called."""
+    def calls(self, run_key: str = "") -> int:
+        """How many times the API was really called (for keys starting with ``run_key``)."""
         with _db() as db:
-            return int(db.execute("SELECT count(*) FROM payment_calls").fetchone()[0])
+            row = db.execute("SELECT count(*) FROM payment_calls WHERE idem_key LIKE ?", (run_key + "%",))
+            return int(row.fetchone()[0])
 
-    def charges(self) -> int:
-        """How many distinct charges were made."""
+    def charges(self, run_key: str = "") -> int:
+        """How many distinct charges were made (for keys starting with ``run_key``)."""
         with _db() as db:
-            return int(db.execute("SELECT count(*) FROM charges").fetchone()[0])
+            return int(db.execute("SELECT count(*) FROM charges WHERE idem_key LIKE ?", (run_key + "%",)).fetchone()[0])
 
 
 class ReceiptNotSent(Exception):

@@ -36,7 +36,14 @@ _EXIT_CODES: tuple[tuple[type[Exception], int], ...] = (
 
 
 class _Flexiq(click.Group):
-    """The root group: maps the library's expected errors to messages and exit codes."""
+    """The root group: maps the library's expected errors to messages and exit codes.
+
+    ``--store URL`` is accepted after the command too (``flexiq runs list
+    --store URL``): it is moved in front before parsing.
+    """
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, _store_option_first(args))
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -66,6 +73,28 @@ cli.add_command(runs)
 cli.add_command(dlq)
 cli.add_command(recover_command)
 cli.add_command(store)
+
+
+def _store_option_first(args: list[str]) -> list[str]:
+    """Move ``--store URL`` / ``--store=URL`` found anywhere (before ``--``) to the front."""
+    moved: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--":
+            rest.extend(args[i:])
+            break
+        if arg == "--store" and i + 1 < len(args):
+            moved += args[i : i + 2]
+            i += 2
+            continue
+        if arg.startswith("--store="):
+            moved.append(arg)
+        else:
+            rest.append(arg)
+        i += 1
+    return moved + rest
 
 
 def main() -> None:

@@ -8,6 +8,7 @@ and no traceback.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NoReturn
@@ -16,7 +17,8 @@ import click
 from rich.console import Console
 
 from .._store.base import StepStore
-from .._store.factory import STORE_URL_ENV, open_store
+from .._store.factory import DEFAULT_STORE_URL, STORE_URL_ENV, open_store
+from .._store.sql import normalize_url
 from ..operations import Publisher, celery_publisher, dramatiq_publisher, load_object
 
 __all__ = [
@@ -96,12 +98,23 @@ class CliState:
 
     @property
     def store(self) -> StepStore:
-        """The step store, opened on first use without running migrations."""
+        """The step store, opened on first use without running migrations.
+
+        A SQLite file that does not exist is an error naming the path (the
+        usual cause is a missing ``--store``), not a new empty database.
+        """
         if self._store is None:
-            spec = self.store_url
-            memory = (spec or "").strip().lower().startswith("memory:")
-            self._store = open_store(spec) if memory else open_store(spec, auto_upgrade=False)
+            self._store = self.open_store(create=False)
         return self._store
+
+    def open_store(self, *, create: bool) -> StepStore:
+        """Open the store; with ``create`` a missing SQLite file is created (``store upgrade``)."""
+        spec = self.store_url or os.environ.get(STORE_URL_ENV) or DEFAULT_STORE_URL
+        if spec.strip().lower().startswith("memory:"):
+            return open_store(spec)
+        if not create:
+            _require_sqlite_file(spec)
+        return open_store(spec, auto_upgrade=False)
 
     def publishers(self, app_ref: str | None = None, broker_ref: str | None = None) -> dict[str, Publisher]:
         """A publisher per framework from ``--app`` / ``--broker`` (command options win over global ones)."""
@@ -131,6 +144,18 @@ def console() -> Console:
 def emit_json(data: Any) -> None:
     """Print ``data`` as indented JSON on stdout."""
     click.echo(json.dumps(data, indent=2, sort_keys=False, default=str))
+
+
+def _require_sqlite_file(spec: str) -> None:
+    url = normalize_url(spec)
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return
+    if not os.path.exists(url.database):
+        fail(
+            f"no step store at {url.database}: pass --store URL (before or after the command) or set "
+            f"{STORE_URL_ENV}; `flexiq store upgrade` creates a new one",
+            EXIT_FAILED,
+        )
 
 
 def store_env_help() -> str:

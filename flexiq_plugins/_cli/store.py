@@ -22,7 +22,7 @@ def store() -> None:
 @pass_state
 def upgrade_command(state: CliState, *, as_json: bool) -> None:
     """Create or migrate the store's tables to the newest schema (idempotent)."""
-    opened = state.store
+    opened = state.open_store(create=True)
     if not isinstance(opened, SqlStepStore):
         console().print("An in-memory store has no schema to upgrade.")
         return

@@ -69,3 +69,24 @@ def test_cleanup_needs_a_valid_retention(flexiq: Callable[..., Result], runs: Ru
     runs.succeeded("r")
     assert flexiq("store", "cleanup").exit_code == 2
     assert flexiq("store", "cleanup", "--older-than", "soon").exit_code == 2
+
+
+def test_store_option_is_accepted_after_the_command(tmp_path: Path) -> None:
+    """``flexiq runs list --store URL`` works like ``flexiq --store URL runs list``."""
+    url = f"sqlite:///{tmp_path / 'after.db'}"
+    runner = CliRunner()
+    assert runner.invoke(cli, ["store", "upgrade", f"--store={url}"]).exit_code == 0
+    listed = runner.invoke(cli, ["runs", "list", "--json", "--store", url])
+    assert (listed.exit_code, json.loads(listed.stdout)) == (0, [])
+
+
+def test_a_missing_sqlite_store_is_an_error_not_a_new_empty_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without ``--store`` (or with a wrong path) the CLI says where it looked and creates nothing."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FLEXIQ_STORE_URL", raising=False)
+    result = CliRunner().invoke(cli, ["runs", "list"])
+    assert result.exit_code == 1
+    assert f"no step store at {tmp_path / 'flexiq_steps.db'}" in result.output
+    assert not (tmp_path / "flexiq_steps.db").exists()
