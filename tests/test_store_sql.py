@@ -405,7 +405,7 @@ def test_c9_driver_memo_hit_is_zero_statements_and_a_new_step_one_transaction(
     def body(fail: bool) -> str:
         for name in ("a", "b"):
             before = (log.begins, len(log.work_statements()))
-            current_job.step.run(name, lambda: name)
+            current_job.step.run(name, lambda name=name: name)
             seen.append((log.begins - before[0], len(log.work_statements()) - before[1]))
         if fail:
             raise RuntimeError("end the first attempt with its rows kept")
