@@ -25,6 +25,7 @@ from celery.exceptions import Ignore
 
 from flexiq_plugins import outcomes
 from flexiq_plugins.attempt import Attempt
+from flexiq_plugins.context import no_current_job
 from flexiq_plugins.errors import Disposition, StepSignal, StoreError, classify
 
 from ._envelope import job_info
@@ -69,8 +70,11 @@ class DurableTask(Task):  # type: ignore[misc]
         """Run one attempt of the job being executed (or the plain body when not durable)."""
         request = self.request
         runtime = runtime_of(self.app) if self.durable else None
-        if runtime is None or request.called_directly:
+        if runtime is None:
             return self._flexiq_body(args, kwargs)
+        if request.called_directly:  # task(...) as a plain function: no durable job, not even an outer one
+            with no_current_job():
+                return self._flexiq_body(args, kwargs)
         return _run_attempt(self, runtime, request, args, kwargs)
 
     def retry(  # noqa: PLR0917 - the signature of Celery's Task.retry

@@ -8,7 +8,8 @@ Outcome              What the task does
                      ``Ignore`` (acked); a failed publish is ``Reject(requeue=True)``
 ``Busy``             the same as a sleep, with the outcome's ``retry_after``
 ``Retry``            re-raises, so ``autoretry_for``/``self.retry`` decide; a store
-                     outage retries regardless; no retry → run settled ``failed``
+                     outage is put back like a sleep (no retry counted, whatever the
+                     filters say); no retry → run settled ``failed``
 ``DeadLetter``       :mod:`celery_ext._deadletter`: never a retry
 ``Duplicate``        ``Ignore``: acked, the stored result is left as it is
 ``Dropped``          ``Ignore``
@@ -54,7 +55,7 @@ def act(
     if isinstance(outcome, outcomes.Busy):
         _put_back(task, request, outcome.retry_after, "is running elsewhere")
     if isinstance(outcome, outcomes.Retry):
-        _retry(task, runtime, outcome, attempt)
+        _retry(task, request, runtime, outcome, attempt)
     if isinstance(outcome, outcomes.DeadLetter):
         _dead_letter(task, request, runtime, outcome)
     raise Ignore()  # Duplicate, Dropped: acknowledge, leave the result backend alone
@@ -67,7 +68,8 @@ def _put_back(task: Any, request: Any, countdown: float, why: str) -> NoReturn:
             f"{countdown:.3f} s, which eager mode (task_always_eager / Task.apply) cannot do; "
             "run durable tasks that sleep on a worker"
         )
-    signature = task.signature_from_request(request, countdown=countdown, retries=request.retries)
+    # expires=None: a job that started before its expiry is not killed by it while it sleeps
+    signature = task.signature_from_request(request, countdown=countdown, retries=request.retries, expires=None)
     try:
         signature.apply_async()
     except Exception as exc:
@@ -78,10 +80,10 @@ def _put_back(task: Any, request: Any, countdown: float, why: str) -> NoReturn:
     raise Ignore()
 
 
-def _retry(task: Any, runtime: Runtime, outcome: outcomes.Retry, attempt: Attempt | None) -> NoReturn:
+def _retry(task: Any, request: Any, runtime: Runtime, outcome: outcomes.Retry, attempt: Attempt | None) -> NoReturn:
     error = outcome.error
-    if outcome.always:
-        _retry_always(task, runtime, error)
+    if outcome.always and not isinstance(error, Retry):  # a user's self.retry() already published one
+        _retry_always(task, request, runtime, error)
     if isinstance(error, Retry) or (isinstance(error, Reject) and error.requeue):
         raise error
     if not isinstance(error, Exception):
@@ -91,13 +93,10 @@ def _retry(task: Any, runtime: Runtime, outcome: outcomes.Retry, attempt: Attemp
     raise error
 
 
-def _retry_always(task: Any, runtime: Runtime, error: BaseException) -> NoReturn:
-    """A store outage: retry whatever the task's filters say (C28)."""
-    try:
-        task.retry(exc=error, countdown=runtime.options.store_retry_seconds)
-    except Reject as exc:  # Celery could not publish the retry: keep the message
-        raise Reject(exc.reason, requeue=True) from error
-    raise error  # pragma: no cover - retry() raises
+def _retry_always(task: Any, request: Any, runtime: Runtime, error: BaseException) -> NoReturn:
+    """A store outage: put the job back whatever the task's filters say, without using its retries (C28)."""
+    logger.warning("job %s: step store unavailable (%s); putting it back", request.id, error)
+    _put_back(task, request, runtime.options.store_retry_seconds, "met a store outage")
 
 
 def _dead_letter(task: Any, request: Any, runtime: Runtime, outcome: outcomes.DeadLetter) -> NoReturn:

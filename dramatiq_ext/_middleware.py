@@ -23,6 +23,7 @@ from flexiq_plugins import outcomes
 from flexiq_plugins._store.base import StepStore
 from flexiq_plugins._store.factory import open_store
 from flexiq_plugins.attempt import Attempt, AttemptDriver
+from flexiq_plugins.context import no_current_job
 from flexiq_plugins.errors import StoreUnavailable
 from flexiq_plugins.identity import new_run_key
 
@@ -145,7 +146,8 @@ class DurableSteps(Middleware):
     ) -> Any:
         message = _message.get()
         if message is None or message.actor_name != actor_name:
-            return body(*args, **kwargs)  # called directly, not by a worker: no durable steps
+            with no_current_job():  # called directly, not by a worker: no durable steps
+                return body(*args, **kwargs)
         _message.set(None)  # a direct call from inside the body is a plain call
         body.check()
         outcome = self._attempt(message, body, args, kwargs)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
+import time
 from typing import Any
 
 import dramatiq
@@ -26,6 +27,7 @@ from flexiq_plugins import outcomes
 
 __all__ = ["DeadLettered", "QuietSkipFilter", "apply_outcome", "enqueue_again"]
 
+_ENQUEUE_RETRY_PAUSES = (0.2, 0.5, 1.0)
 _OUTAGE_BACKOFF_MS = 1_000
 _OUTAGE_MAX_BACKOFF_MS = 300_000
 
@@ -70,10 +72,19 @@ def install_quiet_skip_filter() -> None:
 def enqueue_again(broker: dramatiq.Broker, message: Any, delay_ms: int, **options: Any) -> None:
     """Enqueue the same message (same id, same options) again after ``delay_ms`` milliseconds.
 
-    Raises whatever the broker raises: the current message is then not
-    acknowledged as done, so the job is never lost (C15).
+    A failing enqueue is tried again after 0.2, 0.5 and 1 s (a broker blip
+    must not turn a sleep into a retry, C16); after that it raises whatever
+    the broker raises, so the current message is not acknowledged as done and
+    the job is not lost (C15).
     """
     again = message.copy(queue_name=q_name(message.queue_name), options=options)
+    for pause in _ENQUEUE_RETRY_PAUSES:
+        try:
+            broker.enqueue(again, delay=max(delay_ms, 1))
+            return
+        except Exception:
+            logging.getLogger(__name__).warning("re-enqueue of %r failed; trying again", message.message_id)
+            time.sleep(pause)
     broker.enqueue(again, delay=max(delay_ms, 1))
 
 

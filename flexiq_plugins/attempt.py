@@ -53,6 +53,8 @@ __all__ = ["Attempt", "AttemptDriver", "DurableConfig", "JobInfo", "Limits", "de
 
 logger = logging.getLogger("flexiq_plugins")
 
+_FINISH_RETRY_PAUSES = (0.2, 0.5, 1.0)
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -264,6 +266,15 @@ class Attempt:
             self._latch(exc)
         return _Step(step_id, memo)
 
+    @contextlib.contextmanager
+    def body_of(self, step: _Step) -> Iterator[None]:
+        """Run a new step's body: if it raises, the step takes no key and no place (C6)."""
+        try:
+            yield
+        except BaseException:
+            self._sequence.abandon(step.id)
+            raise
+
     def memo_value(self, step: _Step) -> Any:
         """Decode a memo hit from the snapshot; no store statement (C5, C9)."""
         assert step.memo is not None
@@ -344,6 +355,8 @@ class Attempt:
             return error
         if error is self._latched:
             return error
+        if isinstance(self._latched, SleepSignal) and _caused_by(error, self._latched):
+            return error  # cleanup code failed while the sleep unwound: an ordinary, retryable error (C28)
         if not isinstance(self._latched, StepSignal):
             return self._latched  # a fatal step error, e.g. ConcurrentStep raised in another thread
         return SwallowedStepSignal(
@@ -365,7 +378,7 @@ class Attempt:
             raise error
         if disposition is Disposition.DEAD_LETTER:
             return self._dead_letter(error)
-        self._store.finish(self.claim, "retrying")
+        self._finish("retrying")
         return outcomes.Retry(error, always=disposition is Disposition.RETRY_ALWAYS)
 
     def _succeed(self, value: Any) -> outcomes.Outcome:
@@ -380,11 +393,11 @@ class Attempt:
                 ", ".join(self._sequence.running),
             )
         drop = not self._config.keep_succeeded_steps
-        self._store.finish(self.claim, "succeeded", drop_steps=drop)
+        self._finish("succeeded", drop_steps=drop)
         return outcomes.Completed(value)
 
     def _sleeping(self, signal: SleepSignal) -> outcomes.Outcome:
-        self._store.finish(self.claim, "sleeping")
+        self._finish("sleeping")
         remaining = max(signal.wake_at - self.now(), 0.0)
         delay = min(remaining, self._config.max_hop_seconds)
         return outcomes.Sleeping(signal.wake_at, delay, signal.step_key)
@@ -393,9 +406,25 @@ class Attempt:
         reason = reason_of(error)
         trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
         record = NewDeadLetter(self.job_id, reason, str(error), trace)
-        self._store.finish(self.claim, "dead", dead_letter=record)
+        self._finish("dead", dead_letter=record)
         logger.error("job %s (run %s) dead-lettered (%s): %s", self.job_id, self.run_key, reason, error)
         return outcomes.DeadLetter(reason, str(error), error)
+
+    def _finish(self, status: base.RunStatus, **kwargs: Any) -> None:
+        """``store.finish`` on the claim, retried through a brief store outage.
+
+        A claim left held by a blip would make the next delivery wait for the
+        lease and count as a dead worker's takeover (C25), so the release is
+        tried a few times (0.2, 0.5, 1 s apart) before the outage is reported.
+        """
+        for pause in _FINISH_RETRY_PAUSES:
+            try:
+                self._store.finish(self.claim, status, **kwargs)
+                return
+            except StoreUnavailable:
+                logger.warning("run %s: store unavailable while ending the attempt; trying again", self.run_key)
+                time.sleep(pause)
+        self._store.finish(self.claim, status, **kwargs)
 
     def settle_failed(self) -> bool:
         """After a :class:`~flexiq_plugins.outcomes.Retry` the framework will not retry: mark the run failed.
@@ -407,6 +436,16 @@ class Attempt:
         except StoreError:
             logger.exception("could not mark run %s failed", self.run_key)
             return False
+
+
+def _caused_by(error: BaseException | None, cause: BaseException) -> bool:
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if error is cause:
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+    return False
 
 
 class _LeaseKeeper:

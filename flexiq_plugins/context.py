@@ -23,7 +23,7 @@ from .errors import NoCurrentJob, NotInStep, StepUsageError
 if TYPE_CHECKING:
     from .attempt import Attempt
 
-__all__ = ["JobContext", "StepContext", "current_job"]
+__all__ = ["JobContext", "StepContext", "current_job", "no_current_job"]
 
 T = TypeVar("T")
 
@@ -74,7 +74,7 @@ class StepContext:
             step = self._attempt.enter(name, key, "run")
             if step.memo is not None:
                 return self._attempt.memo_value(step)  # type: ignore[no-any-return]
-            with _in_step(step.id.step_key):
+            with self._attempt.body_of(step), _in_step(step.id.step_key):
                 value = fn()
             if inspect.isawaitable(value):
                 _discard(value)
@@ -92,7 +92,7 @@ class StepContext:
             if step.memo is not None:
                 return self._attempt.memo_value(step)  # type: ignore[no-any-return]
             await asyncio.sleep(0)  # let a concurrent sibling reach its guard now (C8)
-            with _in_step(step.id.step_key):
+            with self._attempt.body_of(step), _in_step(step.id.step_key):
                 pending = fn()
                 value = await pending if inspect.isawaitable(pending) else pending
             return self._attempt.commit_value(step, value)  # type: ignore[no-any-return]
@@ -177,12 +177,17 @@ class JobContext:
 
     @contextlib.contextmanager
     def activate(self) -> Iterator[JobContext]:
-        """Make this the current job in the calling context for the ``with`` block."""
-        token = _job.set(self)
+        """Make this the current job in the calling context for the ``with`` block.
+
+        A job started inside another job's step body (a nested task call) does
+        not see the outer step: its ``idempotency_key`` is its own (C10).
+        """
+        job_token, step_token = _job.set(self), _step_key.set(None)
         try:
             yield self
         finally:
-            _job.reset(token)
+            _step_key.reset(step_token)
+            _job.reset(job_token)
 
 
 class _CurrentJob:
@@ -237,6 +242,22 @@ class _CurrentJob:
 
 current_job = _CurrentJob()
 """The running durable job; ``current_job.step`` is its :class:`StepContext`."""
+
+
+@contextlib.contextmanager
+def no_current_job() -> Iterator[None]:
+    """Run the ``with`` block outside any durable job (a task called directly, as a function).
+
+    Used by the integrations so that calling a durable task like a function
+    inside another job's body neither records steps in the outer run nor sees
+    its idempotency key.
+    """
+    job_token, step_token = _job.set(None), _step_key.set(None)
+    try:
+        yield
+    finally:
+        _step_key.reset(step_token)
+        _job.reset(job_token)
 
 
 @contextlib.contextmanager

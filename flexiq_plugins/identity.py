@@ -187,6 +187,21 @@ class Sequence:
             "step sequence."
         )
 
+    def abandon(self, step: StepId) -> None:
+        """Undo :meth:`enter` for a new step whose body raised: it committed nothing (C6).
+
+        The next call of the same step then derives the same key and takes the
+        same place, so a retry loop around a failing step inside one attempt
+        replays without a false divergence.
+        """
+        if not self.running or self.running[-1] != step.step_key:
+            return
+        self.running.pop()
+        self._seen.discard(step.step_key)
+        if not step.keyed:
+            self._counts[step.name] -= 1
+            self._unkeyed_used -= 1
+
     def record(self, row: StepRow) -> None:
         """Add a newly committed row to the recorded sequence."""
         self.recorded.append(row)

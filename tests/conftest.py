@@ -26,6 +26,7 @@ POSTGRES = ("PostgreSQL", "127.0.0.1", 5432)
 MYSQL = ("MariaDB", "127.0.0.1", 3306)
 POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 MYSQL_URL = "mysql+pymysql://root@127.0.0.1:3306/test"
+MARIADB_URL = "mariadb://root@127.0.0.1:3306/test"  # SQLAlchemy's MariaDB dialect, which reads other table options
 
 
 def in_ci() -> bool:
@@ -72,6 +73,13 @@ def mysql_url() -> str:
 
 
 @pytest.fixture
+def mariadb_url() -> str:
+    """The same database through a ``mariadb://`` URL (SQLAlchemy's MariaDB dialect)."""
+    require_service(*MYSQL)
+    return MARIADB_URL
+
+
+@pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     """The URL of a fresh SQLite file in the test's temporary directory."""
     return f"sqlite:///{tmp_path / 'steps.db'}"
@@ -109,6 +117,7 @@ def make_sql_store() -> Iterator[Callable[..., SqlStepStore]]:
         "sqlite",
         pytest.param("postgres", marks=pytest.mark.postgres),
         pytest.param("mysql", marks=pytest.mark.mysql),
+        pytest.param("mariadb", marks=pytest.mark.mysql),
     ]
 )
 def store(request: pytest.FixtureRequest, make_sql_store: Callable[..., SqlStepStore]) -> StepStore:

@@ -30,15 +30,26 @@ __all__ = [
 
 
 def iso_time(t: float | None) -> str | None:
-    """Epoch seconds as ISO 8601 UTC (``None`` stays ``None``)."""
-    return None if t is None else datetime.fromtimestamp(t, timezone.utc).isoformat()
+    """Epoch seconds as ISO 8601 UTC (``None`` stays ``None``; beyond year 9999: the seconds)."""
+    if t is None:
+        return None
+    moment = _utc(t)
+    return moment.isoformat() if moment else f"{t:.0f} seconds since the epoch"
 
 
 def human_time(t: float | None) -> str:
-    """Epoch seconds as ``2025-01-02 03:04:05 UTC`` ('-' for ``None``)."""
+    """Epoch seconds as ``2025-01-02 03:04:05 UTC`` ('-' for ``None``; beyond year 9999: the seconds)."""
     if t is None:
         return "-"
-    return datetime.fromtimestamp(t, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    moment = _utc(t)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC") if moment else f"{t:.0f} seconds since the epoch"
+
+
+def _utc(t: float) -> datetime | None:
+    try:
+        return datetime.fromtimestamp(t, timezone.utc)
+    except (OverflowError, OSError, ValueError):  # e.g. a sleep of timedelta.max
+        return None
 
 
 # -------------------------------------------------------------------- runs

@@ -140,7 +140,7 @@ def _tables(prefix: str) -> _Tables:
     runs = sa.Table(
         f"{prefix}runs",
         md,
-        sa.Column("run_key", sa.String(64), primary_key=True),
+        sa.Column("run_key", sa.String(255), primary_key=True),
         sa.Column("task_name", sa.String(255)),
         sa.Column("framework", sa.String(32)),
         sa.Column("queue", sa.String(255)),
@@ -159,7 +159,7 @@ def _tables(prefix: str) -> _Tables:
     steps = sa.Table(
         f"{prefix}steps",
         md,
-        sa.Column("run_key", sa.String(64), primary_key=True),
+        sa.Column("run_key", sa.String(255), primary_key=True),
         sa.Column("step_key", sa.String(400), primary_key=True),
         sa.Column("position", sa.Integer),
         sa.Column("kind", sa.String(16)),
@@ -172,7 +172,7 @@ def _tables(prefix: str) -> _Tables:
         f"{prefix}dead_letters",
         md,
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-        sa.Column("run_key", sa.String(64)),
+        sa.Column("run_key", sa.String(255)),
         sa.Column("job_id", sa.String(255)),
         sa.Column("task_name", sa.String(255)),
         sa.Column("reason", sa.String(64)),
@@ -608,7 +608,7 @@ class SqlStepStore(StepStore):
         database clock, then decide as :meth:`StepStore.begin` states.
 
         Parameters:
-          run_key(str): the run (at most 64 characters).
+          run_key(str): the run (at most 255 characters).
           job_id(str): the framework's job id.
           envelope(JobEnvelope): stored with a new run (C35); must be JSON-compatible.
           owner(str): the claiming worker's id.

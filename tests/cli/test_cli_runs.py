@@ -156,3 +156,22 @@ def test_store_url_comes_from_the_environment(store_url: str, runs: Runs) -> Non
     runs.succeeded("run-env")
     result = CliRunner(env={"FLEXIQ_STORE_URL": store_url}).invoke(cli, ["runs", "list", "--json"])
     assert [r["run_key"] for r in json.loads(result.stdout)] == ["run-env"]
+
+
+def test_a_wake_time_beyond_year_9999_is_shown_as_seconds(tmp_path) -> None:
+    """A sleep of ``timedelta.max`` stores a wake time no datetime can show: the CLI prints seconds."""
+    from datetime import timedelta
+
+    from click.testing import CliRunner
+
+    from flexiq_plugins import AttemptDriver, JobEnvelope, JobInfo, SqlStepStore, current_job
+    from flexiq_plugins.cli import cli
+
+    url = f"sqlite:///{tmp_path / 'far.db'}"
+    attempt = AttemptDriver(SqlStepStore(url)).start(JobInfo("r-forever", "j", JobEnvelope("t", "test")))
+    attempt.run(lambda: current_job.step.sleep(timedelta.max))  # type: ignore[union-attr]
+    shown = CliRunner().invoke(cli, ["--store", url, "runs", "show", "r-forever"])
+    assert shown.exit_code == 0, shown.output
+    assert "seconds since the epoch" in shown.output
+    as_json = CliRunner().invoke(cli, ["--store", url, "runs", "show", "r-forever", "--json"])
+    assert as_json.exit_code == 0, as_json.output

@@ -26,7 +26,11 @@ down_revision: str | Sequence[str] | None = None
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-_MYSQL: dict[str, Any] = {"mysql_engine": "InnoDB", "mysql_charset": "utf8mb4", "mysql_collate": "utf8mb4_bin"}
+_MYSQL: dict[str, Any] = {
+    f"{dialect}_{option}": value
+    for dialect in ("mysql", "mariadb")  # the MariaDB dialect reads only its own prefix
+    for option, value in (("engine", "InnoDB"), ("charset", "utf8mb4"), ("collate", "utf8mb4_bin"))
+}
 
 
 def table_prefix() -> str:
@@ -51,7 +55,7 @@ def upgrade() -> None:
     p = table_prefix()
     op.create_table(
         f"{p}runs",
-        sa.Column("run_key", sa.String(64), primary_key=True),
+        sa.Column("run_key", sa.String(255), primary_key=True),
         sa.Column("task_name", sa.String(255), nullable=False),
         sa.Column("framework", sa.String(32), nullable=False),
         sa.Column("queue", sa.String(255), nullable=True),
@@ -73,7 +77,7 @@ def upgrade() -> None:
     op.create_index(f"ix_{p}runs_task_name", f"{p}runs", ["task_name"])
     op.create_table(
         f"{p}steps",
-        sa.Column("run_key", sa.String(64), nullable=False),
+        sa.Column("run_key", sa.String(255), nullable=False),
         sa.Column("position", sa.Integer, nullable=False),
         sa.Column("step_key", sa.String(400), nullable=False),
         sa.Column("kind", sa.String(16), nullable=False),
@@ -88,7 +92,7 @@ def upgrade() -> None:
     op.create_table(
         f"{p}dead_letters",
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-        sa.Column("run_key", sa.String(64), nullable=False),
+        sa.Column("run_key", sa.String(255), nullable=False),
         sa.Column("job_id", sa.String(255), nullable=False),
         sa.Column("task_name", sa.String(255), nullable=False),
         sa.Column("reason", sa.String(64), nullable=False),

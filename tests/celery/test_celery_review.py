@@ -1,0 +1,129 @@
+"""Regressions of the Celery adapter found in review: store outages, expiring sleeps, direct calls.
+
+The in-process worker is ``conftest.in_process_worker``, reached through the
+plugin manager (the :func:`in_process_worker` fixture) rather than ``from
+conftest import``: when the Celery and Dramatiq directories are collected in
+one run, the module named ``conftest`` may be the Dramatiq one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flexiq_plugins import SqlStepStore, StoreUnavailable, current_job
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def in_process_worker(pytestconfig: pytest.Config) -> Callable[..., Any]:
+    """``in_process_worker`` of this directory's conftest: a real worker in a thread of this process."""
+    celery_conftest = pytestconfig.pluginmanager.get_plugin(str(Path(__file__).with_name("conftest.py")))
+    return celery_conftest.in_process_worker  # type: ignore[no-any-return,union-attr]
+
+
+class FlakyBeginStore(SqlStepStore):
+    """A real SQLite store whose first ``failures`` calls of ``begin`` raise :class:`StoreUnavailable`."""
+
+    def __init__(self, url: str, failures: int) -> None:
+        super().__init__(url)
+        self.failures_left = failures
+        self.begin_calls = 0
+        self._lock = threading.Lock()
+
+    def begin(self, *args: Any, **kwargs: Any) -> Any:
+        with self._lock:
+            self.begin_calls += 1
+            if self.failures_left > 0:
+                self.failures_left -= 1
+                raise StoreUnavailable("injected outage: connection refused")
+        return super().begin(*args, **kwargs)
+
+
+def test_c28_store_outage_puts_the_job_back_without_using_its_retries(
+    redis_broker: str, tmp_path: Path, make_celery_app: Any, in_process_worker: Callable[..., Any]
+) -> None:
+    """C28: a store outage is always retryable, even for a task with ``max_retries=0`` and no
+    ``autoretry_for``. Two failing ``begin`` calls put the job back (countdown ``store_retry_seconds``)
+    without consuming the task's retries: the third delivery runs the body once with
+    ``request.retries == 0``, the value comes back through ``AsyncResult`` and the run succeeded."""
+    store = FlakyBeginStore(f"sqlite:///{tmp_path / 'flaky.db'}", failures=2)
+    app = make_celery_app(redis_broker, store, store_retry_seconds=0.2)
+    bodies: list[int] = []
+
+    @app.task(bind=True, name=f"{app.main}.fragile", max_retries=0)
+    def fragile(self: Any, x: int) -> dict[str, Any]:
+        bodies.append(self.request.retries)
+        value = current_job.step.run("double", lambda: x * 2)
+        return {"value": value, "retries": self.request.retries, "run_key": current_job.run_key}
+
+    try:
+        with in_process_worker(app):
+            started = time.monotonic()
+            result = fragile.delay(21).get(timeout=30)
+            elapsed = time.monotonic() - started
+        assert result["value"] == 42
+        assert result["retries"] == 0
+        assert bodies == [0]  # the body ran once, after the outage, with no retry counted
+        assert store.begin_calls == 3
+        assert elapsed >= 0.4  # two put-backs of store_retry_seconds=0.2 each
+        run = store.get_run(result["run_key"])
+        assert (run.status, run.attempt) == ("succeeded", 1)
+    finally:
+        store.close()
+
+
+def test_c15_a_sleep_outlives_the_messages_expires(
+    redis_broker: str, sqlite_store: Any, make_celery_app: Any, in_process_worker: Callable[..., Any]
+) -> None:
+    """C15: a job published with ``expires=2`` s that started in time and sleeps 3 s in 1 s hops
+    (C18) is not revoked as expired while it sleeps: the hops are re-published without ``expires``,
+    so it wakes, completes, and its value comes back through ``AsyncResult``."""
+    app = make_celery_app(redis_broker, sqlite_store, max_hop=1)
+    with in_process_worker(app):
+        sent = app.tasks[f"{app.main}.sleeper"].apply_async((3.0,), expires=2)
+        result = sent.get(timeout=30)
+    assert result["retries"] == 0
+    assert result["attempt"] == 4  # the first attempt + three 1 s hops
+    assert time.time() - result["started"] >= 2.9
+    (run,) = sqlite_store.list_runs()
+    assert run.status == "succeeded"
+
+
+def test_c10_a_durable_task_called_as_a_function_inside_a_job_has_no_current_job(
+    redis_broker: str, sqlite_store: Any, make_celery_app: Any, in_process_worker: Callable[..., Any]
+) -> None:
+    """C10: calling a durable task directly (``inner(1)``, not ``.delay``) inside another durable
+    task's body is a plain function call: ``current_job`` is falsy in it, and it records no step in
+    the outer run, whose step rows (kept with ``keep_succeeded_steps=True``) are only its own."""
+    app = make_celery_app(redis_broker, sqlite_store, keep_succeeded_steps=True)
+    inside: list[bool] = []
+
+    @app.task(name=f"{app.main}.inner")
+    def inner(x: int) -> int:
+        inside.append(bool(current_job))
+        if current_job:  # the old behaviour: the outer job leaked into the direct call
+            return current_job.step.run("inner", lambda: x + 100)
+        return x + 100
+
+    @app.task(name=f"{app.main}.outer")
+    def outer(x: int) -> dict[str, Any]:
+        step = current_job.step
+        before = step.run("before", lambda: x)
+        middle = inner(before)
+        after = step.run("after", lambda: middle + 1)
+        return {"after": after, "run_key": current_job.run_key}
+
+    with in_process_worker(app):
+        result = app.tasks[f"{app.main}.outer"].delay(1).get(timeout=30)
+    assert result["after"] == 102
+    assert inside == [False]
+    assert sqlite_store.get_run(result["run_key"]).status == "succeeded"
+    keys = [row.step_key for row in sqlite_store.get_steps(result["run_key"])]
+    assert keys == ["before#0", "after#0"]
