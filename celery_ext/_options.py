@@ -46,7 +46,8 @@ class CeleryOptions:
       dead_letter_path(str): ``"auto"`` (RabbitMQ: reject; others: the queue),
         ``"reject"`` or ``"queue"``.
       store_retry_seconds(float): countdown of the retry after a store outage, seconds (C28).
-      serializer(Serializer | None): overrides the app's ``task_serializer``
+      serializer(str | Serializer | None): a kombu serializer name or a serializer object;
+        overrides the app's ``task_serializer``
         for step values.
     """
 
@@ -86,8 +87,15 @@ def parse_options(**options: Any) -> CeleryOptions:
     if "store_retry_seconds" in own:
         own["store_retry_seconds"] = _seconds("store_retry_seconds", own["store_retry_seconds"])
     serializer = own.get("serializer")
-    if serializer is not None and not isinstance(serializer, Serializer):
-        raise ConfigurationError(f"serializer {serializer!r} has no name/dumps/loads")
+    if isinstance(serializer, str):  # a kombu serializer name, like task_serializer
+        from ._runtime import kombu_serializer
+
+        own["serializer"] = kombu_serializer(serializer)
+    elif serializer is not None and not isinstance(serializer, Serializer):
+        raise ConfigurationError(
+            f"serializer {serializer!r} is neither a kombu serializer name (e.g. 'json', 'pickle') "
+            "nor an object with name/dumps/loads"
+        )
     return CeleryOptions(core=dict(core), **own)
 
 

@@ -26,7 +26,7 @@ from celery.exceptions import Ignore
 from flexiq_plugins import outcomes
 from flexiq_plugins.attempt import Attempt
 from flexiq_plugins.context import no_current_job
-from flexiq_plugins.errors import Disposition, StepSignal, StoreError, classify
+from flexiq_plugins.errors import Disposition, StepSignal, StoreUnavailable, classify
 
 from ._envelope import job_info
 from ._runtime import Runtime, runtime_of
@@ -120,7 +120,7 @@ def _run_attempt(
 ) -> Any:
     try:
         started = runtime.driver().start(job_info(task, request))
-    except StoreError as exc:
+    except StoreUnavailable as exc:  # only an outage is retried whatever the filters say (C28)
         return act(task, request, runtime, outcomes.Retry(exc, always=True))
     if not isinstance(started, Attempt):
         return act(task, request, runtime, started)
@@ -147,6 +147,6 @@ def _execute(
 def _conclude(attempt: Attempt, **what: Any) -> outcomes.Outcome:
     try:
         return attempt.conclude(**what)
-    except StoreError as exc:
+    except StoreUnavailable as exc:
         logger.warning("run %s: could not record the attempt's outcome: %s", attempt.run_key, exc)
         return outcomes.Retry(exc, always=True)

@@ -11,6 +11,7 @@ with a fresh retry budget and no stale ``eta``.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Mapping
 from typing import Any
@@ -27,6 +28,9 @@ __all__ = ["RUN_KEY_OPTION", "job_info", "republish", "run_key_of"]
 RUN_KEY_OPTION = "flexiq_run_key"
 """The message option that carries the run key."""
 
+PAYLOAD_OPTION = "flexiq_payload"
+"""The stored envelope option holding non-JSON arguments, encoded by the broker's encoder."""
+
 _DELIVERY_OPTIONS = frozenset(
     {"eta", "redis_message_id", "retries", "traceback", "requeue_timestamp", "flexiq_outages", RUN_KEY_OPTION}
 )
@@ -38,16 +42,43 @@ def run_key_of(message: Any) -> str:
 
 
 def job_info(message: Any) -> JobInfo:
-    """Describe a Dramatiq message (or proxy) for the attempt driver."""
+    """Describe a Dramatiq message (or proxy) for the attempt driver.
+
+    Arguments that are not JSON (a ``PickleEncoder`` broker sending a
+    ``datetime``) are kept encoded with the broker's encoder, base64, under
+    the option ``flexiq_payload``; :func:`republish` decodes them (C35).
+    """
+    args, kwargs = list(message.args), dict(message.kwargs)
+    options = _job_options(message.options)
+    if not _is_json((args, kwargs)):
+        options[PAYLOAD_OPTION] = _encode_payload(args, kwargs)
+        args, kwargs = [], {}
     envelope = JobEnvelope(
         task_name=message.actor_name,
         framework="dramatiq",
         queue=q_name(message.queue_name),
-        args=list(message.args),
-        kwargs=dict(message.kwargs),
-        options=_job_options(message.options),
+        args=args,
+        kwargs=kwargs,
+        options=options,
     )
     return JobInfo(run_key_of(message), message.message_id, envelope)
+
+
+def _is_json(value: Any) -> bool:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _encode_payload(args: list[Any], kwargs: dict[str, Any]) -> str:
+    return base64.b64encode(dramatiq.get_encoder().encode({"args": args, "kwargs": kwargs})).decode()
+
+
+def _decode_payload(payload: str) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    data = dramatiq.get_encoder().decode(base64.b64decode(payload))
+    return tuple(data["args"]), dict(data["kwargs"])
 
 
 def _job_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -55,11 +86,8 @@ def _job_options(options: Mapping[str, Any]) -> dict[str, Any]:
     for name, value in options.items():
         if name in _DELIVERY_OPTIONS:
             continue
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError):
-            continue  # the store keeps JSON; a pickled-only option cannot be re-published
-        kept[name] = value
+        if _is_json(value):  # the store keeps JSON; a pickled-only option cannot be re-published
+            kept[name] = value
     return kept
 
 
@@ -94,12 +122,15 @@ def republish(
         raise ValueError(f"cannot re-publish a {envelope.framework!r} job on Dramatiq: {envelope.task_name!r}")
     queue = envelope.queue or "default"
     broker.declare_queue(queue)
+    options = dict(envelope.options)
+    payload = options.pop(PAYLOAD_OPTION, None)
+    args, kwargs = _decode_payload(payload) if payload else (tuple(envelope.args), dict(envelope.kwargs))
     message: dramatiq.Message[Any] = dramatiq.Message(
         queue_name=queue,
         actor_name=envelope.task_name,
-        args=tuple(envelope.args),
-        kwargs=dict(envelope.kwargs),
-        options={**envelope.options, RUN_KEY_OPTION: run_key},
+        args=args,
+        kwargs=kwargs,
+        options={**options, RUN_KEY_OPTION: run_key},
         message_id=message_id or generate_unique_id(),
     )
     return broker.enqueue(message, delay=delay_ms)

@@ -38,6 +38,7 @@ from .errors import (
     DecodeError,
     Disposition,
     EncodeError,
+    InvalidRunKey,
     SleepSignal,
     StepLimitExceeded,
     StepSignal,
@@ -119,6 +120,17 @@ class JobInfo:
     envelope: JobEnvelope
 
 
+MAX_RUN_KEY_LENGTH = 255
+
+
+def _check_run_key(run_key: object) -> None:
+    if not isinstance(run_key, str) or not 0 < len(run_key) <= MAX_RUN_KEY_LENGTH:
+        raise InvalidRunKey(
+            f"run key {run_key!r} is not a str of 1 to {MAX_RUN_KEY_LENGTH} characters; "
+            "the run key header/option must be such a string (a UUIDv7 when minted at publish)"
+        )
+
+
 def default_owner() -> str:
     """Return a claim owner id for this process and thread: ``host:pid:random``."""
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
@@ -147,7 +159,9 @@ class AttemptDriver:
 
         Raises:
           StoreUnavailable: the store cannot be reached (retryable, C28).
+          InvalidRunKey: the run key is not a ``str`` of 1 to 255 characters.
         """
+        _check_run_key(job.run_key)
         owner = owner or default_owner()
         result = self.store.begin(job.run_key, job.job_id, job.envelope, owner, self.config.lease_seconds)
         if isinstance(result, base.Finished):

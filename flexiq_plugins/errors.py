@@ -15,6 +15,7 @@ into a retry or, worse, a success (C20). Everything else is an ordinary
         ├── ConfigurationError (ValueError)   a bad store URL, option or codec key
         ├── NoCurrentJob (RuntimeError)       ``current_job`` used outside a job
         ├── NotInStep (RuntimeError)          ``idempotency_key`` outside a step body
+        ├── InvalidRunKey (ValueError)        a run key that is not a str of 1–255 characters
         ├── StepUsageError                    misuse of the step API inside a job
         │   ├── InvalidStepName (ValueError, TypeError)   C2
         │   ├── InvalidStepKey (ValueError, TypeError)    C2
@@ -53,6 +54,7 @@ __all__ = [
     "DuplicateStepKey",
     "EncodeError",
     "FlexiqError",
+    "InvalidRunKey",
     "InvalidStepKey",
     "InvalidStepName",
     "NoCurrentJob",
@@ -125,6 +127,10 @@ class NoCurrentJob(FlexiqError, RuntimeError):
 
 class NotInStep(FlexiqError, RuntimeError):
     """``step.idempotency_key`` was read outside a step body (C10)."""
+
+
+class InvalidRunKey(FlexiqError, ValueError):
+    """A job carried a run key that is not a ``str`` of 1 to 255 characters."""
 
 
 class StepUsageError(FlexiqError):

@@ -31,6 +31,7 @@ Why it is shaped this way:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import logging
@@ -44,7 +45,7 @@ from typing import Any
 from ._store.base import JobEnvelope, RunRecord, StepRow, StepStore
 from .codec import CodecChain, FunctionSerializer, ZlibCodec
 from .durations import parse_duration
-from .errors import DecodeError, FlexiqError, StoreError
+from .errors import DecodeError, FlexiqError, StoreError, UnknownDeadLetter
 
 __all__ = [
     "DEFAULT_GRACE_SECONDS",
@@ -366,6 +367,9 @@ def retry_dead_letters(
 ) -> tuple[list[Retried], list[tuple[int, OperationError | StoreError]]]:
     """Retry several dead letters; one failure does not stop the others (C30).
 
+    A publisher is checked for every selected dead letter first: if one is
+    missing, :class:`NoPublisher` is raised and nothing is changed.
+
     Parameters:
       store(StepStore): the store.
       publishers(Mapping[str, Publisher]): a publisher per framework name.
@@ -376,10 +380,14 @@ def retry_dead_letters(
       tuple: the retried ones, and ``(id, error)`` for each that failed.
 
     Raises:
+      NoPublisher: a selected dead letter's framework has no publisher (nothing changed).
       StoreUnavailable: the store cannot be reached while listing.
     """
     if ids is None:
         ids = [d.id for d in store.list_dead_letters(task_name=task_name)]
+    for dead_letter_id in ids:  # all publishers first, so a missing --app/--broker changes nothing
+        with contextlib.suppress(UnknownDeadLetter):
+            _publisher_for(store.get_dead_letter(dead_letter_id).envelope, publishers)
     done: list[Retried] = []
     failed: list[tuple[int, OperationError | StoreError]] = []
     for dead_letter_id in ids:

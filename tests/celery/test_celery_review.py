@@ -127,3 +127,45 @@ def test_c10_a_durable_task_called_as_a_function_inside_a_job_has_no_current_job
     assert sqlite_store.get_run(result["run_key"]).status == "succeeded"
     keys = [row.step_key for row in sqlite_store.get_steps(result["run_key"])]
     assert keys == ["before#0", "after#0"]
+
+
+def test_c28_a_bad_run_key_fails_the_task_instead_of_looping_as_an_outage(
+    redis_broker: str, tmp_path: Path, make_celery_app: Any, in_process_worker: Callable[..., Any]
+) -> None:
+    """C28: only a store outage is retried whatever the filters say. A run key header too long for
+    the store (300 characters) is ``InvalidRunKey``: the task fails once, it is not put back forever."""
+    from flexiq_plugins import InvalidRunKey
+
+    store = SqlStepStore(f"sqlite:///{tmp_path / 'keys.db'}")
+    app = make_celery_app(redis_broker, store, store_retry_seconds=0.2)
+    bodies: list[int] = []
+
+    @app.task(name=f"{app.main}.badkey", max_retries=0)
+    def badkey(x: int) -> int:
+        bodies.append(x)
+        return x
+
+    try:
+        with in_process_worker(app):
+            result = badkey.apply_async((1,), headers={"flexiq_run_key": "y" * 300})
+            with pytest.raises(InvalidRunKey, match="1 to 255 characters"):
+                result.get(timeout=30)
+        assert bodies == []
+        assert store.list_runs() == []
+    finally:
+        store.close()
+
+
+def test_c7_the_serializer_option_takes_a_kombu_name(redis_broker: str, tmp_path: Path, make_celery_app: Any) -> None:
+    """C7: ``serializer="pickle"`` (a kombu name, as in ``task_serializer``) is accepted for step values."""
+    import celery_ext
+
+    store = SqlStepStore(f"sqlite:///{tmp_path / 'ser.db'}")
+    try:
+        app = make_celery_app(redis_broker, store, serializer="pickle")
+        runtime = celery_ext.runtime_of(app)
+        assert runtime is not None
+        assert runtime.options.serializer is not None
+        assert "pickle" in runtime.options.serializer.name
+    finally:
+        store.close()

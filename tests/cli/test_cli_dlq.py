@@ -98,6 +98,22 @@ def test_c30_retry_without_a_publisher_changes_nothing(
     assert store.get_dead_letter(dead_id).retried_at is None
 
 
+def test_c30_retry_all_with_a_publisher_missing_for_one_framework_changes_nothing(
+    runs: Runs, flexiq: Callable[..., Result], store: SqlStepStore, stub_broker: StubBroker
+) -> None:
+    """``dlq retry --all`` over Celery and Dramatiq dead letters with only ``--broker`` exits 2 and
+    retries none of them, not even the Dramatiq ones it could publish (C30, docs/operations.md)."""
+    celery_id = runs.dead("run-all-c", framework="celery")
+    dramatiq_id = runs.dead("run-all-d", framework="dramatiq", task="ship")
+    result = flexiq("dlq", "retry", "--all", "--broker", "fq_cli_apps:dramatiq_broker")
+    assert result.exit_code == 2, result.output
+    assert "pass --app module:app" in result.stderr
+    for dead_id, run_key in ((celery_id, "run-all-c"), (dramatiq_id, "run-all-d")):
+        assert store.get_dead_letter(dead_id).retried_at is None
+        assert store.get_run(run_key).status == "dead"
+    assert stub_broker.queues.get("orders") is None or stub_broker.queues["orders"].qsize() == 0
+
+
 def test_c11_retry_publishes_a_new_job_with_the_same_run_key(
     runs: Runs, flexiq: Callable[..., Result], store: SqlStepStore, stub_broker: StubBroker
 ) -> None:

@@ -32,6 +32,7 @@ EXPORTED = [
     "FernetCodec",
     "FlexiqError",
     "FunctionSerializer",
+    "InvalidRunKey",
     "InvalidStepKey",
     "InvalidStepName",
     "JobContext",

@@ -110,3 +110,38 @@ def test_c15_c16_a_sleep_survives_one_failed_re_enqueue_without_a_retry(
     assert {s["id"] for s in seen} == {sent.message_id}
     assert {s["retries"] for s in seen} == {0}
     assert stub_broker.dead_letters_by_queue[queue] == []
+
+
+def test_c35_non_json_arguments_under_a_pickle_encoder_run_and_republish(
+    stub_broker: dramatiq.Broker,
+    queue: str,
+    sqlite_store: StepStore,
+    start_worker: Callable[..., dramatiq.Worker],
+) -> None:
+    """C35/C7: with ``PickleEncoder`` an actor may take a ``datetime``; the run's envelope keeps the
+    arguments encoded by the broker's encoder, so the actor runs and ``republish`` restores them."""
+    from datetime import datetime, timezone
+
+    from dramatiq.encoder import JSONEncoder, PickleEncoder
+
+    from dramatiq_ext import republish
+
+    dramatiq.set_encoder(PickleEncoder())
+    try:
+        stub_broker.add_middleware(DurableSteps(store=sqlite_store, keep_succeeded_steps=True))
+        seen: list[Any] = []
+
+        @dramatiq.actor(broker=stub_broker, queue_name=queue, max_retries=0)
+        def remind(when: datetime) -> None:
+            seen.append(current_job.step.run("note", when.isoformat))
+
+        start_worker(stub_broker)
+        when = datetime(2030, 1, 2, 3, 4, tzinfo=timezone.utc)
+        message = remind.send(when)
+        stub_broker.join(queue, fail_fast=True, timeout=10_000)
+        run = sqlite_store.get_run(message.options[RUN_KEY_OPTION])
+        assert (run.status, seen) == ("succeeded", [when.isoformat()])
+        again = republish(stub_broker, run.envelope, "another-run")
+        assert again.args == (when,)
+    finally:
+        dramatiq.set_encoder(JSONEncoder())
