@@ -16,6 +16,7 @@ from typing import Any
 
 from flexiq_plugins._store.base import JobEnvelope
 from flexiq_plugins.attempt import JobInfo
+from flexiq_plugins.errors import InvalidRunKey
 
 from ._options import RUN_KEY_HEADER
 from ._runtime import kombu_codec
@@ -27,7 +28,11 @@ def run_key_of(request: Any) -> str:
     """The run key of a Celery request: the ``flexiq_run_key`` header, else the task id (C1 words)."""
     headers = request.headers or {}
     key = getattr(request, RUN_KEY_HEADER, None) or headers.get(RUN_KEY_HEADER)
-    return str(key or request.id)
+    if not key:
+        return str(request.id)
+    if not isinstance(key, str):  # a repr() would not be a stable identity across producers (C11)
+        raise InvalidRunKey(f"the {RUN_KEY_HEADER} header {key!r} is not a str")
+    return key
 
 
 def job_info(task: Any, request: Any) -> JobInfo:

@@ -22,6 +22,7 @@ from dramatiq.message import generate_unique_id
 
 from flexiq_plugins._store.base import JobEnvelope
 from flexiq_plugins.attempt import JobInfo
+from flexiq_plugins.errors import InvalidRunKey
 
 __all__ = ["RUN_KEY_OPTION", "job_info", "republish", "run_key_of"]
 
@@ -37,8 +38,17 @@ _DELIVERY_OPTIONS = frozenset(
 
 
 def run_key_of(message: Any) -> str:
-    """Return the message's run key: its ``flexiq_run_key`` option, else its message id."""
-    return str(message.options.get(RUN_KEY_OPTION) or message.message_id)
+    """Return the message's run key: its ``flexiq_run_key`` option, else its message id.
+
+    Raises:
+      InvalidRunKey: the option is set but is not a ``str`` (C11).
+    """
+    key = message.options.get(RUN_KEY_OPTION)
+    if not key:
+        return str(message.message_id)
+    if not isinstance(key, str):  # a repr() would not be a stable identity across producers
+        raise InvalidRunKey(f"the {RUN_KEY_OPTION} option {key!r} is not a str")
+    return key
 
 
 def job_info(message: Any) -> JobInfo:

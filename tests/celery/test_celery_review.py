@@ -169,3 +169,16 @@ def test_c7_the_serializer_option_takes_a_kombu_name(redis_broker: str, tmp_path
         assert "pickle" in runtime.options.serializer.name
     finally:
         store.close()
+
+
+def test_c11_a_run_key_header_that_is_not_a_str_is_refused() -> None:
+    """C11: the run key header must be a str; anything else is refused, never coerced with ``str()``."""
+    from celery.app.task import Context
+
+    from celery_ext._envelope import run_key_of
+    from flexiq_plugins import InvalidRunKey
+
+    assert run_key_of(Context(id="task-1", headers={})) == "task-1"
+    assert run_key_of(Context(id="task-1", headers={"flexiq_run_key": "rk-1"})) == "rk-1"
+    with pytest.raises(InvalidRunKey, match="is not a str"):
+        run_key_of(Context(id="task-1", headers={"flexiq_run_key": 42}))

@@ -145,3 +145,18 @@ def test_c35_non_json_arguments_under_a_pickle_encoder_run_and_republish(
         assert again.args == (when,)
     finally:
         dramatiq.set_encoder(JSONEncoder())
+
+
+def test_c11_a_run_key_option_that_is_not_a_str_is_refused() -> None:
+    """C11: a run key must be a str; a dict or number would only be a ``repr`` that another producer
+    could spell differently, so it is refused instead of coerced."""
+    import pytest
+
+    from dramatiq_ext._envelope import run_key_of
+    from flexiq_plugins import InvalidRunKey
+
+    message = dramatiq.Message(queue_name="q", actor_name="a", args=(), kwargs={}, options={})
+    assert run_key_of(message) == message.message_id
+    assert run_key_of(message.copy(options={RUN_KEY_OPTION: "rk-1"})) == "rk-1"
+    with pytest.raises(InvalidRunKey, match="is not a str"):
+        run_key_of(message.copy(options={RUN_KEY_OPTION: {"a": 1.5}}))
