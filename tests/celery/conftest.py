@@ -12,7 +12,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -25,6 +24,7 @@ from celery.contrib.testing.worker import start_worker
 from flexiq_celery_testapp import make_app
 
 from flexiq_plugins import SqlStepStore
+from tests.polling import wait_for
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -162,17 +162,6 @@ def in_process_worker(app: Celery, pool: str = "solo", concurrency: int = 1) -> 
 
 def _tick() -> None:
     """A no-op timer callback (see :func:`in_process_worker`)."""
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 @contextmanager

@@ -11,7 +11,6 @@ keys are those of the original run.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Iterator
 from contextlib import suppress
 from pathlib import Path
@@ -28,17 +27,7 @@ from dramatiq.common import dq_name, xq_name
 
 from dramatiq_ext import DurableSteps
 from flexiq_plugins._store.sql import SqlStepStore
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``predicate`` every 50 ms until truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}")
+from tests.polling import wait_for
 
 
 @pytest.fixture(autouse=True)

@@ -26,20 +26,10 @@ from dramatiq.brokers.stub import StubBroker
 from flexiq_plugins import Attempt, AttemptDriver, DurableConfig, operations
 from flexiq_plugins._store.base import StepStore
 from flexiq_plugins._store.sql import SqlStepStore
+from tests.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-
-
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
-    """Poll ``predicate`` every 50 ms until truthy; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}")
 
 
 def queued_run_keys(broker: StubBroker, queue: str = "orders") -> list[str]:
