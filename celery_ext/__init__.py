@@ -21,21 +21,25 @@ See ``docs/celery.md`` for how sleeps, retries and dead letters map onto
 Celery on Redis and RabbitMQ.
 """
 
+from ._adapter import CeleryAdapter, adapter, publisher
 from ._deadletter import DEAD_LETTER_HEADER, DeadLetterReject
 from ._envelope import republish, run_key_of
 from ._install import install
-from ._options import DEFAULT_DEAD_LETTER_QUEUE, RUN_KEY_HEADER, CeleryOptions
+from ._options import DEFAULT_DEAD_LETTER_QUEUE, RUN_KEY_HEADER, CeleryConfig
 from ._runtime import runtime_of
 from ._task import DurableTask
 
 __all__ = [
-    "CeleryOptions",
+    "CeleryAdapter",
+    "CeleryConfig",
     "DEAD_LETTER_HEADER",
     "DEFAULT_DEAD_LETTER_QUEUE",
     "DeadLetterReject",
     "DurableTask",
     "RUN_KEY_HEADER",
+    "adapter",
     "install",
+    "publisher",
     "republish",
     "run_key_of",
     "runtime_of",

@@ -25,8 +25,7 @@ from typing import Any
 
 from celery.exceptions import Reject
 
-from flexiq_plugins.errors import DeadLettered
-from flexiq_plugins.outcomes import DeadLetter
+from flexiq_plugins.integration import DeadLetter, DeadLettered
 
 __all__ = ["DEAD_LETTER_HEADER", "DeadLetterReject", "dead_letter_error", "publish_dead_letter"]
 

@@ -1,38 +1,41 @@
-"""From a Celery request to the core's :class:`JobInfo`, and back to a message (C35).
+"""From a Celery request to the core's :class:`JobInfo`, and back to a message (C35, C36).
 
 The envelope stored with each run is what an operator needs to publish the job
 again (a dead-letter retry, a recovery of a lost sleeper): the task name, its
-arguments, the queue and the routing options. It must be JSON: arguments a
-JSON encoder cannot take (``pickle`` apps) are kept encoded with the app's
-task serializer under ``options["payload"]`` and decoded by :func:`republish`.
+arguments, the queue and the routing options. Arguments the envelope's JSON
+cannot take (``pickle`` apps) are kept encoded with the app's task serializer
+(:func:`flexiq_plugins.integration.build_envelope`).
 """
 
 from __future__ import annotations
 
-import base64
-import json
 from collections.abc import Mapping
 from typing import Any
 
-from flexiq_plugins._store.base import JobEnvelope
-from flexiq_plugins.attempt import JobInfo
-from flexiq_plugins.errors import InvalidRunKey
+from flexiq_plugins.integration import (
+    PAYLOAD_OPTION,
+    JobEnvelope,
+    JobInfo,
+    build_envelope,
+    envelope_arguments,
+    is_json,
+    run_key_from,
+)
 
-from ._options import RUN_KEY_HEADER
-from ._runtime import kombu_codec
+from ._options import RUN_KEY_HEADER, kombu_serializer
 
 __all__ = ["job_info", "republish", "run_key_of"]
 
 
 def run_key_of(request: Any) -> str:
-    """The run key of a Celery request: the ``flexiq_run_key`` header, else the task id (C1 words)."""
+    """The run key of a Celery request: the ``flexiq_run_key`` header, else the task id (C1 words).
+
+    Raises:
+      InvalidRunKey: the header is not a ``str`` of 1 to 255 characters (C11).
+    """
     headers = request.headers or {}
-    key = getattr(request, RUN_KEY_HEADER, None) or headers.get(RUN_KEY_HEADER)
-    if not key:
-        return str(request.id)
-    if not isinstance(key, str):  # a repr() would not be a stable identity across producers (C11)
-        raise InvalidRunKey(f"the {RUN_KEY_HEADER} header {key!r} is not a str")
-    return key
+    carried = getattr(request, RUN_KEY_HEADER, None) or headers.get(RUN_KEY_HEADER)
+    return run_key_from(carried, str(request.id), where=f"{RUN_KEY_HEADER} header")
 
 
 def job_info(task: Any, request: Any) -> JobInfo:
@@ -49,45 +52,19 @@ def _envelope(task: Any, request: Any) -> JobEnvelope:
         options.update(exchange=exchange, routing_key=routing_key)
     if delivery.get("priority") is not None:
         options["priority"] = delivery["priority"]
-    args, kwargs = list(request.args or ()), dict(request.kwargs or {})
-    if not _is_json(args, kwargs):
-        options["payload"] = _encode_payload(task.app, args, kwargs)
-        args, kwargs = [], {}
-    return JobEnvelope(
-        task_name=str(request.task or task.name),
-        framework="celery",
+    return build_envelope(
+        str(request.task or task.name),
+        "celery",
         queue=routing_key,
-        args=args,
-        kwargs=kwargs,
+        args=request.args or (),
+        kwargs=request.kwargs or {},
         options=options,
+        serializer=kombu_serializer(task.app.conf.task_serializer),
     )
 
 
 def _json_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in headers.items() if k != RUN_KEY_HEADER and _is_json(v)}
-
-
-def _is_json(*values: Any) -> bool:
-    try:
-        json.dumps(values)
-    except (TypeError, ValueError):
-        return False
-    return True
-
-
-def _encode_payload(app: Any, args: list[Any], kwargs: dict[str, Any]) -> dict[str, str]:
-    dumps, _ = kombu_codec()
-    content_type, encoding, data = dumps([args, kwargs], serializer=app.conf.task_serializer)
-    raw = data if isinstance(data, bytes) else str(data).encode(encoding or "utf-8")
-    return {"content_type": content_type, "encoding": encoding, "data": base64.b64encode(raw).decode()}
-
-
-def _decode_payload(payload: Mapping[str, str]) -> tuple[list[Any], dict[str, Any]]:
-    _, loads = kombu_codec()
-    content_type = payload["content_type"]
-    raw = base64.b64decode(payload["data"])
-    args, kwargs = loads(raw, content_type, payload["encoding"], accept={content_type})
-    return list(args), dict(kwargs)
+    return {k: v for k, v in headers.items() if k != RUN_KEY_HEADER and is_json(v)}
 
 
 def republish(
@@ -98,7 +75,7 @@ def republish(
     task_id: str | None = None,
     countdown: float | None = None,
 ) -> Any:
-    """Publish a stored job again with the run key ``run_key`` (C11, C30, C35).
+    """Publish a stored job again with the run key ``run_key`` (C11, C30, C35, C36).
 
     Used for dead-letter retries and recovery: the new message carries the run
     key, so the run replays its committed steps and its idempotency keys stay
@@ -121,9 +98,7 @@ def republish(
     from celery.utils import uuid
 
     options = dict(envelope.options)
-    args, kwargs = list(envelope.args), dict(envelope.kwargs)
-    if "payload" in options:
-        args, kwargs = _decode_payload(options["payload"])
+    args, kwargs = envelope_arguments(envelope, _payload_serializer(options))
     headers = {**dict(options.get("headers") or {}), RUN_KEY_HEADER: run_key}
     route: dict[str, Any] = {}
     if options.get("exchange"):
@@ -141,3 +116,9 @@ def republish(
         headers=headers,
         **route,
     )
+
+
+def _payload_serializer(options: Mapping[str, Any]) -> Any:
+    payload = options.get(PAYLOAD_OPTION)
+    name = str(payload.get("serializer", "kombu:json")) if payload else "kombu:json"
+    return kombu_serializer(name.removeprefix("kombu:"))

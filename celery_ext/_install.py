@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from flexiq_plugins.errors import ConfigurationError
+from flexiq_plugins import ConfigurationError
+from flexiq_plugins.integration import StoreSpec
 
-from ._options import parse_options
+from ._options import CeleryConfig
 from ._prepare import prepare_app
-from ._runtime import Runtime, StoreSpec, runtime_of
+from ._runtime import Runtime, runtime_of
 from ._signals import connect_signals, on_app_finalized
 from ._task import DurableTask
 
@@ -31,14 +32,15 @@ def install(app: Any, store: StoreSpec = None, **options: Any) -> None:
         (``"sqlite:///steps.db"``, ``"postgresql://…"``), an engine or a
         store. ``None``: the ``FLEXIQ_STORE_URL`` environment variable, then
         the app setting ``flexiq_store_url``, then ``sqlite:///flexiq_steps.db``.
-      options: the shared options of :mod:`flexiq_plugins.options`:
-        ``max_hop`` (seconds or ``"15m"``, C18), ``lease_seconds`` (seconds,
-        C23), ``busy_retry_seconds`` (seconds, C24), ``max_takeovers`` (C25),
+      options: the fields of :class:`CeleryConfig`: the shared ones of
+        :class:`~flexiq_plugins.DurableConfig` (``max_hop_seconds`` (seconds
+        or ``"15m"``, C18), ``lease_seconds`` (C23), ``busy_retry_seconds``
+        (C24), ``store_retry_seconds`` (C28), ``max_takeovers`` (C25),
         ``step_bytes`` / ``run_bytes`` (bytes) and ``run_steps`` (C22),
-        ``codecs`` (C7), ``keep_succeeded_steps`` (C27); and the Celery ones:
-        ``serializer``, ``dead_letter_queue`` (default
-        ``"flexiq.dead_letter"``), ``dead_letter_path`` (``"auto"``,
-        ``"reject"``, ``"queue"``, C30), ``store_retry_seconds`` (seconds, C28).
+        ``serializer`` and ``codecs`` (C7), ``keep_succeeded_steps`` (C27))
+        and the Celery ones: ``dead_letter_queue`` (default
+        ``"flexiq.dead_letter"``) and ``dead_letter_path`` (``"auto"``,
+        ``"reject"``, ``"queue"``, C30).
 
     Raises:
       ConfigurationError: an unknown option or unusable value, or ``install``
@@ -46,7 +48,7 @@ def install(app: Any, store: StoreSpec = None, **options: Any) -> None:
     """
     if runtime_of(app) is not None:
         raise ConfigurationError(f"celery_ext.install was already called on app {app.main!r}")
-    Runtime(app, store, parse_options(**options))
+    Runtime(app, store, CeleryConfig.from_options(options, where="celery_ext.install"))
     app.Task = type("DurableTask", (DurableTask, app.Task), {"__module__": __name__})
     connect_signals()
     app.on_after_finalize.connect(on_app_finalized, weak=False)

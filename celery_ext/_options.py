@@ -1,26 +1,23 @@
-"""Options of :func:`celery_ext.install`, checked once when it is called.
+"""The options of :func:`celery_ext.install`: the core's :class:`DurableConfig` plus the Celery-only ones.
 
-The options both integrations share (``max_hop``, ``lease_seconds``, caps,
-``codecs`` …) are spelled and validated by :mod:`flexiq_plugins.options`;
-this module adds the Celery-only ones (the dead-letter path, the retry
-countdown after a store outage, a step-value serializer other than the app's
-``task_serializer``). Unknown names and unusable values raise
-:class:`ConfigurationError` at install time, never later inside a worker.
+The shared options (``max_hop_seconds``, ``lease_seconds``, the caps,
+``codecs`` …) are declared, converted and validated once by
+:class:`flexiq_plugins.integration.DurableConfig`; :class:`CeleryConfig` adds
+the dead-letter path and accepts a kombu serializer *name* for
+``serializer``. Unknown names and unusable values raise
+:class:`~flexiq_plugins.ConfigurationError` at install time, listing every
+accepted option, never later inside a worker.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from flexiq_plugins.attempt import DurableConfig
-from flexiq_plugins.codec import Serializer
-from flexiq_plugins.durations import parse_duration
-from flexiq_plugins.errors import ConfigurationError
-from flexiq_plugins.options import build_config, check_options
+from flexiq_plugins import ConfigurationError
+from flexiq_plugins.integration import DurableConfig, FunctionSerializer
 
-__all__ = ["DEFAULT_DEAD_LETTER_QUEUE", "RUN_KEY_HEADER", "CeleryOptions", "DeadLetterPath", "parse_options"]
+__all__ = ["DEFAULT_DEAD_LETTER_QUEUE", "RUN_KEY_HEADER", "CeleryConfig", "DeadLetterPath", "kombu_serializer"]
 
 RUN_KEY_HEADER = "flexiq_run_key"
 """The message header carrying the run key (stamped at publish)."""
@@ -30,77 +27,63 @@ DEFAULT_DEAD_LETTER_QUEUE = "flexiq.dead_letter"
 
 DeadLetterPath = Literal["auto", "reject", "queue"]
 
-CELERY_OPTION_NAMES = ("dead_letter_queue", "dead_letter_path", "store_retry_seconds", "serializer")
-"""The options only the Celery adapter accepts (the shared ones are in ``flexiq_plugins.options``)."""
+
+def kombu_codec() -> tuple[Any, Any]:
+    """kombu's registry ``dumps`` and ``loads`` (untyped, hence ``Any``)."""
+    from kombu import serialization
+
+    module: Any = serialization
+    return module.dumps, module.loads
+
+
+def kombu_serializer(name: str) -> FunctionSerializer:
+    """A step-value serializer backed by kombu's registry entry ``name`` (C7).
+
+    Raises:
+      ConfigurationError: ``name`` is not registered with kombu.
+    """
+    from kombu.exceptions import SerializerNotInstalled
+
+    dumps, loads = kombu_codec()
+    try:
+        content_type, encoding, _ = dumps(None, serializer=name)
+    except SerializerNotInstalled as exc:
+        raise ConfigurationError(f"serializer {name!r} is not registered with kombu: {exc}") from exc
+
+    def dump(value: Any) -> bytes:
+        _, _, data = dumps(value, serializer=name)
+        return data if isinstance(data, bytes) else str(data).encode(encoding or "utf-8")
+
+    def load(data: bytes) -> Any:
+        return loads(data, content_type, encoding, accept={content_type})
+
+    return FunctionSerializer(f"kombu:{name}", dump, load)
 
 
 @dataclass(frozen=True)
-class CeleryOptions:
-    """The Celery adapter's options (see :func:`parse_options` for the accepted input).
+class CeleryConfig(DurableConfig):
+    """The Celery integration's options: :class:`DurableConfig`'s and these.
 
-    Parameters:
-      core(Mapping[str, Any]): the shared options (``max_hop``, ``lease_seconds``,
-        ``step_bytes`` …), as given.
-      dead_letter_queue(str): queue name for dead letters on brokers without
-        a native dead-letter path (C30).
-      dead_letter_path(str): ``"auto"`` (RabbitMQ: reject; others: the queue),
-        ``"reject"`` or ``"queue"``.
-      store_retry_seconds(float): countdown of the retry after a store outage, seconds (C28).
-      serializer(str | Serializer | None): a kombu serializer name or a serializer object;
-        overrides the app's ``task_serializer``
-        for step values.
+    ``serializer`` also accepts a kombu serializer name (``"json"``,
+    ``"pickle"``); by default step values use the app's ``task_serializer`` (C7).
     """
 
-    core: Mapping[str, Any] = field(default_factory=dict)
-    dead_letter_queue: str = DEFAULT_DEAD_LETTER_QUEUE
-    dead_letter_path: DeadLetterPath = "auto"
-    store_retry_seconds: float = 5.0
-    serializer: Serializer | None = None
+    dead_letter_queue: str = field(
+        default=DEFAULT_DEAD_LETTER_QUEUE,
+        metadata={"doc": "queue for dead letters on brokers without a native path, e.g. Redis (C30)"},
+    )
+    dead_letter_path: DeadLetterPath = field(
+        default="auto",
+        metadata={"doc": "'auto' (RabbitMQ: reject to the dead-letter exchange; others: the queue), 'reject', 'queue'"},
+    )
 
-    def durable_config(self, serializer: Serializer | None) -> DurableConfig:
-        """The core's :class:`DurableConfig` for these options, step values through ``serializer`` (C7)."""
-        return build_config(self.core, serializer=self.serializer or serializer)
-
-    @property
-    def max_hop(self) -> float:
-        """The longest delay of one sleep hop, seconds (C18)."""
-        return self.durable_config(None).max_hop_seconds
-
-
-def parse_options(**options: Any) -> CeleryOptions:
-    """Check ``install``'s keyword options and return them as :class:`CeleryOptions`.
-
-    Raises:
-      ConfigurationError: an unknown option or an unusable value, naming it
-        and the accepted options.
-    """
-    core = {k: v for k, v in options.items() if k not in CELERY_OPTION_NAMES}
-    check_options(core, where="celery_ext.install", ignore=CELERY_OPTION_NAMES)
-    build_config(core)  # validates the values now, not inside a worker
-    own = {k: v for k, v in options.items() if k in CELERY_OPTION_NAMES}
-    path = own.get("dead_letter_path", "auto")
-    if path not in ("auto", "reject", "queue"):
-        raise ConfigurationError(f"dead_letter_path must be 'auto', 'reject' or 'queue', got {path!r}")
-    queue = own.get("dead_letter_queue", DEFAULT_DEAD_LETTER_QUEUE)
-    if not isinstance(queue, str) or not queue:
-        raise ConfigurationError(f"dead_letter_queue must be a non-empty str, got {queue!r}")
-    if "store_retry_seconds" in own:
-        own["store_retry_seconds"] = _seconds("store_retry_seconds", own["store_retry_seconds"])
-    serializer = own.get("serializer")
-    if isinstance(serializer, str):  # a kombu serializer name, like task_serializer
-        from ._runtime import kombu_serializer
-
-        own["serializer"] = kombu_serializer(serializer)
-    elif serializer is not None and not isinstance(serializer, Serializer):
-        raise ConfigurationError(
-            f"serializer {serializer!r} is neither a kombu serializer name (e.g. 'json', 'pickle') "
-            "nor an object with name/dumps/loads"
-        )
-    return CeleryOptions(core=dict(core), **own)
-
-
-def _seconds(name: str, value: object) -> float:
-    try:
-        return parse_duration(value)
-    except ValueError as exc:
-        raise ConfigurationError(f"option {name}: {exc}") from exc
+    def __post_init__(self) -> None:
+        if isinstance(self.serializer, str):  # a kombu serializer name, like task_serializer
+            object.__setattr__(self, "serializer", kombu_serializer(self.serializer))
+        super().__post_init__()
+        if self.dead_letter_path not in ("auto", "reject", "queue"):
+            raise ConfigurationError(
+                f"option dead_letter_path={self.dead_letter_path!r} must be 'auto', 'reject' or 'queue'"
+            )
+        if not isinstance(self.dead_letter_queue, str) or not self.dead_letter_queue:
+            raise ConfigurationError(f"option dead_letter_queue={self.dead_letter_queue!r} must be a non-empty str")

@@ -1,31 +1,24 @@
-"""The per-application runtime: options, the lazily opened store, the attempt driver.
+"""The per-application runtime: options, and the attempt driver each process opens on first use.
 
 The store is opened on first use in each process, never at ``install`` time:
 the app's configuration may not be loaded yet, and a prefork parent must not
 hand its database connections to its children. ``worker_process_init`` drops
-the driver in each child (see :mod:`celery_ext._signals`), and a process id
-check covers any other fork, so a child always opens its own store.
+the driver in each child (see :mod:`celery_ext._signals`), and
+:class:`~flexiq_plugins.integration.PerProcess` checks the process id for any
+other fork, so a child always opens its own store.
 """
 
 from __future__ import annotations
 
-import os
-import threading
 import weakref
 from typing import Any
 
-from flexiq_plugins import StepStore, open_store
-from flexiq_plugins._store.factory import DEFAULT_STORE_URL, STORE_URL_ENV
-from flexiq_plugins.attempt import AttemptDriver
-from flexiq_plugins.codec import FunctionSerializer
-from flexiq_plugins.errors import ConfigurationError
+from flexiq_plugins import StepStore
+from flexiq_plugins.integration import AttemptDriver, PerProcess, StoreSpec, resolve_store
 
-from ._options import CeleryOptions
+from ._options import CeleryConfig, kombu_serializer
 
-__all__ = ["Runtime", "StoreSpec", "all_runtimes", "kombu_codec", "kombu_serializer", "runtime_of"]
-
-StoreSpec = Any
-"""A store URL (``str``), a SQLAlchemy engine or URL, a :class:`StepStore`, or ``None``."""
+__all__ = ["Runtime", "all_runtimes", "runtime_of"]
 
 _RUNTIMES: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
 
@@ -40,38 +33,6 @@ def all_runtimes() -> list[Runtime]:
     return list(_RUNTIMES.values())
 
 
-def kombu_codec() -> tuple[Any, Any]:
-    """kombu's registry ``dumps`` and ``loads`` (untyped, hence ``Any``)."""
-    from kombu import serialization
-
-    module: Any = serialization
-    return module.dumps, module.loads
-
-
-def kombu_serializer(name: str) -> FunctionSerializer:
-    """A step-value serializer backed by kombu's registry entry ``name`` (C7).
-
-    Raises:
-      ConfigurationError: ``name`` is not registered with kombu.
-    """
-    from kombu.exceptions import SerializerNotInstalled
-
-    dumps, loads = kombu_codec()
-    try:
-        content_type, encoding, _ = dumps(None, serializer=name)
-    except SerializerNotInstalled as exc:
-        raise ConfigurationError(f"task_serializer {name!r} is not registered with kombu: {exc}") from exc
-
-    def dump(value: Any) -> bytes:
-        _, _, data = dumps(value, serializer=name)
-        return data if isinstance(data, bytes) else str(data).encode(encoding or "utf-8")
-
-    def load(data: bytes) -> Any:
-        return loads(data, content_type, encoding, accept={content_type})
-
-    return FunctionSerializer(f"kombu:{name}", dump, load)
-
-
 class Runtime:
     """What ``install`` attached to one Celery app.
 
@@ -79,16 +40,14 @@ class Runtime:
       app(celery.Celery): the application.
       store(StoreSpec): the configured store, or ``None`` for the default chain
         (``FLEXIQ_STORE_URL``, then ``app.conf.flexiq_store_url``, then SQLite).
-      options(CeleryOptions): the checked options.
+      config(CeleryConfig): the checked options.
     """
 
-    def __init__(self, app: Any, store: StoreSpec, options: CeleryOptions) -> None:
+    def __init__(self, app: Any, store: StoreSpec, config: CeleryConfig) -> None:
         self._app = weakref.ref(app)
         self._store_spec = store
-        self.options = options
-        self._lock = threading.Lock()
-        self._driver: AttemptDriver | None = None
-        self._pid = -1
+        self.config = config
+        self._driver: PerProcess[AttemptDriver] = PerProcess(self._make_driver)
         self._native_dead_letter: bool | None = None
         _RUNTIMES[app] = self
 
@@ -106,14 +65,7 @@ class Runtime:
         Raises:
           ConfigurationError: an unusable store URL or serializer.
         """
-        driver = self._driver
-        if driver is not None and self._pid == os.getpid():
-            return driver
-        with self._lock:
-            if self._driver is None or self._pid != os.getpid():
-                self._driver = AttemptDriver(self._open_store(), self._config())
-                self._pid = os.getpid()
-            return self._driver
+        return self._driver.get()
 
     @property
     def store(self) -> StepStore:
@@ -127,25 +79,18 @@ class Runtime:
         connections belong to the parent, and the store's own fork hook
         already released them without closing.
         """
-        with self._lock:
-            self._driver = None
-            self._pid = -1
+        self._driver.forget()
 
     def native_dead_letter(self) -> bool:
         """Whether dead letters use ``Reject(requeue=False)`` (RabbitMQ) rather than the queue (C30)."""
-        if self.options.dead_letter_path != "auto":
-            return self.options.dead_letter_path == "reject"
+        if self.config.dead_letter_path != "auto":
+            return self.config.dead_letter_path == "reject"
         if self._native_dead_letter is None:
             with self.app.connection_for_write() as conn:
                 self._native_dead_letter = conn.transport.driver_type == "amqp"
         return self._native_dead_letter
 
-    def _open_store(self) -> StepStore:
-        spec = self._store_spec
-        if spec is None:
-            spec = os.environ.get(STORE_URL_ENV) or self.app.conf.get("flexiq_store_url") or DEFAULT_STORE_URL
-        return open_store(spec)
-
-    def _config(self) -> Any:
-        serializer = kombu_serializer(self.app.conf.task_serializer)
-        return self.options.durable_config(serializer)
+    def _make_driver(self) -> AttemptDriver:
+        store = resolve_store(self._store_spec, lambda: self.app.conf.get("flexiq_store_url"))
+        config = self.config.with_default_serializer(kombu_serializer(self.app.conf.task_serializer))
+        return AttemptDriver(store, config)

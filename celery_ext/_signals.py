@@ -11,7 +11,7 @@ from typing import Any
 
 from celery import signals
 
-from flexiq_plugins.identity import new_run_key
+from flexiq_plugins.integration import new_run_key
 
 from ._options import RUN_KEY_HEADER
 from ._prepare import prepare_app

@@ -4,37 +4,31 @@ Celery's tracer calls ``task(*args, **kwargs)`` when a task class defines
 ``__call__``; :class:`DurableTask` does, so every delivery of a durable task
 goes through :meth:`DurableTask.__call__`:
 
-``__call__ → _run_attempt → (body inside Attempt.activate) → Attempt.conclude → act``
+``__call__ → AttemptDriver.run_job(job, body) → act(outcome)``
 
 The body is the task's ``run`` (with ``autoretry_for`` already wrapped around
 it by Celery) or a user base class's own ``__call__``. Whatever it raises is
 handed to the core, which classifies it before any retry filter (C28, C29);
-step signals are ``BaseException`` and are converted here, so none ever
+step signals are ``BaseException`` and end inside the core, so none ever
 reaches Celery's tracer (which would leave the message unacknowledged on the
 solo and threads pools).
 """
 
 from __future__ import annotations
 
-import logging
 import sys
 from typing import Any
 
 from celery import Task
 from celery.exceptions import Ignore
 
-from flexiq_plugins import outcomes
-from flexiq_plugins.attempt import Attempt
-from flexiq_plugins.context import no_current_job
-from flexiq_plugins.errors import Disposition, StepSignal, StoreUnavailable, classify
+from flexiq_plugins.integration import Completed, Disposition, StepSignal, classify, no_current_job
 
 from ._envelope import job_info
 from ._runtime import Runtime, runtime_of
 from ._verbs import act
 
 __all__ = ["ACK_DEFAULTS", "DurableTask"]
-
-logger = logging.getLogger("flexiq_plugins.celery")
 
 ACK_DEFAULTS = ("acks_late", "reject_on_worker_lost")
 """Task attributes turned on for durable tasks unless the task sets them (C26)."""
@@ -118,35 +112,17 @@ def _next_call_is_celerys(cls: type) -> bool:
 def _run_attempt(
     task: DurableTask, runtime: Runtime, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    try:
-        started = runtime.driver().start(job_info(task, request))
-    except StoreUnavailable as exc:  # only an outage is retried whatever the filters say (C28)
-        return act(task, request, runtime, outcomes.Retry(exc, always=True))
-    if not isinstance(started, Attempt):
-        return act(task, request, runtime, started)
-    outcome, passthrough = _execute(task, started, args, kwargs)
-    if passthrough is not None and isinstance(outcome, outcomes.Completed):
-        raise passthrough
-    return act(task, request, runtime, outcome, started)
+    job = job_info(task, request)
+    handed_on: list[Ignore] = []
 
+    def body() -> Any:
+        try:
+            return task._flexiq_body(args, kwargs)
+        except Ignore as exc:  # self.replace() and friends: the job is handed on, the run is done
+            handed_on.append(exc)
+            return None
 
-def _execute(
-    task: DurableTask, attempt: Attempt, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> tuple[outcomes.Outcome, Ignore | None]:
-    """Run the body inside the attempt; return its outcome and a Celery ``Ignore`` to re-raise."""
-    try:
-        with attempt.activate():
-            value = task._flexiq_body(args, kwargs)
-    except Ignore as exc:  # self.replace() and friends: the job is handed on, the run is done
-        return _conclude(attempt, value=None), exc
-    except BaseException as exc:
-        return _conclude(attempt, error=exc), None
-    return _conclude(attempt, value=value), None
-
-
-def _conclude(attempt: Attempt, **what: Any) -> outcomes.Outcome:
-    try:
-        return attempt.conclude(**what)
-    except StoreUnavailable as exc:
-        logger.warning("run %s: could not record the attempt's outcome: %s", attempt.run_key, exc)
-        return outcomes.Retry(exc, always=True)
+    outcome = runtime.driver().run_job(job, body)
+    if handed_on and isinstance(outcome, Completed):
+        raise handed_on[0]
+    return act(task, request, runtime, job, outcome)

@@ -19,8 +19,17 @@ Or list ``"dramatiq_ext.DurableSteps"`` in django_dramatiq's
 ``DRAMATIQ_BROKER["MIDDLEWARE"]``. See ``docs/dramatiq.md``.
 """
 
+from ._adapter import DramatiqAdapter, adapter, publisher
 from ._envelope import RUN_KEY_OPTION, republish
 from ._middleware import DurableSteps
 from ._verbs import DeadLettered
 
-__all__ = ["RUN_KEY_OPTION", "DeadLettered", "DurableSteps", "republish"]
+__all__ = [
+    "DeadLettered",
+    "DramatiqAdapter",
+    "DurableSteps",
+    "RUN_KEY_OPTION",
+    "adapter",
+    "publisher",
+    "republish",
+]

@@ -20,10 +20,9 @@ from typing import Any
 
 from dramatiq.asyncio import get_event_loop_thread
 
-from flexiq_plugins import outcomes
-from flexiq_plugins.attempt import Attempt
+from flexiq_plugins.integration import Attempt, AttemptDriver, Failure, JobInfo, Outcome
 
-__all__ = ["Body", "execute", "is_durable", "wrap"]
+__all__ = ["Body", "execute", "is_durable", "unwrap_durable", "wrap"]
 
 _MARK = "__flexiq_durable__"
 
@@ -58,6 +57,11 @@ def is_durable(fn: Callable[..., Any]) -> bool:
     return getattr(fn, _MARK, False) is True
 
 
+def unwrap_durable(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """The function a durable wrapper stands in for (``fn`` itself if it is not one)."""
+    return fn.__wrapped__ if is_durable(fn) else fn  # type: ignore[attr-defined,no-any-return]
+
+
 def wrap(fn: Callable[..., Any], call: Callable[[Body, tuple[Any, ...], dict[str, Any]], Any]) -> Callable[..., Any]:
     """Return a stand-in for ``actor.fn`` that routes every call through ``call(body, args, kwargs)``."""
     body = Body(fn)
@@ -70,19 +74,23 @@ def wrap(fn: Callable[..., Any], call: Callable[[Body, tuple[Any, ...], dict[str
     return durable
 
 
-def execute(attempt: Attempt, body: Body, args: tuple[Any, ...], kwargs: dict[str, Any]) -> outcomes.Outcome:
-    """Run ``body`` as ``attempt``'s task body and return exactly one outcome.
+def execute(driver: AttemptDriver, job: JobInfo, body: Body, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Outcome:
+    """Run ``body`` as an attempt of ``job`` and return exactly one outcome.
 
     An async body runs on the AsyncIO middleware's event loop thread. If the
     wait for it is interrupted (``TimeLimitExceeded``, shutdown), the
     coroutine is cancelled, the attempt concludes on the loop and the
-    interruption is reported as a retryable outcome. Call :meth:`Body.check` first.
+    interruption is reported as a :class:`Failure` of this attempt. Call
+    :meth:`Body.check` first.
     """
+    started = driver.start(job)
+    if not isinstance(started, Attempt):
+        return started
     if not body.is_async:
-        return attempt.run(body.target, *args, **kwargs)
+        return started.run(body.target, *args, **kwargs)
     loop = get_event_loop_thread()
     assert loop is not None, "Body.check() was not called"
     try:
-        return loop.run_coroutine(attempt.arun(body.target, *args, **kwargs))
+        return loop.run_coroutine(started.arun(body.target, *args, **kwargs))
     except BaseException as exc:
-        return outcomes.Retry(exc)
+        return Failure(exc, started.run_key, started.number)

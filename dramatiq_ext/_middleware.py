@@ -13,19 +13,22 @@ from __future__ import annotations
 
 import contextvars
 import logging
-import threading
 from typing import Any
 
 import dramatiq
 from dramatiq.middleware import Middleware
 
-from flexiq_plugins import outcomes
-from flexiq_plugins._store.base import StepStore
-from flexiq_plugins._store.factory import open_store
-from flexiq_plugins.attempt import Attempt, AttemptDriver
-from flexiq_plugins.context import no_current_job
-from flexiq_plugins.errors import StoreUnavailable
-from flexiq_plugins.identity import new_run_key
+from flexiq_plugins.integration import (
+    AttemptDriver,
+    DurableConfig,
+    Failure,
+    PerProcess,
+    StepStore,
+    StoreSpec,
+    new_run_key,
+    no_current_job,
+    resolve_store,
+)
 
 from . import _actor, _config, _verbs
 from ._envelope import RUN_KEY_OPTION, job_info
@@ -48,33 +51,25 @@ class DurableSteps(Middleware):
         engine or URL. ``None`` reads ``FLEXIQ_STORE_URL``, then Django's
         ``FLEXIQ_STORE_URL`` / ``FLEXIQ["STORE_URL"]``, then uses
         ``sqlite:///flexiq_steps.db``.
-      max_hop(float | str): the longest delay of one sleep hop, seconds or a
-        duration such as ``"15m"`` (C18, default 15 minutes).
-      lease_seconds(float | str): the claim lease, seconds (C23, default 30).
-      busy_retry_seconds(float | str): the most a message whose run is busy is put
-        back for, seconds (C24, default 5).
-      max_takeovers(int): claim takeovers from dead workers before the run is
-        dead-lettered ``worker_lost`` (C25, default 5).
-      step_bytes(int): cap on one step's encoded value, bytes (C22).
-      run_bytes(int): cap on all step values of a run, bytes (C22).
-      run_steps(int): cap on the number of steps of a run (C22).
-      codecs(Sequence[Codec]): byte codecs after the broker's encoder, e.g.
-        ``[ZlibCodec(), FernetCodec(keys)]`` (C7).
-      keep_succeeded_steps(bool): keep step rows of succeeded runs (C27).
+      options: the fields of :class:`~flexiq_plugins.DurableConfig`:
+        ``max_hop_seconds`` (seconds or ``"15m"``, C18), ``lease_seconds``
+        (C23), ``busy_retry_seconds`` (C24), ``store_retry_seconds`` (C28),
+        ``max_takeovers`` (C25), ``step_bytes`` / ``run_bytes`` (bytes) and
+        ``run_steps`` (C22), ``serializer`` (default: the broker's encoder)
+        and ``codecs`` (C7), ``keep_succeeded_steps`` (C27).
 
     Raises:
-      ConfigurationError: an unknown option (at construction) or an unusable
-        store or value (at the first message).
+      ConfigurationError: an unknown option or unusable value (at
+        construction), or an unusable store (at the first message).
     """
 
-    def __init__(self, store: _config.StoreSpec = None, **options: Any) -> None:
-        _config.check_options(options)
+    def __init__(self, store: StoreSpec = None, **options: Any) -> None:
+        DurableConfig.from_options(options, where="DurableSteps()")
         self.logger = logging.getLogger("dramatiq_ext.DurableSteps")
         self._store_arg = store
         self._options = options
-        self._driver: AttemptDriver | None = None
-        self._lock = threading.Lock()
-        self._failing: dict[str, Attempt] = {}
+        self._driver: PerProcess[AttemptDriver] = PerProcess(self._make_driver)
+        self._failing: dict[str, Failure] = {}
         _verbs.install_quiet_skip_filter()
 
     @property
@@ -84,15 +79,12 @@ class DurableSteps(Middleware):
 
     @property
     def driver(self) -> AttemptDriver:
-        """The attempt driver, created at the first message a worker process handles.
+        """The attempt driver of this process, created at the first message it handles.
 
         A SQL store opened before a fork re-creates its connections in the
         child by itself, so each worker process has its own.
         """
-        with self._lock:
-            if self._driver is None:
-                self._driver = self._make_driver()
-            return self._driver
+        return self._driver.get()
 
     @property
     def store(self) -> StepStore:
@@ -100,9 +92,11 @@ class DurableSteps(Middleware):
         return self.driver.store
 
     def _make_driver(self) -> AttemptDriver:
-        store = open_store(_config.store_spec(self._store_arg))
-        options = {**_config.django_settings()[1], **self._options}
-        return AttemptDriver(store, _config.build_config(options, dramatiq.get_encoder()))
+        django_url, django_options = _config.django_settings()
+        store = resolve_store(self._store_arg, lambda: django_url)
+        config = DurableConfig.from_options({**django_options, **self._options}, where="DurableSteps()")
+        encoder = _config.encoder_serializer(dramatiq.get_encoder())
+        return AttemptDriver(store, config.with_default_serializer(encoder))
 
     # ----------------------------------------------------------- declaring
     def after_declare_actor(self, broker: dramatiq.Broker, actor: dramatiq.Actor[Any, Any]) -> None:
@@ -134,9 +128,9 @@ class DurableSteps(Middleware):
 
     def before_ack(self, broker: dramatiq.Broker, message: Any) -> None:
         """Settle a failed run ``failed`` when Dramatiq gave up on it (C26)."""
-        attempt = self._failing.pop(message.message_id, None)
-        if attempt is not None:
-            attempt.settle_failed()
+        failure = self._failing.pop(message.message_id, None)
+        if failure is not None:
+            self.driver.settle_failed(failure)
 
     before_nack = before_ack
 
@@ -150,21 +144,8 @@ class DurableSteps(Middleware):
                 return body(*args, **kwargs)
         _message.set(None)  # a direct call from inside the body is a plain call
         body.check()
-        outcome = self._attempt(message, body, args, kwargs)
-        if isinstance(outcome, outcomes.Retry) and not outcome.always:
-            raise outcome.error  # Retries decides; before_ack/before_nack settle if it gives up
-        return _verbs.apply_outcome(broker, message, outcome, self.logger)
-
-    def _attempt(
-        self, message: Any, body: _actor.Body, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> outcomes.Outcome:
-        try:
-            started = self.driver.start(job_info(message))
-        except StoreUnavailable as exc:
-            return outcomes.Retry(exc, always=True)
-        if not isinstance(started, Attempt):
-            return started
-        outcome = _actor.execute(started, body, args, kwargs)
-        if isinstance(outcome, outcomes.Retry) and not outcome.always:
-            self._failing[message.message_id] = started
-        return outcome
+        job = job_info(message)
+        outcome = _actor.execute(self.driver, job, body, args, kwargs)
+        if isinstance(outcome, Failure):
+            self._failing[message.message_id] = outcome
+        return _verbs.apply_outcome(broker, message, job, outcome)

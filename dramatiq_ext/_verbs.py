@@ -1,14 +1,25 @@
 """Each attempt outcome turned into Dramatiq's own verb.
 
-The store state is already committed when an outcome arrives; what is left is
-the broker's side. A sleep, a busy run, a duplicate and a dropped claim end by
-raising :class:`~dramatiq.middleware.SkipMessage` from the actor: the worker
+===================  ============================================================
+Outcome              What the actor call does
+===================  ============================================================
+``Completed``        returns the value
+``PutBack``          enqueues the same message (same id, the run's key) with
+                     ``delay``, then skips (acked); while the enqueue fails the
+                     message is held, unacknowledged, as Dramatiq holds its own
+                     acks through a broker outage
+``Failure``          re-raises, so the Retries middleware decides; if it gives
+                     up, the middleware settles the run ``failed`` before the ack
+``DeadLetter``       fails the message (the broker moves it to ``.XQ``) and skips
+``Ack``              skips (acked)
+===================  ============================================================
+
+A skip is raised as :class:`~dramatiq.middleware.SkipMessage`: the worker
 then acknowledges the message, the Retries middleware is not consulted and no
 ``on_success`` callback or pipeline fires. The worker logs every skipped
 message at WARNING; a sleep logs no warning (C16), so :class:`QuietSkipFilter`
 drops that one record for the skips made here (the way ``RabbitmqBroker``
-filters pika's scary logs). A dead letter fails the message first, so the
-broker moves it to its ``.XQ`` queue (C30).
+filters pika's scary logs).
 """
 
 from __future__ import annotations
@@ -16,20 +27,18 @@ from __future__ import annotations
 import logging
 import math
 import sys
-import time
-from typing import Any
+from typing import Any, NoReturn
 
 import dramatiq
-from dramatiq.common import compute_backoff, q_name
+from dramatiq.common import q_name
 from dramatiq.middleware import SkipMessage
+from typing_extensions import assert_never
 
-from flexiq_plugins import outcomes
+from flexiq_plugins.integration import Ack, Completed, DeadLetter, Failure, JobInfo, Outcome, PutBack, hand_off
+
+from ._envelope import RUN_KEY_OPTION
 
 __all__ = ["DeadLettered", "QuietSkipFilter", "apply_outcome", "enqueue_again"]
-
-_ENQUEUE_RETRY_PAUSES = (0.2, 0.5, 1.0)
-_OUTAGE_BACKOFF_MS = 1_000
-_OUTAGE_MAX_BACKOFF_MS = 300_000
 
 
 class DeadLettered(SkipMessage):
@@ -69,55 +78,37 @@ def install_quiet_skip_filter() -> None:
         logger.addFilter(QuietSkipFilter())
 
 
-def enqueue_again(broker: dramatiq.Broker, message: Any, delay_ms: int, **options: Any) -> None:
-    """Enqueue the same message (same id, same options) again after ``delay_ms`` milliseconds.
+def enqueue_again(broker: dramatiq.Broker, message: Any, run_key: str, delay_ms: int) -> None:
+    """Enqueue the same message (same id, the run's key) again after ``delay_ms`` milliseconds (C15, C36).
 
-    A failing enqueue is tried again after 0.2, 0.5 and 1 s (a broker blip
-    must not turn a sleep into a retry, C16); after that it raises whatever
-    the broker raises, so the current message is not acknowledged as done and
-    the job is not lost (C15).
+    Held until the broker accepts it (:func:`~flexiq_plugins.integration.hand_off`
+    with ``forever``): the current message is not acknowledged before its
+    successor is in the broker, so the job is never lost and no retry is
+    counted (C16).
     """
-    again = message.copy(queue_name=q_name(message.queue_name), options=options)
-    for pause in _ENQUEUE_RETRY_PAUSES:
-        try:
-            broker.enqueue(again, delay=max(delay_ms, 1))
-            return
-        except Exception:
-            logging.getLogger(__name__).warning("re-enqueue of %r failed; trying again", message.message_id)
-            time.sleep(pause)
-    broker.enqueue(again, delay=max(delay_ms, 1))
+    again = message.copy(queue_name=q_name(message.queue_name), options={RUN_KEY_OPTION: run_key})
+    what = f"message {message.message_id!r}"
+    hand_off(lambda: broker.enqueue(again, delay=max(delay_ms, 1)), what=what, forever=True)
 
 
-def apply_outcome(broker: dramatiq.Broker, message: Any, outcome: outcomes.Outcome, logger: logging.Logger) -> Any:
-    """Do the broker's part of ``outcome``; return the actor's value or raise a skip.
-
-    A :class:`~flexiq_plugins.outcomes.Retry` that is not ``always`` is handled
-    by the caller (it re-raises the error so Retries decides).
-    """
-    if isinstance(outcome, outcomes.Completed):
-        return outcome.value
-    if isinstance(outcome, outcomes.Sleeping):
-        enqueue_again(broker, message, _millis(outcome.delay))
-        logger.info("Message %r sleeps at %r; wakes in %.3f s.", message.message_id, outcome.step_key, outcome.delay)
-        raise _Handled(f"sleeping at {outcome.step_key}")
-    if isinstance(outcome, outcomes.Busy):
-        enqueue_again(broker, message, _millis(outcome.retry_after))
-        logger.debug("Message %r: its run is busy; back in %.3f s.", message.message_id, outcome.retry_after)
-        raise _Handled("run busy")
-    if isinstance(outcome, outcomes.Retry):  # always: a store outage, retried whatever the filters say
-        outages = int(message.options.get("flexiq_outages", 0))
-        _, delay = compute_backoff(outages, factor=_OUTAGE_BACKOFF_MS, max_backoff=_OUTAGE_MAX_BACKOFF_MS)
-        enqueue_again(broker, message, delay, flexiq_outages=outages + 1)
-        logger.warning(
-            "Message %r: step store unavailable (%s); retrying in %d ms.", message.message_id, outcome.error, delay
-        )
-        raise _Handled("store unavailable")
-    if isinstance(outcome, outcomes.DeadLetter):
-        message.fail()
-        raise DeadLettered(outcome.reason, outcome.message)
-    logger.debug("Message %r acknowledged without running: %s.", message.message_id, outcome)
-    raise _Handled(type(outcome).__name__)
+def apply_outcome(broker: dramatiq.Broker, message: Any, job: JobInfo, outcome: Outcome) -> Any:
+    """Do the broker's part of ``outcome``; return the actor's value or raise."""
+    match outcome:
+        case Completed(value=value):
+            return value
+        case PutBack():
+            enqueue_again(broker, message, job.run_key, math.ceil(outcome.delay * 1000))
+            raise _Handled(outcome.reason.value)
+        case Failure(error=error):
+            raise error  # Retries decides; the middleware settles the run if it gives up
+        case DeadLetter():
+            _fail(message, outcome)
+        case Ack():
+            raise _Handled(outcome.reason.value)
+        case _:
+            assert_never(outcome)
 
 
-def _millis(seconds: float) -> int:
-    return math.ceil(seconds * 1000)
+def _fail(message: Any, outcome: DeadLetter) -> NoReturn:
+    message.fail()
+    raise DeadLettered(outcome.reason, outcome.message)

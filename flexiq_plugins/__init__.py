@@ -17,27 +17,35 @@ from ._store.base import DeadLetterRecord, JobEnvelope, RunRecord, StepRow, Step
 from ._store.factory import open_store
 from ._store.memory import MemoryStepStore
 from ._store.sql import SqlStepStore, upgrade_store
-from .attempt import Attempt, AttemptDriver, DurableConfig, JobInfo, Limits
+from .attempt import Attempt, AttemptDriver, JobInfo
 from .codec import CodecChain, FernetCodec, FunctionSerializer, JsonSerializer, ZlibCodec
+from .config import DurableConfig, Limits
 from .context import JobContext, StepContext, current_job
 from .durations import parse_duration
 from .errors import (
+    AlreadyRetried,
     ClaimLost,
     CodecError,
     ConcurrentStep,
     ConfigurationError,
+    DeadLettered,
     DecodeError,
     DuplicateStepKey,
     EncodeError,
     FlexiqError,
+    InvalidDuration,
     InvalidRunKey,
     InvalidStepKey,
     InvalidStepName,
     NoCurrentJob,
+    NoPublisher,
     NotInStep,
+    OperationError,
+    PublishFailed,
     SleepSignal,
     StepDivergence,
     StepLimitExceeded,
+    StepRetryExhausted,
     StepSignal,
     StepUsageError,
     StoreError,
@@ -45,12 +53,14 @@ from .errors import (
     SwallowedStepSignal,
     UnknownDeadLetter,
     UnknownRun,
+    UnsupportedInEagerMode,
 )
 from .identity import new_run_key
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AlreadyRetried",
     "Attempt",
     "AttemptDriver",
     "ClaimLost",
@@ -59,6 +69,7 @@ __all__ = [
     "ConcurrentStep",
     "ConfigurationError",
     "DeadLetterRecord",
+    "DeadLettered",
     "DecodeError",
     "DuplicateStepKey",
     "DurableConfig",
@@ -66,6 +77,7 @@ __all__ = [
     "FernetCodec",
     "FlexiqError",
     "FunctionSerializer",
+    "InvalidDuration",
     "InvalidRunKey",
     "InvalidStepKey",
     "InvalidStepName",
@@ -76,13 +88,17 @@ __all__ = [
     "Limits",
     "MemoryStepStore",
     "NoCurrentJob",
+    "NoPublisher",
     "NotInStep",
+    "OperationError",
+    "PublishFailed",
     "RunRecord",
     "SleepSignal",
     "SqlStepStore",
     "StepContext",
     "StepDivergence",
     "StepLimitExceeded",
+    "StepRetryExhausted",
     "StepRow",
     "StepSignal",
     "StepStore",
@@ -92,6 +108,7 @@ __all__ = [
     "SwallowedStepSignal",
     "UnknownDeadLetter",
     "UnknownRun",
+    "UnsupportedInEagerMode",
     "ZlibCodec",
     "__version__",
     "current_job",

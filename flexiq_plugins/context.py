@@ -2,33 +2,30 @@
 
 ``current_job`` reads a :class:`contextvars.ContextVar`, so threads, asyncio
 tasks and gevent greenlets each see their own job. The step methods are thin:
-they validate, then hand over to the running attempt
-(:class:`flexiq_plugins.attempt.Attempt`), which owns the snapshot, the claim
-and the commit. The call chain is ``run → _replay_or_execute → _commit``.
+they validate what only they can, then hand a verb to the running attempt's
+:class:`~flexiq_plugins.steps.StepJournal`, which runs the one step protocol
+(enter → replay the memo or execute → commit). This module knows nothing of
+claims, stores or frameworks; the attempt builds a :class:`JobContext` and
+activates it around the task body.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import inspect
 from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TypeVar
 
 from .durations import parse_duration
-from .errors import NoCurrentJob, NotInStep, StepUsageError
-
-if TYPE_CHECKING:
-    from .attempt import Attempt
+from .errors import NoCurrentJob, NotInStep
+from .steps import RunVerb, SleepVerb, StepJournal, adrive, current_step_key, drive, outside_steps
 
 __all__ = ["JobContext", "StepContext", "current_job", "no_current_job"]
 
 T = TypeVar("T")
 
 _job: ContextVar[JobContext | None] = ContextVar("flexiq_current_job", default=None)
-_step_key: ContextVar[str | None] = ContextVar("flexiq_current_step", default=None)
 
 _NOT_ENABLED = (
     "no durable job is running in this context. current_job is set only inside a task "
@@ -36,16 +33,23 @@ _NOT_ENABLED = (
     "Dramatiq add dramatiq_ext.DurableSteps() to the broker's middleware"
 )
 
+_RUN = RunVerb()
+
 
 class StepContext:
     """The step API of one running attempt: ``current_job.step``.
 
     Steps run one at a time (C8). Each method validates its arguments before
     anything runs; the errors it raises are listed per method.
+
+    Parameters:
+      journal(StepJournal): the attempt's step journal.
+      run_key(str): the run's key, for :attr:`idempotency_key`.
     """
 
-    def __init__(self, attempt: Attempt) -> None:
-        self._attempt = attempt
+    def __init__(self, journal: StepJournal, run_key: str) -> None:
+        self._journal = journal
+        self._run_key = run_key
 
     # ------------------------------------------------------------- run
     def run(self, name: str, fn: Callable[[], T], *, key: str | int | None = None) -> T:
@@ -66,20 +70,12 @@ class StepContext:
           DuplicateStepKey: the same step key twice in one attempt (C3).
           ConcurrentStep: another step of this attempt is uncommitted (C8).
           StepDivergence: the recorded sequence has another step here (C12).
+          StepUsageError: ``fn`` returned an awaitable (use :meth:`arun`).
           EncodeError: the serializer cannot encode the value; nothing is committed (C7).
           StepLimitExceeded: a size cap refused the commit (C22).
           Exception: whatever ``fn`` raises; nothing is committed (C6).
         """
-        with self._attempt.step_guard():
-            step = self._attempt.enter(name, key, "run")
-            if step.memo is not None:
-                return self._attempt.memo_value(step)  # type: ignore[no-any-return]
-            with self._attempt.body_of(step), _in_step(step.id.step_key):
-                value = fn()
-            if inspect.isawaitable(value):
-                _discard(value)
-                raise StepUsageError(f"step {step.id.step_key!r} returned an awaitable; use await step.arun(...)")
-            return self._attempt.commit_value(step, value)  # type: ignore[no-any-return]
+        return drive(self._journal.protocol(_RUN, name, key), fn)  # type: ignore[no-any-return]
 
     async def arun(self, name: str, fn: Callable[[], Awaitable[T] | T], *, key: str | int | None = None) -> T:
         """Async form of :meth:`run`: ``fn()`` may return an awaitable, which is awaited.
@@ -87,15 +83,7 @@ class StepContext:
         Same parameters, return value and errors as :meth:`run`. Two ``arun``
         calls under ``asyncio.gather`` fail the attempt with ``ConcurrentStep`` (C8).
         """
-        with self._attempt.step_guard():
-            step = self._attempt.enter(name, key, "run")
-            if step.memo is not None:
-                return self._attempt.memo_value(step)  # type: ignore[no-any-return]
-            await asyncio.sleep(0)  # let a concurrent sibling reach its guard now (C8)
-            with self._attempt.body_of(step), _in_step(step.id.step_key):
-                pending = fn()
-                value = await pending if inspect.isawaitable(pending) else pending
-            return self._attempt.commit_value(step, value)  # type: ignore[no-any-return]
+        return await adrive(self._journal.protocol(_RUN, name, key), fn)  # type: ignore[no-any-return]
 
     # ----------------------------------------------------------- sleep
     def sleep(self, duration: str | timedelta | float, *, name: str | None = None) -> None:
@@ -111,11 +99,12 @@ class StepContext:
         sleep returns at once; one woken early ends the attempt again.
 
         Raises:
-          ValueError: a negative or unparsable duration, naming the accepted forms.
+          InvalidDuration: (a ``ValueError``) a negative or unparsable duration,
+            naming the accepted forms.
           SleepSignal: always, unless the sleep is already due; not an error (C20).
         """
         seconds = parse_duration(duration)
-        self._sleep(name, lambda now: now + seconds)
+        self._sleep(name, SleepVerb(lambda now: now + seconds))
 
     def sleep_until(self, when: datetime, *, name: str | None = None) -> None:
         """End the attempt until the timezone-aware datetime ``when`` (C17, C19).
@@ -130,12 +119,10 @@ class StepContext:
                 "use e.g. datetime(2030, 1, 1, tzinfo=timezone.utc)"
             )
         wake_at = when.timestamp()
-        self._sleep(name, lambda _now: wake_at)
+        self._sleep(name, SleepVerb(lambda _now: wake_at))
 
-    def _sleep(self, name: str | None, wake_at: Callable[[float], float]) -> None:
-        with self._attempt.step_guard():
-            step = self._attempt.enter("sleep" if name is None else name, None, "sleep")
-            self._attempt.sleep(step, wake_at)
+    def _sleep(self, name: str | None, verb: SleepVerb) -> None:
+        drive(self._journal.protocol(verb, "sleep" if name is None else name))
 
     # ----------------------------------------------------- idempotency
     @property
@@ -147,13 +134,13 @@ class StepContext:
         Raises:
           NotInStep: read outside a step body.
         """
-        step_key = _step_key.get()
+        step_key = current_step_key()
         if step_key is None:
             raise NotInStep(
                 "step.idempotency_key names the step that is running, so it is readable only "
                 "inside a step body, e.g. step.run('charge', lambda: pay(key=step.idempotency_key))"
             )
-        return f"{self._attempt.run_key}:{step_key}"
+        return f"{self._run_key}:{step_key}"
 
 
 class JobContext:
@@ -168,12 +155,12 @@ class JobContext:
       step(StepContext): the step API.
     """
 
-    def __init__(self, attempt: Attempt) -> None:
-        self.run_key = attempt.run_key
-        self.job_id = attempt.job_id
-        self.attempt = attempt.number
-        self.task_name = attempt.task_name
-        self.step = StepContext(attempt)
+    def __init__(self, run_key: str, job_id: str, attempt: int, task_name: str, journal: StepJournal) -> None:
+        self.run_key = run_key
+        self.job_id = job_id
+        self.attempt = attempt
+        self.task_name = task_name
+        self.step = StepContext(journal, run_key)
 
     @contextlib.contextmanager
     def activate(self) -> Iterator[JobContext]:
@@ -182,12 +169,12 @@ class JobContext:
         A job started inside another job's step body (a nested task call) does
         not see the outer step: its ``idempotency_key`` is its own (C10).
         """
-        job_token, step_token = _job.set(self), _step_key.set(None)
+        token = _job.set(self)
         try:
-            yield self
+            with outside_steps():
+                yield self
         finally:
-            _step_key.reset(step_token)
-            _job.reset(job_token)
+            _job.reset(token)
 
 
 class _CurrentJob:
@@ -252,24 +239,9 @@ def no_current_job() -> Iterator[None]:
     inside another job's body neither records steps in the outer run nor sees
     its idempotency key.
     """
-    job_token, step_token = _job.set(None), _step_key.set(None)
+    token = _job.set(None)
     try:
-        yield
+        with outside_steps():
+            yield
     finally:
-        _step_key.reset(step_token)
-        _job.reset(job_token)
-
-
-@contextlib.contextmanager
-def _in_step(step_key: str) -> Iterator[None]:
-    token = _step_key.set(step_key)
-    try:
-        yield
-    finally:
-        _step_key.reset(token)
-
-
-def _discard(value: Any) -> None:
-    close = getattr(value, "close", None)
-    if callable(close):
-        close()
+        _job.reset(token)

@@ -10,6 +10,8 @@ import math
 import re
 from datetime import timedelta
 
+from .errors import InvalidDuration
+
 __all__ = ["ACCEPTED_FORMS", "parse_duration"]
 
 ACCEPTED_FORMS = (
@@ -30,18 +32,18 @@ def parse_duration(value: object) -> float:
         ``"1h30m"``, ``"3d"``, ``"1w"``; a ``timedelta``; or seconds.
 
     Raises:
-      ValueError: for a negative, non-finite or unparsable value, naming the
+      InvalidDuration: (a ``ValueError``) for a negative, non-finite or unparsable value, naming the
         value and the accepted forms (C19).
     """
     seconds = _to_seconds(value)
     if not math.isfinite(seconds) or seconds < 0:
-        raise ValueError(f"invalid duration {value!r}: must be finite and not negative; use {ACCEPTED_FORMS}")
+        raise InvalidDuration(f"invalid duration {value!r}: must be finite and not negative; use {ACCEPTED_FORMS}")
     return seconds
 
 
 def _to_seconds(value: object) -> float:
     if isinstance(value, bool):
-        raise ValueError(f"invalid duration {value!r}; use {ACCEPTED_FORMS}")
+        raise InvalidDuration(f"invalid duration {value!r}; use {ACCEPTED_FORMS}")
     if isinstance(value, timedelta):
         return value.total_seconds()
     if isinstance(value, (int, float)):
@@ -50,4 +52,4 @@ def _to_seconds(value: object) -> float:
         text = value.strip().lower()
         if text and _WHOLE.fullmatch(text):
             return sum(float(n) * _UNITS[u] for n, u in _PART.findall(text))
-    raise ValueError(f"invalid duration {value!r}; use {ACCEPTED_FORMS}")
+    raise InvalidDuration(f"invalid duration {value!r}; use {ACCEPTED_FORMS}")

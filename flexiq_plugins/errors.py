@@ -13,6 +13,7 @@ into a retry or, worse, a success (C20). Everything else is an ordinary
     Exception
     └── FlexiqError
         ├── ConfigurationError (ValueError)   a bad store URL, option or codec key
+        ├── InvalidDuration (ValueError)      a duration that cannot be parsed (C19)
         ├── NoCurrentJob (RuntimeError)       ``current_job`` used outside a job
         ├── NotInStep (RuntimeError)          ``idempotency_key`` outside a step body
         ├── InvalidRunKey (ValueError)        a run key that is not a str of 1–255 characters
@@ -29,10 +30,14 @@ into a retry or, worse, a success (C20). Everything else is an ordinary
         ├── StepRetryExhausted                a step's durable retry budget is spent (C31)
         ├── DeadLettered                      the job went to the dead-letter path (C13, C30)
         ├── UnsupportedInEagerMode (RuntimeError)  a sleep or put-back under Celery's eager mode
-        └── StoreError                        anything the step store reports
-            ├── StoreUnavailable              connection lost, timeout: retryable (C28)
-            ├── ClaimLost                     another attempt holds the run (C25)
-            └── UnknownRun / UnknownDeadLetter
+        ├── StoreError                        anything the step store reports
+        │   ├── StoreUnavailable              connection lost, timeout: retryable (C28)
+        │   ├── ClaimLost                     another attempt holds the run (C25)
+        │   └── UnknownRun / UnknownDeadLetter (LookupError)
+        └── OperationError                    an operator action failed (``flexiq`` exits 1)
+            ├── NoPublisher                   no integration to re-publish a framework's jobs
+            ├── PublishFailed                 the broker refused a re-publish
+            └── AlreadyRetried                the dead letter's run has moved on
 
 Classification (:func:`classify`) lives here, next to the errors, so every
 adapter reads the same answer before it consults any retry filter (C28, C29).
@@ -47,6 +52,7 @@ __all__ = [
     "ClaimLost",
     "CodecError",
     "ConcurrentStep",
+    "AlreadyRetried",
     "ConfigurationError",
     "DeadLettered",
     "DecodeError",
@@ -54,11 +60,15 @@ __all__ = [
     "DuplicateStepKey",
     "EncodeError",
     "FlexiqError",
+    "InvalidDuration",
     "InvalidRunKey",
     "InvalidStepKey",
     "InvalidStepName",
     "NoCurrentJob",
+    "NoPublisher",
     "NotInStep",
+    "OperationError",
+    "PublishFailed",
     "SleepSignal",
     "StepDivergence",
     "StepLimitExceeded",
@@ -72,6 +82,7 @@ __all__ = [
     "UnknownRun",
     "UnsupportedInEagerMode",
     "classify",
+    "reason_of",
 ]
 
 
@@ -119,6 +130,14 @@ class FlexiqError(Exception):
 
 class ConfigurationError(FlexiqError, ValueError):
     """A store URL, an option or a codec key that cannot be used."""
+
+
+class InvalidDuration(ConfigurationError):
+    """A duration that is negative, not finite or not in an accepted form (C19).
+
+    A :class:`ValueError` (through :class:`ConfigurationError`), raised before
+    anything is committed; the message names the value and the accepted forms.
+    """
 
 
 class NoCurrentJob(FlexiqError, RuntimeError):
@@ -216,6 +235,22 @@ class UnknownRun(StoreError, LookupError):
 
 class UnknownDeadLetter(StoreError, LookupError):
     """No dead letter has the given id."""
+
+
+class OperationError(FlexiqError):
+    """An operator action could not be carried out (the ``flexiq`` CLI exits 1)."""
+
+
+class NoPublisher(OperationError):
+    """No integration can re-publish the job's framework (the CLI exits 2: pass ``--app`` / ``--broker``)."""
+
+
+class PublishFailed(OperationError):
+    """The broker refused or could not be reached while re-publishing a job."""
+
+
+class AlreadyRetried(OperationError):
+    """The dead letter was retried already and its run has moved on (it is no longer ``dead``)."""
 
 
 # -------------------------------------------------------------- classification

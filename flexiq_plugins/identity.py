@@ -21,12 +21,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from ._store.base import StepKind, StepRow
-from .errors import DuplicateStepKey, InvalidStepKey, InvalidStepName, StepDivergence
+from .errors import DuplicateStepKey, InvalidRunKey, InvalidStepKey, InvalidStepName, StepDivergence
 
 __all__ = [
     "MAX_KEY_BYTES",
     "MAX_NAME_BYTES",
+    "MAX_RUN_KEY_LENGTH",
+    "check_run_key",
     "new_run_key",
+    "run_key_from",
     "Sequence",
     "StepId",
     "validate_key",
@@ -219,8 +222,42 @@ def _is_keyed(step_key: str) -> bool:
     return ":" in step_key
 
 
+MAX_RUN_KEY_LENGTH = 255
+"""The longest run key, in characters."""
+
+
 def new_run_key() -> str:
     """Mint a run key: a UUIDv7 string (time-ordered), as stamped at publish."""
     import uuid6
 
     return str(uuid6.uuid7())
+
+
+def check_run_key(run_key: object) -> str:
+    """Return ``run_key`` if it is a ``str`` of 1 to 255 characters, else raise :class:`InvalidRunKey`."""
+    if not isinstance(run_key, str) or not 0 < len(run_key) <= MAX_RUN_KEY_LENGTH:
+        raise InvalidRunKey(
+            f"run key {run_key!r} is not a str of 1 to {MAX_RUN_KEY_LENGTH} characters; "
+            "the run key header/option must be such a string (a UUIDv7 when minted at publish)"
+        )
+    return run_key
+
+
+def run_key_from(carried: object, job_id: str, *, where: str = "run key") -> str:
+    """The run key of a delivered job: the one it carries, else its own job id (C1 words, C11).
+
+    Parameters:
+      carried(object): the value of the message's run key header or option
+        (``None`` or empty when the producer stamped none).
+      job_id(str): the framework's job id.
+      where(str): names the header or option in the error message.
+
+    Raises:
+      InvalidRunKey: a carried value that is not a ``str`` (a ``repr()`` would
+        not be a stable identity across producers) or is longer than 255 characters.
+    """
+    if carried is None or carried == "":
+        return job_id
+    if not isinstance(carried, str):
+        raise InvalidRunKey(f"the {where} {carried!r} is not a str")
+    return check_run_key(carried)

@@ -1,24 +1,55 @@
-"""What an attempt tells its adapter: exactly one outcome, turned into the framework's verb.
+"""What an attempt tells its adapter: exactly one outcome, already decided by the core.
+
+The core has committed the run's state and made every framework-neutral
+decision (whether a failure is retried, how long a put-back waits, what a
+store outage does) before an outcome reaches an adapter. The adapter only
+translates it into its framework's verb, and dispatches with ``match`` over
+:data:`Outcome` ending in ``assert_never``, so a new outcome kind is a type
+error in every adapter, never a silent acknowledgement.
 
 ========================  =====================================================
 Outcome                   Adapter's verb
 ========================  =====================================================
 :class:`Completed`        return the value; acknowledge
-:class:`Sleeping`         re-enqueue the same job after ``delay`` s, then acknowledge
-:class:`Retry`            the framework's retry policy decides (``always``: retry regardless)
-:class:`DeadLetter`       no retry: the broker's dead-letter path (store already records it)
-:class:`Busy`             put the job back after ``retry_after`` s; run nothing
-:class:`Duplicate`        acknowledge without running: the run is already terminal
-:class:`Dropped`          the claim was lost: acknowledge, record nothing
+:class:`PutBack`          re-enqueue the same job (same id, same run key) after
+                          ``delay`` s, then acknowledge; if the re-enqueue
+                          fails, keep the current message in the broker (no
+                          acknowledgement, no retry counted)
+:class:`Failure`          the framework's own retry policy decides; when it
+                          gives up, call :meth:`AttemptDriver.settle_failed`
+:class:`DeadLetter`       no retry: the broker's dead-letter path (the store
+                          already records the dead letter)
+:class:`Ack`              acknowledge without running anything more
 ========================  =====================================================
 """
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Busy", "Completed", "DeadLetter", "Dropped", "Duplicate", "Outcome", "Retry", "Sleeping"]
+__all__ = ["Ack", "AckReason", "Completed", "DeadLetter", "Failure", "Outcome", "PutBack", "PutBackReason"]
+
+
+class PutBackReason(enum.Enum):
+    """Why a job goes back to its queue; none of them is a failure or counts a retry."""
+
+    SLEEP = "sleep"
+    """The body slept (C15–C18); the job wakes at its wake time."""
+    BUSY = "busy"
+    """Another live claim holds the run (C24); the job is checked again shortly."""
+    STORE_UNAVAILABLE = "store_unavailable"
+    """The store could not be reached (C28); retried whatever the task's filters say."""
+
+
+class AckReason(enum.Enum):
+    """Why a job is acknowledged without a value."""
+
+    DUPLICATE = "duplicate"
+    """The run is already terminal (C26)."""
+    DROPPED = "dropped"
+    """This attempt's claim was taken over (C25); its outcome is dropped."""
 
 
 @dataclass(frozen=True)
@@ -33,33 +64,41 @@ class Completed:
 
 
 @dataclass(frozen=True)
-class Sleeping:
-    """The body slept (C15–C18); the claim is released, status ``sleeping``.
+class PutBack:
+    """Re-enqueue the same job after ``delay`` seconds; the run's key travels with it (C15, C24, C28, C36).
 
     Parameters:
-      wake_at(float): the wake time, epoch seconds (store clock).
-      delay(float): seconds to delay the re-enqueued job: the time left,
-        capped at the maximum hop (C18).
-      step_key(str): the sleep's step key.
+      reason(PutBackReason): why.
+      delay(float): seconds until the job should run again (a sleep's time
+        left, capped at the maximum hop, C18).
+      detail(str): a human-readable note for logs, e.g. the sleep's step key.
+      wake_at(float | None): a sleep's wake time, epoch seconds (store clock).
     """
 
-    wake_at: float
+    reason: PutBackReason
     delay: float
-    step_key: str
+    detail: str = ""
+    wake_at: float | None = None
 
 
 @dataclass(frozen=True)
-class Retry:
-    """A retryable failure (C28); the run is ``retrying`` with its claim released.
+class Failure:
+    """A retryable failure of user code (C28): the framework's own retry policy decides.
+
+    The run is ``retrying`` with its claim released. If the framework gives up
+    (no retry left, a filter that does not match), the adapter calls
+    :meth:`~flexiq_plugins.integration.AttemptDriver.settle_failed` before
+    the message is acknowledged (C26).
 
     Parameters:
-      error(BaseException): what was raised.
-      always(bool): ``True`` for a store outage: retry even where the task's
-        own filters would not.
+      error(BaseException): what the body raised.
+      run_key(str): the run.
+      attempt(int): the attempt that failed.
     """
 
     error: BaseException
-    always: bool = False
+    run_key: str
+    attempt: int
 
 
 @dataclass(frozen=True)
@@ -78,37 +117,17 @@ class DeadLetter:
 
 
 @dataclass(frozen=True)
-class Busy:
-    """Another live claim holds the run (C24): put the job back, run nothing.
+class Ack:
+    """Acknowledge without running (more): a duplicate of a terminal run, or a dropped attempt.
 
     Parameters:
-      retry_after(float): seconds to wait before delivering it again (a few
-        seconds, never longer than the remaining lease).
+      reason(AckReason): why.
+      detail(str): for the log, e.g. the run's terminal status.
     """
 
-    retry_after: float
+    reason: AckReason
+    detail: str = ""
 
 
-@dataclass(frozen=True)
-class Duplicate:
-    """The run is already terminal (C26): acknowledge without running.
-
-    Parameters:
-      status(str): the run's terminal status.
-    """
-
-    status: str
-
-
-@dataclass(frozen=True)
-class Dropped:
-    """The claim was taken over (C25): this attempt's outcome is dropped.
-
-    Parameters:
-      reason(str): why, for the log.
-    """
-
-    reason: str
-
-
-Outcome = Completed | Sleeping | Retry | DeadLetter | Busy | Duplicate | Dropped
+Outcome = Completed | PutBack | Failure | DeadLetter | Ack
+"""Every outcome an attempt can have; adapters ``match`` over it exhaustively."""

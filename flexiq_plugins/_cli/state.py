@@ -19,7 +19,7 @@ from rich.console import Console
 from .._store.base import StepStore
 from .._store.factory import DEFAULT_STORE_URL, STORE_URL_ENV, open_store
 from .._store.sql import normalize_url
-from ..operations import Publisher, celery_publisher, dramatiq_publisher, load_object
+from ..operations import DEFAULT_TARGET_ATTRS, Publisher, load_object, publishers_for
 
 __all__ = [
     "EXIT_FAILED",
@@ -117,15 +117,13 @@ class CliState:
         return open_store(spec, auto_upgrade=False)
 
     def publishers(self, app_ref: str | None = None, broker_ref: str | None = None) -> dict[str, Publisher]:
-        """A publisher per framework from ``--app`` / ``--broker`` (command options win over global ones)."""
-        found: dict[str, Publisher] = {}
-        app = app_ref or self.app_ref
-        broker = broker_ref or self.broker_ref
-        if app:
-            found["celery"] = celery_publisher(load_object(app, ("app", "celery")))
-        if broker:
-            found["dramatiq"] = dramatiq_publisher(load_object(broker, ("broker",)))
-        return found
+        """A publisher per framework from ``--app`` / ``--broker`` (command options win over global ones).
+
+        Each reference is imported (``module:attribute``) and handed to the
+        installed integrations; the one that owns the object publishes with it.
+        """
+        refs = [ref for ref in (app_ref or self.app_ref, broker_ref or self.broker_ref) if ref]
+        return publishers_for(*(load_object(ref, DEFAULT_TARGET_ATTRS) for ref in refs))
 
     def close(self) -> None:
         """Release the store's connections."""

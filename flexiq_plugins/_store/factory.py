@@ -20,7 +20,10 @@ from .base import StepStore
 from .memory import MemoryStepStore
 from .sql import ACCEPTED_STORE_FORMS, SqlStepStore
 
-__all__ = ["DEFAULT_STORE_URL", "STORE_URL_ENV", "open_store"]
+__all__ = ["DEFAULT_STORE_URL", "STORE_URL_ENV", "StoreSpec", "open_store"]
+
+StoreSpec = StepStore | URL | Engine | str | None
+"""What an integration accepts as ``store=``: a store, a SQLAlchemy engine or URL, or ``None``."""
 
 DEFAULT_STORE_URL = "sqlite:///flexiq_steps.db"
 """The store used when nothing is configured: a SQLite file in the working directory."""
@@ -31,7 +34,7 @@ STORE_URL_ENV = "FLEXIQ_STORE_URL"
 _MEMORY_URLS = frozenset({"memory://", "memory:"})
 
 
-def open_store(spec: str | URL | Engine | StepStore | None = None, **kwargs: Any) -> StepStore:
+def open_store(spec: StoreSpec = None, **kwargs: Any) -> StepStore:
     """Return the step store that ``spec`` describes.
 
     - a :class:`StepStore` is returned as is (``kwargs`` are ignored);

@@ -85,7 +85,7 @@ def test_c15_a_sleep_outlives_the_messages_expires(
     """C15: a job published with ``expires=2`` s that started in time and sleeps 3 s in 1 s hops
     (C18) is not revoked as expired while it sleeps: the hops are re-published without ``expires``,
     so it wakes, completes, and its value comes back through ``AsyncResult``."""
-    app = make_celery_app(redis_broker, sqlite_store, max_hop=1)
+    app = make_celery_app(redis_broker, sqlite_store, max_hop_seconds=1)
     with in_process_worker(app):
         sent = app.tasks[f"{app.main}.sleeper"].apply_async((3.0,), expires=2)
         result = sent.get(timeout=30)
@@ -165,8 +165,8 @@ def test_c7_the_serializer_option_takes_a_kombu_name(redis_broker: str, tmp_path
         app = make_celery_app(redis_broker, store, serializer="pickle")
         runtime = celery_ext.runtime_of(app)
         assert runtime is not None
-        assert runtime.options.serializer is not None
-        assert "pickle" in runtime.options.serializer.name
+        assert runtime.config.serializer is not None
+        assert "pickle" in runtime.config.serializer.name
     finally:
         store.close()
 

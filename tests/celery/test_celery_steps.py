@@ -53,7 +53,7 @@ def test_c18_sleep_of_three_seconds_in_one_second_hops(broker: str, sqlite_store
     """A 3 s sleep with a 1 s maximum hop (C18) wakes after about 3 s, not after one hop nor after
     twice the time, and touches no retry counter (C16): ``request.retries`` stays 0 although the task
     has ``autoretry_for=(Exception,)``; the job came back once per hop (attempts 1 + 3)."""
-    app = make_celery_app(broker, sqlite_store, max_hop=1)
+    app = make_celery_app(broker, sqlite_store, max_hop_seconds=1)
     with in_process_worker(app):
         result = app.tasks[f"{app.main}.sleeper"].delay(3.0).get(timeout=30)
         elapsed = time.time() - result["started"]
@@ -187,9 +187,9 @@ def test_c28_install_rejects_unknown_options_and_double_install(sqlite_store: An
     with pytest.raises(ConfigurationError, match="max_hops"):
         celery_ext.install(app, store=sqlite_store, max_hops=3)
     with pytest.raises(ConfigurationError, match="invalid duration 'soon'"):
-        celery_ext.install(app, store=sqlite_store, max_hop="soon")
-    celery_ext.install(app, store=sqlite_store, max_hop="5m")
-    assert celery_ext.runtime_of(app).options.max_hop == 300  # type: ignore[union-attr]
+        celery_ext.install(app, store=sqlite_store, max_hop_seconds="soon")
+    celery_ext.install(app, store=sqlite_store, max_hop_seconds="5m")
+    assert celery_ext.runtime_of(app).config.max_hop_seconds == 300  # type: ignore[union-attr]
     with pytest.raises(ConfigurationError, match="already"):
         celery_ext.install(app, store=sqlite_store)
 
@@ -198,6 +198,6 @@ def test_celery_ext_exports() -> None:
     """The public names of ``celery_ext``, sorted."""
     assert celery_ext.__all__ == sorted(celery_ext.__all__)
     assert set(celery_ext.__all__) == {
-        "CeleryOptions", "DEAD_LETTER_HEADER", "DEFAULT_DEAD_LETTER_QUEUE", "DeadLetterReject",
-        "DurableTask", "RUN_KEY_HEADER", "install", "republish", "run_key_of", "runtime_of",
+        "CeleryAdapter", "CeleryConfig", "DEAD_LETTER_HEADER", "DEFAULT_DEAD_LETTER_QUEUE", "DeadLetterReject",
+        "DurableTask", "RUN_KEY_HEADER", "adapter", "install", "publisher", "republish", "run_key_of", "runtime_of",
     }  # fmt: skip

@@ -152,7 +152,7 @@ def test_c30_reset_from_drops_that_step_and_later_ones(
 def test_c30_retry_of_a_run_that_moved_on_is_refused(runs: Runs, store: SqlStepStore, stub_broker: StubBroker) -> None:
     """A dead letter whose retried run is running again is not retried twice (``AlreadyRetried``, nothing changed)."""
     dead_id = runs.dead("run-m", framework="dramatiq")
-    publishers = {"dramatiq": operations.dramatiq_publisher(stub_broker)}
+    publishers = operations.publishers_for(stub_broker)
     operations.retry_dead_letter(store, dead_id, publishers)
     runs.driver.start(runs.job("run-m", framework="dramatiq"))  # a worker picked it up
     with pytest.raises(operations.AlreadyRetried, match="its run is now 'running'"):
@@ -184,6 +184,6 @@ def test_c35_failed_publish_leaves_the_run_pending_for_recover(
     assert "Traceback" not in result.output
     assert store.get_run("run-p").status == "pending"
     stub = StubBroker()
-    report = operations.recover(store, {"dramatiq": operations.dramatiq_publisher(stub)}, grace=0, stale_after=0)
+    report = operations.recover(store, operations.publishers_for(stub), grace=0, stale_after=0)
     assert [(s.run.run_key, s.why) for s, _ in report.recovered] == [("run-p", "stale")]
     assert stub.queues["orders"].qsize() == 1

@@ -96,7 +96,7 @@ def test_c35_concurrent_recovers_publish_each_run_once(
 
     def recoverer(store: StepStore) -> None:
         barrier.wait()
-        reports.append(operations.recover(store, {"dramatiq": operations.dramatiq_publisher(broker)}, grace=0.5))
+        reports.append(operations.recover(store, operations.publishers_for(broker), grace=0.5))
 
     threads = [threading.Thread(target=recoverer, args=(s,)) for s in stores]
     for t in threads:
@@ -114,7 +114,7 @@ def test_c35_sweeper_recovers_in_the_background(runs: Runs, store: SqlStepStore)
     """A started ``Sweeper`` re-publishes an overdue sleeper on its own, once, and stops when asked (C35)."""
     runs.sleeping("late", pause="50ms", framework="dramatiq")
     broker = StubBroker()
-    publishers = {"dramatiq": operations.dramatiq_publisher(broker)}
+    publishers = operations.publishers_for(broker)
     sweeper = operations.Sweeper(store, publishers, interval=0.1, grace=0.3).start()
     try:
         wait_for(lambda: queued_run_keys(broker) == ["late"], 10, "the sweeper to re-publish the run")

@@ -105,7 +105,9 @@ def test_c7_a_framework_serialized_value_decodes_or_gets_a_note(
         ("kombu:pickle", lambda v: b"\x80\x04not-unpickled"),
     ]:
         chain = CodecChain(FunctionSerializer(name, dumps, lambda b: json.loads(b)["v"] if b[:1] == b"{" else 0))
-        driver = AttemptDriver(store, DurableConfig(codec=chain, keep_succeeded_steps=True))
+        driver = AttemptDriver(
+            store, DurableConfig(serializer=chain.serializer, codecs=chain.codecs, keep_succeeded_steps=True)
+        )
         runs.driver = driver
         runs.attempt(f"run-{name}", lambda: current_job.step.run("charge", lambda: {"id": "ch_9"}))
     ok = json.loads(flexiq("runs", "show", "run-dramatiq:json", "--values", "--json").stdout)

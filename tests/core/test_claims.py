@@ -8,6 +8,7 @@ real-clock store with a 0.3 s lease and waits on an ``Event`` with a timeout.
 from __future__ import annotations
 
 import threading
+from unittest.mock import ANY
 
 import pytest
 
@@ -40,8 +41,8 @@ def test_c23_lease_is_renewed_while_a_long_body_runs():
         return current_job.step.run("after", lambda: "committed under the renewed claim")
 
     outcome = driver.start(JOB, owner="w1").run(body)
-    assert isinstance(seen["second"], outcomes.Busy)
-    assert 0 < seen["second"].retry_after <= 0.6
+    assert seen["second"] == outcomes.PutBack(outcomes.PutBackReason.BUSY, ANY, ANY)
+    assert 0 < seen["second"].delay <= 0.6
     assert 0 < seen["lease_left"] <= 0.6
     assert outcome == outcomes.Completed("committed under the renewed claim")
 
@@ -74,12 +75,12 @@ def test_c24_second_delivery_under_a_live_claim_is_busy_and_runs_nothing(make_ha
     harness.start(owner="w1")
 
     busy = harness.driver.start(harness.job(), owner="w2")
-    assert busy == outcomes.Busy(5.0)
+    assert busy == outcomes.PutBack(outcomes.PutBackReason.BUSY, 5.0, busy.detail)
 
     clock.advance(28)  # 2 s of lease left
     busy = harness.driver.start(harness.job(), owner="w2")
-    assert isinstance(busy, outcomes.Busy)
-    assert busy.retry_after == pytest.approx(2.0)
+    assert busy == outcomes.PutBack(outcomes.PutBackReason.BUSY, ANY, ANY)
+    assert busy.delay == pytest.approx(2.0)
     run = harness.store.get_run(harness.run_key)
     assert (run.owner, run.attempt) == ("w1", 1)
 
@@ -87,7 +88,7 @@ def test_c24_second_delivery_under_a_live_claim_is_busy_and_runs_nothing(make_ha
 def test_c24_duplicate_after_the_run_succeeded_is_acknowledged_without_running(harness):
     """Once the run succeeded, a duplicate delivery gets Duplicate('succeeded') and no attempt."""
     assert harness.run(lambda: "done") == outcomes.Completed("done")
-    assert harness.driver.start(harness.job()) == outcomes.Duplicate("succeeded")
+    assert harness.driver.start(harness.job()) == outcomes.Ack(outcomes.AckReason.DUPLICATE, "succeeded")
 
 
 # -------------------------------------------------------------- C25 takeover
@@ -107,7 +108,7 @@ def test_c25_expired_claim_is_taken_over_and_the_old_attempts_step_is_refused(ha
             raise
 
     outcome = harness.run(old_body, owner="w1")
-    assert isinstance(outcome, outcomes.Dropped)
+    assert outcome == outcomes.Ack(outcomes.AckReason.DROPPED, outcome.detail)
     assert len(errors) == 1
     (new,) = taken
     assert isinstance(new, Attempt)
@@ -146,7 +147,7 @@ def test_c25_old_attempt_outcome_is_dropped_however_it_ends(harness, clock, endi
         return "late success"
 
     outcome = harness.run(old_body, owner="w1")
-    assert isinstance(outcome, outcomes.Dropped)
+    assert outcome == outcomes.Ack(outcomes.AckReason.DROPPED, outcome.detail)
     run = harness.store.get_run(harness.run_key)
     assert (run.status, run.owner, run.attempt) == ("running", "w2", 2)
     assert harness.store.list_dead_letters(include_retried=True) == []
@@ -163,8 +164,8 @@ def test_c25_released_claims_are_not_takeovers(make_harness, clock):
         current_job.step.sleep("1s")
         return "ok"
 
-    assert isinstance(harness.run(body), outcomes.Retry)
-    assert isinstance(harness.run(body), outcomes.Sleeping)
+    assert isinstance(harness.run(body), outcomes.Failure)
+    assert harness.run(body) == outcomes.PutBack(outcomes.PutBackReason.SLEEP, ANY, ANY, ANY)
     clock.advance(2)
     assert harness.run(body) == outcomes.Completed("ok")
     assert harness.store.get_run(harness.run_key).takeovers == 0
@@ -187,7 +188,7 @@ def test_c25_takeovers_beyond_the_limit_dead_letter_with_worker_lost(make_harnes
     (letter,) = harness.store.list_dead_letters()
     assert letter.reason == "worker_lost"
     assert harness.store.get_run(harness.run_key).status == "dead"
-    assert harness.driver.start(harness.job(), owner="w4") == outcomes.Duplicate("dead")
+    assert harness.driver.start(harness.job(), owner="w4") == outcomes.Ack(outcomes.AckReason.DUPLICATE, "dead")
 
 
 def test_c25_worker_lost_run_runs_again_after_a_dead_letter_retry(make_harness, clock):
@@ -222,13 +223,15 @@ def test_c26_terminal_run_is_a_duplicate_and_the_body_is_not_called(harness, sta
     elif status == "dead":
         harness.run(lambda: current_job.step.run("x", object))
     else:
-        attempt = harness.start()
-        assert isinstance(attempt.run(lambda: 1 / 0), outcomes.Retry)
-        assert attempt.settle_failed() is True
+        failure = harness.start().run(lambda: 1 / 0)
+        assert isinstance(failure, outcomes.Failure)
+        assert harness.driver.settle_failed(failure) is True
     assert harness.store.get_run(harness.run_key).status == status
 
     again = harness.driver.start(harness.job("job-redelivered"))
-    assert again == outcomes.Duplicate(status)  # an outcome, not an Attempt: there is no body to call
+    assert again == outcomes.Ack(
+        outcomes.AckReason.DUPLICATE, status
+    )  # an outcome, not an Attempt: there is no body to call
     assert harness.store.get_run(harness.run_key).attempt == 1
 
 

@@ -68,9 +68,9 @@ def test_c29_classification_table(error, disposition, reason):
 def test_c28_user_exception_is_retry_left_to_the_framework(harness):
     """An exception from user code is Retry with ``always=False``: the framework's policy decides."""
     outcome = harness.run(lambda: int("not a number"))
-    assert isinstance(outcome, outcomes.Retry)
+    assert isinstance(outcome, outcomes.Failure)
     assert isinstance(outcome.error, ValueError)
-    assert outcome.always is False
+    assert not isinstance(outcome, outcomes.PutBack)
     run = harness.store.get_run(harness.run_key)
     assert (run.status, run.owner) == ("retrying", None)
 
@@ -82,8 +82,8 @@ def test_c28_store_unavailable_raised_in_the_body_is_always_retried(harness):
         raise StoreUnavailable("database went away")
 
     outcome = harness.run(body)
-    assert isinstance(outcome, outcomes.Retry)
-    assert outcome.always is True
+    assert isinstance(outcome, outcomes.PutBack)
+    assert outcome.reason is outcomes.PutBackReason.STORE_UNAVAILABLE
     assert harness.store.get_run(harness.run_key).status == "retrying"
 
 
@@ -121,9 +121,9 @@ def test_c28_store_outage_at_step_commit_is_always_retried_and_commits_nothing()
 
     store.down = {"commit_step"}
     outcome = driver.start(JOB).run(body)
-    assert isinstance(outcome, outcomes.Retry)
-    assert outcome.always is True
-    assert isinstance(outcome.error, StoreUnavailable)
+    assert isinstance(outcome, outcomes.PutBack)
+    assert outcome.reason is outcomes.PutBackReason.STORE_UNAVAILABLE
+    assert outcome.detail == "commit_step: connection refused"  # the StoreUnavailable's message
     assert store.get_steps("run-1") == []
 
     store.down = set()
@@ -137,8 +137,8 @@ def test_c28_store_outage_while_concluding_is_always_retried():
     driver = AttemptDriver(store, DurableConfig())
     store.down = {"finish"}
     outcome = driver.start(JOB).run(lambda: current_job.step.run("x", object))
-    assert isinstance(outcome, outcomes.Retry)
-    assert outcome.always is True
+    assert isinstance(outcome, outcomes.PutBack)
+    assert outcome.reason is outcomes.PutBackReason.STORE_UNAVAILABLE
     assert store.list_dead_letters() == []
 
 
@@ -155,7 +155,7 @@ def test_c28_store_outage_caught_by_the_body_as_exception_is_still_always_retrie
             raise RuntimeError("charge failed") from exc
 
     outcome = driver.start(JOB).run(body)
-    assert isinstance(outcome, outcomes.Retry)
+    assert isinstance(outcome, outcomes.Failure)
     assert isinstance(outcome.error, RuntimeError)
 
 

@@ -63,7 +63,7 @@ def test_c1_int_key_is_turned_into_str(harness):
     def second():
         return current_job.step.run("fetch", lambda: calls.append("str") or "from-str", key="7")
 
-    assert isinstance(harness.run(first), outcomes.Retry)
+    assert isinstance(harness.run(first), outcomes.Failure)
     outcome = harness.run(second)
     assert outcome == outcomes.Completed("from-int")
     assert calls == ["int"]

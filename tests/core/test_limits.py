@@ -7,9 +7,11 @@ bytes are what the caps measure.
 
 from __future__ import annotations
 
+from unittest.mock import ANY
+
 import pytest
 
-from flexiq_plugins import CodecChain, Limits, StepLimitExceeded, ZlibCodec, current_job, outcomes
+from flexiq_plugins import CodecChain, DurableConfig, Limits, StepLimitExceeded, ZlibCodec, current_job, outcomes
 
 
 def _size(value: object, chain: CodecChain | None = None) -> int:
@@ -26,7 +28,7 @@ def _dead(outcome) -> outcomes.DeadLetter:
 def test_c22_step_bytes_cap_refuses_the_commit_with_the_exact_message(make_harness):
     """A value over the step cap: ``step 'render#0' exceeds the step bytes limit: N > M``; no row."""
     limit = 64
-    harness = make_harness(limits=Limits(step_bytes=limit))
+    harness = make_harness(step_bytes=limit)
     value = "x" * 100
     calls: list[str] = []
 
@@ -40,7 +42,7 @@ def test_c22_step_bytes_cap_refuses_the_commit_with_the_exact_message(make_harne
 def test_c22_step_bytes_cap_is_inclusive(make_harness):
     """A value whose encoded size equals the cap is committed."""
     value = "x" * 100
-    harness = make_harness(limits=Limits(step_bytes=_size(value)))
+    harness = make_harness(step_bytes=_size(value))
     assert harness.run(lambda: current_job.step.run("render", lambda: value)) == outcomes.Completed(value)
 
 
@@ -49,14 +51,14 @@ def test_c22_caps_measure_the_bytes_after_the_codecs(make_harness):
     chain = CodecChain(codecs=[ZlibCodec()])
     value = "a" * 10_000
     assert _size(value, chain) < 100 < _size(value)
-    harness = make_harness(codec=chain, limits=Limits(step_bytes=100))
+    harness = make_harness(serializer=chain.serializer, codecs=chain.codecs, step_bytes=100)
     assert harness.run(lambda: current_job.step.run("render", lambda: value)) == outcomes.Completed(value)
 
 
 def test_c22_run_bytes_cap_counts_every_step_of_the_run(make_harness):
     """Steps that fit alone are refused once their total, replays included, exceeds the run cap."""
     one = _size("y" * 20)
-    harness = make_harness(limits=Limits(run_bytes=2 * one + 5))
+    harness = make_harness(run_bytes=2 * one + 5)
 
     def first():
         current_job.step.run("a", lambda: "y" * 20)
@@ -77,7 +79,7 @@ def test_c22_run_bytes_cap_counts_every_step_of_the_run(make_harness):
 
 def test_c22_run_step_count_cap_counts_sleeps_too(make_harness, clock):
     """The number of steps in one run is capped; a sleep is a step; the refused step is not committed."""
-    harness = make_harness(limits=Limits(run_steps=2))
+    harness = make_harness(run_steps=2)
 
     def body():
         step = current_job.step
@@ -85,7 +87,7 @@ def test_c22_run_step_count_cap_counts_sleeps_too(make_harness, clock):
         step.sleep("1s")
         step.run("b", lambda: 2)
 
-    assert isinstance(harness.run(body), outcomes.Sleeping)
+    assert harness.run(body) == outcomes.PutBack(outcomes.PutBackReason.SLEEP, ANY, ANY, ANY)
     clock.advance(5)
     outcome = _dead(harness.run(body))
     assert outcome.message == "step 'b#0' exceeds the run step count limit: 3 > 2"
@@ -94,7 +96,7 @@ def test_c22_run_step_count_cap_counts_sleeps_too(make_harness, clock):
 
 def test_c22_size_cap_caught_by_the_body_still_dead_letters(make_harness):
     """Catching ``StepLimitExceeded`` and returning does not turn the refusal into a success."""
-    harness = make_harness(limits=Limits(step_bytes=10))
+    harness = make_harness(step_bytes=10)
 
     def body():
         try:
@@ -107,7 +109,7 @@ def test_c22_size_cap_caught_by_the_body_still_dead_letters(make_harness):
 
 def test_c22_default_limits_are_the_documented_ones():
     """Defaults: 262,144 bytes per step, 4 MiB per run, 10,000 steps per run."""
-    assert Limits() == Limits(step_bytes=262_144, run_bytes=4 * 1024 * 1024, run_steps=10_000)
+    assert DurableConfig().limits == Limits(step_bytes=262_144, run_bytes=4 * 1024 * 1024, run_steps=10_000)
 
 
 @pytest.mark.parametrize("size", [262_145, 1_468_006])

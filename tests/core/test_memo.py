@@ -41,7 +41,7 @@ def test_c5_memo_hit_returns_the_stored_value_without_calling_the_body(harness):
             raise Boom("fail after the charge")
         return value
 
-    assert isinstance(harness.run(body), outcomes.Retry)
+    assert isinstance(harness.run(body), outcomes.Failure)
     assert harness.run(body) == outcomes.Completed({"id": "ch_1"})
     assert calls == [1]
 
@@ -66,9 +66,9 @@ def test_c6_body_that_raises_commits_nothing_and_runs_again(harness):
             raise
 
     first = harness.run(body)
-    assert isinstance(first, outcomes.Retry)
+    assert isinstance(first, outcomes.Failure)
     assert isinstance(first.error, Boom)
-    assert first.always is False
+    assert not isinstance(first, outcomes.PutBack)
     assert len(caught) == 1
     assert harness.store.get_steps(harness.run_key) == []
     assert harness.store.get_run(harness.run_key).status == "retrying"
@@ -143,7 +143,7 @@ def test_c7_unencodable_value_fails_with_encode_error_and_commits_nothing(harnes
 
 
 def _driver(store: MemoryStepStore, codec: CodecChain) -> AttemptDriver:
-    return AttemptDriver(store, DurableConfig(codec=codec))
+    return AttemptDriver(store, DurableConfig(serializer=codec.serializer, codecs=codec.codecs))
 
 
 def _job(job_id: str = "job-1") -> JobInfo:
@@ -155,7 +155,7 @@ def _commit_then_fail(driver: AttemptDriver, value: object) -> None:
         current_job.step.run("secret", lambda: value)
         raise Boom("leave the row for a replay")
 
-    assert isinstance(driver.start(_job()).run(body), outcomes.Retry)
+    assert isinstance(driver.start(_job()).run(body), outcomes.Failure)
 
 
 def _replay(driver: AttemptDriver) -> outcomes.Outcome:
@@ -188,7 +188,7 @@ def test_c7_row_stored_by_another_chain_is_a_decode_error_naming_both(memory_sto
     """A worker with another codec chain cannot misread a row: ``DecodeError`` names both chains."""
     _commit_then_fail(_driver(memory_store, CodecChain()), "plain")
     outcome = _replay(_driver(memory_store, CodecChain(codecs=[ZlibCodec()])))
-    assert isinstance(outcome, outcomes.Retry)
+    assert isinstance(outcome, outcomes.Failure)
     assert isinstance(outcome.error, DecodeError)
     message = str(outcome.error)
     assert "'secret#0'" in message
@@ -201,7 +201,7 @@ def test_c7_rotated_out_fernet_key_is_a_decode_error(memory_store):
     old = Fernet.generate_key()
     _commit_then_fail(_driver(memory_store, CodecChain(codecs=[FernetCodec(old)])), "secret")
     outcome = _replay(_driver(memory_store, CodecChain(codecs=[FernetCodec(Fernet.generate_key())])))
-    assert isinstance(outcome, outcomes.Retry)
+    assert isinstance(outcome, outcomes.Failure)
     assert isinstance(outcome.error, DecodeError)
     assert "Fernet key" in str(outcome.error)
 
@@ -218,7 +218,7 @@ def test_c7_multifernet_rotation_still_decrypts_with_the_old_key_second(memory_s
         raise Boom(first)
 
     outcome = rotated.start(_job()).run(body)
-    assert isinstance(outcome, outcomes.Retry)
+    assert isinstance(outcome, outcomes.Failure)
     assert str(outcome.error) == "secret"
     fresh = memory_store.get_steps("run-1")[1].value
     assert fresh is not None

@@ -69,7 +69,7 @@ def _record_then_replay(ops: list[Op], replay: list[Op]) -> tuple[outcomes.Outco
         raise Stop
 
     first = driver.start(job).run(record)
-    assert isinstance(first, outcomes.Retry)
+    assert isinstance(first, outcomes.Failure)
     assert isinstance(first.error, Stop)
     assert len(store.get_steps("run-p")) == len(ops)
 

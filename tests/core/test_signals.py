@@ -7,6 +7,8 @@ swallowed.
 
 from __future__ import annotations
 
+from unittest.mock import ANY
+
 import pytest
 
 from flexiq_plugins import (
@@ -37,7 +39,7 @@ def test_c20_except_exception_around_a_sleep_does_not_catch_it(harness):
             caught.append(exc)
         return "ran on"
 
-    assert isinstance(harness.run(body), outcomes.Sleeping)
+    assert harness.run(body) == outcomes.PutBack(outcomes.PutBackReason.SLEEP, ANY, ANY, ANY)
     assert caught == []
 
 
@@ -76,7 +78,7 @@ def test_c21_swallowed_sleep_then_another_step_re_raises_the_sleep(harness):
 
     outcome = harness.run(body)
     assert calls == []
-    assert isinstance(outcome, outcomes.Sleeping)
+    assert outcome == outcomes.PutBack(outcomes.PutBackReason.SLEEP, ANY, ANY, ANY)
 
 
 def test_c21_swallowed_divergence_is_dead_lettered_naming_step_divergence(harness):

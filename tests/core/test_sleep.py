@@ -26,8 +26,9 @@ def _at_start(clock):
     assert clock() == START
 
 
-def _sleeping(outcome) -> outcomes.Sleeping:
-    assert isinstance(outcome, outcomes.Sleeping), outcome
+def _sleeping(outcome) -> outcomes.PutBack:
+    assert isinstance(outcome, outcomes.PutBack), outcome
+    assert outcome.reason is outcomes.PutBackReason.SLEEP
     return outcome
 
 
@@ -42,7 +43,7 @@ def test_c15_sleep_commits_a_row_releases_the_claim_and_ends_the_attempt(harness
 
     slept = _sleeping(harness.run(body))
     assert after == []
-    assert slept.step_key == "sleep#0"
+    assert slept.detail == "sleep#0"
     assert slept.wake_at == pytest.approx(START + 3600, abs=1)
     assert slept.delay == pytest.approx(900, abs=1)  # capped at the default 15-minute hop (C18)
     run = harness.store.get_run(harness.run_key)
@@ -74,8 +75,9 @@ def test_c16_sleep_is_not_a_failure_no_retry_no_warning_no_error(harness, caplog
     """A sleep yields Sleeping (not Retry), run status ``sleeping``, and no WARNING or ERROR log."""
     caplog.set_level(logging.DEBUG)
     outcome = harness.run(lambda: current_job.step.sleep("30s"))
-    assert isinstance(outcome, outcomes.Sleeping)
-    assert not isinstance(outcome, outcomes.Retry)
+    assert isinstance(outcome, outcomes.PutBack)
+    assert outcome.reason is outcomes.PutBackReason.SLEEP
+    assert not isinstance(outcome, outcomes.Failure)
     assert harness.store.get_run(harness.run_key).status == "sleeping"
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert harness.store.list_dead_letters(include_retried=True) == []
@@ -152,7 +154,7 @@ def test_c19_unnamed_sleeps_are_numbered_and_named_ones_use_their_name(harness, 
 
     seen = []
     for _ in range(3):
-        seen.append(_sleeping(harness.run(body)).step_key)
+        seen.append(_sleeping(harness.run(body)).detail)
         clock.advance(2)
     assert seen == ["sleep#0", "sleep#1", "cool_off#0"]
     assert harness.run(body) == outcomes.Completed("done")
@@ -163,7 +165,7 @@ def test_c19_sleep_until_an_aware_datetime_wakes_at_that_instant(harness, clock)
     when = datetime.fromtimestamp(START + 7200, tz=timezone(timedelta(hours=5, minutes=30)))
     slept = _sleeping(harness.run(lambda: current_job.step.sleep_until(when, name="billing")))
     assert slept.wake_at == START + 7200
-    assert slept.step_key == "billing#0"
+    assert slept.detail == "billing#0"
 
 
 def test_c19_sleep_until_a_past_instant_does_not_sleep(harness):

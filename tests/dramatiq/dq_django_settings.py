@@ -18,5 +18,5 @@ DRAMATIQ_BROKER = {
 
 FLEXIQ = {
     "STORE_URL": os.environ["FLEXIQ_TEST_STORE"],
-    "MAX_HOP": "200ms",
+    "MAX_HOP_SECONDS": "200ms",
 }

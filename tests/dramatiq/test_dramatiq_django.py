@@ -31,7 +31,7 @@ print(json.dumps({"run_key": message.options["flexiq_run_key"], "broker": type(b
 
 @pytest.mark.slow
 def test_c15_c18_django_settings_only_setup_runs_a_durable_actor(sqlite_url: str) -> None:
-    """Django settings alone configure the middleware: store URL and ``MAX_HOP`` from ``FLEXIQ``.
+    """Django settings alone configure the middleware: store URL and ``MAX_HOP_SECONDS`` from ``FLEXIQ``.
 
     ``DurableSteps`` is built by django_dramatiq with no arguments; the store
     and options are read from settings at the first message. The 500 ms sleep

@@ -19,12 +19,20 @@ from flexiq_plugins.errors import ConfigurationError
 
 def test_public_names() -> None:
     """``dramatiq_ext`` exports exactly its sorted public API."""
-    assert dramatiq_ext.__all__ == ["RUN_KEY_OPTION", "DeadLettered", "DurableSteps", "republish"]
+    assert dramatiq_ext.__all__ == [
+        "DeadLettered",
+        "DramatiqAdapter",
+        "DurableSteps",
+        "RUN_KEY_OPTION",
+        "adapter",
+        "publisher",
+        "republish",
+    ]
 
 
 def test_unknown_option_is_refused_at_construction() -> None:
     """A misspelt option fails at once, naming the accepted ones."""
-    with pytest.raises(ConfigurationError, match=r"max_hops.*accepted:\n  max_hop"):
+    with pytest.raises(ConfigurationError, match=r"max_hops.*accepted:\n  max_hop_seconds"):
         DurableSteps(max_hops="5m")
 
 

@@ -1,0 +1,64 @@
+"""The Celery adapter as the core's registry sees it (entry point ``flexiq_plugins.adapters: celery``).
+
+The operator tools (``flexiq dlq retry``, ``flexiq recover``) re-publish a
+Celery job through the app given with ``--app``; this object tells them which
+objects are Celery apps, how to publish with one, and how to read the step
+values Celery's JSON serializer stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from flexiq_plugins.integration import JobEnvelope, Publisher, ValueReader
+
+from ._envelope import republish
+
+__all__ = ["CeleryAdapter", "adapter", "publisher"]
+
+
+def publisher(app: Any) -> Publisher:
+    """A publisher that re-publishes Celery jobs with ``app``, carrying the run key (C11, C30, C36).
+
+    Parameters:
+      app(celery.Celery): the application whose broker receives the job.
+    """
+
+    def publish(envelope: JobEnvelope, run_key: str) -> str:
+        return str(republish(app, envelope, run_key).id)
+
+    return publish
+
+
+class CeleryAdapter:
+    """:class:`flexiq_plugins.integration.Adapter` for Celery."""
+
+    framework = "celery"
+    publish_hint = "--app module:app"
+
+    def owns(self, target: object) -> bool:
+        """Whether ``target`` is a Celery application."""
+        from celery import Celery
+
+        return isinstance(target, Celery)
+
+    def publisher(self, target: object) -> Publisher:
+        """A publisher through the app ``target``."""
+        return publisher(target)
+
+    def value_readers(self) -> Mapping[str, ValueReader]:
+        """kombu's JSON (with its tagged ``datetime``, ``Decimal``, ``UUID`` … values)."""
+        from kombu.utils.json import loads
+
+        return {"kombu:json": loads}
+
+    def task_body(self, task: object) -> Callable[..., Any] | None:
+        """A Celery task's ``run`` (what the worker calls inside the attempt), else ``None``."""
+        from celery import Task
+
+        return task.run if isinstance(task, Task) else None  # type: ignore[no-any-return]
+
+
+adapter = CeleryAdapter()
+"""The registered adapter instance."""

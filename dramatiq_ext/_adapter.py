@@ -1,0 +1,70 @@
+"""The Dramatiq adapter as the core's registry sees it (entry point ``flexiq_plugins.adapters: dramatiq``).
+
+The operator tools (``flexiq dlq retry``, ``flexiq recover``) re-publish a
+Dramatiq job on the broker given with ``--broker``; this object tells them
+which objects are Dramatiq brokers, how to publish on one, and how to read the
+step values Dramatiq's JSON encoder stored.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from flexiq_plugins.integration import JobEnvelope, Publisher, ValueReader
+
+from ._actor import Body, unwrap_durable
+from ._envelope import republish
+
+__all__ = ["DramatiqAdapter", "adapter", "publisher"]
+
+
+def publisher(broker: Any) -> Publisher:
+    """A publisher that re-publishes Dramatiq jobs on ``broker``, carrying the run key (C11, C30, C36).
+
+    Parameters:
+      broker(dramatiq.Broker): the broker to enqueue on.
+    """
+
+    def publish(envelope: JobEnvelope, run_key: str) -> str:
+        return str(republish(broker, envelope, run_key).message_id)
+
+    return publish
+
+
+def _read_json(data: bytes) -> Any:
+    return json.loads(data)["v"]
+
+
+class DramatiqAdapter:
+    """:class:`flexiq_plugins.integration.Adapter` for Dramatiq."""
+
+    framework = "dramatiq"
+    publish_hint = "--broker module:broker"
+
+    def owns(self, target: object) -> bool:
+        """Whether ``target`` is a Dramatiq broker."""
+        import dramatiq
+
+        return isinstance(target, dramatiq.Broker)
+
+    def publisher(self, target: object) -> Publisher:
+        """A publisher on the broker ``target``."""
+        return publisher(target)
+
+    def value_readers(self) -> Mapping[str, ValueReader]:
+        """Dramatiq's JSON encoder, whose values are stored as ``{"v": value}``."""
+        return {"dramatiq:json": _read_json}
+
+    def task_body(self, task: object) -> Callable[..., Any] | None:
+        """A Dramatiq actor's own function (unwrapped from the middleware and ``async_to_sync``), else ``None``."""
+        import dramatiq
+
+        if not isinstance(task, dramatiq.Actor):
+            return None
+        return Body(unwrap_durable(task.fn)).target
+
+
+adapter = DramatiqAdapter()
+"""The registered adapter instance."""

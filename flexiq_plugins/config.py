@@ -1,0 +1,223 @@
+"""The options of an integration: one frozen dataclass, one name per option, parsed once.
+
+``celery_ext.install(app, **options)`` and ``DurableSteps(**options)`` hand
+their keyword arguments to :meth:`DurableConfig.from_options`, so an option is
+spelled, converted and validated the same way on both frameworks, and an
+unknown name is refused with the one list of accepted options. An adapter with
+options of its own subclasses :class:`DurableConfig` (as ``celery_ext`` does
+for its dead-letter path); the accepted list is then that subclass's fields.
+
+Units are in the names: ``*_seconds`` fields take seconds (or a duration
+string such as ``"15m"``, converted once here), ``*_bytes`` fields bytes.
+
+Where the store comes from is decided in one place too, :func:`resolve_store`:
+the ``store`` argument, then the ``FLEXIQ_STORE_URL`` environment variable,
+then the framework's own setting (Celery's ``flexiq_store_url``, Django's
+``FLEXIQ_STORE_URL``), then the SQLite file ``flexiq_steps.db``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from ._store.base import StepStore
+from ._store.factory import DEFAULT_STORE_URL, STORE_URL_ENV, StoreSpec, open_store
+from .codec import Codec, CodecChain, Serializer
+from .durations import parse_duration
+from .errors import ConfigurationError
+
+__all__ = ["DurableConfig", "Limits", "StoreSpec", "resolve_store", "resolve_store_spec"]
+
+C = TypeVar("C", bound="DurableConfig")
+
+_SECONDS = ("max_hop_seconds", "lease_seconds", "busy_retry_seconds", "store_retry_seconds")
+_COUNTS = ("step_bytes", "run_bytes", "run_steps")
+
+
+def _doc(text: str) -> dict[str, str]:
+    return {"doc": text}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The size caps on encoded bytes (C22), as :attr:`DurableConfig.limits` groups them.
+
+    Parameters:
+      step_bytes(int): one step's stored value, bytes.
+      run_bytes(int): all step values of one run, bytes.
+      run_steps(int): the number of steps of one run.
+    """
+
+    step_bytes: int
+    run_bytes: int
+    run_steps: int
+
+
+@dataclass(frozen=True)
+class DurableConfig:
+    """Every option both integrations accept; each field's ``doc`` metadata is its help text.
+
+    Durations (``*_seconds``) accept seconds or a duration string (``"15m"``,
+    ``"30s"``) or a ``timedelta`` and are stored as ``float`` seconds.
+
+    Raises:
+      ConfigurationError: a value of the wrong type or range, naming the
+        option and what it accepts.
+    """
+
+    max_hop_seconds: float = field(
+        default=900.0, metadata=_doc("longest delay of one sleep hop, seconds (default 900 = 15 min, C18)")
+    )
+    lease_seconds: float = field(
+        default=30.0, metadata=_doc("claim lease, seconds; renewed every third of it (default 30, C23)")
+    )
+    busy_retry_seconds: float = field(
+        default=5.0, metadata=_doc("most a delivery whose run is busy is put back for, seconds (default 5, C24)")
+    )
+    store_retry_seconds: float = field(
+        default=5.0, metadata=_doc("delay before a job that met a store outage runs again, seconds (default 5, C28)")
+    )
+    max_takeovers: int = field(
+        default=5, metadata=_doc("claim takeovers from dead workers before 'worker_lost' (default 5, C25)")
+    )
+    step_bytes: int = field(
+        default=262_144, metadata=_doc("cap on one step's encoded value, bytes (default 262144, C22)")
+    )
+    run_bytes: int = field(
+        default=4 * 1024 * 1024, metadata=_doc("cap on all step values of one run, bytes (default 4194304, C22)")
+    )
+    run_steps: int = field(default=10_000, metadata=_doc("cap on the number of steps of one run (default 10000, C22)"))
+    serializer: Serializer | None = field(
+        default=None, metadata=_doc("step value serializer; default: the framework's own (C7)")
+    )
+    codecs: tuple[Codec, ...] = field(
+        default=(), metadata=_doc("byte codecs after the serializer, e.g. [ZlibCodec(), FernetCodec(key)] (C7)")
+    )
+    keep_succeeded_steps: bool = field(
+        default=False, metadata=_doc("keep step rows of succeeded runs for inspection (default False, C27)")
+    )
+
+    def __post_init__(self) -> None:
+        for name in _SECONDS:
+            self._set(name, _positive_seconds(name, getattr(self, name)))
+        for name in _COUNTS:
+            _check_int(name, getattr(self, name), minimum=1)
+        _check_int("max_takeovers", self.max_takeovers, minimum=0)
+        self._set("codecs", _codecs(self.codecs))
+        if self.serializer is not None and not isinstance(self.serializer, Serializer):
+            raise ConfigurationError(
+                f"option serializer={self.serializer!r} has no name/dumps/loads; pass a Serializer "
+                "(e.g. JsonSerializer() or FunctionSerializer(name, dumps, loads))"
+            )
+        if not isinstance(self.keep_succeeded_steps, bool):
+            raise ConfigurationError(f"option keep_succeeded_steps={self.keep_succeeded_steps!r} must be a bool")
+
+    def _set(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)
+
+    # ------------------------------------------------------------ building
+    @classmethod
+    def from_options(cls: type[C], options: Mapping[str, Any], *, where: str = "options") -> C:
+        """Check and convert an integration's keyword options (C18, C22–C25, C27, C28).
+
+        Parameters:
+          options(Mapping[str, Any]): option names (see :meth:`accepted`) to values.
+          where(str): who received them, for the error message (``"celery_ext.install"``).
+
+        Raises:
+          ConfigurationError: an unknown name, listing every accepted option, or an unusable value.
+        """
+        unknown = sorted(set(options) - set(cls.accepted()))
+        if unknown:
+            raise ConfigurationError(
+                f"{where} got unknown option(s) {', '.join(unknown)}; accepted:\n{cls.describe_options()}"
+            )
+        try:
+            return cls(**options)
+        except ConfigurationError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise ConfigurationError(f"{where}: invalid option value: {exc}") from exc
+
+    @classmethod
+    def accepted(cls) -> dict[str, str]:
+        """The accepted option names with their help text, in declaration order."""
+        return {f.name: str(f.metadata.get("doc", "")) for f in dataclasses.fields(cls) if f.init}
+
+    @classmethod
+    def describe_options(cls) -> str:
+        """The accepted options, one ``  name: help`` line each (for error messages)."""
+        return "\n".join(f"  {name}: {doc}" for name, doc in cls.accepted().items())
+
+    def with_default_serializer(self: C, serializer: Serializer | None) -> C:
+        """This config with ``serializer`` (the framework's own) unless one was configured (C7)."""
+        if self.serializer is not None or serializer is None:
+            return self
+        return dataclasses.replace(self, serializer=serializer)
+
+    # ------------------------------------------------------------- derived
+    @property
+    def limits(self) -> Limits:
+        """The size caps (C22)."""
+        return Limits(self.step_bytes, self.run_bytes, self.run_steps)
+
+    def codec_chain(self) -> CodecChain:
+        """The serializer and codecs step values go through (C7); JSON when no serializer is set."""
+        return CodecChain(self.serializer, self.codecs)
+
+
+def _positive_seconds(name: str, value: object) -> float:
+    seconds = parse_duration(value)
+    if seconds <= 0:
+        raise ConfigurationError(f"option {name}={value!r} must be a positive number of seconds or a duration")
+    return seconds
+
+
+def _check_int(name: str, value: object, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigurationError(f"option {name}={value!r} must be an int of at least {minimum}")
+
+
+def _codecs(value: Any) -> tuple[Codec, ...]:
+    items: tuple[Any, ...] = tuple(value or ())
+    for item in items:
+        if not isinstance(item, Codec):
+            raise ConfigurationError(
+                f"codec {item!r} has no name/encode/decode; use ZlibCodec(), FernetCodec(keys) or your own Codec"
+            )
+    return items
+
+
+# ----------------------------------------------------------------- the store
+def resolve_store_spec(explicit: StoreSpec, framework_setting: Callable[[], StoreSpec] | None = None) -> StoreSpec:
+    """Where the store is: the argument, ``FLEXIQ_STORE_URL``, the framework's setting, the default.
+
+    Parameters:
+      explicit(StoreSpec): what the integration was given (``store=``), or ``None``.
+      framework_setting(Callable[[], StoreSpec] | None): reads the framework's own
+        setting (Celery's ``flexiq_store_url``, Django's ``FLEXIQ_STORE_URL``);
+        called only when needed.
+
+    Returns:
+      StoreSpec: a store, engine or URL; never ``None``.
+    """
+    if explicit is not None:
+        return explicit
+    from_env = os.environ.get(STORE_URL_ENV)
+    if from_env:
+        return from_env
+    setting = framework_setting() if framework_setting is not None else None
+    return setting if setting else DEFAULT_STORE_URL
+
+
+def resolve_store(explicit: StoreSpec, framework_setting: Callable[[], StoreSpec] | None = None) -> StepStore:
+    """Open the store :func:`resolve_store_spec` names.
+
+    Raises:
+      ConfigurationError: an unknown scheme or type, or a missing database driver.
+    """
+    return open_store(resolve_store_spec(explicit, framework_setting))

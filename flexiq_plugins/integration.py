@@ -1,0 +1,214 @@
+"""Everything a framework adapter needs from the core, in one public module.
+
+``celery_ext`` and ``dramatiq_ext`` import only this module and the package
+root; a third integration would too. The shape of an adapter:
+
+1. At publish, stamp a run key on each new job (:func:`new_run_key`).
+2. At delivery, describe the message as a :class:`JobInfo` (the run key by
+   :func:`run_key_from`, the envelope by :func:`build_envelope`) and run it
+   with the per-process :class:`AttemptDriver` (:class:`PerProcess`):
+   ``driver.run_job(job, body)``.
+3. Translate the :data:`Outcome` into the framework's verb with ``match`` and
+   ``assert_never`` (see :mod:`flexiq_plugins.outcomes` for the table). The
+   core has already decided everything that does not depend on the framework.
+   A put-back re-enqueues the same job carrying the run's key (C36) through
+   :func:`hand_off`; if it still fails, the message stays in the broker.
+4. Register an :class:`Adapter` under the entry point group
+   ``flexiq_plugins.adapters`` so the operator tools can re-publish its jobs.
+
+Options are one frozen :class:`DurableConfig` (subclass it for options of
+your own), the store comes from :func:`resolve_store`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
+
+from ._store.base import JobEnvelope, StepStore
+from ._store.factory import StoreSpec
+from .attempt import Attempt, AttemptDriver, JobInfo
+from .codec import CodecChain, FunctionSerializer, Serializer
+from .config import DurableConfig, resolve_store, resolve_store_spec
+from .context import no_current_job
+from .errors import DeadLettered, Disposition, StepSignal, UnsupportedInEagerMode, classify
+from .identity import new_run_key, run_key_from
+from .outcomes import Ack, AckReason, Completed, DeadLetter, Failure, Outcome, PutBack, PutBackReason
+from .registry import Adapter, Publisher, ValueReader, register_adapter
+
+__all__ = [
+    "PAYLOAD_OPTION",
+    "Ack",
+    "AckReason",
+    "Adapter",
+    "Attempt",
+    "AttemptDriver",
+    "CodecChain",
+    "Completed",
+    "DeadLetter",
+    "DeadLettered",
+    "Disposition",
+    "DurableConfig",
+    "Failure",
+    "FunctionSerializer",
+    "JobEnvelope",
+    "JobInfo",
+    "Outcome",
+    "PerProcess",
+    "Publisher",
+    "PutBack",
+    "PutBackReason",
+    "Serializer",
+    "StepSignal",
+    "StepStore",
+    "StoreSpec",
+    "UnsupportedInEagerMode",
+    "ValueReader",
+    "build_envelope",
+    "classify",
+    "envelope_arguments",
+    "hand_off",
+    "is_json",
+    "new_run_key",
+    "no_current_job",
+    "register_adapter",
+    "resolve_store",
+    "resolve_store_spec",
+    "run_key_from",
+]
+
+logger = logging.getLogger("flexiq_plugins.integration")
+
+T = TypeVar("T")
+
+PAYLOAD_OPTION = "flexiq_payload"
+"""The envelope option holding arguments that are not JSON, encoded by the framework's serializer."""
+
+HAND_OFF_PAUSES = (0.2, 0.5, 1.0)
+"""Seconds between the tries of a failing hand-off before :func:`hand_off` gives up."""
+
+_HAND_OFF_STEADY_PAUSE = 5.0
+
+
+# ---------------------------------------------------------------- envelopes
+def is_json(*values: Any) -> bool:
+    """Whether ``values`` can be stored as JSON (the envelope is stored as JSON)."""
+    try:
+        json.dumps(values)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def build_envelope(
+    task_name: str,
+    framework: str,
+    *,
+    queue: str | None,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    options: Mapping[str, Any],
+    serializer: Serializer,
+) -> JobEnvelope:
+    """The :class:`JobEnvelope` stored with a run, what re-publishes its job (C35).
+
+    Arguments a JSON encoder cannot take (a pickle-configured app sending a
+    ``datetime``) are kept encoded by the framework's ``serializer``, base64,
+    under the option :data:`PAYLOAD_OPTION`; :func:`envelope_arguments` reads
+    them back. Options must be JSON already.
+
+    Parameters:
+      task_name(str): the task or actor name.
+      framework(str): the adapter's framework name.
+      queue(str | None): the queue the job was delivered from.
+      args(Sequence[Any]): positional arguments.
+      kwargs(Mapping[str, Any]): keyword arguments.
+      options(Mapping[str, Any]): what re-publishing needs besides the arguments.
+      serializer(Serializer): encodes non-JSON arguments.
+    """
+    args, kwargs, kept = list(args), dict(kwargs), dict(options)
+    if not is_json(args, kwargs):
+        data = serializer.dumps({"args": args, "kwargs": kwargs})
+        kept[PAYLOAD_OPTION] = {"serializer": serializer.name, "data": base64.b64encode(data).decode()}
+        args, kwargs = [], {}
+    return JobEnvelope(task_name, framework, queue, args, kwargs, kept)
+
+
+def envelope_arguments(envelope: JobEnvelope, serializer: Serializer) -> tuple[list[Any], dict[str, Any]]:
+    """The job's ``(args, kwargs)``, decoding :data:`PAYLOAD_OPTION` with ``serializer`` if present."""
+    payload = envelope.options.get(PAYLOAD_OPTION)
+    if not payload:
+        return list(envelope.args), dict(envelope.kwargs)
+    data = serializer.loads(base64.b64decode(payload["data"]))
+    return list(data["args"]), dict(data["kwargs"])
+
+
+# --------------------------------------------------------------- hand-offs
+def hand_off(publish: Callable[[], T], *, what: str, forever: bool = False) -> T:
+    """Publish a put-back (sleep, busy, outage), trying again through a broker blip (C15).
+
+    Tries again after 0.2, 0.5 and 1 s; then raises the last error, or with
+    ``forever`` keeps trying every 5 s (an adapter whose framework has no way
+    to leave the current message in the broker holds it unacknowledged until
+    the broker accepts, as the framework does for its own acknowledgements).
+    A sleep's hand-off is never a retry (C16).
+
+    Parameters:
+      publish(Callable[[], T]): enqueues the job again.
+      what(str): names the job in log lines.
+      forever(bool): never give up.
+    """
+    for pause in HAND_OFF_PAUSES:
+        try:
+            return publish()
+        except Exception as exc:
+            logger.warning("re-enqueue of %s failed (%s); trying again in %.1f s", what, exc, pause)
+            time.sleep(pause)
+    while forever:
+        try:
+            return publish()
+        except Exception as exc:
+            logger.debug("re-enqueue of %s still failing (%s)", what, exc)
+            time.sleep(_HAND_OFF_STEADY_PAUSE)
+    return publish()
+
+
+# ------------------------------------------------------------- per process
+class PerProcess(Generic[T]):
+    """A value made on first use in each process: a forked worker child makes its own.
+
+    Celery prefork and Dramatiq fork worker processes; a store opened before a
+    fork must not hand its connections to the children. Thread-safe.
+
+    Parameters:
+      factory(Callable[[], T]): makes the value (e.g. opens the store and builds an :class:`AttemptDriver`).
+    """
+
+    def __init__(self, factory: Callable[[], T]) -> None:
+        self._factory = factory
+        self._lock = threading.Lock()
+        self._value: T | None = None
+        self._pid = -1
+
+    def get(self) -> T:
+        """The value of this process, made now if needed (the factory's errors propagate)."""
+        value = self._value
+        if value is not None and self._pid == os.getpid():
+            return value
+        with self._lock:
+            if self._value is None or self._pid != os.getpid():
+                self._value = self._factory()
+                self._pid = os.getpid()
+            return self._value
+
+    def forget(self) -> None:
+        """Drop this process's value; the next :meth:`get` makes a new one."""
+        with self._lock:
+            self._value = None
+            self._pid = -1

@@ -1,0 +1,133 @@
+"""Dead letters as operators handle them: retry with the same run key, purge (C11, C30).
+
+**Check, then change, then publish.** A retry first makes sure a publisher
+exists for the job's framework, so a missing ``--app`` changes nothing; only
+then does it reset the run (:meth:`StepStore.prepare_retry`) and publish. If
+the publish fails the run stays ``pending`` and recovery picks it up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .._store.base import StepStore
+from ..errors import AlreadyRetried, OperationError, StoreError, UnknownDeadLetter
+from ..registry import Publisher
+from ._publishing import publish, require_publisher
+
+__all__ = ["Retried", "purge_dead_letters", "retry_dead_letter", "retry_dead_letters"]
+
+logger = logging.getLogger("flexiq_plugins.operations")
+
+
+@dataclass(frozen=True)
+class Retried:
+    """A dead letter re-published (C30).
+
+    Parameters:
+      dead_letter_id(int): the dead letter.
+      run_key(str): the run, unchanged (C11).
+      framework(str): ``"celery"`` or ``"dramatiq"``.
+      job_id(str): the new job's id.
+    """
+
+    dead_letter_id: int
+    run_key: str
+    framework: str
+    job_id: str
+
+
+def retry_dead_letter(
+    store: StepStore,
+    dead_letter_id: int,
+    publishers: Mapping[str, Publisher],
+    *,
+    reset_from: str | None = None,
+) -> Retried:
+    """Retry one dead letter: reset its run, then re-publish it with a new job id and the same run key (C11, C30).
+
+    Parameters:
+      store(StepStore): the store.
+      dead_letter_id(int): the dead letter.
+      publishers(Mapping[str, Publisher]): a publisher per framework name.
+      reset_from(str | None): a step key; that step and every later one are
+        dropped so they run again.
+
+    Raises:
+      UnknownDeadLetter: no such dead letter.
+      UnknownRun: its run is gone, or it has no step ``reset_from``.
+      NoPublisher: no publisher for the job's framework (nothing changed).
+      AlreadyRetried: retried before and the run is no longer ``dead`` (nothing changed).
+      PublishFailed: the broker refused; the run stays ``pending`` for :func:`recover`.
+      StoreUnavailable: the store cannot be reached.
+    """
+    dead = store.get_dead_letter(dead_letter_id)
+    publisher = require_publisher(dead.envelope, publishers)
+    run = store.get_run(dead.run_key)
+    if dead.retried_at is not None and run.status not in ("dead", "pending"):
+        raise AlreadyRetried(f"dead letter {dead_letter_id} was retried already; its run is now {run.status!r}")
+    store.prepare_retry(dead_letter_id, reset_from=reset_from)
+    job_id = publish(publisher, dead.envelope, dead.run_key)
+    logger.info("dead letter %s re-published as job %s (run %s)", dead_letter_id, job_id, dead.run_key)
+    return Retried(dead_letter_id, dead.run_key, dead.envelope.framework, job_id)
+
+
+def retry_dead_letters(
+    store: StepStore,
+    publishers: Mapping[str, Publisher],
+    *,
+    ids: Sequence[int] | None = None,
+    task_name: str | None = None,
+) -> tuple[list[Retried], list[tuple[int, OperationError | StoreError]]]:
+    """Retry several dead letters; one failure does not stop the others (C30).
+
+    A publisher is checked for every selected dead letter first: if one is
+    missing, :class:`NoPublisher` is raised and nothing is changed.
+
+    Parameters:
+      store(StepStore): the store.
+      publishers(Mapping[str, Publisher]): a publisher per framework name.
+      ids(Sequence[int] | None): the dead letters; every one not yet retried when ``None``.
+      task_name(str | None): with ``ids=None``, only those of this task or actor.
+
+    Returns:
+      tuple: the retried ones, and ``(id, error)`` for each that failed.
+
+    Raises:
+      NoPublisher: a selected dead letter's framework has no publisher (nothing changed).
+      StoreUnavailable: the store cannot be reached while listing.
+    """
+    if ids is None:
+        ids = [d.id for d in store.list_dead_letters(task_name=task_name)]
+    for dead_letter_id in ids:  # all publishers first, so a missing --app/--broker changes nothing
+        with contextlib.suppress(UnknownDeadLetter):
+            require_publisher(store.get_dead_letter(dead_letter_id).envelope, publishers)
+    done: list[Retried] = []
+    failed: list[tuple[int, OperationError | StoreError]] = []
+    for dead_letter_id in ids:
+        try:
+            done.append(retry_dead_letter(store, dead_letter_id, publishers))
+        except (OperationError, StoreError) as exc:
+            failed.append((dead_letter_id, exc))
+    return done, failed
+
+
+def purge_dead_letters(store: StepStore, ids: Sequence[int] | None = None) -> int:
+    """Delete dead letters (all when ``ids`` is ``None``); their runs stay until cleanup (C30).
+
+    Every id is checked first, so an unknown one deletes nothing.
+
+    Returns:
+      int: how many were deleted.
+
+    Raises:
+      UnknownDeadLetter: one of ``ids`` does not exist.
+      StoreUnavailable: the store cannot be reached.
+    """
+    if ids is not None:
+        for dead_letter_id in ids:
+            store.get_dead_letter(dead_letter_id)
+    return store.purge_dead_letters(ids)

@@ -1,0 +1,259 @@
+"""Recovery of runs no broker message will wake (C35): find them, re-publish each exactly once.
+
+**Exactly once per stranded state.** Each candidate is claimed with
+:meth:`StepStore.mark_recovered`, a compare-and-set on the run's status and
+``updated_at``: of two recoverers running at once, one publishes. The claim
+moves ``updated_at`` past the run's due time, so a recovered run is not
+recovered again until ``stale_after`` has passed without it starting. A
+duplicate would still be harmless (the core's claim lets one delivery run the
+body), but it is avoided.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from .._store.base import RunRecord, StepStore
+from ..durations import parse_duration
+from ..errors import PublishFailed
+from ..registry import Publisher
+from ._publishing import publish
+from ._runs import latest_wake_at
+
+__all__ = [
+    "DEFAULT_GRACE_SECONDS",
+    "DEFAULT_STALE_SECONDS",
+    "RecoveryReport",
+    "Stranded",
+    "Sweeper",
+    "find_stranded",
+    "recover",
+]
+
+logger = logging.getLogger("flexiq_plugins.operations")
+
+DEFAULT_GRACE_SECONDS = 60.0
+"""How long past its wake time or lease a run may be before :func:`recover` takes it, seconds."""
+
+DEFAULT_STALE_SECONDS = 3600.0
+"""How long a ``pending`` or ``retrying`` run may go without an update before :func:`recover` takes it, seconds."""
+
+_SCAN_LIMIT = 100_000
+_STALE_STATUSES = ("pending", "retrying")
+
+
+@dataclass(frozen=True)
+class Stranded:
+    """A run that no broker message will wake (C35).
+
+    Parameters:
+      run(RunRecord): the run as read.
+      why(str): ``"sleep_overdue"``, ``"lease_expired"`` or ``"stale"``.
+      due_at(float): when it should have moved on: the wake time, the lease
+        expiry or the last update, epoch seconds.
+    """
+
+    run: RunRecord
+    why: str
+    due_at: float
+
+
+@dataclass
+class RecoveryReport:
+    """What :func:`recover` did.
+
+    Parameters:
+      dry_run(bool): nothing was changed or published.
+      recovered(list[tuple[Stranded, str]]): re-published runs with the new job id ('' in a dry run).
+      skipped(list[tuple[Stranded, str]]): runs left alone, with why.
+      failed(list[tuple[Stranded, str]]): runs whose publish failed, with the error.
+    """
+
+    dry_run: bool
+    recovered: list[tuple[Stranded, str]] = field(default_factory=list)
+    skipped: list[tuple[Stranded, str]] = field(default_factory=list)
+    failed: list[tuple[Stranded, str]] = field(default_factory=list)
+
+
+def find_stranded(
+    store: StepStore,
+    *,
+    grace: str | float = DEFAULT_GRACE_SECONDS,
+    stale_after: str | float = DEFAULT_STALE_SECONDS,
+) -> list[Stranded]:
+    """Return the runs :func:`recover` would re-publish, oldest due first (C35).
+
+    - ``sleeping`` past its wake time (the latest sleep step's ``wake_at``) by more than ``grace``;
+    - ``running`` whose claim lease expired more than ``grace`` ago (its worker died);
+    - ``pending`` or ``retrying`` not updated for more than ``stale_after``
+      (at least ``grace``).
+
+    Recovering a run moves its ``updated_at`` past the moment it fell due; such
+    a run is a candidate again only once that recovery is older than
+    ``stale_after`` (its job never started, e.g. no worker consumes the queue),
+    so a cron job or a sweeper does not pile up copies of one job.
+
+    Parameters:
+      store(StepStore): the store.
+      grace(str | float): a duration (``"60s"``) or seconds.
+      stale_after(str | float): a duration (``"1h"``) or seconds.
+
+    Raises:
+      ValueError: a duration cannot be parsed.
+      StoreUnavailable: the store cannot be reached.
+    """
+    grace_s = parse_duration(grace)
+    stale_s = max(parse_duration(stale_after), grace_s)
+    now = store.now()
+    due, stale = now - grace_s, now - stale_s
+    found = [*_overdue_sleepers(store, due, stale), *_lost_claims(store, due, stale)]
+    for status in _STALE_STATUSES:
+        runs = store.list_runs(status=status, limit=_SCAN_LIMIT)
+        found += [Stranded(r, "stale", r.updated_at) for r in runs if r.updated_at < stale]
+    return sorted(found, key=lambda s: s.due_at)
+
+
+def _unclaimed_since(run: RunRecord, due_at: float, stale: float) -> bool:
+    """Not recovered yet (nothing touched the run after it fell due), or recovered longer than ``stale`` ago."""
+    return run.updated_at <= due_at or run.updated_at < stale
+
+
+def _overdue_sleepers(store: StepStore, due: float, stale: float) -> list[Stranded]:
+    found = []
+    for run in store.list_runs(status="sleeping", limit=_SCAN_LIMIT):
+        if run.updated_at >= due:
+            continue  # a sleep is committed before its wake time: not overdue yet, or just recovered
+        wake_at = latest_wake_at(store.get_steps(run.run_key))
+        if wake_at is not None and wake_at < due and _unclaimed_since(run, wake_at, stale):
+            found.append(Stranded(run, "sleep_overdue", wake_at))
+    return found
+
+
+def _lost_claims(store: StepStore, due: float, stale: float) -> list[Stranded]:
+    found = []
+    for run in store.list_runs(status="running", limit=_SCAN_LIMIT):
+        expired = run.lease_until if run.lease_until is not None else run.updated_at
+        if expired < due and _unclaimed_since(run, expired, stale):
+            found.append(Stranded(run, "lease_expired", expired))
+    return found
+
+
+def recover(
+    store: StepStore,
+    publishers: Mapping[str, Publisher],
+    *,
+    grace: str | float = DEFAULT_GRACE_SECONDS,
+    stale_after: str | float = DEFAULT_STALE_SECONDS,
+    dry_run: bool = False,
+) -> RecoveryReport:
+    """Re-publish stranded runs, each exactly once even with several recoverers at once (C35).
+
+    Each candidate of :func:`find_stranded` is won with
+    :meth:`StepStore.mark_recovered`, then re-published through its framework's
+    publisher with a new job id carrying its run key.
+
+    Parameters:
+      store(StepStore): the store.
+      publishers(Mapping[str, Publisher]): a publisher per framework name;
+        runs of another framework are skipped.
+      grace(str | float): see :func:`find_stranded`.
+      stale_after(str | float): see :func:`find_stranded`.
+      dry_run(bool): only report what would be re-published.
+
+    Raises:
+      ValueError: a duration cannot be parsed.
+      StoreUnavailable: the store cannot be reached.
+    """
+    report = RecoveryReport(dry_run=dry_run)
+    for stranded in find_stranded(store, grace=grace, stale_after=stale_after):
+        _recover_one(store, publishers, stranded, report)
+    return report
+
+
+def _recover_one(
+    store: StepStore, publishers: Mapping[str, Publisher], stranded: Stranded, report: RecoveryReport
+) -> None:
+    run = stranded.run
+    publisher = publishers.get(run.framework)
+    if publisher is None:
+        report.skipped.append((stranded, f"no publisher for {run.framework!r} jobs"))
+    elif report.dry_run:
+        report.recovered.append((stranded, ""))
+    elif not store.mark_recovered(run.run_key, status=run.status, updated_at=run.updated_at):
+        report.skipped.append((stranded, "changed meanwhile, or recovered by another process"))
+    else:
+        try:
+            job_id = publish(publisher, run.envelope, run.run_key)
+        except PublishFailed as exc:
+            report.failed.append((stranded, str(exc)))
+            return
+        logger.info("recovered run %s (%s) as job %s", run.run_key, stranded.why, job_id)
+        report.recovered.append((stranded, job_id))
+
+
+class Sweeper:
+    """A daemon thread that calls :func:`recover` every ``interval`` seconds (C35).
+
+    Safe to run in every worker at once: :meth:`StepStore.mark_recovered`
+    lets one of them re-publish each stranded run. Errors are logged and the
+    next sweep goes on.
+
+    Parameters:
+      store(StepStore): the store.
+      publishers(Mapping[str, Publisher]): a publisher per framework name.
+      interval(str | float): time between sweeps (``"1m"`` or seconds).
+      grace(str | float): see :func:`find_stranded`.
+      stale_after(str | float): see :func:`find_stranded`.
+
+    Raises:
+      ValueError: a duration cannot be parsed, or ``interval`` is zero.
+    """
+
+    def __init__(
+        self,
+        store: StepStore,
+        publishers: Mapping[str, Publisher],
+        *,
+        interval: str | float = 60.0,
+        grace: str | float = DEFAULT_GRACE_SECONDS,
+        stale_after: str | float = DEFAULT_STALE_SECONDS,
+    ) -> None:
+        self.store = store
+        self.publishers = dict(publishers)
+        self.interval = parse_duration(interval)
+        if self.interval <= 0:
+            raise ValueError("the sweeper's interval must be positive")
+        self.grace = parse_duration(grace)
+        self.stale_after = parse_duration(stale_after)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Sweeper:
+        """Start the thread (once); return ``self``."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name="flexiq-sweeper", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Ask the thread to stop and wait for it up to ``timeout`` seconds."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def sweep(self) -> RecoveryReport:
+        """Run one recovery now and return its report."""
+        return recover(self.store, self.publishers, grace=self.grace, stale_after=self.stale_after)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                report = self.sweep()
+            except Exception:
+                logger.exception("recovery sweep failed; the next one runs in %s s", self.interval)
+                continue
+            if report.recovered or report.failed:
+                logger.info("recovery sweep: %d re-published, %d failed", len(report.recovered), len(report.failed))

@@ -1,0 +1,88 @@
+"""Runs as operators see them: listing, showing with steps, cleaning up (``flexiq runs``, ``store cleanup``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from .._store.base import RunRecord, StepRow, StepStore
+from ..durations import parse_duration
+
+__all__ = ["RunDetails", "cleanup", "latest_wake_at", "list_runs", "show_run"]
+
+
+@dataclass(frozen=True)
+class RunDetails:
+    """A run with its step rows, as ``flexiq runs show`` prints it.
+
+    Parameters:
+      run(RunRecord): the run.
+      steps(list[StepRow]): its committed steps by position.
+      wake_at(float | None): the latest sleep step's wake time, epoch seconds.
+    """
+
+    run: RunRecord
+    steps: list[StepRow]
+    wake_at: float | None
+
+
+def list_runs(
+    store: StepStore,
+    *,
+    status: str | None = None,
+    task_name: str | None = None,
+    since: str | float | None = None,
+    limit: int = 100,
+) -> list[RunRecord]:
+    """Return runs, newest first (``flexiq runs list``).
+
+    Parameters:
+      store(StepStore): the store.
+      status(str | None): only runs in this status.
+      task_name(str | None): only runs of this task or actor.
+      since(str | float | None): only runs updated within this window before
+        now (``"1h"``, ``"7d"`` or seconds), on the store's clock.
+      limit(int): at most this many runs.
+
+    Raises:
+      ValueError: ``since`` is not a duration.
+      StoreUnavailable: the store cannot be reached.
+    """
+    cutoff = None if since is None else store.now() - parse_duration(since)
+    return store.list_runs(status=status, task_name=task_name, since=cutoff, limit=limit)
+
+
+def show_run(store: StepStore, run_key: str) -> RunDetails:
+    """Return a run with its steps (``flexiq runs show``).
+
+    Raises:
+      UnknownRun: no run has ``run_key``.
+      StoreUnavailable: the store cannot be reached.
+    """
+    run = store.get_run(run_key)
+    steps = store.get_steps(run_key)
+    return RunDetails(run, steps, latest_wake_at(steps))
+
+
+def latest_wake_at(steps: Iterable[StepRow]) -> float | None:
+    sleeps = [s for s in steps if s.kind == "sleep" and s.wake_at is not None]
+    return max(sleeps, key=lambda s: s.position).wake_at if sleeps else None
+
+
+def cleanup(store: StepStore, older_than: str | float) -> int:
+    """Delete succeeded, failed and cancelled runs last updated more than ``older_than`` ago (C27).
+
+    Dead-lettered, sleeping, running and pending runs are kept.
+
+    Parameters:
+      store(StepStore): the store.
+      older_than(str | float): the retention, a duration (``"7d"``) or seconds.
+
+    Returns:
+      int: how many runs were deleted.
+
+    Raises:
+      ValueError: ``older_than`` is not a duration.
+      StoreUnavailable: the store cannot be reached.
+    """
+    return store.cleanup(older_than=store.now() - parse_duration(older_than))

@@ -1,0 +1,356 @@
+"""The step protocol: "enter the step → replay its memo, or execute it → commit", written once.
+
+Every verb of the step API (``run``, ``arun``, ``sleep``, and the verbs to
+come) goes through :meth:`StepJournal.protocol`. The protocol is a generator
+so that one implementation serves sync and async bodies alike: where the
+step's body must run it *yields* :data:`CALL_BODY`, and a driver calls the
+body and sends its value back (:func:`drive`), or awaits it
+(:func:`adrive`); an exception from the body is thrown back in. So the guard
+(C8), the identity and divergence check (C1–C3, C12), the memo (C5, C9), the
+abandonment of a failed step (C6), the caps (C22) and the commit happen in
+exactly one place.
+
+A :class:`Verb` says what is particular to one kind of step: how a memo is
+replayed, how a new step executes, and what it commits. The journal never
+sees a claim or a framework: it commits through a :class:`StepWriter`, which
+the attempt fences on its claim.
+
+The journal also owns the *latch* (C21): every signal or fatal step error it
+raises is remembered, so a body that catches it and returns anyway still
+fails, naming what it swallowed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import threading
+from collections.abc import Awaitable, Callable, Generator, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, NoReturn, Protocol, TypeVar
+
+from ._store.base import StepKind, StepRow
+from .codec import CodecChain
+from .config import Limits
+from .errors import ConcurrentStep, DecodeError, EncodeError, SleepSignal, StepLimitExceeded, StepUsageError
+from .identity import Sequence, StepId
+
+__all__ = [
+    "CALL_BODY",
+    "RunVerb",
+    "SleepVerb",
+    "StepJournal",
+    "StepWriter",
+    "Verb",
+    "adrive",
+    "current_step_key",
+    "drive",
+    "outside_steps",
+]
+
+T = TypeVar("T")
+
+CALL_BODY = object()
+"""What the protocol yields when the step's body must run now."""
+
+Protocol_ = Generator[object, Any, Any]
+"""A step protocol in progress: yields :data:`CALL_BODY`, receives the body's value, returns the step's."""
+
+_step_key: ContextVar[str | None] = ContextVar("flexiq_current_step", default=None)
+
+
+def current_step_key() -> str | None:
+    """The key of the step whose body runs in this context, or ``None`` outside a step body (C10)."""
+    return _step_key.get()
+
+
+@contextlib.contextmanager
+def outside_steps() -> Iterator[None]:
+    """Run the ``with`` block as if no step body were running (a nested job must not see the outer step)."""
+    token = _step_key.set(None)
+    try:
+        yield
+    finally:
+        _step_key.reset(token)
+
+
+@contextlib.contextmanager
+def _in_step(step_key: str) -> Iterator[None]:
+    token = _step_key.set(step_key)
+    try:
+        yield
+    finally:
+        _step_key.reset(token)
+
+
+class StepWriter(Protocol):
+    """Where a journal commits: the attempt, fenced on its claim (C9, C25)."""
+
+    def commit_step(self, row: StepRow) -> StepRow:
+        """Commit one step row in one transaction; return it as stored."""
+
+    def now(self) -> float:
+        """The store's clock, epoch seconds."""
+
+
+@dataclass
+class Step:
+    """A step entered by the protocol: its identity, and its committed row if it is a memo hit."""
+
+    id: StepId
+    memo: StepRow | None
+
+
+class Verb(Protocol):
+    """What is particular to one kind of step."""
+
+    kind: StepKind
+
+    def replay(self, journal: StepJournal, step: Step) -> Any:
+        """Return the step's value from its memo (no store statement, C9)."""
+
+    def execute(self, journal: StepJournal, step: Step) -> Protocol_:
+        """Execute a new step (yielding :data:`CALL_BODY` for its body) and return what to commit."""
+
+    def commit(self, journal: StepJournal, step: Step, produced: Any) -> Any:
+        """Commit what :meth:`execute` produced; return the step's value."""
+
+
+# ------------------------------------------------------------------- verbs
+class RunVerb:
+    """``step.run`` / ``step.arun``: the body's value, encoded, is the memo (C5, C7)."""
+
+    kind: StepKind = "run"
+
+    def replay(self, journal: StepJournal, step: Step) -> Any:
+        """Decode the stored value (C5, C7)."""
+        return journal.decode(step)
+
+    def execute(self, journal: StepJournal, step: Step) -> Protocol_:
+        """Run the body once; a body that returned an awaitable belongs in ``arun`` (refused)."""
+        value = yield CALL_BODY
+        if inspect.isawaitable(value):
+            _discard(value)
+            journal.refuse(StepUsageError(f"step {step.id.step_key!r} returned an awaitable; use await step.arun(...)"))
+        return value
+
+    def commit(self, journal: StepJournal, step: Step, produced: Any) -> Any:
+        """Encode, check the caps and commit; return the decoded value (C7, C22)."""
+        encoded, decoded = journal.encode(step, produced)
+        journal.commit(step, encoded, None)
+        return decoded
+
+
+class SleepVerb:
+    """``step.sleep`` / ``sleep_until``: the wake time is the memo (C15, C17).
+
+    Parameters:
+      wake_at_from(Callable[[float], float]): the wake time, epoch seconds,
+        from the store clock's ``now`` at the first commit.
+    """
+
+    kind: StepKind = "sleep"
+
+    def __init__(self, wake_at_from: Callable[[float], float]) -> None:
+        self._wake_at_from = wake_at_from
+
+    def replay(self, journal: StepJournal, step: Step) -> None:
+        """Return at once if the recorded wake time has passed, else sleep again (C17)."""
+        assert step.memo is not None
+        journal.sleep_until(step, step.memo.wake_at if step.memo.wake_at is not None else 0.0)
+
+    def execute(self, journal: StepJournal, step: Step) -> Protocol_:
+        """Fix the wake time from the store's clock (no body to run)."""
+        return self._wake_at_from(journal.now())
+        yield  # pragma: no cover - makes this a generator like every verb
+
+    def commit(self, journal: StepJournal, step: Step, produced: Any) -> None:
+        """Commit the wake time, then sleep unless it has already passed (C15)."""
+        journal.commit(step, None, produced)
+        journal.sleep_until(step, produced)
+
+
+# ----------------------------------------------------------------- journal
+class StepJournal:
+    """The recorded and running steps of one attempt, and the one step protocol.
+
+    Parameters:
+      snapshot(tuple[StepRow, ...]): the run's committed step rows (C9).
+      job_label(str): how messages name the job, e.g. ``"job j-1 (run r-1)"``.
+      writer(StepWriter): commits rows, fenced on the attempt's claim.
+      codec(CodecChain): serializer and codecs of step values (C7).
+      limits(Limits): the size caps (C22).
+    """
+
+    def __init__(
+        self,
+        snapshot: tuple[StepRow, ...],
+        job_label: str,
+        writer: StepWriter,
+        codec: CodecChain,
+        limits: Limits,
+    ) -> None:
+        self.sequence = Sequence(snapshot, job_label)
+        self._writer = writer
+        self._codec = codec
+        self._limits = limits
+        self._run_bytes = sum(r.size for r in snapshot)
+        self._guard = threading.Lock()
+        self._active: str | None = None
+        self.latched: BaseException | None = None
+
+    def now(self) -> float:
+        """The store's clock, epoch seconds."""
+        return self._writer.now()
+
+    # --------------------------------------------------------- the protocol
+    def protocol(self, verb: Verb, name: object, key: object = None) -> Protocol_:
+        """Enter one step, then replay its memo or execute and commit it; return the step's value."""
+        with self._one_at_a_time():
+            step = self._enter(name, key, verb.kind)
+            if step.memo is not None:
+                return verb.replay(self, step)
+            with self._body_of(step), _in_step(step.id.step_key):
+                produced = yield from verb.execute(self, step)
+            return verb.commit(self, step, produced)
+
+    def refuse(self, exc: BaseException) -> NoReturn:
+        """Raise ``exc`` as a fatal step error: latched, so a body cannot catch it away (C21)."""
+        if self.latched is None:
+            self.latched = exc
+        raise exc
+
+    @contextlib.contextmanager
+    def _one_at_a_time(self) -> Iterator[None]:
+        """Admit one step at a time (C8); re-raise a latched signal (C21)."""
+        if self.latched is not None:
+            raise self.latched
+        with self._guard:
+            busy = self._active
+            if busy is None:
+                self._active = "?"
+        if busy is not None:
+            self.refuse(
+                ConcurrentStep(
+                    f"a step was started while step {busy!r} of the same attempt was uncommitted; "
+                    "steps run one at a time: do not start them from threads, asyncio.gather or "
+                    "inside another step's body"
+                )
+            )
+        try:
+            yield
+        finally:
+            self._active = None
+
+    def _enter(self, name: object, key: object, kind: StepKind) -> Step:
+        """Derive the step's identity and match it against the snapshot (C1–C3, C12)."""
+        try:
+            step_id = self.sequence.derive(name, key, kind)
+            self._active = step_id.step_key
+            memo = self.sequence.enter(step_id)
+        except BaseException as exc:
+            self.refuse(exc)
+        return Step(step_id, memo)
+
+    @contextlib.contextmanager
+    def _body_of(self, step: Step) -> Iterator[None]:
+        """A new step's execution: if it raises, the step takes no key and no place (C6)."""
+        try:
+            yield
+        except BaseException:
+            self.sequence.abandon(step.id)
+            raise
+
+    # ------------------------------------------------- what verbs build on
+    def decode(self, step: Step) -> Any:
+        """Decode a memo hit from the snapshot; no store statement (C5, C9)."""
+        assert step.memo is not None
+        assert step.memo.value is not None
+        return self._codec.decode(step.memo.value, step_key=step.id.step_key)
+
+    def encode(self, step: Step, value: Any) -> tuple[bytes, Any]:
+        """Encode ``value`` and read it back: ``(stored bytes, decoded value)`` (C7).
+
+        A value that cannot be encoded, or not read back, is a fatal
+        :class:`EncodeError`: its body already ran (C29).
+        """
+        key = step.id.step_key
+        try:
+            encoded = self._codec.encode(value, step_key=key)
+            return encoded, self._codec.decode(encoded, step_key=key)  # never store what cannot be read back
+        except DecodeError as exc:
+            self.refuse(EncodeError(f"step {key!r} returned a value its serializer cannot read back: {exc}"))
+            raise  # unreachable: refuse() raises
+        except BaseException as exc:
+            self.refuse(exc)
+            raise
+
+    def commit(self, step: Step, encoded: bytes | None, wake_at: float | None) -> None:
+        """Check the caps and commit the step row in one fenced transaction (C9, C22)."""
+        self._check_limits(step.id.step_key, len(encoded or b""))
+        row = StepRow(self.sequence.next_position, step.id.step_key, step.id.kind, encoded, wake_at)
+        stored = self._writer.commit_step(row)
+        self.sequence.record(stored)
+        self._run_bytes += stored.size
+
+    def sleep_until(self, step: Step, wake_at: float) -> None:
+        """Raise :class:`SleepSignal` (latched) unless ``wake_at`` has passed on the store's clock (C15, C17)."""
+        if wake_at > self.now():
+            self.refuse(SleepSignal(step.id.step_key, wake_at))
+
+    def _check_limits(self, step_key: str, size: int) -> None:
+        checks = [
+            ("step bytes", size, self._limits.step_bytes),
+            ("run bytes", self._run_bytes + size, self._limits.run_bytes),
+            ("run step count", self.sequence.next_position + 1, self._limits.run_steps),
+        ]
+        for what, value, limit in checks:
+            if value > limit:
+                self.refuse(StepLimitExceeded(f"step {step_key!r} exceeds the {what} limit: {value} > {limit}"))
+
+
+# ----------------------------------------------------------------- drivers
+def drive(protocol: Protocol_, body: Callable[[], Any] | None = None) -> Any:
+    """Run a step protocol to its end, calling ``body()`` where it asks; return the step's value."""
+    try:
+        next(protocol)
+        while True:
+            assert body is not None, "this step has no body"
+            try:
+                value = body()
+            except BaseException as exc:
+                protocol.throw(exc)
+            else:
+                protocol.send(value)
+    except StopIteration as stop:
+        return stop.value
+
+
+def _discard(value: Any) -> None:
+    close = getattr(value, "close", None)
+    if callable(close):
+        close()
+
+
+async def adrive(protocol: Protocol_, body: Callable[[], Awaitable[Any] | Any]) -> Any:
+    """Async :func:`drive`: ``body()`` may return an awaitable, which is awaited.
+
+    Before the body runs the driver yields to the event loop once, so a
+    concurrent sibling step (``asyncio.gather``) reaches the guard now and is
+    refused (C8).
+    """
+    try:
+        next(protocol)
+        await asyncio.sleep(0)
+        while True:
+            try:
+                pending = body()
+                value = await pending if inspect.isawaitable(pending) else pending
+            except BaseException as exc:
+                protocol.throw(exc)
+            else:
+                protocol.send(value)
+    except StopIteration as stop:
+        return stop.value
