@@ -1,0 +1,284 @@
+"""Unit-testing durable task bodies without a broker or a worker.
+
+A :class:`DurableRun` runs a task body the way a worker would, one attempt at
+a time, against an in-memory store on a :class:`FakeClock`: the body sees
+``current_job`` and its steps are memoized, replayed and checked exactly as
+in production. A test can then simulate what happens between attempts::
+
+    from flexiq_plugins.testing import DurableRun
+
+    def test_checkout_charges_once_across_a_crash():
+        run = DurableRun(checkout, "order-1")          # the task function and its arguments
+        crashed = run.attempt(crash_after_steps=1)     # the worker dies right after "charge" commits
+        assert crashed.crashed and run.step_keys == ["charge#0"]
+        slept = run.attempt()                          # a redelivery takes the run over, replays "charge"
+        assert slept.sleeping
+        run.wake()                                     # the sleep elapses on the fake clock
+        done = run.attempt()
+        assert done.completed and done.value == "receipt sent"
+        assert payments.calls == 1
+
+The pytest plugin (:mod:`flexiq_plugins.pytest_plugin`, loaded through the
+``pytest11`` entry point) gives the fixtures ``flexiq_clock``,
+``flexiq_store`` and ``durable_run``. Nothing here imports a framework: a
+Celery task or a Dramatiq actor is turned into its plain function by its
+installed adapter (:meth:`~flexiq_plugins.registry.Adapter.task_body`).
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from . import outcomes
+from ._store.base import DeadLetterRecord, JobEnvelope, RunRecord, StepRow, StepStore
+from ._store.memory import MemoryStepStore
+from .attempt import Attempt, AttemptDriver, JobInfo
+from .config import DurableConfig
+from .durations import parse_duration
+from .registry import all_adapters
+
+__all__ = ["START", "AttemptResult", "DurableRun", "FakeClock", "SimulatedCrash", "task_body"]
+
+START = 1_700_000_000.0
+"""Where a :class:`FakeClock` starts, epoch seconds (2023-11-14 22:13:20 UTC)."""
+
+_job_ids = itertools.count(1)
+
+
+class FakeClock:
+    """A store clock that moves only when told to (epoch seconds).
+
+    Parameters:
+      start(float): the initial time, epoch seconds.
+    """
+
+    def __init__(self, start: float = START) -> None:
+        self.t = float(start)
+
+    def __call__(self) -> float:
+        """The current time, epoch seconds."""
+        return self.t
+
+    def advance(self, duration: str | float) -> None:
+        """Move the clock forward by ``duration`` (seconds, ``"1h"``, a ``timedelta``)."""
+        self.t += parse_duration(duration)
+
+
+class SimulatedCrash(BaseException):
+    """Raised inside an attempt to stop it the way a killed worker stops: nothing more is recorded."""
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    """What one attempt did.
+
+    Parameters:
+      number(int | None): the attempt's number (``None`` if it never started: busy, duplicate …).
+      outcome(Outcome | None): the core's outcome; ``None`` for a simulated crash.
+    """
+
+    number: int | None
+    outcome: outcomes.Outcome | None
+
+    @property
+    def crashed(self) -> bool:
+        """The attempt was stopped by :class:`SimulatedCrash`; its claim is still held."""
+        return self.outcome is None and self.number is not None
+
+    @property
+    def completed(self) -> bool:
+        """The body returned and the run succeeded."""
+        return isinstance(self.outcome, outcomes.Completed)
+
+    @property
+    def sleeping(self) -> bool:
+        """The body slept (``step.sleep``); :meth:`DurableRun.wake` lets the time pass."""
+        return isinstance(self.outcome, outcomes.PutBack) and self.outcome.reason is outcomes.PutBackReason.SLEEP
+
+    @property
+    def failed(self) -> bool:
+        """The body raised a retryable error (the framework's retry policy would decide)."""
+        return isinstance(self.outcome, outcomes.Failure)
+
+    @property
+    def dead_lettered(self) -> bool:
+        """The job went to the dead letters (divergence, size cap …)."""
+        return isinstance(self.outcome, outcomes.DeadLetter)
+
+    @property
+    def value(self) -> Any:
+        """The body's return value (``None`` unless :attr:`completed`)."""
+        return self.outcome.value if isinstance(self.outcome, outcomes.Completed) else None
+
+    @property
+    def error(self) -> BaseException | None:
+        """What the body raised, for a failed or dead-lettered attempt."""
+        if isinstance(self.outcome, (outcomes.Failure, outcomes.DeadLetter)):
+            return self.outcome.error
+        return None
+
+
+def task_body(task: Callable[..., Any]) -> Callable[..., Any]:
+    """The plain function of ``task``: a Celery task's ``run``, a Dramatiq actor's own function.
+
+    A plain function is returned as it is. Other objects are offered to the
+    installed adapters.
+    """
+    if inspect.isfunction(task) or inspect.ismethod(task):
+        return task
+    for adapter in all_adapters():
+        body = adapter.task_body(task)
+        if body is not None:
+            return body
+    return task
+
+
+class DurableRun:
+    """One run of a task body, driven attempt by attempt against an in-memory store.
+
+    Parameters:
+      task(Callable[..., Any]): the task function, a Celery task or a Dramatiq actor.
+      args, kwargs: the job's arguments.
+      run_key(str): the run's key (default ``"run-1"``); steps' idempotency keys start with it.
+      store(StepStore | None): where the run lives; a :class:`MemoryStepStore` on ``clock`` by default.
+      clock(FakeClock | None): the store's clock when the store is made here.
+      config(DurableConfig | None): the options (caps, lease …); defaults otherwise.
+      task_name(str | None): the name recorded with the run (default: the function's name).
+    """
+
+    def __init__(
+        self,
+        task: Callable[..., Any],
+        *args: Any,
+        run_key: str = "run-1",
+        store: StepStore | None = None,
+        clock: FakeClock | None = None,
+        config: DurableConfig | None = None,
+        task_name: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.body = task_body(task)
+        self.args, self.kwargs = args, kwargs
+        self.run_key = run_key
+        self.clock = clock or FakeClock()
+        self.store = store if store is not None else MemoryStepStore(clock=self.clock)
+        self.driver = AttemptDriver(self.store, config)
+        name = task_name or getattr(self.body, "__qualname__", None) or repr(self.body)
+        self.envelope = JobEnvelope(name, "test", None, list(args), dict(kwargs))
+        self.results: list[AttemptResult] = []
+
+    # -------------------------------------------------------------- attempts
+    def attempt(self, *, crash_after_steps: int | None = None) -> AttemptResult:
+        """Run the body once more, as the next delivery of the job would.
+
+        If the previous attempt crashed, its claim is taken over first (the
+        clock moves past its lease, as a redelivery after a dead worker does).
+
+        Parameters:
+          crash_after_steps(int | None): stop this attempt right after it has
+            committed that many *new* steps (``0``: before the first one), as
+            if the worker were killed there; nothing else is recorded.
+        """
+        if self.results and self.results[-1].crashed:
+            self.clock.advance(self.driver.config.lease_seconds + 1)
+        job = JobInfo(self.run_key, f"job-{next(_job_ids)}", self.envelope)
+        started = self.driver.start(job)
+        if not isinstance(started, Attempt):
+            return self._record(AttemptResult(None, started))
+        if crash_after_steps is None:
+            result = AttemptResult(started.number, started.run(self.body, *self.args, **self.kwargs))
+        else:
+            result = self._crashing(started, crash_after_steps)
+        return self._record(result)
+
+    def _crashing(self, attempt: Attempt, steps: int) -> AttemptResult:
+        commits = [0]
+        commit = attempt.commit_step
+
+        def commit_then_maybe_crash(row: StepRow) -> StepRow:
+            stored = commit(row)
+            commits[0] += 1
+            if commits[0] >= steps:
+                raise SimulatedCrash(f"simulated crash after step {row.step_key!r}")
+            return stored
+
+        attempt.commit_step = commit_then_maybe_crash  # type: ignore[method-assign]
+        try:
+            with attempt.activate():
+                if steps == 0:
+                    raise SimulatedCrash("simulated crash before the first step")
+                value = self.body(*self.args, **self.kwargs)
+        except SimulatedCrash:
+            return AttemptResult(attempt.number, None)
+        except BaseException as exc:
+            return AttemptResult(attempt.number, attempt.conclude(error=exc))
+        return AttemptResult(attempt.number, attempt.conclude(value=value))
+
+    def _record(self, result: AttemptResult) -> AttemptResult:
+        self.results.append(result)
+        return result
+
+    def wake(self) -> None:
+        """Move the clock to the wake time of the last sleep, so the next attempt goes on."""
+        last = self.results[-1].outcome if self.results else None
+        if not isinstance(last, outcomes.PutBack) or last.wake_at is None:
+            raise RuntimeError("the last attempt did not sleep; nothing to wake from")
+        self.clock.advance(max(last.wake_at - self.clock(), 0.0))
+
+    def until_done(self, *, max_attempts: int = 100) -> AttemptResult:
+        """Run attempts, letting every sleep elapse, until the run completes, fails for good or is dead-lettered.
+
+        A :class:`~flexiq_plugins.outcomes.Failure` is retried (as a framework
+        with retries left would). Returns the last attempt's result.
+
+        Raises:
+          RuntimeError: still not done after ``max_attempts`` attempts.
+        """
+        for _ in range(max_attempts):
+            result = self.attempt()
+            if result.sleeping:
+                self.wake()
+            elif not result.failed:
+                return result
+        raise RuntimeError(f"run {self.run_key!r} not done after {max_attempts} attempts")
+
+    # ------------------------------------------------------------ inspection
+    @property
+    def record(self) -> RunRecord:
+        """The run as stored."""
+        return self.store.get_run(self.run_key)
+
+    @property
+    def status(self) -> str:
+        """The run's status: ``running``, ``sleeping``, ``retrying``, ``succeeded``, ``dead`` …"""
+        return self.record.status
+
+    @property
+    def steps(self) -> list[StepRow]:
+        """The run's committed step rows, by position (dropped once the run succeeds, unless kept)."""
+        return self.store.get_steps(self.run_key)
+
+    @property
+    def step_keys(self) -> list[str]:
+        """The committed steps' keys, e.g. ``["charge#0", "sleep#0"]``."""
+        return [row.step_key for row in self.steps]
+
+    def value_of(self, step_key: str) -> Any:
+        """The decoded value a committed ``run`` step stored.
+
+        Raises:
+          KeyError: no committed step has that key.
+        """
+        for row in self.steps:
+            if row.step_key == step_key and row.value is not None:
+                return self.driver.codec.decode(row.value, step_key=step_key)
+        raise KeyError(f"run {self.run_key!r} has no committed step {step_key!r}; it has {self.step_keys}")
+
+    @property
+    def dead_letters(self) -> list[DeadLetterRecord]:
+        """The run's dead letters (reason, message, traceback …), oldest first."""
+        return [d for d in self.store.list_dead_letters(include_retried=True) if d.run_key == self.run_key]
