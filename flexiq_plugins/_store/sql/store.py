@@ -11,10 +11,13 @@ their own modules, each with its reasons):
 - **One transaction per interface call (C9, C25).** ``begin`` inserts the run if
   absent and locks its row (``SELECT … FOR UPDATE``; SQLite serializes writers
   with ``BEGIN IMMEDIATE`` instead), so two deliveries of one job decide
-  Finished / Busy / claim one after the other. ``renew``, ``commit_step`` and
-  ``finish`` open with an ``UPDATE … WHERE run_key AND owner AND attempt``: a
-  zero row count means another attempt took the run over, and the transaction
-  is rolled back before anything is written (:class:`ClaimLost`).
+  Finished / Busy / claim one after the other; ``mark_recovered`` locks the row
+  the same way. ``renew``, ``commit_step`` and ``finish`` open with an ``UPDATE
+  … WHERE run_key AND owner AND attempt``: a zero row count means another
+  attempt took the run over, and the transaction is rolled back before
+  anything is written (:class:`ClaimLost`). What each decision is (claim,
+  busy, finished, fenced out, recoverable) is not written here but in
+  :mod:`flexiq_plugins._store.claims`, shared with the memory store.
 - **MySQL's insert-if-absent takes the row lock itself.** ``INSERT … ON
   DUPLICATE KEY UPDATE`` X-locks an existing row, where ``INSERT IGNORE`` would
   take a shared lock that two concurrent ``FOR UPDATE`` readers then deadlock
@@ -40,16 +43,13 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import StaticPool
 
-from ...errors import ClaimLost, ConfigurationError, StoreUnavailable, UnknownDeadLetter, UnknownRun
+from ...errors import ConfigurationError, StoreUnavailable, UnknownDeadLetter, UnknownRun
 from ..base import (
     CLEANABLE_STATUSES,
-    TERMINAL_STATUSES,
     BeginResult,
     Begun,
-    Busy,
     Claim,
     DeadLetterRecord,
-    Finished,
     JobEnvelope,
     NewDeadLetter,
     RunRecord,
@@ -57,6 +57,7 @@ from ..base import (
     StepRow,
     StepStore,
 )
+from ..claims import Granted, already_committed, claim_lost, decide_claim, fence, may_recover
 from .engine import READ_ONLY, bad_store_message, create_engine, normalize_url, register_fork_hook, safe_url
 from .errors import is_deadlock, translated
 from .mapping import dead_letter_record, dump_envelope, load_envelope, run_record, step_row, step_values
@@ -200,17 +201,10 @@ class SqlStepStore(StepStore):
     def _fenced_update(self, conn: Connection, claim: Claim, **values: Any) -> None:
         """Update the run only while ``claim`` holds it, else raise :class:`ClaimLost` (C25)."""
         runs = self._t.runs
-        result = conn.execute(
-            sa.update(runs)
-            .where(
-                runs.c.run_key == claim.run_key,
-                runs.c.owner == claim.owner,
-                runs.c.attempt == claim.attempt,
-            )
-            .values(**values)
-        )
+        held = (runs.c[name] == value for name, value in fence(claim).items())
+        result = conn.execute(sa.update(runs).where(*held).values(**values))
         if result.rowcount != 1:
-            raise ClaimLost(f"attempt {claim.attempt} of run {claim.run_key!r} no longer holds its claim")
+            raise claim_lost(claim)
 
     def now(self) -> float:
         """Return the database's clock, epoch seconds (C23).
@@ -266,28 +260,14 @@ class SqlStepStore(StepStore):
         conn.execute(self._insert_run_if_absent(run_key, envelope, envelope_json))
         run = conn.execute(sa.select(runs).where(runs.c.run_key == run_key).with_for_update()).one()
         now = self._now(conn)
-        if run.status in TERMINAL_STATUSES:
-            return Finished(run.status)
-        held = run.owner is not None and run.lease_until is not None
-        if held and run.lease_until > now:
-            return Busy(run.lease_until - now)
-        claim = Claim(run_key, owner, run.attempt + 1, now + lease_seconds)
-        takeovers = run.takeovers + (1 if held else 0)
+        decision = decide_claim(run, now=now, owner=owner, lease_seconds=lease_seconds)
+        if not isinstance(decision, Granted):
+            return decision
         conn.execute(
-            sa.update(runs)
-            .where(runs.c.run_key == run_key)
-            .values(
-                status="running",
-                owner=owner,
-                attempt=claim.attempt,
-                lease_until=claim.lease_until,
-                takeovers=takeovers,
-                job_id=job_id,
-                updated_at=now,
-            )
+            sa.update(runs).where(runs.c.run_key == run_key).values(**decision.values(), job_id=job_id, updated_at=now)
         )
         snapshot = tuple(self._steps_of(conn, run_key))
-        return Begun(claim, snapshot, now, takeovers, load_envelope(run.envelope))
+        return Begun(decision.claim(run_key), snapshot, now, decision.takeovers, load_envelope(run.envelope))
 
     def _insert_run_if_absent(self, run_key: str, envelope: JobEnvelope, envelope_json: str) -> sa.Insert:
         values = {
@@ -367,7 +347,7 @@ class SqlStepStore(StepStore):
         try:
             conn.execute(sa.insert(self._t.steps).values(run_key=claim.run_key, **step_values(stored)))
         except sa_exc.IntegrityError as exc:
-            raise ClaimLost(f"step {row.step_key!r} of run {claim.run_key!r} is already committed") from exc
+            raise already_committed(claim, row.step_key) from exc
         return stored
 
     def finish(
@@ -616,11 +596,13 @@ class SqlStepStore(StepStore):
         return self._write(lambda conn: conn.execute(query).rowcount)
 
     def mark_recovered(self, run_key: str, *, status: str, updated_at: float) -> bool:
-        """Claim a stranded run for recovery with one conditional ``UPDATE`` (C35).
+        """Claim a stranded run for recovery: a compare-and-set on its locked row (C35).
 
-        Sets ``updated_at`` to the database's clock only while ``status`` and
-        ``updated_at`` are the ones given and, for a ``running`` run, the lease
-        has expired; the row count says who won.
+        One transaction: lock the run's row, read the database's clock, and
+        set ``updated_at`` to it only if :func:`~flexiq_plugins._store.claims.may_recover`
+        allows (``status`` and ``updated_at`` are the ones given and, for a
+        ``running`` run, the lease has expired). A concurrent recoverer waits
+        on the lock, then reads the new ``updated_at`` and loses.
 
         Parameters:
           run_key(str): the run.
@@ -636,13 +618,12 @@ class SqlStepStore(StepStore):
         runs = self._t.runs
 
         def work(conn: Connection) -> bool:
+            run = conn.execute(sa.select(runs).where(runs.c.run_key == run_key).with_for_update()).first()
             now = self._now(conn)
-            query = sa.update(runs).where(
-                runs.c.run_key == run_key, runs.c.status == status, runs.c.updated_at == updated_at
-            )
-            if status == "running":
-                query = query.where(sa.or_(runs.c.lease_until.is_(None), runs.c.lease_until <= now))
-            return conn.execute(query.values(updated_at=now)).rowcount == 1
+            if run is None or not may_recover(run, status=status, updated_at=updated_at, now=now):
+                return False
+            conn.execute(sa.update(runs).where(runs.c.run_key == run_key).values(updated_at=now))
+            return True
 
         return self._write(work)
 
