@@ -12,16 +12,13 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from ..errors import ClaimLost, UnknownDeadLetter, UnknownRun
+from ..errors import UnknownDeadLetter, UnknownRun
 from .base import (
     CLEANABLE_STATUSES,
-    TERMINAL_STATUSES,
     BeginResult,
     Begun,
-    Busy,
     Claim,
     DeadLetterRecord,
-    Finished,
     JobEnvelope,
     NewDeadLetter,
     RunRecord,
@@ -29,6 +26,7 @@ from .base import (
     StepRow,
     StepStore,
 )
+from .claims import Granted, already_committed, claim_lost, decide_claim, holds, may_recover
 
 __all__ = ["MemoryStepStore"]
 
@@ -59,25 +57,13 @@ class MemoryStepStore(StepStore):
         with self._lock:
             now = self.now()
             run = self._runs.get(run_key) or self._new_run(run_key, envelope, now)
-            if run.status in TERMINAL_STATUSES:
-                return Finished(run.status)
-            held = run.owner is not None and run.lease_until is not None
-            if held and run.lease_until is not None and run.lease_until > now:
-                return Busy(run.lease_until - now)
-            run = dataclasses.replace(
-                run,
-                status="running",
-                owner=owner,
-                attempt=run.attempt + 1,
-                lease_until=now + lease_seconds,
-                takeovers=run.takeovers + (1 if held else 0),
-                job_id=job_id,
-                updated_at=now,
-            )
+            decision = decide_claim(run, now=now, owner=owner, lease_seconds=lease_seconds)
+            if not isinstance(decision, Granted):
+                return decision
+            run = dataclasses.replace(run, **decision.values(), job_id=job_id, updated_at=now)
             self._runs[run_key] = run
-            claim = Claim(run_key, owner, run.attempt, now + lease_seconds)
             snapshot = tuple(self._steps.get(run_key, ()))
-            return Begun(claim, snapshot, now, run.takeovers, run.envelope)
+            return Begun(decision.claim(run_key), snapshot, now, decision.takeovers, run.envelope)
 
     def _new_run(self, run_key: str, envelope: JobEnvelope, now: float) -> RunRecord:
         return RunRecord(
@@ -100,8 +86,8 @@ class MemoryStepStore(StepStore):
 
     def _fenced(self, claim: Claim) -> RunRecord:
         run = self._runs.get(claim.run_key)
-        if run is None or run.owner != claim.owner or run.attempt != claim.attempt:
-            raise ClaimLost(f"attempt {claim.attempt} of run {claim.run_key!r} no longer holds its claim")
+        if run is None or not holds(run, claim):
+            raise claim_lost(claim)
         return run
 
     def renew(self, claim: Claim, lease_seconds: float) -> Claim:
@@ -118,7 +104,7 @@ class MemoryStepStore(StepStore):
             run = self._fenced(claim)
             steps = self._steps.setdefault(claim.run_key, [])
             if any(s.step_key == row.step_key for s in steps):
-                raise ClaimLost(f"step {row.step_key!r} of run {claim.run_key!r} is already committed")
+                raise already_committed(claim, row.step_key)
             now = self.now()
             stored = dataclasses.replace(row, committed_at=now, attempt=claim.attempt)
             steps.append(stored)
@@ -266,9 +252,7 @@ class MemoryStepStore(StepStore):
         with self._lock:
             run = self._runs.get(run_key)
             now = self.now()
-            if run is None or run.status != status or run.updated_at != updated_at:
-                return False
-            if status == "running" and run.lease_until is not None and run.lease_until > now:
+            if run is None or not may_recover(run, status=status, updated_at=updated_at, now=now):
                 return False
             self._runs[run_key] = dataclasses.replace(run, updated_at=now)
             return True

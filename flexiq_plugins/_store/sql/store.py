@@ -1,6 +1,7 @@
 """The durable step store on SQLAlchemy Core: SQLite, PostgreSQL, MySQL/MariaDB.
 
-Why it is built the way it is:
+Why it is built the way it is (engines, migrations and error translation have
+their own modules, each with its reasons):
 
 - **The database's clock, not the worker's (C23).** Every method that stamps or
   compares a time first reads the clock *inside its transaction*, after any row
@@ -10,66 +11,45 @@ Why it is built the way it is:
 - **One transaction per interface call (C9, C25).** ``begin`` inserts the run if
   absent and locks its row (``SELECT … FOR UPDATE``; SQLite serializes writers
   with ``BEGIN IMMEDIATE`` instead), so two deliveries of one job decide
-  Finished / Busy / claim one after the other. ``renew``, ``commit_step`` and
-  ``finish`` open with an ``UPDATE … WHERE run_key AND owner AND attempt``: a
-  zero row count means another attempt took the run over, and the transaction
-  is rolled back before anything is written (:class:`ClaimLost`).
+  Finished / Busy / claim one after the other; ``mark_recovered`` locks the row
+  the same way. ``renew``, ``commit_step`` and ``finish`` open with an ``UPDATE
+  … WHERE run_key AND owner AND attempt``: a zero row count means another
+  attempt took the run over, and the transaction is rolled back before
+  anything is written (:class:`ClaimLost`). What each decision is (claim,
+  busy, finished, fenced out, recoverable) is not written here but in
+  :mod:`flexiq_plugins._store.claims`, shared with the memory store.
 - **MySQL's insert-if-absent takes the row lock itself.** ``INSERT … ON
   DUPLICATE KEY UPDATE`` X-locks an existing row, where ``INSERT IGNORE`` would
   take a shared lock that two concurrent ``FOR UPDATE`` readers then deadlock
-  on. Our MySQL engines also run ``READ COMMITTED`` (no gap locks) with the
-  session time zone at UTC so ``UNIX_TIMESTAMP(NOW(6))`` is exact. A deadlock
-  the server reports anyway (the whole transaction was rolled back) is retried
-  a few times before it surfaces as :class:`StoreUnavailable`.
-- **Processes and forks.** Celery prefork and Dramatiq fork worker processes; a
-  pooled connection shared by parent and child corrupts both. A fork hook calls
-  ``engine.dispose(close=False)`` in the child, the pattern SQLAlchemy
-  documents, so the child opens its own connections and the parent's stay
-  untouched. SQLite opens in WAL mode with a 30 s busy timeout.
+  on. A deadlock the server reports anyway (the whole transaction was rolled
+  back) is retried a few times before it surfaces as :class:`StoreUnavailable`.
 - **Lazy schema.** Construction never connects. The first call runs the Alembic
-  migrations shipped in ``migrations/`` once per store object (thread-safe),
-  under a PostgreSQL advisory lock / MySQL ``GET_LOCK`` so workers starting
-  together do not race to create the tables.
-- **One error boundary.** Nothing from SQLAlchemy or a driver leaves a public
-  method: connection failures, timeouts and other operational errors become
-  :class:`StoreUnavailable` (retryable, C28), everything else
-  :class:`StoreError`, each ``from`` the original and naming the URL with its
-  password hidden.
+  migrations once per store object (thread-safe), under the migration lock of
+  :mod:`.migrate`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
-import sqlite3
 import threading
 import time
-import weakref
-import zlib
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any, TypeVar
 
 import sqlalchemy as sa
-from sqlalchemy import event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import mysql, postgresql, sqlite
-from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import StaticPool
 
-from ..errors import ClaimLost, ConfigurationError, StoreError, StoreUnavailable, UnknownDeadLetter, UnknownRun
-from .base import (
+from ...errors import ConfigurationError, StoreUnavailable, UnknownDeadLetter, UnknownRun
+from ..base import (
     CLEANABLE_STATUSES,
-    TERMINAL_STATUSES,
     BeginResult,
     Begun,
-    Busy,
     Claim,
     DeadLetterRecord,
-    Finished,
     JobEnvelope,
     NewDeadLetter,
     RunRecord,
@@ -77,384 +57,26 @@ from .base import (
     StepRow,
     StepStore,
 )
+from ..claims import Granted, already_committed, claim_lost, decide_claim, fence, may_recover
+from .engine import READ_ONLY, bad_store_message, create_engine, normalize_url, register_fork_hook, safe_url
+from .errors import is_deadlock, translated
+from .mapping import dead_letter_record, dump_envelope, load_envelope, run_record, step_row, step_values
+from .migrate import migrate
+from .tables import DEFAULT_TABLE_PREFIX, store_tables
 
-__all__ = ["ACCEPTED_STORE_FORMS", "DEFAULT_TABLE_PREFIX", "SqlStepStore", "normalize_url", "upgrade_store"]
+__all__ = ["SqlStepStore"]
 
-DEFAULT_TABLE_PREFIX = "flexiq_"
-ACCEPTED_STORE_FORMS = (
-    "sqlite:///path, postgresql://…, mysql://… (or mariadb://…), memory://, a sqlalchemy Engine or a StepStore"
-)
-"""The store specifications accepted, for error messages."""
-
-_MIGRATIONS = Path(__file__).with_name("migrations")
-_SQLITE_BUSY_TIMEOUT_MS = 30_000
-_CONNECT_TIMEOUT_S = 10
 _DEADLOCK_RETRIES = 3
-_READ_ONLY = "flexiq_read_only"
-_DRIVERS = {
-    "postgresql": "postgresql+psycopg",
-    "postgres": "postgresql+psycopg",
-    "mysql": "mysql+pymysql",
-    "mariadb": "mariadb+pymysql",
-    "sqlite": "sqlite",
-}
-_DRIVER_PACKAGES = {"postgresql": "psycopg (extra 'postgres')", "mysql": "pymysql (extra 'mysql')"}
 _CLOCKS = {
     "postgresql": "extract(epoch from clock_timestamp())",
     "mysql": "UNIX_TIMESTAMP(NOW(6))",
     "mariadb": "UNIX_TIMESTAMP(NOW(6))",
     "sqlite": "((julianday('now') - 2440587.5) * 86400.0)",
 }
-_DRIVER_MODULES = frozenset({"psycopg", "psycopg2", "pymysql", "MySQLdb", "sqlite3", "alembic"})
-_UNAVAILABLE = (
-    sa_exc.OperationalError,
-    sa_exc.InterfaceError,
-    sa_exc.DisconnectionError,
-    sa_exc.TimeoutError,
-    OSError,
-)
 
 T = TypeVar("T")
 
 
-# ----------------------------------------------------------------- tables
-@dataclass(frozen=True)
-class _Tables:
-    """The three tables of one ``table_prefix``, as Core ``Table`` objects.
-
-    The DDL lives in the migrations; these declare only what queries need
-    (names and types for binding and result processing).
-    """
-
-    runs: sa.Table
-    steps: sa.Table
-    dead: sa.Table
-
-
-def _time() -> sa.Double[float]:
-    return sa.Double(asdecimal=False)
-
-
-def _tables(prefix: str) -> _Tables:
-    md = sa.MetaData()
-    runs = sa.Table(
-        f"{prefix}runs",
-        md,
-        sa.Column("run_key", sa.String(255), primary_key=True),
-        sa.Column("task_name", sa.String(255)),
-        sa.Column("framework", sa.String(32)),
-        sa.Column("queue", sa.String(255)),
-        sa.Column("status", sa.String(16)),
-        sa.Column("owner", sa.String(255)),
-        sa.Column("attempt", sa.Integer),
-        sa.Column("lease_until", _time()),
-        sa.Column("takeovers", sa.Integer),
-        sa.Column("job_id", sa.String(255)),
-        sa.Column("envelope", sa.Text),
-        sa.Column("step_count", sa.Integer),
-        sa.Column("step_bytes", sa.BigInteger),
-        sa.Column("created_at", _time()),
-        sa.Column("updated_at", _time()),
-    )
-    steps = sa.Table(
-        f"{prefix}steps",
-        md,
-        sa.Column("run_key", sa.String(255), primary_key=True),
-        sa.Column("step_key", sa.String(400), primary_key=True),
-        sa.Column("position", sa.Integer),
-        sa.Column("kind", sa.String(16)),
-        sa.Column("value", sa.LargeBinary),
-        sa.Column("wake_at", _time()),
-        sa.Column("committed_at", _time()),
-        sa.Column("attempt", sa.Integer),
-    )
-    dead = sa.Table(
-        f"{prefix}dead_letters",
-        md,
-        sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-        sa.Column("run_key", sa.String(255)),
-        sa.Column("job_id", sa.String(255)),
-        sa.Column("task_name", sa.String(255)),
-        sa.Column("reason", sa.String(64)),
-        sa.Column("message", sa.Text),
-        sa.Column("traceback", sa.Text),
-        sa.Column("envelope", sa.Text),
-        sa.Column("created_at", _time()),
-        sa.Column("retried_at", _time()),
-    )
-    return _Tables(runs, steps, dead)
-
-
-# ------------------------------------------------------------ URLs, engines
-def normalize_url(raw: str | URL) -> URL:
-    """Parse a store URL and pick this package's driver when none is named.
-
-    ``postgresql://`` (and ``postgres://``) become ``postgresql+psycopg://``,
-    ``mysql://`` becomes ``mysql+pymysql://`` and ``mariadb://`` becomes
-    ``mariadb+pymysql://`` (with ``charset=utf8mb4`` unless given). A relative
-    SQLite path is made absolute against the current working directory now,
-    so a worker that changes directory later keeps the same file.
-
-    Parameters:
-      raw(str | URL): a SQLAlchemy URL.
-
-    Raises:
-      ConfigurationError: the URL cannot be parsed or names another database.
-    """
-    try:
-        url = make_url(raw)
-    except (sa_exc.ArgumentError, ValueError) as exc:
-        raise ConfigurationError(_bad_store_message(raw)) from exc
-    backend, _, driver = url.drivername.partition("+")
-    if backend not in _DRIVERS:
-        raise ConfigurationError(_bad_store_message(raw))
-    if not driver:
-        url = url.set(drivername=_DRIVERS[backend])
-    if url.get_backend_name() in ("mysql", "mariadb") and "charset" not in url.query:
-        url = url.update_query_dict({"charset": "utf8mb4"})
-    if url.get_backend_name() == "sqlite" and not _is_memory_sqlite(url) and "uri" not in url.query:
-        url = url.set(database=os.path.abspath(str(url.database)))
-    return url
-
-
-def _bad_store_message(raw: object) -> str:
-    return f"cannot use {raw!r} as a step store; accepted forms: {ACCEPTED_STORE_FORMS}"
-
-
-def _is_memory_sqlite(url: URL) -> bool:
-    return url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
-
-
-def _create_engine(url: URL) -> Engine:
-    """Create an engine configured for the store (does not connect)."""
-    backend = url.get_backend_name()
-    kwargs: dict[str, Any] = {}
-    if backend == "sqlite" and _is_memory_sqlite(url):
-        kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
-    elif backend != "sqlite":
-        kwargs["pool_pre_ping"] = True
-    if backend == "postgresql" and "connect_timeout" not in url.query:
-        kwargs["connect_args"] = {"connect_timeout": _CONNECT_TIMEOUT_S}
-    if backend in ("mysql", "mariadb"):
-        kwargs["isolation_level"] = "READ COMMITTED"
-    try:
-        engine = sa.create_engine(url, **kwargs)
-    except ImportError as exc:
-        package = _DRIVER_PACKAGES.get("mysql" if backend == "mariadb" else backend, "its driver")
-        raise ConfigurationError(f"the step store {_safe(url)} needs the package {package}") from exc
-    except (sa_exc.ArgumentError, TypeError) as exc:
-        raise ConfigurationError(f"cannot create an engine for {_safe(url)}: {exc}") from exc
-    if backend == "sqlite":
-        _install_sqlite_events(engine, wal=not _is_memory_sqlite(url))
-    elif backend in ("mysql", "mariadb"):
-        event.listen(engine, "connect", _on_mysql_connect)
-    return engine
-
-
-def _safe(url: URL) -> str:
-    return url.render_as_string(hide_password=True)
-
-
-def _install_sqlite_events(engine: Engine, *, wal: bool) -> None:
-    """The pysqlite ``BEGIN IMMEDIATE`` recipe, WAL mode and a busy timeout.
-
-    pysqlite's own transaction handling is switched off (``isolation_level =
-    None``) and every write transaction starts with ``BEGIN IMMEDIATE``, which
-    takes SQLite's write lock up front: two processes can never both read and
-    then both try to upgrade to writing (the "database is locked" deadlock).
-    Read-only calls use a plain deferred ``BEGIN`` and do not block writers.
-    """
-
-    def on_connect(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        try:
-            cursor.execute(f"PRAGMA busy_timeout = {_SQLITE_BUSY_TIMEOUT_MS}")
-            if wal:
-                _enable_wal(cursor)
-        finally:
-            cursor.close()
-
-    def on_begin(conn: Connection) -> None:
-        read_only = conn.get_execution_options().get(_READ_ONLY, False)
-        conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
-
-    event.listen(engine, "connect", on_connect)
-    event.listen(engine, "begin", on_begin)
-
-
-def _enable_wal(cursor: Any) -> None:
-    """Switch the file to WAL (persistent), retrying while another connection holds a lock.
-
-    SQLite answers a journal-mode change with "database is locked" at once,
-    without waiting on the busy timeout, when another connection is inside a
-    transaction: several workers opening a fresh file together hit exactly that.
-    """
-    deadline = time.monotonic() + _SQLITE_BUSY_TIMEOUT_MS / 1000
-    while True:
-        try:
-            cursor.execute("PRAGMA journal_mode")
-            if str(cursor.fetchone()[0]).lower() != "wal":
-                cursor.execute("PRAGMA journal_mode = WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
-
-
-def _on_mysql_connect(dbapi_connection: Any, _record: Any) -> None:
-    cursor = dbapi_connection.cursor()
-    try:
-        cursor.execute("SET time_zone = '+00:00'")
-    finally:
-        cursor.close()
-
-
-def _register_fork_hook(store: SqlStepStore) -> None:
-    """Make a forked child drop (without closing) the parent's pooled connections."""
-    ref = weakref.ref(store)
-
-    def after_fork_in_child() -> None:
-        alive = ref()
-        if alive is not None:
-            alive._after_fork()
-
-    os.register_at_fork(after_in_child=after_fork_in_child)
-
-
-# ------------------------------------------------------------- migrations
-def upgrade_store(
-    url_or_engine: str | URL | Engine,
-    revision: str = "head",
-    *,
-    table_prefix: str = DEFAULT_TABLE_PREFIX,
-) -> None:
-    """Bring the store's tables to ``revision`` with the shipped Alembic migrations.
-
-    Idempotent, and safe when several processes call it at once: PostgreSQL
-    takes an advisory lock and MySQL/MariaDB a ``GET_LOCK``, both held until
-    the upgrade has committed; SQLite's ``BEGIN IMMEDIATE`` serializes it.
-
-    Parameters:
-      url_or_engine(str | URL | Engine): the store's URL or an engine.
-      revision(str): the Alembic revision, ``"head"`` for the newest.
-      table_prefix(str): the prefix of the store's table names.
-
-    Raises:
-      ConfigurationError: an unusable URL.
-      StoreUnavailable: the database cannot be reached.
-      StoreError: the migration failed.
-    """
-    if isinstance(url_or_engine, Engine):
-        engine, owned = url_or_engine, False
-    else:
-        engine, owned = _create_engine(normalize_url(url_or_engine)), True
-    try:
-        with _translated(engine):
-            _upgrade(engine, revision, table_prefix)
-    finally:
-        if owned:
-            engine.dispose()
-
-
-def _upgrade(engine: Engine, revision: str, prefix: str) -> None:
-    from alembic import command
-    from alembic.config import Config
-
-    config = Config()
-    config.set_main_option("script_location", str(_MIGRATIONS))
-    config.attributes["table_prefix"] = prefix
-    with engine.connect() as conn, _migration_lock(conn, prefix), conn.begin():
-        config.attributes["connection"] = conn
-        command.upgrade(config, revision)
-
-
-@contextmanager
-def _migration_lock(conn: Connection, prefix: str) -> Iterator[None]:
-    """Hold a session-level lock across the whole upgrade, released only after its commit.
-
-    Released after the commit so a second process waiting on it sees the new
-    version row and does nothing. SQLite needs none: ``BEGIN IMMEDIATE``
-    already serializes the upgrade's transaction.
-    """
-    name = conn.dialect.name
-    key = f"flexiq-migrate:{prefix}"
-    if name == "postgresql":
-        number = zlib.crc32(key.encode())
-        lock, unlock = sa.func.pg_advisory_lock(number), sa.func.pg_advisory_unlock(number)
-    elif name in ("mysql", "mariadb"):
-        lock, unlock = sa.func.get_lock(key[:64], 120), sa.func.release_lock(key[:64])
-    else:
-        yield
-        return
-    conn.execute(sa.select(lock))
-    conn.commit()
-    try:
-        yield
-    finally:
-        conn.execute(sa.select(unlock))
-        conn.commit()
-
-
-# ------------------------------------------------------- error translation
-@contextmanager
-def _translated(engine: Engine) -> Iterator[None]:
-    """Turn SQLAlchemy, driver and Alembic errors into :class:`StoreError` types."""
-    try:
-        yield
-    except (sa_exc.SQLAlchemyError, OSError) as exc:
-        raise _translate(exc, engine) from exc
-    except Exception as exc:
-        if type(exc).__module__.split(".")[0] not in _DRIVER_MODULES:
-            raise
-        raise _translate(exc, engine) from exc
-
-
-def _translate(exc: BaseException, engine: Engine) -> StoreError:
-    where = _safe(engine.url)
-    detail = _detail(exc)
-    if _is_missing_table(exc):
-        return StoreError(
-            f"the step store at {where} has no tables ({detail}): run `flexiq store upgrade` "
-            "or open the store with auto_upgrade=True"
-        )
-    unavailable = isinstance(exc, _UNAVAILABLE) or (isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated)
-    if unavailable:
-        return StoreUnavailable(f"the step store at {where} is unavailable: {detail}")
-    return StoreError(f"the step store at {where} failed: {detail}")
-
-
-def _detail(exc: BaseException) -> str:
-    origin = exc.orig if isinstance(exc, sa_exc.DBAPIError) and exc.orig is not None else exc
-    lines = str(origin).strip().splitlines()
-    text = lines[0] if lines else type(origin).__name__
-    return text[:300]
-
-
-def _is_missing_table(exc: BaseException) -> bool:
-    """An undefined table: SQLite's wording, PostgreSQL's SQLSTATE 42P01, MySQL's error 1146."""
-    if not isinstance(exc, sa_exc.DBAPIError):
-        return False
-    origin = exc.orig
-    args: tuple[Any, ...] = getattr(origin, "args", ())
-    return (
-        getattr(origin, "sqlstate", None) == "42P01"
-        or (bool(args) and args[0] == 1146)
-        or "no such table" in str(origin)
-    )
-
-
-def _is_deadlock(exc: sa_exc.DBAPIError) -> bool:
-    """A deadlock or serialization failure: the server rolled the transaction back."""
-    origin = exc.orig
-    if getattr(origin, "sqlstate", None) in ("40P01", "40001"):
-        return True
-    args: tuple[Any, ...] = getattr(origin, "args", ())
-    return bool(args) and args[0] == 1213
-
-
-# ------------------------------------------------------------------ store
 class SqlStepStore(StepStore):
     """A :class:`StepStore` in a SQL database, through SQLAlchemy Core.
 
@@ -486,23 +108,23 @@ class SqlStepStore(StepStore):
         if isinstance(url_or_engine, Engine):
             self._engine = url_or_engine
         else:
-            self._engine = _create_engine(normalize_url(url_or_engine))
+            self._engine = create_engine(normalize_url(url_or_engine))
         self._dialect = self._engine.dialect.name
         if self._dialect not in _CLOCKS:
-            raise ConfigurationError(_bad_store_message(_safe(self._engine.url)))
+            raise ConfigurationError(bad_store_message(safe_url(self._engine.url)))
         self._clock: sa.ColumnElement[float] = sa.literal_column(
             _CLOCKS[self._dialect], type_=sa.Double(asdecimal=False)
         )
-        self._t = _tables(table_prefix)
+        self._t = store_tables(table_prefix)
         self._prefix = table_prefix
         self._schema_ready = not auto_upgrade
         # One shared connection (in-memory SQLite) must not run two transactions at once.
         self._shared_connection = isinstance(self._engine.pool, StaticPool)
         self._make_locks()
-        _register_fork_hook(self)
+        register_fork_hook(self, SqlStepStore._after_fork)
 
     def __repr__(self) -> str:
-        return f"SqlStepStore({_safe(self._engine.url)!r}, table_prefix={self._prefix!r})"
+        return f"SqlStepStore({safe_url(self._engine.url)!r}, table_prefix={self._prefix!r})"
 
     @property
     def engine(self) -> Engine:
@@ -517,7 +139,7 @@ class SqlStepStore(StepStore):
     @property
     def url(self) -> str:
         """The store's URL with its password hidden."""
-        return _safe(self._engine.url)
+        return safe_url(self._engine.url)
 
     def close(self) -> None:
         """Dispose of the engine's connections (only if the store created the engine)."""
@@ -539,7 +161,7 @@ class SqlStepStore(StepStore):
             return
         with self._schema_lock:
             if not self._schema_ready:
-                _upgrade(self._engine, "head", self._prefix)
+                migrate(self._engine, "head", self._prefix)
                 self._schema_ready = True
 
     def _write(self, work: Callable[[Connection], T]) -> T:
@@ -554,11 +176,10 @@ class SqlStepStore(StepStore):
         retries = _DEADLOCK_RETRIES
         while True:
             try:
-                with _translated(self._engine):
+                with translated(self._engine):
                     return self._once(work, read_only=read_only)
             except StoreUnavailable as exc:
-                cause = exc.__cause__
-                if not (retries and isinstance(cause, sa_exc.DBAPIError) and _is_deadlock(cause)):
+                if not (retries and is_deadlock(exc.__cause__)):
                     raise
                 retries -= 1
                 time.sleep(0.01 * (_DEADLOCK_RETRIES - retries))
@@ -569,7 +190,7 @@ class SqlStepStore(StepStore):
             self._ensure_schema()
             if read_only:
                 with self._engine.connect() as conn:
-                    conn.execution_options(**{_READ_ONLY: True})
+                    conn.execution_options(**{READ_ONLY: True})
                     return work(conn)
             with self._engine.begin() as conn:
                 return work(conn)
@@ -580,17 +201,10 @@ class SqlStepStore(StepStore):
     def _fenced_update(self, conn: Connection, claim: Claim, **values: Any) -> None:
         """Update the run only while ``claim`` holds it, else raise :class:`ClaimLost` (C25)."""
         runs = self._t.runs
-        result = conn.execute(
-            sa.update(runs)
-            .where(
-                runs.c.run_key == claim.run_key,
-                runs.c.owner == claim.owner,
-                runs.c.attempt == claim.attempt,
-            )
-            .values(**values)
-        )
+        held = (runs.c[name] == value for name, value in fence(claim).items())
+        result = conn.execute(sa.update(runs).where(*held).values(**values))
         if result.rowcount != 1:
-            raise ClaimLost(f"attempt {claim.attempt} of run {claim.run_key!r} no longer holds its claim")
+            raise claim_lost(claim)
 
     def now(self) -> float:
         """Return the database's clock, epoch seconds (C23).
@@ -618,7 +232,7 @@ class SqlStepStore(StepStore):
           StoreUnavailable: the database cannot be reached (retryable, C28).
           StoreError: the envelope is not JSON-compatible, or another database error.
         """
-        envelope_json = _dump_envelope(envelope)
+        envelope_json = dump_envelope(envelope)
         return self._write(
             lambda conn: self._begin(
                 conn,
@@ -646,28 +260,14 @@ class SqlStepStore(StepStore):
         conn.execute(self._insert_run_if_absent(run_key, envelope, envelope_json))
         run = conn.execute(sa.select(runs).where(runs.c.run_key == run_key).with_for_update()).one()
         now = self._now(conn)
-        if run.status in TERMINAL_STATUSES:
-            return Finished(run.status)
-        held = run.owner is not None and run.lease_until is not None
-        if held and run.lease_until > now:
-            return Busy(run.lease_until - now)
-        claim = Claim(run_key, owner, run.attempt + 1, now + lease_seconds)
-        takeovers = run.takeovers + (1 if held else 0)
+        decision = decide_claim(run, now=now, owner=owner, lease_seconds=lease_seconds)
+        if not isinstance(decision, Granted):
+            return decision
         conn.execute(
-            sa.update(runs)
-            .where(runs.c.run_key == run_key)
-            .values(
-                status="running",
-                owner=owner,
-                attempt=claim.attempt,
-                lease_until=claim.lease_until,
-                takeovers=takeovers,
-                job_id=job_id,
-                updated_at=now,
-            )
+            sa.update(runs).where(runs.c.run_key == run_key).values(**decision.values(), job_id=job_id, updated_at=now)
         )
         snapshot = tuple(self._steps_of(conn, run_key))
-        return Begun(claim, snapshot, now, takeovers, _load_envelope(run.envelope))
+        return Begun(decision.claim(run_key), snapshot, now, decision.takeovers, load_envelope(run.envelope))
 
     def _insert_run_if_absent(self, run_key: str, envelope: JobEnvelope, envelope_json: str) -> sa.Insert:
         values = {
@@ -745,9 +345,9 @@ class SqlStepStore(StepStore):
         )
         stored = dataclasses.replace(row, committed_at=now, attempt=claim.attempt)
         try:
-            conn.execute(sa.insert(self._t.steps).values(run_key=claim.run_key, **_step_values(stored)))
+            conn.execute(sa.insert(self._t.steps).values(run_key=claim.run_key, **step_values(stored)))
         except sa_exc.IntegrityError as exc:
-            raise ClaimLost(f"step {row.step_key!r} of run {claim.run_key!r} is already committed") from exc
+            raise already_committed(claim, row.step_key) from exc
         return stored
 
     def finish(
@@ -844,7 +444,7 @@ class SqlStepStore(StepStore):
         row = self._read(lambda conn: conn.execute(sa.select(runs).where(runs.c.run_key == run_key)).first())
         if row is None:
             raise UnknownRun(f"no run has the run key {run_key!r}")
-        return _run_record(row)
+        return run_record(row)
 
     def list_runs(
         self,
@@ -874,7 +474,7 @@ class SqlStepStore(StepStore):
         if since is not None:
             query = query.where(runs.c.updated_at >= since)
         rows = self._read(lambda conn: conn.execute(query).all())
-        return [_run_record(r) for r in rows]
+        return [run_record(r) for r in rows]
 
     def get_steps(self, run_key: str) -> list[StepRow]:
         """Return the run's step rows ordered by position (empty if none).
@@ -887,7 +487,7 @@ class SqlStepStore(StepStore):
     def _steps_of(self, conn: Connection, run_key: str) -> list[StepRow]:
         steps = self._t.steps
         rows = conn.execute(sa.select(steps).where(steps.c.run_key == run_key).order_by(steps.c.position))
-        return [_step_row(r) for r in rows]
+        return [step_row(r) for r in rows]
 
     def list_dead_letters(
         self, *, task_name: str | None = None, include_retried: bool = False
@@ -908,7 +508,7 @@ class SqlStepStore(StepStore):
         if not include_retried:
             query = query.where(dead.c.retried_at.is_(None))
         rows = self._read(lambda conn: conn.execute(query).all())
-        return [_dead_letter_record(r) for r in rows]
+        return [dead_letter_record(r) for r in rows]
 
     def get_dead_letter(self, dead_letter_id: int) -> DeadLetterRecord:
         """Return one dead letter.
@@ -924,7 +524,7 @@ class SqlStepStore(StepStore):
         row = conn.execute(sa.select(dead).where(dead.c.id == dead_letter_id)).first()
         if row is None:
             raise UnknownDeadLetter(f"no dead letter has the id {dead_letter_id!r}")
-        return _dead_letter_record(row)
+        return dead_letter_record(row)
 
     def prepare_retry(self, dead_letter_id: int, *, reset_from: str | None = None) -> DeadLetterRecord:
         """Make a dead-lettered run runnable again, keeping its run key (C11, C30).
@@ -996,11 +596,13 @@ class SqlStepStore(StepStore):
         return self._write(lambda conn: conn.execute(query).rowcount)
 
     def mark_recovered(self, run_key: str, *, status: str, updated_at: float) -> bool:
-        """Claim a stranded run for recovery with one conditional ``UPDATE`` (C35).
+        """Claim a stranded run for recovery: a compare-and-set on its locked row (C35).
 
-        Sets ``updated_at`` to the database's clock only while ``status`` and
-        ``updated_at`` are the ones given and, for a ``running`` run, the lease
-        has expired; the row count says who won.
+        One transaction: lock the run's row, read the database's clock, and
+        set ``updated_at`` to it only if :func:`~flexiq_plugins._store.claims.may_recover`
+        allows (``status`` and ``updated_at`` are the ones given and, for a
+        ``running`` run, the lease has expired). A concurrent recoverer waits
+        on the lock, then reads the new ``updated_at`` and loses.
 
         Parameters:
           run_key(str): the run.
@@ -1016,13 +618,12 @@ class SqlStepStore(StepStore):
         runs = self._t.runs
 
         def work(conn: Connection) -> bool:
+            run = conn.execute(sa.select(runs).where(runs.c.run_key == run_key).with_for_update()).first()
             now = self._now(conn)
-            query = sa.update(runs).where(
-                runs.c.run_key == run_key, runs.c.status == status, runs.c.updated_at == updated_at
-            )
-            if status == "running":
-                query = query.where(sa.or_(runs.c.lease_until.is_(None), runs.c.lease_until <= now))
-            return conn.execute(query.values(updated_at=now)).rowcount == 1
+            if run is None or not may_recover(run, status=status, updated_at=updated_at, now=now):
+                return False
+            conn.execute(sa.update(runs).where(runs.c.run_key == run_key).values(updated_at=now))
+            return True
 
         return self._write(work)
 
@@ -1048,77 +649,6 @@ class SqlStepStore(StepStore):
             return conn.execute(sa.delete(runs).where(doomed)).rowcount
 
         return self._write(work)
-
-
-# ---------------------------------------------------------------- mapping
-def _dump_envelope(envelope: JobEnvelope) -> str:
-    try:
-        return json.dumps(envelope.to_dict(), separators=(",", ":"))
-    except (TypeError, ValueError) as exc:
-        raise StoreError(f"the job envelope of {envelope.task_name!r} is not JSON-compatible: {exc}") from exc
-
-
-def _load_envelope(text: str) -> JobEnvelope:
-    return JobEnvelope.from_dict(json.loads(text))
-
-
-def _step_values(row: StepRow) -> dict[str, Any]:
-    return {
-        "position": row.position,
-        "step_key": row.step_key,
-        "kind": row.kind,
-        "value": row.value,
-        "wake_at": row.wake_at,
-        "committed_at": row.committed_at,
-        "attempt": row.attempt,
-    }
-
-
-def _step_row(r: sa.Row[Any]) -> StepRow:
-    return StepRow(
-        position=r.position,
-        step_key=r.step_key,
-        kind=r.kind,
-        value=bytes(r.value) if r.value is not None else None,
-        wake_at=r.wake_at,
-        committed_at=r.committed_at,
-        attempt=r.attempt,
-    )
-
-
-def _run_record(r: sa.Row[Any]) -> RunRecord:
-    return RunRecord(
-        run_key=r.run_key,
-        task_name=r.task_name,
-        framework=r.framework,
-        queue=r.queue,
-        status=r.status,
-        owner=r.owner,
-        attempt=r.attempt,
-        lease_until=r.lease_until,
-        takeovers=r.takeovers,
-        job_id=r.job_id,
-        envelope=_load_envelope(r.envelope),
-        step_count=r.step_count,
-        step_bytes=int(r.step_bytes),
-        created_at=r.created_at,
-        updated_at=r.updated_at,
-    )
-
-
-def _dead_letter_record(r: sa.Row[Any]) -> DeadLetterRecord:
-    return DeadLetterRecord(
-        id=r.id,
-        run_key=r.run_key,
-        job_id=r.job_id,
-        task_name=r.task_name,
-        reason=r.reason,
-        message=r.message,
-        traceback=r.traceback,
-        envelope=_load_envelope(r.envelope),
-        created_at=r.created_at,
-        retried_at=r.retried_at,
-    )
 
 
 def _reset_position(steps: Sequence[tuple[int, str]], reset_from: str, run_key: str) -> int:

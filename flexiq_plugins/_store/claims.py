@@ -1,0 +1,194 @@
+"""The claim rules, written once for every store (C23–C25, C35).
+
+A run is held by at most one attempt at a time. Three questions decide who
+holds it, and each is answered here by a pure function of the run's stored
+claim fields and the store's clock ``now``:
+
+- may a delivery claim the run (:func:`decide_claim`): a terminal run is
+  :class:`Finished`; a claim held with a live lease makes it :class:`Busy`;
+  otherwise the new attempt takes it, counting a takeover when the previous
+  claim was still held (its lease expired: its worker died);
+- does a write still belong to its attempt (:func:`fence`, :func:`holds`):
+  only while the run's owner and attempt are the claim's;
+- may a recoverer take a stranded run (:func:`may_recover`): a
+  compare-and-set on the status and ``updated_at`` it read, and a ``running``
+  run only once its lease has expired.
+
+The stores only read the fields and write what the answer says, each under
+its own atomicity: the memory store under its lock, the SQL store inside one
+transaction after locking the run's row (or, for fenced writes, in the
+``WHERE`` clause :func:`fence` describes). So the two cannot drift apart.
+Times are epoch seconds on the store's clock; a lease with ``lease_until <=
+now`` has expired.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..errors import ClaimLost
+from .base import TERMINAL_STATUSES, Busy, Claim, Finished
+
+__all__ = [
+    "Granted",
+    "RunState",
+    "already_committed",
+    "claim_lost",
+    "decide_claim",
+    "fence",
+    "holds",
+    "lease_remaining",
+    "may_recover",
+]
+
+
+class RunState(Protocol):
+    """The fields of a stored run that the rules read: a ``RunRecord`` or a row of the runs table."""
+
+    @property
+    def run_key(self) -> str:
+        """The run's key."""
+
+    @property
+    def status(self) -> str:
+        """The run's status."""
+
+    @property
+    def owner(self) -> str | None:
+        """The claiming worker's id, ``None`` when no claim is held."""
+
+    @property
+    def lease_until(self) -> float | None:
+        """Lease expiry, epoch seconds, store clock."""
+
+    @property
+    def attempt(self) -> int:
+        """The last attempt's number, 0 before the first."""
+
+    @property
+    def takeovers(self) -> int:
+        """Claims taken over so far."""
+
+    @property
+    def updated_at(self) -> float:
+        """Last change, epoch seconds."""
+
+
+@dataclass(frozen=True)
+class Granted:
+    """The new attempt claims the run: the run's new claim fields.
+
+    Parameters:
+      owner(str): the claiming worker's id.
+      attempt(int): the new attempt's number (the previous one plus 1).
+      lease_until(float): lease expiry, epoch seconds, store clock.
+      takeovers(int): the run's takeover count, this takeover included.
+    """
+
+    owner: str
+    attempt: int
+    lease_until: float
+    takeovers: int
+
+    def claim(self, run_key: str) -> Claim:
+        """Return the attempt's :class:`Claim` on ``run_key``."""
+        return Claim(run_key, self.owner, self.attempt, self.lease_until)
+
+    def values(self) -> dict[str, Any]:
+        """Return the run fields to write: status ``running`` and the new claim."""
+        return {
+            "status": "running",
+            "owner": self.owner,
+            "attempt": self.attempt,
+            "lease_until": self.lease_until,
+            "takeovers": self.takeovers,
+        }
+
+
+def lease_remaining(lease_until: float | None, now: float) -> float | None:
+    """Return the seconds a lease has left, ``None`` if there is none or it has expired.
+
+    Parameters:
+      lease_until(float | None): lease expiry, epoch seconds, store clock.
+      now(float): the store's clock, epoch seconds.
+    """
+    if lease_until is None or lease_until <= now:
+        return None
+    return lease_until - now
+
+
+def decide_claim(run: RunState, *, now: float, owner: str, lease_seconds: float) -> Finished | Busy | Granted:
+    """Decide what a delivery gets when it begins an attempt on ``run`` (C24–C26).
+
+    The caller reads ``run`` and ``now`` atomically with writing the answer.
+
+    Parameters:
+      run(RunState): the run as stored (a new run is ``pending`` with attempt 0).
+      now(float): the store's clock, epoch seconds.
+      owner(str): the claiming worker's id.
+      lease_seconds(float): the new lease, in seconds.
+
+    Returns:
+      Finished | Busy | Granted: :class:`Finished` for a terminal run;
+      :class:`Busy` (seconds left) while a held claim's lease is live;
+      otherwise :class:`Granted` with ``attempt + 1``, a lease to ``now +
+      lease_seconds`` and ``takeovers + 1`` if the previous claim was still held.
+    """
+    if run.status in TERMINAL_STATUSES:
+        return Finished(run.status)
+    held = run.owner is not None and run.lease_until is not None
+    remaining = lease_remaining(run.lease_until, now)
+    if held and remaining is not None:
+        return Busy(remaining)
+    takeovers = run.takeovers + (1 if held else 0)
+    return Granted(owner=owner, attempt=run.attempt + 1, lease_until=now + lease_seconds, takeovers=takeovers)
+
+
+def fence(claim: Claim) -> dict[str, str | int]:
+    """Return the run fields a fenced write requires, with the values they must have (C25).
+
+    A write on behalf of an attempt applies only while the run's key, owner
+    and attempt are the claim's: a SQL store puts these in its ``WHERE``
+    clause, the memory store compares them with :func:`holds`.
+    """
+    return {"run_key": claim.run_key, "owner": claim.owner, "attempt": claim.attempt}
+
+
+def holds(run: RunState, claim: Claim) -> bool:
+    """Whether ``claim`` still holds ``run``: every field of :func:`fence` matches (C25).
+
+    Parameters:
+      run(RunState): the stored run.
+      claim(Claim): the attempt's claim.
+    """
+    return all(getattr(run, name) == value for name, value in fence(claim).items())
+
+
+def claim_lost(claim: Claim) -> ClaimLost:
+    """Return the error for a write whose claim no longer holds its run (C25)."""
+    return ClaimLost(f"attempt {claim.attempt} of run {claim.run_key!r} no longer holds its claim")
+
+
+def already_committed(claim: Claim, step_key: str) -> ClaimLost:
+    """Return the error for a step whose key another attempt already committed (C25)."""
+    return ClaimLost(f"step {step_key!r} of run {claim.run_key!r} is already committed")
+
+
+def may_recover(run: RunState, *, status: str, updated_at: float, now: float) -> bool:
+    """Whether a recoverer that read ``status`` and ``updated_at`` may take ``run`` now (C35).
+
+    A compare-and-set: the run must still have the status and ``updated_at``
+    the caller read, and a ``running`` run must have no live lease. The caller
+    reads ``run`` and ``now`` atomically with setting ``updated_at = now``, so
+    of several recoverers exactly one wins.
+
+    Parameters:
+      run(RunState): the run as stored.
+      status(str): the status the caller read.
+      updated_at(float): the ``updated_at`` the caller read, epoch seconds.
+      now(float): the store's clock, epoch seconds.
+    """
+    if run.status != status or run.updated_at != updated_at:
+        return False
+    return not (status == "running" and lease_remaining(run.lease_until, now) is not None)

@@ -1,0 +1,224 @@
+"""Store URLs and engines: which driver, how each database is set up, what a fork does.
+
+Why it is built the way it is:
+
+- **Our drivers, unless you name one.** A URL without a driver gets psycopg 3
+  (PostgreSQL) or PyMySQL (MySQL/MariaDB, ``charset=utf8mb4``), the drivers
+  this package's extras install. A relative SQLite path is made absolute when
+  the URL is read, so a worker that changes directory keeps the same file.
+- **SQLite writers queue instead of deadlocking.** pysqlite's own transaction
+  handling is switched off and every write transaction starts with ``BEGIN
+  IMMEDIATE``; the file opens in WAL mode with a 30 s busy timeout.
+- **MySQL/MariaDB sessions.** Our engines run ``READ COMMITTED`` (no gap locks)
+  with the session time zone at UTC so ``UNIX_TIMESTAMP(NOW(6))`` is exact.
+- **Processes and forks.** Celery prefork and Dramatiq fork worker processes; a
+  pooled connection shared by parent and child corrupts both. A fork hook calls
+  ``engine.dispose(close=False)`` in the child, the pattern SQLAlchemy
+  documents, so the child opens its own connections and the parent's stay
+  untouched.
+- **Construction never connects.** Creating an engine only checks the URL and
+  that its driver is installed; an unreachable server shows at first use.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL, Connection, Engine, make_url
+from sqlalchemy.pool import StaticPool
+
+from ...errors import ConfigurationError
+
+__all__ = [
+    "ACCEPTED_STORE_FORMS",
+    "READ_ONLY",
+    "bad_store_message",
+    "create_engine",
+    "normalize_url",
+    "register_fork_hook",
+    "safe_url",
+]
+
+ACCEPTED_STORE_FORMS = (
+    "sqlite:///path, postgresql://…, mysql://… (or mariadb://…), memory://, a sqlalchemy Engine or a StepStore"
+)
+"""The store specifications accepted, for error messages."""
+
+READ_ONLY = "flexiq_read_only"
+"""The execution option that marks a read-only transaction (SQLite then takes no write lock)."""
+
+_SQLITE_BUSY_TIMEOUT_MS = 30_000
+_CONNECT_TIMEOUT_S = 10
+_DRIVERS = {
+    "postgresql": "postgresql+psycopg",
+    "postgres": "postgresql+psycopg",
+    "mysql": "mysql+pymysql",
+    "mariadb": "mariadb+pymysql",
+    "sqlite": "sqlite",
+}
+_DRIVER_PACKAGES = {"postgresql": "psycopg (extra 'postgres')", "mysql": "pymysql (extra 'mysql')"}
+
+T = TypeVar("T")
+
+
+def normalize_url(raw: str | URL) -> URL:
+    """Parse a store URL and pick this package's driver when none is named.
+
+    ``postgresql://`` (and ``postgres://``) become ``postgresql+psycopg://``,
+    ``mysql://`` becomes ``mysql+pymysql://`` and ``mariadb://`` becomes
+    ``mariadb+pymysql://`` (with ``charset=utf8mb4`` unless given). A relative
+    SQLite path is made absolute against the current working directory now,
+    so a worker that changes directory later keeps the same file.
+
+    Parameters:
+      raw(str | URL): a SQLAlchemy URL.
+
+    Raises:
+      ConfigurationError: the URL cannot be parsed or names another database.
+    """
+    try:
+        url = make_url(raw)
+    except (sa_exc.ArgumentError, ValueError) as exc:
+        raise ConfigurationError(bad_store_message(raw)) from exc
+    backend, _, driver = url.drivername.partition("+")
+    if backend not in _DRIVERS:
+        raise ConfigurationError(bad_store_message(raw))
+    if not driver:
+        url = url.set(drivername=_DRIVERS[backend])
+    if url.get_backend_name() in ("mysql", "mariadb") and "charset" not in url.query:
+        url = url.update_query_dict({"charset": "utf8mb4"})
+    if url.get_backend_name() == "sqlite" and not _is_memory_sqlite(url) and "uri" not in url.query:
+        url = url.set(database=os.path.abspath(str(url.database)))
+    return url
+
+
+def bad_store_message(raw: object) -> str:
+    """The message for a store specification we cannot use, listing the accepted forms."""
+    return f"cannot use {raw!r} as a step store; accepted forms: {ACCEPTED_STORE_FORMS}"
+
+
+def safe_url(url: URL) -> str:
+    """``url`` as text with its password hidden, for messages."""
+    return url.render_as_string(hide_password=True)
+
+
+def _is_memory_sqlite(url: URL) -> bool:
+    return url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
+
+
+def create_engine(url: URL) -> Engine:
+    """Create an engine configured for the store (does not connect).
+
+    Parameters:
+      url(URL): a URL from :func:`normalize_url`.
+
+    Raises:
+      ConfigurationError: the driver is not installed, or the URL's options are unusable.
+    """
+    backend = url.get_backend_name()
+    kwargs: dict[str, Any] = {}
+    if backend == "sqlite" and _is_memory_sqlite(url):
+        kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
+    elif backend != "sqlite":
+        kwargs["pool_pre_ping"] = True
+    if backend == "postgresql" and "connect_timeout" not in url.query:
+        kwargs["connect_args"] = {"connect_timeout": _CONNECT_TIMEOUT_S}
+    if backend in ("mysql", "mariadb"):
+        kwargs["isolation_level"] = "READ COMMITTED"
+    try:
+        engine = sa.create_engine(url, **kwargs)
+    except ImportError as exc:
+        package = _DRIVER_PACKAGES.get("mysql" if backend == "mariadb" else backend, "its driver")
+        raise ConfigurationError(f"the step store {safe_url(url)} needs the package {package}") from exc
+    except (sa_exc.ArgumentError, TypeError) as exc:
+        raise ConfigurationError(f"cannot create an engine for {safe_url(url)}: {exc}") from exc
+    if backend == "sqlite":
+        _install_sqlite_events(engine, wal=not _is_memory_sqlite(url))
+    elif backend in ("mysql", "mariadb"):
+        event.listen(engine, "connect", _on_mysql_connect)
+    return engine
+
+
+def _install_sqlite_events(engine: Engine, *, wal: bool) -> None:
+    """The pysqlite ``BEGIN IMMEDIATE`` recipe, WAL mode and a busy timeout.
+
+    pysqlite's own transaction handling is switched off (``isolation_level =
+    None``) and every write transaction starts with ``BEGIN IMMEDIATE``, which
+    takes SQLite's write lock up front: two processes can never both read and
+    then both try to upgrade to writing (the "database is locked" deadlock).
+    Read-only calls use a plain deferred ``BEGIN`` and do not block writers.
+    """
+
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+        cursor = dbapi_connection.cursor()
+        try:
+            cursor.execute(f"PRAGMA busy_timeout = {_SQLITE_BUSY_TIMEOUT_MS}")
+            if wal:
+                _enable_wal(cursor)
+        finally:
+            cursor.close()
+
+    def on_begin(conn: Connection) -> None:
+        read_only = conn.get_execution_options().get(READ_ONLY, False)
+        conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+    event.listen(engine, "connect", on_connect)
+    event.listen(engine, "begin", on_begin)
+
+
+def _enable_wal(cursor: Any) -> None:
+    """Switch the file to WAL (persistent), retrying while another connection holds a lock.
+
+    SQLite answers a journal-mode change with "database is locked" at once,
+    without waiting on the busy timeout, when another connection is inside a
+    transaction: several workers opening a fresh file together hit exactly that.
+    """
+    deadline = time.monotonic() + _SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode")
+            if str(cursor.fetchone()[0]).lower() != "wal":
+                cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+
+
+def _on_mysql_connect(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute("SET time_zone = '+00:00'")
+    finally:
+        cursor.close()
+
+
+def register_fork_hook(target: T, hook: Callable[[T], None]) -> None:
+    """Call ``hook(target)`` in every forked child while ``target`` is alive.
+
+    Only a weak reference to ``target`` is kept, so the hook never keeps a
+    store (and its engine) alive.
+
+    Parameters:
+      target(T): the object the child must reset, e.g. a store.
+      hook(Callable[[T], None]): what resets it, e.g. dropping the parent's
+        pooled connections without closing them.
+    """
+    ref = weakref.ref(target)
+
+    def after_fork_in_child() -> None:
+        alive = ref()
+        if alive is not None:
+            hook(alive)
+
+    os.register_at_fork(after_in_child=after_fork_in_child)

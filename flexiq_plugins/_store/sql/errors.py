@@ -1,0 +1,109 @@
+"""The one error boundary of the SQL store.
+
+Nothing from SQLAlchemy, a driver or Alembic leaves a public method of the
+store: connection failures, timeouts and other operational errors become
+:class:`~flexiq_plugins.errors.StoreUnavailable` (retryable, C28), everything
+else :class:`~flexiq_plugins.errors.StoreError`, each raised ``from`` the
+original and naming the URL with its password hidden. A missing table is a
+:class:`~flexiq_plugins.errors.StoreError` that names the fix.
+
+A deadlock or serialization failure the server reports is unavailable too (the
+server rolled the whole transaction back); :func:`is_deadlock` lets the store
+retry it a few times first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Engine
+
+from ...errors import StoreError, StoreUnavailable
+from .engine import safe_url
+
+__all__ = ["is_deadlock", "translated"]
+
+_DRIVER_MODULES = frozenset({"psycopg", "psycopg2", "pymysql", "MySQLdb", "sqlite3", "alembic"})
+_UNAVAILABLE = (
+    sa_exc.OperationalError,
+    sa_exc.InterfaceError,
+    sa_exc.DisconnectionError,
+    sa_exc.TimeoutError,
+    OSError,
+)
+
+
+@contextmanager
+def translated(engine: Engine) -> Iterator[None]:
+    """Turn SQLAlchemy, driver and Alembic errors into :class:`StoreError` types.
+
+    Parameters:
+      engine(Engine): the store's engine, named (password hidden) in messages.
+
+    Raises:
+      StoreUnavailable: a connection failure, timeout or other operational error.
+      StoreError: any other database error, or missing tables.
+    """
+    try:
+        yield
+    except (sa_exc.SQLAlchemyError, OSError) as exc:
+        raise _translate(exc, engine) from exc
+    except Exception as exc:
+        if type(exc).__module__.split(".")[0] not in _DRIVER_MODULES:
+            raise
+        raise _translate(exc, engine) from exc
+
+
+def _translate(exc: BaseException, engine: Engine) -> StoreError:
+    where = safe_url(engine.url)
+    detail = _detail(exc)
+    if _is_missing_table(exc):
+        return StoreError(
+            f"the step store at {where} has no tables ({detail}): run `flexiq store upgrade` "
+            "or open the store with auto_upgrade=True"
+        )
+    unavailable = isinstance(exc, _UNAVAILABLE) or (isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated)
+    if unavailable:
+        return StoreUnavailable(f"the step store at {where} is unavailable: {detail}")
+    return StoreError(f"the step store at {where} failed: {detail}")
+
+
+def _detail(exc: BaseException) -> str:
+    origin = exc.orig if isinstance(exc, sa_exc.DBAPIError) and exc.orig is not None else exc
+    lines = str(origin).strip().splitlines()
+    text = lines[0] if lines else type(origin).__name__
+    return text[:300]
+
+
+def _is_missing_table(exc: BaseException) -> bool:
+    """An undefined table: SQLite's wording, PostgreSQL's SQLSTATE 42P01, MySQL's error 1146."""
+    if not isinstance(exc, sa_exc.DBAPIError):
+        return False
+    origin = exc.orig
+    args: tuple[Any, ...] = getattr(origin, "args", ())
+    return (
+        getattr(origin, "sqlstate", None) == "42P01"
+        or (bool(args) and args[0] == 1146)
+        or "no such table" in str(origin)
+    )
+
+
+def is_deadlock(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a deadlock or serialization failure: the server rolled the transaction back.
+
+    Parameters:
+      exc(BaseException | None): typically the ``__cause__`` of a translated error.
+
+    Returns:
+      bool: PostgreSQL SQLSTATE 40P01/40001 or MySQL error 1213.
+    """
+    if not isinstance(exc, sa_exc.DBAPIError):
+        return False
+    origin = exc.orig
+    if getattr(origin, "sqlstate", None) in ("40P01", "40001"):
+        return True
+    args: tuple[Any, ...] = getattr(origin, "args", ())
+    return bool(args) and args[0] == 1213

@@ -1,0 +1,97 @@
+"""Rows to records and back: how the SQL store's columns hold the interface's types.
+
+The job envelope is stored as compact JSON text, so it must be
+JSON-compatible; step values are bytes; times are epoch seconds.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import sqlalchemy as sa
+
+from ...errors import StoreError
+from ..base import DeadLetterRecord, JobEnvelope, RunRecord, StepRow
+
+__all__ = ["dead_letter_record", "dump_envelope", "load_envelope", "run_record", "step_row", "step_values"]
+
+
+def dump_envelope(envelope: JobEnvelope) -> str:
+    """Return ``envelope`` as compact JSON text.
+
+    Raises:
+      StoreError: the envelope is not JSON-compatible.
+    """
+    try:
+        return json.dumps(envelope.to_dict(), separators=(",", ":"))
+    except (TypeError, ValueError) as exc:
+        raise StoreError(f"the job envelope of {envelope.task_name!r} is not JSON-compatible: {exc}") from exc
+
+
+def load_envelope(text: str) -> JobEnvelope:
+    """Return the envelope :func:`dump_envelope` wrote."""
+    return JobEnvelope.from_dict(json.loads(text))
+
+
+def step_values(row: StepRow) -> dict[str, Any]:
+    """Return the column values of a step row, its run key excepted."""
+    return {
+        "position": row.position,
+        "step_key": row.step_key,
+        "kind": row.kind,
+        "value": row.value,
+        "wake_at": row.wake_at,
+        "committed_at": row.committed_at,
+        "attempt": row.attempt,
+    }
+
+
+def step_row(r: sa.Row[Any]) -> StepRow:
+    """Return the :class:`StepRow` of a ``steps`` row."""
+    return StepRow(
+        position=r.position,
+        step_key=r.step_key,
+        kind=r.kind,
+        value=bytes(r.value) if r.value is not None else None,
+        wake_at=r.wake_at,
+        committed_at=r.committed_at,
+        attempt=r.attempt,
+    )
+
+
+def run_record(r: sa.Row[Any]) -> RunRecord:
+    """Return the :class:`RunRecord` of a ``runs`` row."""
+    return RunRecord(
+        run_key=r.run_key,
+        task_name=r.task_name,
+        framework=r.framework,
+        queue=r.queue,
+        status=r.status,
+        owner=r.owner,
+        attempt=r.attempt,
+        lease_until=r.lease_until,
+        takeovers=r.takeovers,
+        job_id=r.job_id,
+        envelope=load_envelope(r.envelope),
+        step_count=r.step_count,
+        step_bytes=int(r.step_bytes),
+        created_at=r.created_at,
+        updated_at=r.updated_at,
+    )
+
+
+def dead_letter_record(r: sa.Row[Any]) -> DeadLetterRecord:
+    """Return the :class:`DeadLetterRecord` of a ``dead_letters`` row."""
+    return DeadLetterRecord(
+        id=r.id,
+        run_key=r.run_key,
+        job_id=r.job_id,
+        task_name=r.task_name,
+        reason=r.reason,
+        message=r.message,
+        traceback=r.traceback,
+        envelope=load_envelope(r.envelope),
+        created_at=r.created_at,
+        retried_at=r.retried_at,
+    )
