@@ -394,7 +394,7 @@ def test_c9_driver_memo_hit_is_zero_statements_and_a_new_step_one_transaction(
     """Through the attempt driver on a SQL store (C9): starting an attempt is one transaction,
     each new step one transaction, and a replayed step (memo hit) issues no statement at all."""
     from flexiq_plugins import AttemptDriver, DurableConfig, JobInfo, current_job
-    from flexiq_plugins.outcomes import Completed, Retry
+    from flexiq_plugins.outcomes import Completed, Failure
 
     store = make_sql_store(request.getfixturevalue(f"{backend}_url"))
     store.now()
@@ -415,7 +415,7 @@ def test_c9_driver_memo_hit_is_zero_statements_and_a_new_step_one_transaction(
     log.reset()
     attempt = driver.start(job)
     assert log.begins == 1, "attempt start is one transaction"
-    assert isinstance(attempt.run(body, True), Retry)  # type: ignore[union-attr]
+    assert isinstance(attempt.run(body, True), Failure)  # type: ignore[union-attr]
     assert seen == [(1, 3), (1, 3)], "each new step is one transaction of three statements"
 
     seen.clear()
