@@ -14,10 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from flexiq_plugins import ConfigurationError
-from flexiq_plugins.integration import DurableConfig, FunctionSerializer
+from flexiq_plugins import ConfigurationError, JsonSerializer
+from flexiq_plugins.integration import DurableConfig, FunctionSerializer, Serializer
 
-__all__ = ["DEFAULT_DEAD_LETTER_QUEUE", "RUN_KEY_HEADER", "CeleryConfig", "DeadLetterPath", "kombu_serializer"]
+__all__ = [
+    "DEFAULT_DEAD_LETTER_QUEUE",
+    "RUN_KEY_HEADER",
+    "CeleryConfig",
+    "DeadLetterPath",
+    "kombu_serializer",
+    "step_serializer",
+]
 
 RUN_KEY_HEADER = "flexiq_run_key"
 """The message header carrying the run key (stamped at publish)."""
@@ -60,6 +67,16 @@ def kombu_serializer(name: str) -> FunctionSerializer:
     return FunctionSerializer(f"kombu:{name}", dump, load)
 
 
+def step_serializer(name: str) -> Serializer:
+    """The serializer of step values for the kombu serializer ``name`` (C7).
+
+    ``"json"`` is the core's :class:`~flexiq_plugins.JsonSerializer`, which
+    keeps ``datetime``, ``Decimal``, ``UUID``, ``timedelta`` and ``bytes`` the
+    same way on Celery and Dramatiq; any other name is kombu's own.
+    """
+    return JsonSerializer() if name == "json" else kombu_serializer(name)
+
+
 @dataclass(frozen=True)
 class CeleryConfig(DurableConfig):
     """The Celery integration's options: :class:`DurableConfig`'s and these.
@@ -79,7 +96,7 @@ class CeleryConfig(DurableConfig):
 
     def __post_init__(self) -> None:
         if isinstance(self.serializer, str):  # a kombu serializer name, like task_serializer
-            object.__setattr__(self, "serializer", kombu_serializer(self.serializer))
+            object.__setattr__(self, "serializer", step_serializer(self.serializer))
         super().__post_init__()
         if self.dead_letter_path not in ("auto", "reject", "queue"):
             raise ConfigurationError(

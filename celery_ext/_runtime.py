@@ -16,7 +16,7 @@ from typing import Any
 from flexiq_plugins import StepStore
 from flexiq_plugins.integration import AttemptDriver, PerProcess, StoreSpec, resolve_store
 
-from ._options import CeleryConfig, kombu_serializer
+from ._options import CeleryConfig, step_serializer
 
 __all__ = ["Runtime", "all_runtimes", "runtime_of"]
 
@@ -92,5 +92,5 @@ class Runtime:
 
     def _make_driver(self) -> AttemptDriver:
         store = resolve_store(self._store_spec, lambda: self.app.conf.get("flexiq_store_url"))
-        config = self.config.with_default_serializer(kombu_serializer(self.app.conf.task_serializer))
+        config = self.config.with_default_serializer(step_serializer(self.app.conf.task_serializer))
         return AttemptDriver(store, config)

@@ -20,9 +20,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from flexiq_plugins.integration import DurableConfig, FunctionSerializer
+from flexiq_plugins import JsonSerializer
+from flexiq_plugins.integration import DurableConfig, FunctionSerializer, Serializer
 
-__all__ = ["django_settings", "encoder_serializer"]
+__all__ = ["django_settings", "encoder_serializer", "step_serializer"]
 
 
 def django_settings() -> tuple[str | None, dict[str, Any]]:
@@ -58,3 +59,16 @@ def encoder_serializer(encoder: Any) -> FunctionSerializer:
         lambda value: encoder.encode({"v": value}),  # type: ignore[no-any-return]
         lambda data: encoder.decode(data)["v"],
     )
+
+
+def step_serializer(encoder: Any) -> Serializer:
+    """The serializer of step values for the broker's ``encoder`` (C7).
+
+    Dramatiq's ``JSONEncoder`` gives the core's :class:`~flexiq_plugins.JsonSerializer`,
+    which keeps ``datetime``, ``Decimal``, ``UUID``, ``timedelta`` and
+    ``bytes`` the same way on Celery and Dramatiq; any other encoder is used
+    as it is (:func:`encoder_serializer`).
+    """
+    import dramatiq
+
+    return JsonSerializer() if type(encoder) is dramatiq.JSONEncoder else encoder_serializer(encoder)

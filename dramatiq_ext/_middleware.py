@@ -95,8 +95,8 @@ class DurableSteps(Middleware):
         django_url, django_options = _config.django_settings()
         store = resolve_store(self._store_arg, lambda: django_url)
         config = DurableConfig.from_options({**django_options, **self._options}, where="DurableSteps()")
-        encoder = _config.encoder_serializer(dramatiq.get_encoder())
-        return AttemptDriver(store, config.with_default_serializer(encoder))
+        serializer = _config.step_serializer(dramatiq.get_encoder())
+        return AttemptDriver(store, config.with_default_serializer(serializer))
 
     # ----------------------------------------------------------- declaring
     def after_declare_actor(self, broker: dramatiq.Broker, actor: dramatiq.Actor[Any, Any]) -> None:

@@ -210,6 +210,7 @@ class Attempt:
         self.number = begun.claim.attempt
         self.task_name = job.envelope.task_name
         self._clock_offset = begun.now - time.time()
+        self._local_clock = self._store.local_clock()
         label = f"job {job.job_id} (run {job.run_key})"
         self.journal = StepJournal(begun.snapshot, label, self, driver.codec, self._config.limits)
         self._lease = _LeaseKeeper(self._store, self.claim, self._config.lease_seconds)
@@ -217,7 +218,9 @@ class Attempt:
 
     # ------------------------------------------------- the journal's writer
     def now(self) -> float:
-        """The store's clock, estimated from the offset read at claim time (epoch seconds)."""
+        """The store's clock, epoch seconds: read locally when the store can, else estimated from the claim."""
+        if self._local_clock is not None:
+            return self._local_clock()
         return time.time() + self._clock_offset
 
     def commit_step(self, row: StepRow) -> StepRow:

@@ -14,7 +14,11 @@ another on replay (a tuple under JSON is a list both times).
 
 from __future__ import annotations
 
+import base64
+import datetime
+import decimal
 import json
+import uuid
 import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -61,18 +65,65 @@ class Codec(Protocol):
         """Undo :meth:`encode`; raise :class:`DecodeError` when it cannot."""
 
 
+_TAG = "__flexiq__"
+
+
+def _tagged(value: Any) -> dict[str, Any]:
+    """``json.dumps``' ``default``: a value JSON has no type for, as ``{"__flexiq__": type, "v": text}``."""
+    for kind, test, dump in _TAGGED_TYPES:
+        if test(value):
+            return {_TAG: kind, "v": dump(value)}
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _untagged(obj: dict[str, Any]) -> Any:
+    kind = obj.get(_TAG)
+    if kind is None or len(obj) != 2 or "v" not in obj:
+        return obj
+    return _LOADERS[kind](obj["v"])
+
+
+_TAGGED_TYPES: tuple[tuple[str, Callable[[Any], bool], Callable[[Any], Any]], ...] = (
+    ("datetime", lambda v: isinstance(v, datetime.datetime), lambda v: v.isoformat()),
+    ("date", lambda v: isinstance(v, datetime.date), lambda v: v.isoformat()),
+    ("time", lambda v: isinstance(v, datetime.time), lambda v: v.isoformat()),
+    ("timedelta", lambda v: isinstance(v, datetime.timedelta), lambda v: [v.days, v.seconds, v.microseconds]),
+    ("decimal", lambda v: isinstance(v, decimal.Decimal), str),
+    ("uuid", lambda v: isinstance(v, uuid.UUID), str),
+    ("bytes", lambda v: isinstance(v, (bytes, bytearray)), lambda v: base64.b64encode(bytes(v)).decode()),
+)
+_LOADERS: dict[str, Callable[[Any], Any]] = {
+    "datetime": datetime.datetime.fromisoformat,
+    "date": datetime.date.fromisoformat,
+    "time": datetime.time.fromisoformat,
+    "timedelta": lambda v: datetime.timedelta(days=v[0], seconds=v[1], microseconds=v[2]),
+    "decimal": decimal.Decimal,
+    "uuid": uuid.UUID,
+    "bytes": base64.b64decode,
+}
+
+
 class JsonSerializer:
-    """The default serializer: compact UTF-8 JSON (``json`` module, no custom types)."""
+    """The default serializer of step values: compact UTF-8 JSON that keeps a few more types (C7).
+
+    Besides JSON's own types it round-trips ``datetime``, ``date``, ``time``
+    (time zones kept), ``timedelta``, ``Decimal``, ``UUID`` and ``bytes``,
+    each stored as ``{"__flexiq__": "<type>", "v": ...}``. A tuple comes back
+    as a list, as with any JSON. Both integrations use it whenever the
+    framework's own serializer is JSON, so a step value behaves the same on
+    Celery and Dramatiq.
+    """
 
     name = "json"
 
     def dumps(self, value: Any) -> bytes:
-        """Encode ``value`` as JSON bytes."""
-        return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+        """Encode ``value`` as JSON bytes; :class:`TypeError` for a type it does not keep."""
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_tagged)
+        return text.encode()
 
     def loads(self, data: bytes) -> Any:
-        """Decode JSON bytes."""
-        return json.loads(data)
+        """Decode JSON bytes, turning tagged values back into their types."""
+        return json.loads(data, object_hook=_untagged)
 
 
 @dataclass

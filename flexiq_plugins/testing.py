@@ -142,7 +142,8 @@ class DurableRun:
 
     Parameters:
       task(Callable[..., Any]): the task function, a Celery task or a Dramatiq actor.
-      args, kwargs: the job's arguments.
+      *args(Any): the job's positional arguments.
+      **kwargs(Any): the job's keyword arguments.
       run_key(str): the run's key (default ``"run-1"``); steps' idempotency keys start with it.
       store(StepStore | None): where the run lives; a :class:`MemoryStepStore` on ``clock`` by default.
       clock(FakeClock | None): the store's clock when the store is made here.

@@ -14,7 +14,7 @@ whose own clock is skewed can neither take a live claim nor extend a sleep.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -395,6 +395,14 @@ class StepStore(abc.ABC):
         Returns:
           bool: whether this caller won the run.
         """
+
+    def local_clock(self) -> Callable[[], float] | None:
+        """The store's clock as a cheap local function, when it has one (the memory store); else ``None``.
+
+        An attempt then reads time from it exactly, instead of estimating the
+        store's clock from the offset it saw when it claimed the run.
+        """
+        return None
 
     def iter_runs(self, **filters: Any) -> Iterator[RunRecord]:
         """Iterate :meth:`list_runs` (convenience)."""

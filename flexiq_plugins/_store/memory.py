@@ -51,6 +51,10 @@ class MemoryStepStore(StepStore):
         """Return the store's clock, epoch seconds."""
         return self._clock()
 
+    def local_clock(self) -> Callable[[], float]:
+        """The clock itself: reading it costs nothing (see :meth:`StepStore.local_clock`)."""
+        return self._clock
+
     # ------------------------------------------------------------- attempts
     def begin(self, run_key: str, job_id: str, envelope: JobEnvelope, owner: str, lease_seconds: float) -> BeginResult:
         """See :meth:`StepStore.begin`."""

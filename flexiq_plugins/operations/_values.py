@@ -9,12 +9,11 @@ and otherwise gets a note instead of a value.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from .._store.base import StepRow
-from ..codec import CodecChain, FunctionSerializer, ZlibCodec
+from ..codec import CodecChain, FunctionSerializer, JsonSerializer, ZlibCodec
 from ..errors import DecodeError
 from ..registry import ValueReader, value_reader
 
@@ -36,7 +35,7 @@ class DecodedValue:
     note: str = ""
 
 
-_CORE_READERS: dict[str, ValueReader] = {"json": json.loads}
+_CORE_READERS: dict[str, ValueReader] = {"json": JsonSerializer().loads}
 
 
 def decode_step_value(row: StepRow, codec: CodecChain | None = None) -> DecodedValue:
