@@ -44,12 +44,16 @@ def make_broker(config: HarnessConfig, *, worker_process: bool = False) -> drama
 
 
 def declare(broker: dramatiq.Broker, queue: str, scenario: Scenario, ledger: Ledger) -> None:
-    """Declare ``scenario`` as an actor on ``queue``; the body first notes the message's ``retries``."""
+    """Declare ``scenario`` as an actor on ``queue``; the body first notes the message's ``retries``.
 
-    def actor(*args: Any) -> Any:
+    The scenario's return value is dropped: with no Results middleware Dramatiq
+    would log a warning for it.
+    """
+
+    def actor(*args: Any) -> None:
         message = CurrentMessage.get_current_message()
         ledger.enter(retries=int(message.options.get("retries", 0)) if message is not None else 0)
-        return scenario.fn(ledger, *args)
+        scenario.fn(ledger, *args)
 
     actor.__name__ = scenario.name
     dramatiq.actor(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 
@@ -60,7 +59,8 @@ def test_c15_c16_c17_a_sleep_ends_the_attempt_and_the_same_job_comes_back_withou
     earlier than the wake time fixed by the first commit, replays ``before``
     and runs ``after``. No retry is counted anywhere: every execution sees a
     retry count of 0, every message handed to the broker carries 0, and
-    nothing about the job is logged at WARNING or above.
+    nothing is logged at WARNING or above while the test runs (the module's worker
+    handles this job only).
     """
     caplog.set_level(logging.INFO)
     job = harness.publish("nap", 0.3)
@@ -82,8 +82,8 @@ def test_c15_c16_c17_a_sleep_ends_the_attempt_and_the_same_job_comes_back_withou
     hops = harness.published(job.run_key)
     assert hops
     assert {(p.job_id, p.retries) for p in hops} == {(job.job_id, 0)}
-    loud = [r for r in caplog.records if r.levelno >= logging.WARNING and _mentions(r, job.job_id, job.run_key)]
-    assert loud == [], [r.getMessage() for r in loud]
+    loud = [f"{r.name}: {r.getMessage()}" for r in caplog.records if r.levelno >= logging.WARNING]
+    assert loud == []
 
 
 def test_c10_c11_the_idempotency_key_is_the_same_across_a_sleep_and_a_retry(harness: Harness) -> None:
@@ -155,8 +155,3 @@ def _settled(harness: Harness, run_key: str) -> bool:
     """The run finished, or its job reached a dead-letter path (it will not come back by itself)."""
     status = harness.status(run_key)
     return status in ("succeeded", "failed", "dead") or bool(harness.broker_dead_letters(run_key))
-
-
-def _mentions(record: logging.LogRecord, *words: str) -> bool:
-    text: Any = record.getMessage()
-    return any(word in text for word in words)
