@@ -249,9 +249,9 @@ class Harness(abc.ABC):
             return "sent"
         with self._lock:
             fault = self._faults.get(run_key)
-            hit = fault is not None and fault.used < fault.budget
-            action = fault.action if hit and fault is not None else "sent"
-            if hit and fault is not None:
+            action = "sent"
+            if fault is not None and fault.used < fault.budget:
+                action = fault.action
                 fault.statuses.append(self.status(run_key))
             self._published.append((run_key, Publish(job_id, delay, retries, action)))
         return action
