@@ -29,6 +29,7 @@ from kombu.exceptions import OperationalError
 
 from celery_ext import RUN_KEY_HEADER, run_key_of
 from flexiq_plugins import operations
+from flexiq_plugins.integration import HAND_OFF_PAUSES
 from tests.conformance.celery_app import BROKER_URLS, dead_letter_names, make_app
 from tests.conformance.harness import Harness, HarnessConfig, Job, WorkerProcesses
 from tests.workers import celery_thread_worker, celery_worker_process
@@ -40,7 +41,7 @@ class CeleryHarness(Harness):
     """``celery_ext.install`` on a real broker, with in-thread and prefork workers."""
 
     framework = "celery"
-    publish_tries = 1  # a failed re-enqueue is not tried again by the adapter (docs/celery.md, Sleeps)
+    publish_tries = 1 + len(HAND_OFF_PAUSES)  # the core's hand_off tries, then Reject(requeue=True)
 
     def __init__(self, config: HarnessConfig) -> None:
         super().__init__(config)
@@ -81,8 +82,8 @@ class CeleryHarness(Harness):
         )
 
     def publishers(self) -> dict[str, operations.Publisher]:
-        """``{"celery": operations.celery_publisher(app)}`` (``celery_ext.republish``)."""
-        return {"celery": operations.celery_publisher(self.app)}
+        """``{"celery": …}`` from the installed adapter (``celery_ext.republish``)."""
+        return operations.publishers_for(self.app)
 
     def _send_task_message(self, producer: Any, name: str, message: Any, **options: Any) -> Any:
         headers = {**message.headers, **(options.get("headers") or {})}

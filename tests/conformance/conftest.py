@@ -80,19 +80,3 @@ def harness(make_harness: Callable[..., Harness]) -> Iterator[Harness]:
     built = make_harness()
     with built.thread_worker():
         yield built
-
-
-@pytest.fixture
-def known_failure(request: pytest.FixtureRequest, harness: Harness) -> Callable[..., None]:
-    """``known_failure(frameworks={"dramatiq"}, reason="issue 9: ...")``: the adapter misses the target today.
-
-    It marks the running test ``xfail(strict=True)`` when the harness's
-    framework is one of ``frameworks``. Strict: once the adapter is fixed the
-    test passes, the XPASS fails the suite, and the mark is to be removed.
-    """
-
-    def mark(*, frameworks: set[str], reason: str) -> None:
-        if harness.framework in frameworks:
-            request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
-
-    return mark

@@ -31,8 +31,8 @@ from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware
 
 from dramatiq_ext import RUN_KEY_OPTION
-from dramatiq_ext._verbs import _ENQUEUE_RETRY_PAUSES
 from flexiq_plugins import operations
+from flexiq_plugins.integration import HAND_OFF_PAUSES
 from tests.conformance.dramatiq_app import make_broker
 from tests.conformance.harness import Harness, HarnessConfig, Job, WorkerProcesses
 
@@ -45,7 +45,7 @@ class DramatiqHarness(Harness):
     """``DurableSteps`` on a real broker, with in-thread and CLI workers."""
 
     framework = "dramatiq"
-    publish_tries = 1 + len(_ENQUEUE_RETRY_PAUSES)  # the adapter's own tries of one re-enqueue
+    publish_tries = 1 + len(HAND_OFF_PAUSES)  # the core's hand_off tries, before it holds the message
 
     def __init__(self, config: HarnessConfig) -> None:
         super().__init__(config)
@@ -94,8 +94,8 @@ class DramatiqHarness(Harness):
         self.broker.enqueue(message)
 
     def publishers(self) -> dict[str, operations.Publisher]:
-        """``{"dramatiq": operations.dramatiq_publisher(broker)}`` (``dramatiq_ext.republish``)."""
-        return {"dramatiq": operations.dramatiq_publisher(self.broker)}
+        """``{"dramatiq": …}`` from the installed adapter (``dramatiq_ext.republish``)."""
+        return operations.publishers_for(self.broker)
 
     def _enqueue(self, message: Any, *, delay: int | None = None) -> Any:
         seconds = None if delay is None else delay / 1000

@@ -203,7 +203,7 @@ class Harness(abc.ABC):
 
     @abc.abstractmethod
     def publishers(self) -> dict[str, Publisher]:
-        """The operations publishers of this adapter (``operations.celery_publisher(app)`` …)."""
+        """The operations publishers of this adapter (``operations.publishers_for(app_or_broker)``)."""
 
     @abc.abstractmethod
     def _send(self, job: Job) -> None:
