@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from .._store.base import RunRecord, StepStore
 from ..durations import parse_duration
-from ..errors import PublishFailed
+from ..errors import ConfigurationError, PublishFailed
 from ..registry import Publisher
 from ._publishing import publish
 from ._runs import latest_wake_at
@@ -210,7 +210,7 @@ class Sweeper:
       stale_after(str | float): see :func:`find_stranded`.
 
     Raises:
-      ValueError: a duration cannot be parsed, or ``interval`` is zero.
+      ConfigurationError: (a ``ValueError``) a duration cannot be parsed, or ``interval`` is zero.
     """
 
     def __init__(
@@ -226,7 +226,7 @@ class Sweeper:
         self.publishers = dict(publishers)
         self.interval = parse_duration(interval)
         if self.interval <= 0:
-            raise ValueError("the sweeper's interval must be positive")
+            raise ConfigurationError(f"the sweeper's interval must be positive, got {interval!r}")
         self.grace = parse_duration(grace)
         self.stale_after = parse_duration(stale_after)
         self._stop = threading.Event()
