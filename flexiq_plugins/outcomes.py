@@ -41,6 +41,10 @@ class PutBackReason(enum.Enum):
     """Another live claim holds the run (C24); the job is checked again shortly."""
     STORE_UNAVAILABLE = "store_unavailable"
     """The store could not be reached (C28); retried whatever the task's filters say."""
+    STEP_RETRY = "step_retry"
+    """A step with a retry budget failed with attempts left (C31); the job comes back after its backoff."""
+    COMPENSATE = "compensate"
+    """The framework gave up on a run with compensations (C32); the next delivery runs them."""
 
 
 class AckReason(enum.Enum):
@@ -50,6 +54,8 @@ class AckReason(enum.Enum):
     """The run is already terminal (C26)."""
     DROPPED = "dropped"
     """This attempt's claim was taken over (C25); its outcome is dropped."""
+    COMPENSATED = "compensated"
+    """The run's compensations all ran after the framework had reported its failure (C32)."""
 
 
 @dataclass(frozen=True)
