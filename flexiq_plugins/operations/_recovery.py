@@ -86,7 +86,8 @@ def find_stranded(
 ) -> list[Stranded]:
     """Return the runs :func:`recover` would re-publish, oldest due first (C35).
 
-    - ``sleeping`` past its wake time (the latest sleep step's ``wake_at``) by more than ``grace``;
+    - ``sleeping`` past its wake time (the latest sleep step's ``wake_at``, or a
+      step retry's ``retry_at``, C31) by more than ``grace``;
     - ``running`` whose claim lease expired more than ``grace`` ago (its worker died);
     - ``pending`` or ``retrying`` not updated for more than ``stale_after``
       (at least ``grace``).
@@ -126,7 +127,7 @@ def _overdue_sleepers(store: StepStore, due: float, stale: float) -> list[Strand
     for run in store.list_runs(status="sleeping", limit=_SCAN_LIMIT):
         if run.updated_at >= due:
             continue  # a sleep is committed before its wake time: not overdue yet, or just recovered
-        wake_at = latest_wake_at(store.get_steps(run.run_key))
+        wake_at = latest_wake_at(store.get_steps(run.run_key), store.get_step_attempts(run.run_key))
         if wake_at is not None and wake_at < due and _unclaimed_since(run, wake_at, stale):
             found.append(Stranded(run, "sleep_overdue", wake_at))
     return found

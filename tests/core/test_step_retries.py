@@ -447,3 +447,27 @@ def test_c31_a_stored_error_class_that_is_gone_replays_as_non_retryable():
     rebuilt = rebuild_error(f"{__name__}.Declined", "declined (51)")
     assert isinstance(rebuilt, Declined)
     assert str(rebuilt) == "declined (51)"
+
+
+def test_c31_recovery_waits_for_a_step_retry_not_for_an_older_sleep(durable_run, flexiq_clock):
+    """A run waiting for a step retry is ``sleeping`` until the retry is due: recovery (C35) takes it only
+    once the retry time is overdue, not because an earlier sleep's wake time has long passed."""
+    from flexiq_plugins.operations import find_stranded, show_run
+
+    def body() -> None:
+        step = current_job.step
+        step.sleep("1m")
+        step.run("ship", failing([]), retry=RetryPolicy(max_attempts=3, initial_delay=600))
+
+    run = durable_run(body)
+    run.attempt()
+    run.wake()
+    retrying = run.attempt()
+    assert retrying.step_retrying
+    assert show_run(run.store, run.run_key).wake_at == retrying.outcome.wake_at
+
+    flexiq_clock.advance(300)
+    assert find_stranded(run.store, grace=60) == []
+    flexiq_clock.advance(400)
+    (stranded,) = find_stranded(run.store, grace=60)
+    assert (stranded.why, stranded.due_at) == ("sleep_overdue", retrying.outcome.wake_at)
