@@ -19,8 +19,9 @@ import math
 from typing import Any
 
 import dramatiq
-from dramatiq.middleware import Middleware
+from dramatiq.middleware import Middleware, MiddlewareError
 
+from flexiq_plugins import ConfigurationError
 from flexiq_plugins.integration import (
     AttemptDriver,
     DurableConfig,
@@ -38,9 +39,17 @@ from flexiq_plugins.integration import (
 from . import _actor, _config, _verbs
 from ._envelope import RUN_KEY_OPTION, job_info
 
-__all__ = ["DurableSteps"]
+__all__ = ["DurableSteps", "InvalidActorOption"]
 
 _message: contextvars.ContextVar[Any] = contextvars.ContextVar("flexiq_dramatiq_message", default=None)
+
+
+class InvalidActorOption(ConfigurationError, MiddlewareError):
+    """An actor option of this middleware (``step_retry``) that cannot be used; raised where the actor is declared.
+
+    A :class:`~dramatiq.middleware.MiddlewareError`, so Dramatiq lets it
+    through instead of logging it and leaving the actor without durable steps.
+    """
 
 
 class DurableSteps(Middleware):
@@ -107,16 +116,20 @@ class DurableSteps(Middleware):
         return AttemptDriver(store, config.with_default_serializer(serializer))
 
     # ----------------------------------------------------------- declaring
-    def after_declare_actor(self, broker: dramatiq.Broker, actor: dramatiq.Actor[Any, Any]) -> None:
-        """Make the actor durable unless it says ``durable=False``; check its ``step_retry``.
+    def before_declare_actor(self, broker: dramatiq.Broker, actor: dramatiq.Actor[Any, Any]) -> None:
+        """Check the actor's ``step_retry`` where it is declared (C31).
 
         Raises:
-          ConfigurationError: ``step_retry`` is not a ``RetryPolicy`` (or a dict of its fields).
+          InvalidActorOption: ``step_retry`` is not a ``RetryPolicy``, a dict of its fields or ``None``.
         """
+        _step_retry(actor)
+
+    def after_declare_actor(self, broker: dramatiq.Broker, actor: dramatiq.Actor[Any, Any]) -> None:
+        """Make the actor durable unless it says ``durable=False``."""
         if actor.options.get("durable", True) is False or _actor.is_durable(actor.fn):
             return
         name = actor.actor_name
-        policy = retry_policy_option(actor.options.get("step_retry"), where=f"actor {name!r} step_retry")
+        policy = _step_retry(actor)
         actor.fn = _actor.wrap(
             actor.fn, lambda body, args, kwargs: self._call(broker, name, body, args, kwargs, step_retry=policy)
         )
@@ -174,3 +187,10 @@ class DurableSteps(Middleware):
         if isinstance(outcome, Failure):
             self._failing[message.message_id] = outcome
         return _verbs.apply_outcome(broker, message, job, outcome)
+
+
+def _step_retry(actor: dramatiq.Actor[Any, Any]) -> RetryPolicy | None:
+    try:
+        return retry_policy_option(actor.options.get("step_retry"), where=f"actor {actor.actor_name!r} step_retry")
+    except ConfigurationError as exc:
+        raise InvalidActorOption(str(exc)) from exc
