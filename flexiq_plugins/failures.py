@@ -9,9 +9,11 @@ texts do not go through the step codecs: do not put secrets in error messages.
 A step that failed for good keeps its failure in its step row, as JSON; a
 replay raises the same error again without calling the body
 (:func:`replay_error`): the class is imported by name and built with the
-message, so a body's ``except PaymentDeclined`` matches on every attempt. A
-class that can no longer be imported or built is replaced by a
-:class:`~flexiq_plugins.NonRetryableError` naming it.
+message, so a body's ``except PaymentDeclined`` matches on every attempt
+(only ``Exception`` subclasses are imported, by the name the store holds: the
+store is trusted like the code that wrote it). A class that can no longer be
+imported or built is replaced by a :class:`~flexiq_plugins.NonRetryableError`
+naming it.
 """
 
 from __future__ import annotations

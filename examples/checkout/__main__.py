@@ -137,8 +137,9 @@ class _Demo:
     # ------------------------------------------------------------- workers
     def _worker_cmd(self) -> list[str]:
         if self.framework == "celery":
+            queue = os.environ["FLEXIQ_DEMO_QUEUE"]  # also the node name: another worker on the broker is no clash
             return [sys.executable, "-m", "celery", "-A", "examples.checkout.celery_app", "worker",
-                    "-P", "prefork", "-c", "1", "-l", "warning", "-Q", os.environ["FLEXIQ_DEMO_QUEUE"],
+                    "-P", "prefork", "-c", "1", "-l", "warning", "-Q", queue, "-n", f"{queue}@%h",
                     "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
         return [sys.executable, "-m", "dramatiq", "examples.checkout.dramatiq_app", "-p", "1", "-t", "1"]
 
