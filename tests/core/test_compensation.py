@@ -331,3 +331,23 @@ def test_c32_a_dead_letter_retry_runs_the_failed_step_again_with_its_whole_budge
     assert run.attempt().completed
     assert (len(calls), len(charges)) == (3, 1)
     assert [(a.number, a.outcome) for a in run.step_attempts] == [(1, None)]
+
+
+def test_c32_retrying_a_compensation_failed_dead_letter_finishes_the_compensation(durable_run):
+    """``flexiq dlq retry`` of a ``compensation_failed`` run drops only the failed undo (and its attempts):
+    the next delivery replays, skips the undos already done and runs the failed one again with its whole
+    budget; the run ends ``compensated``."""
+    shop = Shop()
+    shop.refund_failures = 2
+    undo = Compensation(shop.refund, retry=RetryPolicy(max_attempts=2, initial_delay=0), name="refund")
+    run = durable_run(saga(shop, NonRetryableError("refused"), refund=undo))
+    assert isinstance(run.until_done().error, CompensationFailed)
+    (dead,) = run.dead_letters
+
+    retry_dead_letter(run.store, dead.id, {"test": lambda envelope, run_key: "job-2"})
+    assert "compensate:charge#0" not in run.step_keys
+    result = run.attempt()
+
+    assert run.status == "compensated"
+    assert shop.undos() == ["release reserve-1", "refund charge-1"]  # the release was not run again
+    assert isinstance(result.outcome, DeadLetter) and result.outcome.reason == "non_retryable"
