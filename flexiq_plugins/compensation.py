@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import contextvars
 import inspect
 import logging
@@ -79,6 +80,8 @@ logger = logging.getLogger("flexiq_plugins")
 
 COMPENSATE_PREFIX = "compensate:"
 """An undo's step key is this prefix and the key of the step it undoes: ``compensate:charge#0``."""
+
+_UNREADABLE = RunFailure("dead_letter", "error", "?", "the compensation:start row could not be read", "")
 
 
 @dataclass(frozen=True)
@@ -132,9 +135,10 @@ def _undos(rows: Iterable[StepRow]) -> list[StepRow]:
 def _marker(rows: Iterable[StepRow]) -> RunFailure | None:
     for row in rows:
         if row.kind == "compensation" and row.failure is not None:
-            failure = load_failure(row.failure)
-            if isinstance(failure, RunFailure):
-                return failure
+            with contextlib.suppress(ValueError, TypeError):
+                failure = load_failure(row.failure)
+                if isinstance(failure, RunFailure):
+                    return failure
     return None
 
 
@@ -160,8 +164,7 @@ def settle(host: CompensationHost, error: BaseException | None) -> Compensated |
     if journal.replay_only:
         if isinstance(error, (ClaimLost, StoreUnavailable)):
             return error
-        failure = _marker(journal.sequence.recorded)
-        assert failure is not None, "a replay-only journal has a compensation row"
+        failure = _marker(journal.sequence.recorded) or _UNREADABLE
         return _compensate(host, failure)
     if error is None or not compensates(error) or not pending_undos(journal.sequence.recorded):
         return error
