@@ -350,4 +350,5 @@ def test_c32_retrying_a_compensation_failed_dead_letter_finishes_the_compensatio
 
     assert run.status == "compensated"
     assert shop.undos() == ["release reserve-1", "refund charge-1"]  # the release was not run again
-    assert isinstance(result.outcome, DeadLetter) and result.outcome.reason == "non_retryable"
+    assert isinstance(result.outcome, DeadLetter)
+    assert result.outcome.reason == "non_retryable"
