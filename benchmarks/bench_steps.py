@@ -7,7 +7,9 @@ the first attempt (every step runs and commits: one fenced transaction each)
 and a replay (every step is a memo hit: no statement, C9). It prints the
 time per step and the ratio to the baseline, the same body calling the step
 functions directly. Ratios, not absolute times, are what to compare between
-machines.
+machines. Each store is measured for plain steps, steps with a retry budget
+(``retry=``: one more transaction per new step, to journal its attempt, C31)
+and steps with an undo (``compensate=``: no extra statement, C32).
 """
 
 from __future__ import annotations
@@ -18,16 +20,32 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from flexiq_plugins import AttemptDriver, JobEnvelope, JobInfo, MemoryStepStore, SqlStepStore, StepStore, current_job
-from flexiq_plugins.outcomes import Completed, Retry
+from flexiq_plugins import (
+    AttemptDriver,
+    JobEnvelope,
+    JobInfo,
+    MemoryStepStore,
+    RetryPolicy,
+    SqlStepStore,
+    StepStore,
+    current_job,
+)
+from flexiq_plugins.outcomes import Completed, Failure
+
+KINDS: dict[str, dict[str, Any]] = {
+    "plain": {},
+    "retry=": {"retry": RetryPolicy(max_attempts=3)},
+    "compensate=": {"compensate": lambda value: None},
+}
 
 
-def _body(steps: int, fail_at_end: bool) -> Callable[[], int]:
+def _body(steps: int, fail_at_end: bool, options: dict[str, Any]) -> Callable[[], int]:
     def body() -> int:
         total = 0
         for i in range(steps):
-            total += current_job.step.run("add", lambda i=i: i)
+            total += current_job.step.run("add", lambda i=i: i, **options)
         if fail_at_end:
             raise RuntimeError("end of first attempt")  # keeps the rows for the replay
         return total
@@ -46,17 +64,17 @@ def _baseline(steps: int, runs: int) -> float:
     return (time.perf_counter() - start) / (runs * steps)
 
 
-def _measure(store: StepStore, steps: int, runs: int) -> tuple[float, float]:
+def _measure(store: StepStore, steps: int, runs: int, options: dict[str, Any]) -> tuple[float, float]:
     driver = AttemptDriver(store)
     first, replay = [], []
     for n in range(runs):
         job = JobInfo(f"bench-{time.time_ns()}-{n}", f"job-{n}", JobEnvelope("bench", "test"))
         attempt = driver.start(job)
         t0 = time.perf_counter()
-        assert isinstance(attempt.run(_body(steps, True)), Retry)  # type: ignore[union-attr]
+        assert isinstance(attempt.run(_body(steps, True, options)), Failure)  # type: ignore[union-attr]
         t1 = time.perf_counter()
         attempt = driver.start(job)
-        assert isinstance(attempt.run(_body(steps, False)), Completed)  # type: ignore[union-attr]
+        assert isinstance(attempt.run(_body(steps, False, options)), Completed)  # type: ignore[union-attr]
         t2 = time.perf_counter()
         first.append((t1 - t0) / steps)
         replay.append((t2 - t1) / steps)
@@ -76,10 +94,14 @@ def main() -> None:
     if args.postgres:
         stores["postgres"] = SqlStepStore(args.postgres, table_prefix="bench_")
     print(f"baseline (plain call): {base * 1e6:.3f} µs per step")
-    print(f"{'store':<10} {'first run µs/step':>18} {'ratio':>10} {'memo hit µs/step':>18} {'ratio':>10}")
+    print(f"{'store':<10} {'steps':<12} {'first run µs/step':>18} {'ratio':>10} {'memo hit µs/step':>18} {'ratio':>10}")
     for name, store in stores.items():
-        first, replay = _measure(store, args.steps, args.runs)
-        print(f"{name:<10} {first * 1e6:>18.1f} {first / base:>10.0f} {replay * 1e6:>18.1f} {replay / base:>10.0f}")
+        for kind, options in KINDS.items():
+            first, replay = _measure(store, args.steps, args.runs, options)
+            print(
+                f"{name:<10} {kind:<12} {first * 1e6:>18.1f} {first / base:>10.0f} "
+                f"{replay * 1e6:>18.1f} {replay / base:>10.0f}"
+            )
 
 
 if __name__ == "__main__":

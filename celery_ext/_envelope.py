@@ -19,6 +19,7 @@ from flexiq_plugins.integration import (
     build_envelope,
     envelope_arguments,
     is_json,
+    retry_policy_option,
     run_key_from,
 )
 
@@ -39,8 +40,13 @@ def run_key_of(request: Any) -> str:
 
 
 def job_info(task: Any, request: Any) -> JobInfo:
-    """The core's view of the message ``request`` of ``task``."""
-    return JobInfo(run_key=run_key_of(request), job_id=str(request.id), envelope=_envelope(task, request))
+    """The core's view of the message ``request`` of ``task``, with the task's ``step_retry`` (C31).
+
+    Raises:
+      ConfigurationError: the task's ``step_retry`` is not a ``RetryPolicy`` (or a dict of its fields).
+    """
+    step_retry = retry_policy_option(getattr(task, "step_retry", None), where=f"task {task.name!r} step_retry")
+    return JobInfo(run_key_of(request), str(request.id), _envelope(task, request), step_retry)
 
 
 def _envelope(task: Any, request: Any) -> JobEnvelope:

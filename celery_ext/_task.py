@@ -22,7 +22,7 @@ from typing import Any
 from celery import Task
 from celery.exceptions import Ignore
 
-from flexiq_plugins.integration import Completed, Disposition, StepSignal, classify, no_current_job
+from flexiq_plugins.integration import Completed, Disposition, RetryPolicy, StepSignal, classify, no_current_job
 
 from ._envelope import job_info
 from ._runtime import Runtime, runtime_of
@@ -43,9 +43,13 @@ class DurableTask(Task):  # type: ignore[misc]
     it into tasks that have their own ``base=``; you rarely name it yourself.
     ``@app.task(durable=False)`` opts a task out: it then runs exactly as
     plain Celery would, and ``current_job`` is not available in it.
+    ``@app.task(step_retry=RetryPolicy(max_attempts=3))`` gives every
+    ``step.run`` of the task that budget unless the call passes its own
+    ``retry=`` (C31); the integration's ``step_retry`` option applies otherwise.
     """
 
     durable: bool = True
+    step_retry: RetryPolicy | None = None
     _flexiq_explicit: frozenset[str] = frozenset()
 
     @classmethod

@@ -8,7 +8,9 @@ Outcome              What the task does
                      run key, then ``Ignore`` (acked); if the publish keeps
                      failing, ``Reject(requeue=True)``: the message stays
 ``Failure``          re-raises, so ``autoretry_for``/``self.retry`` decide; no
-                     retry → run settled ``failed`` before the ack
+                     retry → :meth:`AttemptDriver.give_up` before the ack: the
+                     run is settled ``failed``, or, with undos to run (C32),
+                     the same task id is re-published once to run them
 ``DeadLetter``       :mod:`celery_ext._deadletter`: never a retry
 ``Ack``              ``Ignore``: acked, the stored result is left as it is
 ===================  ============================================================
@@ -58,7 +60,7 @@ def act(task: Any, request: Any, runtime: Runtime, job: JobInfo, outcome: Outcom
         case PutBack():
             _put_back(task, request, job, outcome)
         case Failure():
-            _failure(runtime.driver(), outcome)
+            _failure(task, request, runtime, job, outcome)
         case DeadLetter():
             _dead_letter(task, request, runtime, outcome)
         case Ack():
@@ -68,6 +70,12 @@ def act(task: Any, request: Any, runtime: Runtime, job: JobInfo, outcome: Outcom
 
 
 def _put_back(task: Any, request: Any, job: JobInfo, outcome: PutBack) -> NoReturn:
+    _republish(task, request, job, outcome)
+    raise Ignore()
+
+
+def _republish(task: Any, request: Any, job: JobInfo, outcome: PutBack) -> None:
+    """Publish the same task id again after ``outcome.delay`` s, carrying the run key; ``Reject`` if it fails."""
     why = f"{outcome.reason.value}: {outcome.detail}" if outcome.detail else outcome.reason.value
     if request.is_eager:
         raise UnsupportedInEagerMode(
@@ -84,16 +92,21 @@ def _put_back(task: Any, request: Any, job: JobInfo, outcome: PutBack) -> NoRetu
     except Exception as exc:
         logger.warning("could not re-enqueue job %s (%s): %s; the message goes back", request.id, why, exc)
         raise Reject(f"re-enqueue failed: {exc}", requeue=True) from exc
-    raise Ignore()
 
 
-def _failure(driver: AttemptDriver, outcome: Failure) -> NoReturn:
+def _failure(task: Any, request: Any, runtime: Runtime, job: JobInfo, outcome: Failure) -> NoReturn:
     error = outcome.error
     if isinstance(error, Retry) or (isinstance(error, Reject) and error.requeue):
         raise error  # a user's self.retry() already published one; or the message goes back
     if not isinstance(error, Exception):
         raise error  # SystemExit, KeyboardInterrupt: the worker stops; the message is redelivered
-    driver.settle_failed(outcome)  # Celery will not retry: the run is failed before the ack (C26)
+    driver: AttemptDriver = runtime.driver()
+    if request.is_eager:  # no broker to come back through: no compensation (C38)
+        driver.settle_failed(outcome)
+        raise error
+    after = driver.give_up(outcome)  # Celery will not retry: failed, or compensated next (C26, C32)
+    if after is not None:
+        _republish(task, request, job, after)
     raise error
 
 

@@ -5,43 +5,59 @@ function for one that runs the body inside an attempt (see ``_actor``), and
 turns the attempt's outcome into Dramatiq's verb (see ``_verbs``). A failure
 the core calls retryable is re-raised unchanged, so the Retries middleware
 decides as it always does; if the message is then acknowledged or rejected
-without being enqueued again, Dramatiq has given up and the run is settled
-``failed`` before the broker hears of it (C26).
+without being enqueued again, Dramatiq has given up: the run is settled
+``failed`` before the broker hears of it (C26) or, if it has undos to run,
+the same message is enqueued once more to run them (C32).
 """
 
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import logging
+import math
 from typing import Any
 
 import dramatiq
-from dramatiq.middleware import Middleware
+from dramatiq.middleware import Middleware, MiddlewareError
 
+from flexiq_plugins import ConfigurationError
 from flexiq_plugins.integration import (
     AttemptDriver,
     DurableConfig,
     Failure,
     PerProcess,
+    RetryPolicy,
     StepStore,
     StoreSpec,
     new_run_key,
     no_current_job,
     resolve_store,
+    retry_policy_option,
 )
 
 from . import _actor, _config, _verbs
 from ._envelope import RUN_KEY_OPTION, job_info
 
-__all__ = ["DurableSteps"]
+__all__ = ["DurableSteps", "InvalidActorOption"]
 
 _message: contextvars.ContextVar[Any] = contextvars.ContextVar("flexiq_dramatiq_message", default=None)
+
+
+class InvalidActorOption(ConfigurationError, MiddlewareError):
+    """An actor option of this middleware (``step_retry``) that cannot be used; raised where the actor is declared.
+
+    A :class:`~dramatiq.middleware.MiddlewareError`, so Dramatiq lets it
+    through instead of logging it and leaving the actor without durable steps.
+    """
 
 
 class DurableSteps(Middleware):
     """Middleware that gives actors durable steps: ``current_job.step.run``, ``sleep`` …
 
-    Every actor is durable unless declared with ``durable=False``. Nothing is
+    Every actor is durable unless declared with ``durable=False``;
+    ``step_retry=RetryPolicy(...)`` gives every ``step.run`` of an actor that
+    budget unless the call passes its own ``retry=`` (C31). Nothing is
     read or opened until a worker process handles its first message, so this
     works as ``"dramatiq_ext.DurableSteps"`` in django_dramatiq's
     ``DRAMATIQ_BROKER["MIDDLEWARE"]``.
@@ -56,7 +72,8 @@ class DurableSteps(Middleware):
         (C23), ``busy_retry_seconds`` (C24), ``store_retry_seconds`` (C28),
         ``max_takeovers`` (C25), ``step_bytes`` / ``run_bytes`` (bytes) and
         ``run_steps`` (C22), ``serializer`` (default: the broker's encoder)
-        and ``codecs`` (C7), ``keep_succeeded_steps`` (C27).
+        and ``codecs`` (C7), ``keep_succeeded_steps`` (C27), ``step_retry``
+        (the default budget of every step, C31).
 
     Raises:
       ConfigurationError: an unknown option or unusable value (at
@@ -74,8 +91,8 @@ class DurableSteps(Middleware):
 
     @property
     def actor_options(self) -> set[str]:
-        """``durable``: ``False`` opts an actor out."""
-        return {"durable"}
+        """``durable``: ``False`` opts an actor out; ``step_retry``: its steps' default budget (C31)."""
+        return {"durable", "step_retry"}
 
     @property
     def driver(self) -> AttemptDriver:
@@ -99,12 +116,23 @@ class DurableSteps(Middleware):
         return AttemptDriver(store, config.with_default_serializer(serializer))
 
     # ----------------------------------------------------------- declaring
+    def before_declare_actor(self, broker: dramatiq.Broker, actor: dramatiq.Actor[Any, Any]) -> None:
+        """Check the actor's ``step_retry`` where it is declared (C31).
+
+        Raises:
+          InvalidActorOption: ``step_retry`` is not a ``RetryPolicy``, a dict of its fields or ``None``.
+        """
+        _step_retry(actor)
+
     def after_declare_actor(self, broker: dramatiq.Broker, actor: dramatiq.Actor[Any, Any]) -> None:
         """Make the actor durable unless it says ``durable=False``."""
         if actor.options.get("durable", True) is False or _actor.is_durable(actor.fn):
             return
         name = actor.actor_name
-        actor.fn = _actor.wrap(actor.fn, lambda body, args, kwargs: self._call(broker, name, body, args, kwargs))
+        policy = _step_retry(actor)
+        actor.fn = _actor.wrap(
+            actor.fn, lambda body, args, kwargs: self._call(broker, name, body, args, kwargs, step_retry=policy)
+        )
 
     # ------------------------------------------------------------ messages
     def before_enqueue(self, broker: dramatiq.Broker, message: Any, delay: int | None) -> None:
@@ -127,16 +155,26 @@ class DurableSteps(Middleware):
         _message.set(None)
 
     def before_ack(self, broker: dramatiq.Broker, message: Any) -> None:
-        """Settle a failed run ``failed`` when Dramatiq gave up on it (C26)."""
+        """Dramatiq gave up on a failed run: settle it ``failed`` (C26), or enqueue it once more to compensate (C32)."""
         failure = self._failing.pop(message.message_id, None)
-        if failure is not None:
-            self.driver.settle_failed(failure)
+        if failure is None:
+            return
+        after = self.driver.give_up(failure)
+        if after is not None:
+            _verbs.enqueue_again(broker, message, failure.run_key, math.ceil(after.delay * 1000))
 
     before_nack = before_ack
 
     # ---------------------------------------------------------- the call
     def _call(
-        self, broker: dramatiq.Broker, actor_name: str, body: _actor.Body, args: tuple[Any, ...], kwargs: dict[str, Any]
+        self,
+        broker: dramatiq.Broker,
+        actor_name: str,
+        body: _actor.Body,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        step_retry: RetryPolicy | None,
     ) -> Any:
         message = _message.get()
         if message is None or message.actor_name != actor_name:
@@ -144,8 +182,15 @@ class DurableSteps(Middleware):
                 return body(*args, **kwargs)
         _message.set(None)  # a direct call from inside the body is a plain call
         body.check()
-        job = job_info(message)
+        job = dataclasses.replace(job_info(message), step_retry=step_retry)
         outcome = _actor.execute(self.driver, job, body, args, kwargs)
         if isinstance(outcome, Failure):
             self._failing[message.message_id] = outcome
         return _verbs.apply_outcome(broker, message, job, outcome)
+
+
+def _step_retry(actor: dramatiq.Actor[Any, Any]) -> RetryPolicy | None:
+    try:
+        return retry_policy_option(actor.options.get("step_retry"), where=f"actor {actor.actor_name!r} step_retry")
+    except ConfigurationError as exc:
+        raise InvalidActorOption(str(exc)) from exc

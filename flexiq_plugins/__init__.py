@@ -7,13 +7,13 @@ Inside a task body::
     step = current_job.step
     charge = step.run("charge", lambda: pay(order, idempotency_key=step.idempotency_key))
     step.sleep("1h")
-    step.run("receipt", lambda: send_receipt(charge))
+    step.run("receipt", lambda: send_receipt(charge), retry=RetryPolicy(max_attempts=5))
 
 The framework integrations live in ``celery_ext`` and ``dramatiq_ext``; this
 package never imports Celery or Dramatiq.
 """
 
-from ._store.base import DeadLetterRecord, JobEnvelope, RunRecord, StepRow, StepStore
+from ._store.base import DeadLetterRecord, JobEnvelope, RunRecord, StepAttempt, StepRow, StepStore
 from ._store.factory import open_store
 from ._store.memory import MemoryStepStore
 from ._store.sql import SqlStepStore, upgrade_store
@@ -26,6 +26,7 @@ from .errors import (
     AlreadyRetried,
     ClaimLost,
     CodecError,
+    CompensationFailed,
     ConcurrentStep,
     ConfigurationError,
     DeadLettered,
@@ -37,15 +38,20 @@ from .errors import (
     InvalidRunKey,
     InvalidStepKey,
     InvalidStepName,
+    InvalidStepOption,
     NoCurrentJob,
+    NonRetryableError,
     NoPublisher,
     NotInStep,
     OperationError,
     PublishFailed,
+    ReplayStopped,
+    RunCompensated,
     SleepSignal,
     StepDivergence,
     StepLimitExceeded,
     StepRetryExhausted,
+    StepRetrySignal,
     StepSignal,
     StepUsageError,
     StoreError,
@@ -56,6 +62,7 @@ from .errors import (
     UnsupportedInEagerMode,
 )
 from .identity import new_run_key
+from .policies import Compensation, RetryPolicy
 
 __version__ = "0.1.0"
 
@@ -66,6 +73,8 @@ __all__ = [
     "ClaimLost",
     "CodecChain",
     "CodecError",
+    "Compensation",
+    "CompensationFailed",
     "ConcurrentStep",
     "ConfigurationError",
     "DeadLetterRecord",
@@ -81,6 +90,7 @@ __all__ = [
     "InvalidRunKey",
     "InvalidStepKey",
     "InvalidStepName",
+    "InvalidStepOption",
     "JobContext",
     "JobEnvelope",
     "JobInfo",
@@ -89,16 +99,22 @@ __all__ = [
     "MemoryStepStore",
     "NoCurrentJob",
     "NoPublisher",
+    "NonRetryableError",
     "NotInStep",
     "OperationError",
     "PublishFailed",
+    "ReplayStopped",
+    "RetryPolicy",
+    "RunCompensated",
     "RunRecord",
     "SleepSignal",
     "SqlStepStore",
+    "StepAttempt",
     "StepContext",
     "StepDivergence",
     "StepLimitExceeded",
     "StepRetryExhausted",
+    "StepRetrySignal",
     "StepRow",
     "StepSignal",
     "StepStore",

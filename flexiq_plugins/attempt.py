@@ -12,8 +12,10 @@ that does not depend on the framework is made here, once, for every adapter:
   filters say, and counts no retry (C28); it is logged once per outage per
   process, and its end once;
 - a run busy elsewhere is put back for at most ``busy_retry_seconds`` (C24);
-- a sleep is put back for its time left, capped at one hop (C15–C18);
-- a run past its takeover limit is dead-lettered ``worker_lost`` (C25).
+- a sleep is put back for its time left, capped at one hop (C15–C18), and so
+  is a step retry (C31);
+- a run past its takeover limit is dead-lettered ``worker_lost`` (C25);
+- a run that fails for good is compensated (C32, :mod:`flexiq_plugins.compensation`).
 
 The step protocol itself lives in :mod:`flexiq_plugins.steps`; the driver
 gives it a writer fenced on the attempt's claim.
@@ -33,15 +35,24 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from . import outcomes
+from . import compensation, outcomes
 from ._store import base
-from ._store.base import JobEnvelope, NewDeadLetter, StepRow, StepStore
+from ._store.base import (
+    JobEnvelope,
+    NewDeadLetter,
+    StepAttemptBegin,
+    StepAttemptFailed,
+    StepAttemptFailure,
+    StepRow,
+    StepStore,
+)
 from .config import DurableConfig
 from .context import JobContext
 from .errors import (
     ClaimLost,
     Disposition,
     SleepSignal,
+    StepRetrySignal,
     StepSignal,
     StoreError,
     StoreUnavailable,
@@ -50,6 +61,7 @@ from .errors import (
     reason_of,
 )
 from .identity import check_run_key
+from .policies import RetryPolicy
 from .steps import StepJournal
 
 __all__ = ["Attempt", "AttemptDriver", "JobInfo", "default_owner"]
@@ -67,11 +79,14 @@ class JobInfo:
       run_key(str): the run key the message carries (or its job id, C1 words).
       job_id(str): the framework's job id.
       envelope(JobEnvelope): what re-publishes the job (C35).
+      step_retry(RetryPolicy | None): the task's or actor's default budget for
+        its steps (its ``step_retry`` option, C31); ``None``: the integration's.
     """
 
     run_key: str
     job_id: str
     envelope: JobEnvelope
+    step_retry: RetryPolicy | None = None
 
 
 def default_owner() -> str:
@@ -191,6 +206,25 @@ class AttemptDriver:
             logger.exception("could not mark run %s failed", failure.run_key)
             return False
 
+    def give_up(self, failure: outcomes.Failure) -> outcomes.PutBack | None:
+        """The framework will not retry ``failure``: compensate its run (C32), else mark it ``failed`` (C26).
+
+        Call it instead of :meth:`settle_failed`, before the message is
+        acknowledged. If the run has committed steps with undos, the failure
+        is recorded and a :class:`~flexiq_plugins.outcomes.PutBack` is
+        returned: re-enqueue the job with it (the framework still reports the
+        failure as usual); its next delivery runs the undos. Otherwise the
+        run is settled ``failed`` and ``None`` is returned. A store error is
+        logged, not raised.
+        """
+        try:
+            if compensation.start_after_failure(self.store, failure.run_key, failure.attempt, failure.error):
+                return outcomes.PutBack(outcomes.PutBackReason.COMPENSATE, 0.0, "its compensations run next")
+        except StoreError:
+            logger.exception("could not start the compensation of run %s", failure.run_key)
+        self.settle_failed(failure)
+        return None
+
 
 class Attempt:
     """One execution of a task body for a run, holding its claim.
@@ -212,7 +246,10 @@ class Attempt:
         self._clock_offset = begun.now - time.time()
         self._local_clock = self._store.local_clock()
         label = f"job {job.job_id} (run {job.run_key})"
-        self.journal = StepJournal(begun.snapshot, label, self, driver.codec, self._config.limits)
+        step_retry = job.step_retry or self._config.step_retry
+        self.journal = StepJournal(
+            begun.snapshot, label, self, driver.codec, self._config.limits, step_retry=step_retry
+        )
         self._lease = _LeaseKeeper(self._store, self.claim, self._config.lease_seconds)
         self.context = JobContext(self.run_key, self.job_id, self.number, self.task_name, self.journal)
 
@@ -226,6 +263,14 @@ class Attempt:
     def commit_step(self, row: StepRow) -> StepRow:
         """Commit one step row, fenced on this attempt's claim (C9, C25)."""
         return self._store.commit_step(self.claim, row)
+
+    def begin_step_attempt(self, step_key: str, max_attempts: int) -> StepAttemptBegin:
+        """Journal a step attempt before its body runs, fenced on this attempt's claim (C25, C31)."""
+        return self._store.begin_step_attempt(self.claim, step_key, max_attempts)
+
+    def fail_step_attempt(self, failure: StepAttemptFailure, row: StepRow | None = None) -> StepAttemptFailed:
+        """Record a failed step attempt (and commit ``row``), fenced on this attempt's claim (C25, C31)."""
+        return self._store.fail_step_attempt(self.claim, failure, row=row)
 
     # ------------------------------------------------------- running the body
     @contextlib.contextmanager
@@ -290,6 +335,10 @@ class Attempt:
         )
 
     def _settle(self, value: Any, error: BaseException | None) -> outcomes.Outcome:
+        settled = compensation.settle(self, error)  # a run failed for good undoes its committed steps (C32)
+        if isinstance(settled, compensation.Compensated):
+            return self._compensated(settled)
+        error = settled
         if error is None:
             return self._succeed(value)
         disposition = classify(error)
@@ -327,7 +376,20 @@ class Attempt:
         remaining = max(signal.wake_at - self.now(), 0.0)
         delay = min(remaining, self._config.max_hop_seconds)
         logger.debug("job %s (run %s) sleeps at %r for %.3f s", self.job_id, self.run_key, signal.step_key, delay)
-        return outcomes.PutBack(outcomes.PutBackReason.SLEEP, delay, signal.step_key, signal.wake_at)
+        retry = isinstance(signal, StepRetrySignal)  # a step's retry comes back like a sleep (C31)
+        reason = outcomes.PutBackReason.STEP_RETRY if retry else outcomes.PutBackReason.SLEEP
+        return outcomes.PutBack(reason, delay, signal.step_key, signal.wake_at)
+
+    def _compensated(self, done: compensation.Compensated) -> outcomes.Outcome:
+        """Every undo ran: the run is ``compensated``; dead-lettered if it failed inside an attempt (C32)."""
+        failure = done.failure
+        if failure.origin == "framework":  # the framework already reported the failure
+            self._finish("compensated")
+            return outcomes.Ack(outcomes.AckReason.COMPENSATED, done.message)
+        record = NewDeadLetter(self.job_id, failure.reason, done.message, failure.traceback)
+        self._finish("compensated", dead_letter=record)
+        logger.error("job %s (run %s) dead-lettered (%s): %s", self.job_id, self.run_key, failure.reason, done.message)
+        return outcomes.DeadLetter(failure.reason, done.message)
 
     def _dead_letter(self, error: BaseException) -> outcomes.Outcome:
         reason = reason_of(error)
@@ -376,7 +438,8 @@ class _LeaseKeeper:
         self.lost: ClaimLost | None = None
 
     def start(self) -> None:
-        if self._thread is None:
+        if self._thread is None or not self._thread.is_alive():  # started again for a compensation (C32)
+            self._stop = threading.Event()
             self._thread = threading.Thread(target=self._loop, name="flexiq-lease", daemon=True)
             self._thread.start()
 

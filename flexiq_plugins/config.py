@@ -29,6 +29,7 @@ from ._store.factory import DEFAULT_STORE_URL, STORE_URL_ENV, StoreSpec, open_st
 from .codec import Codec, CodecChain, Serializer
 from .durations import parse_duration
 from .errors import ConfigurationError
+from .policies import RetryPolicy, retry_policy_option
 
 __all__ = ["DurableConfig", "Limits", "StoreSpec", "resolve_store", "resolve_store_spec"]
 
@@ -100,6 +101,13 @@ class DurableConfig:
     keep_succeeded_steps: bool = field(
         default=False, metadata=_doc("keep step rows of succeeded runs for inspection (default False, C27)")
     )
+    step_retry: RetryPolicy | None = field(
+        default=None,
+        metadata=_doc(
+            "default retry budget of every step.run, a RetryPolicy or a dict of its fields; a task's or "
+            "actor's own step_retry option wins (default None: no budget, C31)"
+        ),
+    )
 
     def __post_init__(self) -> None:
         for name in _SECONDS:
@@ -115,6 +123,7 @@ class DurableConfig:
             )
         if not isinstance(self.keep_succeeded_steps, bool):
             raise ConfigurationError(f"option keep_succeeded_steps={self.keep_succeeded_steps!r} must be a bool")
+        self._set("step_retry", retry_policy_option(self.step_retry, where="option step_retry"))
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)

@@ -15,11 +15,13 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from datetime import datetime, timedelta
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from .durations import parse_duration
 from .errors import NoCurrentJob, NotInStep
-from .steps import RunVerb, SleepVerb, StepJournal, adrive, current_step_key, drive, outside_steps
+from .policies import Compensation, RetryPolicy
+from .step_run import StepRunVerb, compensation_of, retry_of
+from .steps import SleepVerb, StepJournal, adrive, current_step_key, drive, outside_steps
 
 __all__ = ["JobContext", "StepContext", "current_job", "no_current_job"]
 
@@ -32,8 +34,6 @@ _NOT_ENABLED = (
     "body run by an integration: for Celery call celery_ext.install(app) at set-up; for "
     "Dramatiq add dramatiq_ext.DurableSteps() to the broker's middleware"
 )
-
-_RUN = RunVerb()
 
 
 class StepContext:
@@ -52,7 +52,15 @@ class StepContext:
         self._run_key = run_key
 
     # ------------------------------------------------------------- run
-    def run(self, name: str, fn: Callable[[], T], *, key: str | int | None = None) -> T:
+    def run(
+        self,
+        name: str,
+        fn: Callable[[], T],
+        *,
+        key: str | int | None = None,
+        retry: RetryPolicy | Literal[False] | None = None,
+        compensate: Callable[[T], object] | Compensation | None = None,
+    ) -> T:
         """Run ``fn()`` once per run and return its value; later attempts get the stored value.
 
         Parameters:
@@ -61,6 +69,13 @@ class StepContext:
           fn(Callable[[], T]): the step body, called with no arguments.
           key(str | int | None): pins the step to data (``name:key``), ≤ 256
             bytes; keyed calls do not advance the ``name#n`` counter (C1).
+          retry(RetryPolicy | False | None): the step's durable budget (C31):
+            attempts are counted in the store, a failure with attempts left
+            ends the attempt and the job comes back after the backoff.
+            ``None``: the task's ``step_retry`` option, if any; ``False``: no
+            budget, the task's own retry policy decides.
+          compensate(Callable[[T], object] | Compensation | None): the undo,
+            called with the step's value if the run fails for good (C32).
 
         Returns the value decoded from its stored bytes, on the first run too
         (C7): a tuple under JSON comes back as a list every time.
@@ -73,17 +88,33 @@ class StepContext:
           StepUsageError: ``fn`` returned an awaitable (use :meth:`arun`).
           EncodeError: the serializer cannot encode the value; nothing is committed (C7).
           StepLimitExceeded: a size cap refused the commit (C22).
-          Exception: whatever ``fn`` raises; nothing is committed (C6).
+          InvalidStepOption: ``retry`` or ``compensate`` is not an accepted form.
+          StepRetryExhausted: the step's budget is spent (C31), on that attempt and every replay.
+          NonRetryableError: or the error a policy does not retry: the step failed
+            for good; every replay raises it again without calling ``fn`` (C31).
+          Exception: whatever ``fn`` raises without a budget; nothing is committed (C6).
         """
-        return drive(self._journal.protocol(_RUN, name, key), fn)  # type: ignore[no-any-return]
+        return drive(self._journal.protocol(self._verb(retry, compensate), name, key), fn)  # type: ignore[no-any-return]
 
-    async def arun(self, name: str, fn: Callable[[], Awaitable[T] | T], *, key: str | int | None = None) -> T:
+    async def arun(
+        self,
+        name: str,
+        fn: Callable[[], Awaitable[T] | T],
+        *,
+        key: str | int | None = None,
+        retry: RetryPolicy | Literal[False] | None = None,
+        compensate: Callable[[T], object] | Compensation | None = None,
+    ) -> T:
         """Async form of :meth:`run`: ``fn()`` may return an awaitable, which is awaited.
 
         Same parameters, return value and errors as :meth:`run`. Two ``arun``
         calls under ``asyncio.gather`` fail the attempt with ``ConcurrentStep`` (C8).
         """
-        return await adrive(self._journal.protocol(_RUN, name, key), fn)  # type: ignore[no-any-return]
+        verb = self._verb(retry, compensate)
+        return await adrive(self._journal.protocol(verb, name, key), fn)  # type: ignore[no-any-return]
+
+    def _verb(self, retry: object, compensate: object) -> StepRunVerb:
+        return StepRunVerb(retry_of(retry, self._journal), compensation_of(compensate))
 
     # ----------------------------------------------------------- sleep
     def sleep(self, duration: str | timedelta | float, *, name: str | None = None) -> None:

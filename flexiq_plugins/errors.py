@@ -9,6 +9,8 @@ into a retry or, worse, a success (C20). Everything else is an ordinary
     BaseException
     └── StepSignal                      control flow, never an error (C20)
         ├── SleepSignal                 the attempt ends; the job comes back later
+        │   └── StepRetrySignal         a failed step with budget left comes back after its backoff (C31)
+        ├── ReplayStopped               a compensation replay reached a step that never ran (C32)
         └── StepDivergence              recorded and running step sequences differ (C12)
     Exception
     └── FlexiqError
@@ -22,12 +24,15 @@ into a retry or, worse, a success (C20). Everything else is an ordinary
         │   ├── InvalidStepKey (ValueError, TypeError)    C2
         │   ├── DuplicateStepKey                          C3
         │   ├── ConcurrentStep                            C8
-        │   └── SwallowedStepSignal                       C21
+        │   ├── SwallowedStepSignal                       C21
+        │   └── InvalidStepOption (TypeError)             a bad ``retry=`` / ``compensate=`` (C31, C32)
         ├── StepLimitExceeded                 a size cap refused a commit (C22)
         ├── CodecError                        a value cannot be encoded / decoded (C7)
         │   ├── EncodeError
         │   └── DecodeError
         ├── StepRetryExhausted                a step's durable retry budget is spent (C31)
+        ├── NonRetryableError                 raise it (or subclass it) for an error that will never succeed (C31)
+        ├── CompensationFailed                an undo failed for good; the run is dead-lettered (C32)
         ├── DeadLettered                      the job went to the dead-letter path (C13, C30)
         ├── UnsupportedInEagerMode (RuntimeError)  a sleep or put-back under Celery's eager mode
         ├── StoreError                        anything the step store reports
@@ -37,10 +42,15 @@ into a retry or, worse, a success (C20). Everything else is an ordinary
         └── OperationError                    an operator action failed (``flexiq`` exits 1)
             ├── NoPublisher                   no integration to re-publish a framework's jobs
             ├── PublishFailed                 the broker refused a re-publish
-            └── AlreadyRetried                the dead letter's run has moved on
+            ├── AlreadyRetried                the dead letter's run has moved on
+            └── RunCompensated                the dead letter's run was compensated: retry it only from a step
 
 Classification (:func:`classify`) lives here, next to the errors, so every
 adapter reads the same answer before it consults any retry filter (C28, C29).
+A step that failed for good re-raises the error its body raised (its own type,
+so a body's ``except`` still matches) *marked final* (:func:`mark_final`):
+whatever its type, it is then never retried and it triggers the run's
+compensations (:func:`compensates`, C31, C32).
 """
 
 from __future__ import annotations
@@ -51,6 +61,7 @@ from datetime import datetime
 __all__ = [
     "ClaimLost",
     "CodecError",
+    "CompensationFailed",
     "ConcurrentStep",
     "AlreadyRetried",
     "ConfigurationError",
@@ -64,15 +75,20 @@ __all__ = [
     "InvalidRunKey",
     "InvalidStepKey",
     "InvalidStepName",
+    "InvalidStepOption",
     "NoCurrentJob",
     "NoPublisher",
+    "NonRetryableError",
     "NotInStep",
     "OperationError",
     "PublishFailed",
+    "ReplayStopped",
+    "RunCompensated",
     "SleepSignal",
     "StepDivergence",
     "StepLimitExceeded",
     "StepRetryExhausted",
+    "StepRetrySignal",
     "StepSignal",
     "StepUsageError",
     "StoreError",
@@ -82,6 +98,9 @@ __all__ = [
     "UnknownRun",
     "UnsupportedInEagerMode",
     "classify",
+    "compensates",
+    "final_reason",
+    "mark_final",
     "reason_of",
 ]
 
@@ -113,6 +132,29 @@ class SleepSignal(StepSignal):
         except (OverflowError, OSError, ValueError):  # beyond what datetime can show, e.g. timedelta.max
             when = f"{wake_at:.0f} seconds since the epoch"
         super().__init__(f"step {step_key!r} sleeps until {when}")
+
+
+class StepRetrySignal(SleepSignal):
+    """A step with a retry budget failed with attempts left: the attempt ends until ``wake_at`` (C31).
+
+    A :class:`SleepSignal`, so the attempt ends the way a sleep does (the job is
+    put back, no retry of the task is counted), but the put-back's reason is
+    ``step_retry``. Its ``__cause__`` is the error of the failed attempt.
+
+    Parameters:
+      step_key(str): the failed step's key, such as ``"ship#0"``.
+      wake_at(float): when its next attempt is due, epoch seconds, store clock.
+    """
+
+
+class ReplayStopped(StepSignal):
+    """A compensation replay of the body reached a step that never ran: the body stops there (C32).
+
+    When a run fails for good outside the attempt that can undo it (the
+    framework gave up, a worker died mid-compensation), the next delivery
+    replays the body only to hear which undo each committed step registers;
+    it must not run anything new. Never an error.
+    """
 
 
 class StepDivergence(StepSignal):
@@ -176,6 +218,10 @@ class SwallowedStepSignal(StepUsageError):
     """The task body caught a step signal or fatal step error and returned anyway (C21)."""
 
 
+class InvalidStepOption(StepUsageError, TypeError):
+    """A ``retry=`` or ``compensate=`` argument of ``step.run`` that is not one of the accepted forms (C31, C32)."""
+
+
 class StepLimitExceeded(FlexiqError):
     """A size cap refused a step commit (C22); the job is dead-lettered."""
 
@@ -193,7 +239,53 @@ class DecodeError(CodecError):
 
 
 class StepRetryExhausted(FlexiqError):
-    """A step's durable retry budget is spent (C31)."""
+    """A step's durable retry budget is spent (C31).
+
+    Raised in the task body by the ``step.run`` call whose attempts are all
+    used, on that attempt and on every replay. Uncaught, it fails the run for
+    good: no retry of the task, the run's compensations run, and the job is
+    dead-lettered with reason ``step_retry_exhausted``.
+
+    Parameters:
+      message(str): what happened, naming the step.
+      step_key(str | None): the step whose budget is spent.
+      attempts(int): how many attempts the step had (a worker lost inside
+        the body counts as one).
+      last_error(BaseException | None): the last attempt's error, rebuilt
+        from the store on a replay (``None`` if its worker was lost).
+    """
+
+    def __init__(
+        self,
+        message: str = "",
+        step_key: str | None = None,
+        attempts: int = 0,
+        last_error: BaseException | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.step_key = step_key
+        self.attempts = attempts
+        self.last_error = last_error
+
+
+class NonRetryableError(FlexiqError):
+    """An error that will never succeed: raise it (or a subclass) to say so (C31).
+
+    Raised inside a step body, the step is stored as failed for good: it is
+    not retried by its step budget nor by the task's retry policy, and every
+    replay raises the same error again without calling the body. Uncaught, it
+    fails the run for good: the compensations run and the job is dead-lettered
+    with reason ``non_retryable``. A ``RetryPolicy(no_retry_on=...)`` makes
+    other error types behave the same way.
+    """
+
+
+class CompensationFailed(FlexiqError):
+    """A compensation (undo) failed for good, or could not be found; the run is dead-lettered (C32).
+
+    The message names the undo and its step, and the failure that started the
+    compensation. Reason ``compensation_failed``.
+    """
 
 
 class DeadLettered(FlexiqError):
@@ -253,6 +345,14 @@ class AlreadyRetried(OperationError):
     """The dead letter was retried already and its run has moved on (it is no longer ``dead``)."""
 
 
+class RunCompensated(OperationError):
+    """The dead letter's run was compensated: its steps were undone (C32).
+
+    Retrying it would only replay the compensation; retry it from a step
+    (``--reset-from``) to run the job again.
+    """
+
+
 # -------------------------------------------------------------- classification
 class Disposition(enum.Enum):
     """What an adapter must do with an attempt that ended by raising."""
@@ -275,7 +375,42 @@ _DEAD_LETTER_TYPES: tuple[type[BaseException], ...] = (
     StepLimitExceeded,
     EncodeError,
     StepRetryExhausted,
+    NonRetryableError,
+    CompensationFailed,
 )
+
+_FINAL_ATTRIBUTE = "_flexiq_final_reason"
+
+
+def mark_final(exc: BaseException, reason: str) -> BaseException:
+    """Mark ``exc``, raised by a step that failed for good, as final; return it (C31).
+
+    A final error is dead-lettered with ``reason`` and never retried, whatever
+    its type; uncaught, it triggers the run's compensations (C32).
+
+    Parameters:
+      exc(BaseException): the error the step's body raised (or its rebuilt copy on a replay).
+      reason(str): the dead letter's reason kind, e.g. ``"non_retryable"``.
+    """
+    setattr(exc, _FINAL_ATTRIBUTE, reason)
+    return exc
+
+
+def final_reason(exc: BaseException) -> str | None:
+    """The reason :func:`mark_final` gave ``exc``, or ``None`` if it is not marked."""
+    reason = getattr(exc, _FINAL_ATTRIBUTE, None)
+    return reason if isinstance(reason, str) else None
+
+
+def compensates(exc: BaseException) -> bool:
+    """Whether ``exc``, uncaught, fails the run for good in a way that runs its compensations (C32).
+
+    True for an exhausted step budget, a :class:`NonRetryableError` and an
+    error marked final; false for the dead letters that point at a defect
+    (divergence, usage errors, caps), which an operator fixes and retries
+    without undoing anything.
+    """
+    return isinstance(exc, (StepRetryExhausted, NonRetryableError)) or final_reason(exc) is not None
 
 
 def classify(exc: BaseException) -> Disposition:
@@ -290,13 +425,16 @@ def classify(exc: BaseException) -> Disposition:
         return Disposition.DROP
     if isinstance(exc, StoreUnavailable):
         return Disposition.RETRY_ALWAYS
-    if isinstance(exc, _DEAD_LETTER_TYPES):
+    if isinstance(exc, _DEAD_LETTER_TYPES) or final_reason(exc) is not None:
         return Disposition.DEAD_LETTER
     return Disposition.RETRY
 
 
 def reason_of(exc: BaseException) -> str:
     """Return the short reason kind recorded with a dead letter, e.g. ``"divergence"``."""
+    marked = final_reason(exc)
+    if marked is not None:
+        return marked
     names: list[tuple[type[BaseException], str]] = [
         (StepDivergence, "divergence"),
         (DuplicateStepKey, "duplicate_step_key"),
@@ -305,8 +443,11 @@ def reason_of(exc: BaseException) -> str:
         (StepLimitExceeded, "size_cap"),
         (EncodeError, "unencodable_value"),
         (StepRetryExhausted, "step_retry_exhausted"),
+        (NonRetryableError, "non_retryable"),
+        (CompensationFailed, "compensation_failed"),
         (InvalidStepName, "invalid_step_name"),
         (InvalidStepKey, "invalid_step_key"),
+        (InvalidStepOption, "invalid_step_option"),
     ]
     for kind, reason in names:
         if isinstance(exc, kind):

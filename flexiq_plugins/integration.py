@@ -17,7 +17,11 @@ root; a third integration would too. The shape of an adapter:
    ``flexiq_plugins.adapters`` so the operator tools can re-publish its jobs.
 
 Options are one frozen :class:`DurableConfig` (subclass it for options of
-your own), the store comes from :func:`resolve_store`.
+your own), the store comes from :func:`resolve_store`. A task's or actor's
+own ``step_retry`` option (C31) is checked with :func:`retry_policy_option`
+and travels in :attr:`JobInfo.step_retry`. When the framework gives up on a
+:class:`Failure`, call :meth:`AttemptDriver.give_up`: a run with undos to run
+(C32) comes back as a :class:`PutBack` to re-enqueue.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from .context import no_current_job
 from .errors import DeadLettered, Disposition, StepSignal, UnsupportedInEagerMode, classify
 from .identity import new_run_key, run_key_from
 from .outcomes import Ack, AckReason, Completed, DeadLetter, Failure, Outcome, PutBack, PutBackReason
+from .policies import RetryPolicy, retry_policy_option
 from .registry import Adapter, Publisher, ValueReader, register_adapter
 
 __all__ = [
@@ -65,6 +70,7 @@ __all__ = [
     "Publisher",
     "PutBack",
     "PutBackReason",
+    "RetryPolicy",
     "Serializer",
     "StepSignal",
     "StepStore",
@@ -81,6 +87,7 @@ __all__ = [
     "register_adapter",
     "resolve_store",
     "resolve_store_spec",
+    "retry_policy_option",
     "run_key_from",
 ]
 

@@ -16,7 +16,8 @@ Outcome                   Adapter's verb
                           fails, keep the current message in the broker (no
                           acknowledgement, no retry counted)
 :class:`Failure`          the framework's own retry policy decides; when it
-                          gives up, call :meth:`AttemptDriver.settle_failed`
+                          gives up, call :meth:`AttemptDriver.give_up` and
+                          re-enqueue the job if it returns a ``PutBack``
 :class:`DeadLetter`       no retry: the broker's dead-letter path (the store
                           already records the dead letter)
 :class:`Ack`              acknowledge without running anything more
@@ -41,6 +42,10 @@ class PutBackReason(enum.Enum):
     """Another live claim holds the run (C24); the job is checked again shortly."""
     STORE_UNAVAILABLE = "store_unavailable"
     """The store could not be reached (C28); retried whatever the task's filters say."""
+    STEP_RETRY = "step_retry"
+    """A step with a retry budget failed with attempts left (C31); the job comes back after its backoff."""
+    COMPENSATE = "compensate"
+    """The framework gave up on a run with compensations (C32); the next delivery runs them."""
 
 
 class AckReason(enum.Enum):
@@ -50,6 +55,8 @@ class AckReason(enum.Enum):
     """The run is already terminal (C26)."""
     DROPPED = "dropped"
     """This attempt's claim was taken over (C25); its outcome is dropped."""
+    COMPENSATED = "compensated"
+    """The run's compensations all ran after the framework had reported its failure (C32)."""
 
 
 @dataclass(frozen=True)
@@ -87,8 +94,9 @@ class Failure:
 
     The run is ``retrying`` with its claim released. If the framework gives up
     (no retry left, a filter that does not match), the adapter calls
-    :meth:`~flexiq_plugins.integration.AttemptDriver.settle_failed` before
-    the message is acknowledged (C26).
+    :meth:`~flexiq_plugins.integration.AttemptDriver.give_up` before the
+    message is acknowledged (C26): the run is settled ``failed``, or, when it
+    has undos to run, a ``PutBack`` asks for one more delivery (C32).
 
     Parameters:
       error(BaseException): what the body raised.

@@ -18,12 +18,19 @@ the attempt fences on its claim.
 The journal also owns the *latch* (C21): every signal or fatal step error it
 raises is remembered, so a body that catches it and returns anyway still
 fails, naming what it swallowed.
+
+For compensations (C32) the journal keeps the undos that ``step.run(...,
+compensate=...)`` registered in this attempt (:attr:`StepJournal.compensations`),
+and knows when its run is being compensated (:attr:`StepJournal.replay_only`):
+the body is then replayed only to register them, and stops at the first step
+that never ran (:class:`~flexiq_plugins.errors.ReplayStopped`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import inspect
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterator
@@ -31,16 +38,27 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol, TypeVar
 
-from ._store.base import StepKind, StepRow
+from ._store.base import StepAttemptBegin, StepAttemptFailed, StepAttemptFailure, StepKind, StepRow
 from .codec import CodecChain
 from .config import Limits
-from .errors import ConcurrentStep, DecodeError, EncodeError, SleepSignal, StepLimitExceeded, StepUsageError
+from .errors import (
+    ConcurrentStep,
+    DecodeError,
+    EncodeError,
+    ReplayStopped,
+    SleepSignal,
+    StepLimitExceeded,
+    StepUsageError,
+)
 from .identity import Sequence, StepId
+from .policies import Compensation, RetryPolicy
 
 __all__ = [
     "CALL_BODY",
+    "COMPENSATION_KEY",
     "RunVerb",
     "SleepVerb",
+    "Step",
     "StepJournal",
     "StepWriter",
     "Verb",
@@ -54,6 +72,9 @@ T = TypeVar("T")
 
 CALL_BODY = object()
 """What the protocol yields when the step's body must run now."""
+
+COMPENSATION_KEY = "compensation:start"
+"""The step key of the row recording why a run is being compensated (C32)."""
 
 Protocol_ = Generator[object, Any, Any]
 """A step protocol in progress: yields :data:`CALL_BODY`, receives the body's value, returns the step's."""
@@ -90,6 +111,12 @@ class StepWriter(Protocol):
 
     def commit_step(self, row: StepRow) -> StepRow:
         """Commit one step row in one transaction; return it as stored."""
+
+    def begin_step_attempt(self, step_key: str, max_attempts: int) -> StepAttemptBegin:
+        """Journal a new attempt of a step with a budget before its body runs (C31)."""
+
+    def fail_step_attempt(self, failure: StepAttemptFailure, row: StepRow | None = None) -> StepAttemptFailed:
+        """Record a failed step attempt, and commit ``row`` with it when given (C31)."""
 
     def now(self) -> float:
         """The store's clock, epoch seconds."""
@@ -182,6 +209,13 @@ class StepJournal:
       writer(StepWriter): commits rows, fenced on the attempt's claim.
       codec(CodecChain): serializer and codecs of step values (C7).
       limits(Limits): the size caps (C22).
+      step_retry(RetryPolicy | None): the task's default budget for its steps (C31).
+
+    Attributes:
+      compensations(dict[str, Compensation]): the undo each committed step
+        registered in this attempt, by step key (C32).
+      replay_only(bool): the run is being compensated: a step that never ran
+        stops the body instead of running (C32).
     """
 
     def __init__(
@@ -191,8 +225,14 @@ class StepJournal:
         writer: StepWriter,
         codec: CodecChain,
         limits: Limits,
+        *,
+        step_retry: RetryPolicy | None = None,
     ) -> None:
         self.sequence = Sequence(snapshot, job_label)
+        self.job_label = job_label
+        self.step_retry = step_retry
+        self.compensations: dict[str, Compensation] = {}
+        self.replay_only = any(r.kind == "compensation" for r in snapshot)
         self._writer = writer
         self._codec = codec
         self._limits = limits
@@ -205,16 +245,36 @@ class StepJournal:
         """The store's clock, epoch seconds."""
         return self._writer.now()
 
+    @property
+    def limits(self) -> Limits:
+        """The size caps (C22)."""
+        return self._limits
+
     # --------------------------------------------------------- the protocol
     def protocol(self, verb: Verb, name: object, key: object = None) -> Protocol_:
         """Enter one step, then replay its memo or execute and commit it; return the step's value."""
         with self._one_at_a_time():
             step = self._enter(name, key, verb.kind)
-            if step.memo is not None:
-                return verb.replay(self, step)
-            with self._body_of(step), _in_step(step.id.step_key):
-                produced = yield from verb.execute(self, step)
-            return verb.commit(self, step, produced)
+            if step.memo is None and self.replay_only:
+                self._stop_replay(step)
+            return (yield from self._replay_or_execute(verb, step))
+
+    def protocol_for(self, verb: Verb, step_id: StepId) -> Protocol_:
+        """:meth:`protocol` for a step whose identity the core made, e.g. an undo ``compensate:<key>`` (C32)."""
+        with self._one_at_a_time():
+            try:
+                self._active = step_id.step_key
+                step = Step(step_id, self.sequence.enter(step_id))
+            except BaseException as exc:
+                self.refuse(exc)
+            return (yield from self._replay_or_execute(verb, step))
+
+    def _replay_or_execute(self, verb: Verb, step: Step) -> Protocol_:
+        if step.memo is not None:
+            return verb.replay(self, step)
+        with self._body_of(step), _in_step(step.id.step_key):
+            produced = yield from verb.execute(self, step)
+        return verb.commit(self, step, produced)
 
     def refuse(self, exc: BaseException) -> NoReturn:
         """Raise ``exc`` as a fatal step error: latched, so a body cannot catch it away (C21)."""
@@ -270,6 +330,11 @@ class StepJournal:
         assert step.memo.value is not None
         return self._codec.decode(step.memo.value, step_key=step.id.step_key)
 
+    def value_of(self, row: StepRow) -> Any:
+        """Decode a committed ``run`` row's value, e.g. for its undo (C7, C32)."""
+        assert row.value is not None
+        return self._codec.decode(row.value, step_key=row.step_key)
+
     def encode(self, step: Step, value: Any) -> tuple[bytes, Any]:
         """Encode ``value`` and read it back: ``(stored bytes, decoded value)`` (C7).
 
@@ -287,18 +352,57 @@ class StepJournal:
             self.refuse(exc)
             raise
 
-    def commit(self, step: Step, encoded: bytes | None, wake_at: float | None) -> None:
-        """Check the caps and commit the step row in one fenced transaction (C9, C22)."""
-        self._check_limits(step.id.step_key, len(encoded or b""))
+    def commit(
+        self, step: Step, encoded: bytes | None, wake_at: float | None, *, compensate: str | None = None
+    ) -> None:
+        """Check the caps and commit the step row in one fenced transaction (C9, C22).
+
+        ``compensate`` names the undo the step registered (C32).
+        """
         row = StepRow(self.sequence.next_position, step.id.step_key, step.id.kind, encoded, wake_at)
-        stored = self._writer.commit_step(row)
+        self._append(dataclasses.replace(row, compensate=compensate), self._writer.commit_step)
+
+    def commit_failed(self, step: Step, failure: str, attempt: StepAttemptFailure) -> None:
+        """Commit a step that failed for good (``failure``: its JSON) and its attempt's failure together (C31)."""
+
+        def write(row: StepRow) -> StepRow:
+            stored = self._writer.fail_step_attempt(attempt, row).row
+            assert stored is not None
+            return stored
+
+        self._append(StepRow(self.sequence.next_position, step.id.step_key, "run", failure=failure), write)
+
+    def commit_compensation_start(self, failure: str) -> None:
+        """Commit the row recording why the run is being compensated (C32); no cap refuses it."""
+        row = StepRow(self.sequence.next_position, COMPENSATION_KEY, "compensation", failure=failure)
+        self.sequence.record(self._writer.commit_step(row))
+
+    def _append(self, row: StepRow, write: Callable[[StepRow], StepRow]) -> None:
+        self._check_limits(row.step_key, row.size)
+        stored = write(row)
         self.sequence.record(stored)
         self._run_bytes += stored.size
 
+    def begin_attempt(self, step: Step, max_attempts: int) -> StepAttemptBegin:
+        """Journal a new attempt of ``step`` before its body runs (C31); see :meth:`StepWriter.begin_step_attempt`."""
+        return self._writer.begin_step_attempt(step.id.step_key, max_attempts)
+
+    def fail_attempt(self, attempt: StepAttemptFailure) -> StepAttemptFailed:
+        """Record a failed step attempt without committing the step (C31)."""
+        return self._writer.fail_step_attempt(attempt)
+
     def sleep_until(self, step: Step, wake_at: float) -> None:
-        """Raise :class:`SleepSignal` (latched) unless ``wake_at`` has passed on the store's clock (C15, C17)."""
+        """Raise :class:`SleepSignal` (latched) unless ``wake_at`` has passed on the store's clock (C15, C17).
+
+        During a compensation replay a sleep that is not due stops the body instead (C32).
+        """
         if wake_at > self.now():
+            if self.replay_only:
+                self._stop_replay(step)
             self.refuse(SleepSignal(step.id.step_key, wake_at))
+
+    def _stop_replay(self, step: Step) -> NoReturn:
+        self.refuse(ReplayStopped(f"the compensation replay of {self.job_label} stopped at {step.id.step_key!r}"))
 
     def _check_limits(self, step_key: str, size: int) -> None:
         checks = [

@@ -18,6 +18,12 @@ in production. A test can then simulate what happens between attempts::
         assert done.completed and done.value == "receipt sent"
         assert payments.calls == 1
 
+Step retries (C31) and compensations (C32) are driven the same way: an
+attempt whose step failed with budget left is :attr:`AttemptResult.step_retrying`
+(:meth:`DurableRun.wake` lets its backoff pass), a body that raises
+:class:`SimulatedCrash` inside a step dies there like a killed worker, and
+:meth:`DurableRun.give_up` plays a framework that stops retrying.
+
 The pytest plugin (:mod:`flexiq_plugins.pytest_plugin`, loaded through the
 ``pytest11`` entry point) gives the fixtures ``flexiq_clock``,
 ``flexiq_store`` and ``durable_run``. Nothing here imports a framework: a
@@ -34,11 +40,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import outcomes
-from ._store.base import DeadLetterRecord, JobEnvelope, RunRecord, StepRow, StepStore
+from ._store.base import DeadLetterRecord, JobEnvelope, RunRecord, StepAttempt, StepRow, StepStore
 from ._store.memory import MemoryStepStore
 from .attempt import Attempt, AttemptDriver, JobInfo
 from .config import DurableConfig
 from .durations import parse_duration
+from .policies import RetryPolicy, retry_policy_option
 from .registry import all_adapters
 
 __all__ = ["START", "AttemptResult", "DurableRun", "FakeClock", "SimulatedCrash", "task_body"]
@@ -100,6 +107,11 @@ class AttemptResult:
         return isinstance(self.outcome, outcomes.PutBack) and self.outcome.reason is outcomes.PutBackReason.SLEEP
 
     @property
+    def step_retrying(self) -> bool:
+        """A step with a retry budget failed with attempts left (C31); :meth:`DurableRun.wake` lets its backoff pass."""
+        return isinstance(self.outcome, outcomes.PutBack) and self.outcome.reason is outcomes.PutBackReason.STEP_RETRY
+
+    @property
     def failed(self) -> bool:
         """The body raised a retryable error (the framework's retry policy would decide)."""
         return isinstance(self.outcome, outcomes.Failure)
@@ -137,6 +149,13 @@ def task_body(task: Callable[..., Any]) -> Callable[..., Any]:
     return task
 
 
+def _step_retry_of(task: object) -> RetryPolicy | None:
+    """A Celery task's ``step_retry`` attribute or a Dramatiq actor's ``step_retry`` option, if any."""
+    options = getattr(task, "options", None)
+    value = options.get("step_retry") if isinstance(options, dict) else getattr(task, "step_retry", None)
+    return retry_policy_option(value, where=f"{task!r} step_retry")
+
+
 class DurableRun:
     """One run of a task body, driven attempt by attempt against an in-memory store.
 
@@ -147,8 +166,11 @@ class DurableRun:
       run_key(str): the run's key (default ``"run-1"``); steps' idempotency keys start with it.
       store(StepStore | None): where the run lives; a :class:`MemoryStepStore` on ``clock`` by default.
       clock(FakeClock | None): the store's clock when the store is made here.
-      config(DurableConfig | None): the options (caps, lease …); defaults otherwise.
+      config(DurableConfig | None): the options (caps, lease, ``step_retry`` …); defaults otherwise.
       task_name(str | None): the name recorded with the run (default: the function's name).
+
+    A Celery task's or Dramatiq actor's own ``step_retry`` option is used as
+    its workers would use it (C31).
     """
 
     def __init__(
@@ -163,6 +185,7 @@ class DurableRun:
         **kwargs: Any,
     ) -> None:
         self.body = task_body(task)
+        self.step_retry = _step_retry_of(task)
         self.args, self.kwargs = args, kwargs
         self.run_key = run_key
         self.clock = clock or FakeClock()
@@ -178,6 +201,8 @@ class DurableRun:
 
         If the previous attempt crashed, its claim is taken over first (the
         clock moves past its lease, as a redelivery after a dead worker does).
+        A body (or a step body, or an undo) that raises :class:`SimulatedCrash`
+        crashes the attempt there.
 
         Parameters:
           crash_after_steps(int | None): stop this attempt right after it has
@@ -186,17 +211,32 @@ class DurableRun:
         """
         if self.results and self.results[-1].crashed:
             self.clock.advance(self.driver.config.lease_seconds + 1)
-        job = JobInfo(self.run_key, f"job-{next(_job_ids)}", self.envelope)
+        job = JobInfo(self.run_key, f"job-{next(_job_ids)}", self.envelope, self.step_retry)
         started = self.driver.start(job)
         if not isinstance(started, Attempt):
             return self._record(AttemptResult(None, started))
-        if crash_after_steps is None:
-            result = AttemptResult(started.number, started.run(self.body, *self.args, **self.kwargs))
-        else:
-            result = self._crashing(started, crash_after_steps)
-        return self._record(result)
+        if crash_after_steps is not None:
+            self._crash_after(started, crash_after_steps)
+        try:
+            with started.activate():
+                if crash_after_steps == 0:
+                    raise SimulatedCrash("simulated crash before the first step")
+                value = self.body(*self.args, **self.kwargs)
+        except SimulatedCrash:
+            return self._record(AttemptResult(started.number, None))
+        except BaseException as exc:
+            return self._record(self._conclude(started, error=exc))
+        return self._record(self._conclude(started, value=value))
 
-    def _crashing(self, attempt: Attempt, steps: int) -> AttemptResult:
+    @staticmethod
+    def _conclude(attempt: Attempt, **how: Any) -> AttemptResult:
+        try:
+            return AttemptResult(attempt.number, attempt.conclude(**how))
+        except SimulatedCrash:  # inside an undo (C32)
+            return AttemptResult(attempt.number, None)
+
+    @staticmethod
+    def _crash_after(attempt: Attempt, steps: int) -> None:
         commits = [0]
         commit = attempt.commit_step
 
@@ -208,42 +248,48 @@ class DurableRun:
             return stored
 
         attempt.commit_step = commit_then_maybe_crash  # type: ignore[method-assign]
-        try:
-            with attempt.activate():
-                if steps == 0:
-                    raise SimulatedCrash("simulated crash before the first step")
-                value = self.body(*self.args, **self.kwargs)
-        except SimulatedCrash:
-            return AttemptResult(attempt.number, None)
-        except BaseException as exc:
-            return AttemptResult(attempt.number, attempt.conclude(error=exc))
-        return AttemptResult(attempt.number, attempt.conclude(value=value))
 
     def _record(self, result: AttemptResult) -> AttemptResult:
         self.results.append(result)
         return result
 
     def wake(self) -> None:
-        """Move the clock to the wake time of the last sleep, so the next attempt goes on."""
+        """Move the clock to the wake time of the last sleep or step retry (C31), so the next attempt goes on."""
         last = self.results[-1].outcome if self.results else None
         if not isinstance(last, outcomes.PutBack) or last.wake_at is None:
             raise RuntimeError("the last attempt did not sleep; nothing to wake from")
         self.clock.advance(max(last.wake_at - self.clock(), 0.0))
 
+    def give_up(self) -> outcomes.PutBack | None:
+        """Play a framework that will not retry the last attempt's failure (C26, C32).
+
+        The run is settled ``failed``; or, if it has committed steps with
+        undos, it waits for its compensation and the returned ``PutBack`` says
+        so: the next :meth:`attempt` runs the undos.
+
+        Raises:
+          RuntimeError: the last attempt did not fail with a retryable error.
+        """
+        last = self.results[-1].outcome if self.results else None
+        if not isinstance(last, outcomes.Failure):
+            raise RuntimeError("the last attempt did not fail with a retryable error; nothing to give up on")
+        return self.driver.give_up(last)
+
     def until_done(self, *, max_attempts: int = 100) -> AttemptResult:
-        """Run attempts, letting every sleep elapse, until the run completes, fails for good or is dead-lettered.
+        """Run attempts, letting every sleep and step backoff elapse, until the run is done or dead-lettered.
 
         A :class:`~flexiq_plugins.outcomes.Failure` is retried (as a framework
-        with retries left would). Returns the last attempt's result.
+        with retries left would); a crashed attempt is followed by a takeover.
+        Returns the last attempt's result.
 
         Raises:
           RuntimeError: still not done after ``max_attempts`` attempts.
         """
         for _ in range(max_attempts):
             result = self.attempt()
-            if result.sleeping:
+            if result.sleeping or result.step_retrying:
                 self.wake()
-            elif not result.failed:
+            elif not (result.failed or result.crashed or isinstance(result.outcome, outcomes.PutBack)):
                 return result
         raise RuntimeError(f"run {self.run_key!r} not done after {max_attempts} attempts")
 
@@ -278,6 +324,11 @@ class DurableRun:
             if row.step_key == step_key and row.value is not None:
                 return self.driver.codec.decode(row.value, step_key=step_key)
         raise KeyError(f"run {self.run_key!r} has no committed step {step_key!r}; it has {self.step_keys}")
+
+    @property
+    def step_attempts(self) -> list[StepAttempt]:
+        """The run's recorded step attempts (C31): each with its number, outcome and error."""
+        return self.store.get_step_attempts(self.run_key)
 
     @property
     def dead_letters(self) -> list[DeadLetterRecord]:

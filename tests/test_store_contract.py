@@ -16,12 +16,16 @@ from uuid import uuid4
 import pytest
 
 from flexiq_plugins._store.base import (
+    AttemptNotDue,
+    AttemptsSpent,
+    AttemptStarted,
     Begun,
     Busy,
     Claim,
     Finished,
     JobEnvelope,
     NewDeadLetter,
+    StepAttemptFailure,
     StepRow,
     StepStore,
 )
@@ -161,7 +165,7 @@ def test_c24_begin_is_busy_while_the_lease_is_live(store: StepStore) -> None:
     )
 
 
-@pytest.mark.parametrize("status", ["succeeded", "failed", "dead", "cancelled"])
+@pytest.mark.parametrize("status", ["succeeded", "failed", "dead", "cancelled", "compensated"])
 def test_c26_begin_on_a_terminal_run_is_finished(store: StepStore, status: str) -> None:
     """A redelivered job of a terminal run gets ``Finished`` and writes nothing (C26)."""
     key = terminal_run(store, status)
@@ -497,8 +501,8 @@ def test_c30_purge_dead_letters(store: StepStore) -> None:
 
 
 def test_c27_cleanup_drops_only_old_succeeded_failed_and_cancelled_runs(store: StepStore) -> None:
-    """``cleanup`` deletes old succeeded/failed/cancelled runs with their steps; dead and live runs stay (C27)."""
-    doomed = [terminal_run(store, status, steps=1) for status in ("succeeded", "failed", "cancelled")]
+    """``cleanup`` deletes old succeeded, failed, cancelled, compensated runs and their steps; others stay (C27)."""
+    doomed = [terminal_run(store, status, steps=1) for status in ("succeeded", "failed", "cancelled", "compensated")]
     dead = terminal_run(store, "dead", steps=2)
     sleeping = terminal_run(store, "sleeping", steps=1)
     running = new_key()
@@ -506,7 +510,7 @@ def test_c27_cleanup_drops_only_old_succeeded_failed_and_cancelled_runs(store: S
     cutoff = tick(store)
     tick(store)
     recent = terminal_run(store, "succeeded", steps=1)
-    assert store.cleanup(older_than=cutoff) == 3
+    assert store.cleanup(older_than=cutoff) == 4
     for key in doomed:
         with pytest.raises(UnknownRun):
             store.get_run(key)
@@ -515,6 +519,145 @@ def test_c27_cleanup_drops_only_old_succeeded_failed_and_cancelled_runs(store: S
         store.get_run(key)
     assert len(store.get_steps(dead)) == 2
     assert store.cleanup(older_than=cutoff) == 0
+
+
+# --------------------------------------------------------- step attempts
+def failure(
+    step_key: str, number: int | None, outcome: str = "failed", delay: float | None = None
+) -> StepAttemptFailure:
+    return StepAttemptFailure(step_key, number, outcome, "ConnectionError", "down", "Traceback ...", delay)  # type: ignore[arg-type]
+
+
+def test_c31_step_attempts_are_numbered_and_journaled_before_the_body(store: StepStore) -> None:
+    """``begin_step_attempt`` inserts attempt n+1 with its run attempt and start time (store clock) (C31)."""
+    key = new_key()
+    claim = claim_run(store, key).claim
+    before = store.now()
+    first = store.begin_step_attempt(claim, "ship#0", 3)
+    assert first == AttemptStarted(1, ())
+    store.fail_step_attempt(claim, failure("ship#0", 1))
+    second = store.begin_step_attempt(claim, "ship#0", 3)
+    assert isinstance(second, AttemptStarted)
+    assert second.number == 2
+    assert [a.number for a in second.previous] == [1]
+    (one, two) = store.get_step_attempts(key)
+    assert (one.number, one.outcome, two.number, two.outcome, two.run_attempt) == (1, "failed", 2, None, 1)
+    assert before <= two.started_at <= store.now()
+
+
+def test_c31_open_step_attempts_of_dead_attempts_become_lost(store: StepStore) -> None:
+    """An attempt still open when its step begins again belonged to a worker that died: it is ``lost`` and
+    counts; once ``max_attempts`` exist the budget is spent and nothing is inserted (C31)."""
+    key = new_key()
+    first = claim_run(store, key, lease=SHORT_LEASE)
+    assert store.begin_step_attempt(first.claim, "charge#0", 2) == AttemptStarted(1, ())
+    wait_past(store, first.claim.lease_until)
+    second = claim_run(store, key, owner="worker-2").claim
+    started = store.begin_step_attempt(second, "charge#0", 2)
+    assert isinstance(started, AttemptStarted)
+    assert started.number == 2
+    assert [a.outcome for a in started.previous] == ["lost"]
+    store.finish(second, "retrying")
+    third = claim_run(store, key, owner="worker-3").claim
+    spent = store.begin_step_attempt(third, "charge#0", 2)
+    assert isinstance(spent, AttemptsSpent)
+    assert [(a.number, a.outcome, a.run_attempt) for a in spent.previous] == [(1, "lost", 1), (2, "lost", 2)]
+    assert len(store.get_step_attempts(key)) == 2
+
+
+def test_c31_a_step_attempt_is_not_due_before_its_retry_time(store: StepStore) -> None:
+    """After a failure with ``retry_delay``, a new attempt is refused until ``retry_at`` (store clock) (C31)."""
+    key = new_key()
+    claim = claim_run(store, key).claim
+    store.begin_step_attempt(claim, "ship#0", 5)
+    failed = store.fail_step_attempt(claim, failure("ship#0", 1, delay=30.0))
+    assert failed.row is None
+    assert failed.attempt.retry_at == pytest.approx(failed.attempt.failed_at + 30.0)
+    assert store.begin_step_attempt(claim, "ship#0", 5) == AttemptNotDue(failed.attempt.retry_at)
+    assert len(store.get_step_attempts(key)) == 1
+
+
+def test_c31_step_attempt_writes_are_fenced(store: StepStore) -> None:
+    """A taken-over attempt can neither journal nor fail a step attempt (C25, C31)."""
+    key = new_key()
+    old = claim_run(store, key, lease=SHORT_LEASE)
+    wait_past(store, old.claim.lease_until)
+    claim_run(store, key, owner="worker-2")
+    with pytest.raises(ClaimLost):
+        store.begin_step_attempt(old.claim, "ship#0", 3)
+    with pytest.raises(ClaimLost):
+        store.fail_step_attempt(old.claim, failure("ship#0", None))
+    assert store.get_step_attempts(key) == []
+
+
+def test_c31_a_step_failed_for_good_commits_its_row_with_the_failure(store: StepStore) -> None:
+    """``fail_step_attempt(row=...)`` records the failure and commits the step row in one transaction; a
+    failure without a number is numbered next; the row keeps its failure and undo name (C31, C32)."""
+    key = new_key()
+    claim = claim_run(store, key).claim
+    store.fail_step_attempt(claim, failure("ship#0", None))
+    row = StepRow(0, "ship#0", "run", failure='{"step": {}}', compensate="release")
+    done = store.fail_step_attempt(claim, failure("ship#0", None, "non_retryable"), row=row)
+    assert done.attempt.number == 2
+    assert done.attempt.outcome == "non_retryable"
+    assert done.row is not None
+    assert done.row.committed_at is not None
+    (stored,) = store.get_steps(key)
+    assert (stored.failure, stored.compensate, stored.value) == ('{"step": {}}', "release", None)
+    assert store.get_run(key).step_count == 1
+    with pytest.raises(ClaimLost):
+        store.fail_step_attempt(claim, failure("ship#0", None), row=row)  # already committed
+    assert len(store.get_step_attempts(key)) == 2
+
+
+def test_c27_finish_with_drop_steps_deletes_the_step_attempts(store: StepStore) -> None:
+    """A succeeded run's step attempts go with its step rows (C27)."""
+    key = new_key()
+    claim = claim_run(store, key).claim
+    store.fail_step_attempt(claim, failure("a#0", None))
+    store.finish(claim, "succeeded", drop_steps=True)
+    assert store.get_step_attempts(key) == []
+
+
+def test_c32_start_compensation_is_a_compare_and_set(store: StepStore) -> None:
+    """``start_compensation`` applies only to a run with that status and attempt and no claim: it appends the
+    ``compensation`` row after the last step and makes the run ``pending`` (C32)."""
+    key = new_key()
+    claim = claim_run(store, key).claim
+    commit_rows(store, claim, 2)
+    marker = StepRow(0, "compensation:start", "compensation", failure='{"run": {}}')
+    assert not store.start_compensation(key, marker, status="retrying", attempt=1)  # still running
+    store.finish(claim, "retrying")
+    assert not store.start_compensation(key, marker, status="retrying", attempt=2)  # another attempt
+    assert store.start_compensation(key, marker, status="retrying", attempt=1)
+    assert not store.start_compensation(key, marker, status="retrying", attempt=1)  # it moved on
+    last = store.get_steps(key)[-1]
+    assert (last.position, last.step_key, last.kind, last.failure) == (
+        2,
+        "compensation:start",
+        "compensation",
+        '{"run": {}}',
+    )
+    run = store.get_run(key)
+    assert (run.status, run.step_count) == ("pending", 3)
+    assert claim_run(store, key, owner="worker-2").snapshot[-1].step_key == "compensation:start"
+
+
+def test_c31_prepare_retry_drops_the_step_that_failed_for_good_and_its_attempts(store: StepStore) -> None:
+    """Without ``reset_from``, a retry drops the last step that failed for good, every later step and their
+    attempts, so the failed step runs again with its whole budget; earlier steps stay (C30, C31)."""
+    key = new_key()
+    claim = claim_run(store, key).claim
+    store.commit_step(claim, run_row(0, "charge#0"))
+    store.fail_step_attempt(claim, failure("charge#0", None))
+    row = StepRow(1, "ship#0", "run", failure='{"step": {}}')
+    store.fail_step_attempt(claim, failure("ship#0", None, "exhausted"), row=row)
+    store.finish(claim, "dead", dead_letter=NewDeadLetter("job-1", "step_retry_exhausted", "spent"))
+    (dead,) = [d for d in store.list_dead_letters() if d.run_key == key]
+    store.prepare_retry(dead.id)
+    assert [s.step_key for s in store.get_steps(key)] == ["charge#0"]
+    assert [a.step_key for a in store.get_step_attempts(key)] == ["charge#0"]
+    assert store.get_run(key).step_count == 1
 
 
 # -------------------------------------------------------------- recovery

@@ -364,6 +364,20 @@ def concurrently(call: Callable[[int], object], threads: int = 8) -> list[object
 
 
 # -------------------------------------------------------------- migrations
+def migrations_head() -> str:
+    """The newest revision of the shipped migrations."""
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    import flexiq_plugins
+
+    config = Config()
+    config.set_main_option("script_location", str(Path(flexiq_plugins.__file__).parent / "_store" / "migrations"))
+    head = ScriptDirectory.from_config(config).get_current_head()
+    assert head is not None
+    return head
+
+
 @pytest.mark.parametrize(
     "backend",
     [
@@ -383,7 +397,7 @@ def test_upgrade_store_is_idempotent_and_safe_concurrently(
     upgrade_store(url, table_prefix=store.table_prefix)
     with store.engine.connect() as conn:
         versions = conn.execute(sa.text(f"SELECT version_num FROM {store.table_prefix}alembic_version")).all()
-    assert [v[0] for v in versions] == [_head_revision()]
+    assert [v[0] for v in versions] == [migrations_head()]
     claim(store, "run-after-upgrade")
 
 
@@ -422,17 +436,3 @@ def test_c9_driver_memo_hit_is_zero_statements_and_a_new_step_one_transaction(
     attempt = driver.start(job)
     assert isinstance(attempt.run(body, False), Completed)  # type: ignore[union-attr]
     assert seen == [(0, 0), (0, 0)], "memo hits issue no statement"
-
-
-def _head_revision() -> str:
-    """The newest revision of the migrations shipped in the package."""
-    from alembic.config import Config
-    from alembic.script import ScriptDirectory
-
-    import flexiq_plugins._store
-
-    config = Config()
-    config.set_main_option("script_location", str(Path(flexiq_plugins._store.__file__).with_name("migrations")))
-    head = ScriptDirectory.from_config(config).get_current_head()
-    assert head is not None
-    return head

@@ -1,8 +1,10 @@
-"""Run the checkout demo: ``python -m examples.checkout [--framework F] [--broker URL] [--crash]``.
+"""Run the checkout demo: ``python -m examples.checkout [--framework F] [--broker URL] [--crash] [--ship-fails]``.
 
 The demo publishes one checkout job, runs a real worker process, and prints the
 story the task writes to its journal as it happens, then the tally read from
-the fake payment API and the step store.
+the fake payment API and the step store. With ``--ship-fails`` the carrier
+refuses every try: shipping's retry budget runs out and the charge is
+refunded by its compensation (C31, C32).
 """
 
 from __future__ import annotations
@@ -33,9 +35,14 @@ TIMEOUT = 120.0
     "(default: no server — kombu's SQLite transport for Celery, an in-process StubBroker for Dramatiq)",
 )
 @click.option("--crash", is_flag=True, help="SIGKILL the worker right after the charge commits.")
+@click.option(
+    "--ship-fails",
+    is_flag=True,
+    help="The carrier refuses every try: the retry budget runs out, the charge is refunded.",
+)
 @click.option("--dir", "workdir", type=click.Path(file_okay=False), help="Where the SQLite files go.")
-def main(framework: str, broker: str, crash: bool, workdir: str | None) -> None:
-    """The checkout demo: charge once, sleep, send a receipt that fails on its first try."""
+def main(framework: str, broker: str, crash: bool, ship_fails: bool, workdir: str | None) -> None:
+    """The checkout demo: charge once, sleep, send a receipt that fails on its first try, ship."""
     if crash and framework == "dramatiq" and not broker:
         raise click.UsageError(
             "--crash needs a real broker with Dramatiq: the StubBroker lives inside this process and "
@@ -48,20 +55,23 @@ def main(framework: str, broker: str, crash: bool, workdir: str | None) -> None:
     os.environ["FLEXIQ_DEMO_BROKER"] = broker
     # a queue of its own, so another demo (or a leftover message of an interrupted one) never mixes in
     os.environ["FLEXIQ_DEMO_QUEUE"] = f"flexiq-demo-{uuid.uuid4().hex[:8]}"
+    if ship_fails:
+        os.environ["FLEXIQ_DEMO_SHIP_FAILS"] = "1"
     sys.path.insert(0, str(ROOT))
     if crash:
         (demo_dir / "crash-armed").touch()
-    demo = _Demo(framework, broker, crash, demo_dir)
+    demo = _Demo(framework, broker, crash, demo_dir, ship_fails=ship_fails)
     sys.exit(demo.run())
 
 
 class _Demo:
-    def __init__(self, framework: str, broker: str, crash: bool, demo_dir: Path) -> None:
+    def __init__(self, framework: str, broker: str, crash: bool, demo_dir: Path, *, ship_fails: bool = False) -> None:
         from flexiq_plugins import new_run_key
 
         self.framework = framework
         self.broker = broker
         self.crash = crash
+        self.ship_fails = ship_fails
         self.dir = demo_dir
         self.run_key = new_run_key()
         self.started = time.monotonic()
@@ -127,8 +137,9 @@ class _Demo:
     # ------------------------------------------------------------- workers
     def _worker_cmd(self) -> list[str]:
         if self.framework == "celery":
+            queue = os.environ["FLEXIQ_DEMO_QUEUE"]  # also the node name: another worker on the broker is no clash
             return [sys.executable, "-m", "celery", "-A", "examples.checkout.celery_app", "worker",
-                    "-P", "prefork", "-c", "1", "-l", "warning", "-Q", os.environ["FLEXIQ_DEMO_QUEUE"],
+                    "-P", "prefork", "-c", "1", "-l", "warning", "-Q", queue, "-n", f"{queue}@%h",
                     "--without-gossip", "--without-mingle", "--without-heartbeat"]  # fmt: skip
         return [sys.executable, "-m", "dramatiq", "examples.checkout.dramatiq_app", "-p", "1", "-t", "1"]
 
@@ -189,7 +200,7 @@ class _Demo:
         from flexiq_plugins import UnknownRun
 
         try:
-            return self._store().get_run(self.run_key).status in {"succeeded", "failed", "dead"}
+            return self._store().get_run(self.run_key).status in {"succeeded", "failed", "dead", "compensated"}
         except UnknownRun:
             return False
 
@@ -220,7 +231,7 @@ class _Demo:
     def _tally(self, ok: bool) -> int:
         from flexiq_plugins import UnknownRun
 
-        from .services import Payments
+        from .services import Carrier, Payments
 
         try:
             run = self._store().get_run(self.run_key)
@@ -228,23 +239,37 @@ class _Demo:
             click.echo(f"\nthe job never started: no run {self.run_key} in the store; see {self.dir / 'worker.log'}")
             return 1
         calls, charges = Payments().calls(self.run_key), Payments().charges(self.run_key)
+        refunds, tries = Payments().refunds(self.run_key), Carrier().tries(ORDER[0])
         click.echo("")
         if self.framework == "celery" and ok:
-            click.echo(f"AsyncResult({self.result.id}).get() -> {self.result.get(timeout=10)!r}")
+            click.echo(f"AsyncResult({self.result.id}).get() -> {self._result_value()}")
         click.echo(
             f"payment API called {_plural(calls, 'time')} for {_plural(run.attempt, 'attempt')}; "
-            f"{_plural(charges, 'charge')} made"
+            f"{_plural(charges, 'charge')} made, {_plural(refunds, 'refund')}; carrier tried {_plural(tries, 'time')}"
         )
         if run.takeovers:
             click.echo(f"the dead worker's claim expired and was taken over {_plural(run.takeovers, 'time')}")
         click.echo(f"run {run.run_key}: {run.status}")
+        self._explain()
+        if self.ship_fails:
+            good = ok and run.status == "compensated" and (charges, refunds, tries) == (1, 1, 3)
+            click.echo("OK: one charge, shipping failed for good, the charge refunded once" if good else "NOT OK")
+        else:
+            good = ok and run.status == "succeeded" and calls == 1 and charges == 1 and refunds == 0
+            click.echo("OK: one charge, receipt retried, sleep survived" if good else "NOT OK: see above")
+        return 0 if good else 1
+
+    def _result_value(self) -> str:
+        try:
+            return repr(self.result.get(timeout=10))
+        except Exception as exc:  # the variant's dead letter: Celery stored the failure
+            return f"raised {type(exc).__name__}: {exc}"
+
+    def _explain(self) -> None:
         click.echo("\nThe run key names the job across all its attempts (the framework's job id may change);")
         click.echo("a memo hit is a step whose committed value was returned without calling its body again;")
         click.echo("'charge#0' is the step key: the first step named 'charge'. Inspect the run's steps with:")
         click.echo(f"  .venv/bin/flexiq --store sqlite:///{self.dir}/steps.db runs show {self.run_key}")
-        good = ok and run.status == "succeeded" and calls == 1 and charges == 1
-        click.echo("OK: one charge, receipt retried, sleep survived" if good else "NOT OK: see above")
-        return 0 if good else 1
 
 
 def _plural(n: int, word: str) -> str:

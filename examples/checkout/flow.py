@@ -1,8 +1,13 @@
-"""The checkout itself: charge, sleep, receipt — the same body for Celery and Dramatiq.
+"""The checkout itself: charge, sleep, receipt, ship — the same body for Celery and Dramatiq.
 
 Everything the demo prints about an attempt comes from here, written to the
 journal as it happens: which attempt this is, whether each step ran or was a
 memo hit, the idempotency key the payment API received, the sleep and its wake.
+
+Shipping has a durable retry budget of three tries (C31), and the charge a
+compensation, a refund (C32). In the ``--ship-fails`` variant the carrier
+refuses every try: the budget runs out, the run fails for good and the charge
+is refunded, once, with an idempotency key of its own.
 """
 
 from __future__ import annotations
@@ -12,14 +17,16 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from flexiq_plugins import SleepSignal, current_job
+from flexiq_plugins import Compensation, RetryPolicy, SleepSignal, StepRetryExhausted, current_job
 
-from .services import Journal, Payments, ReceiptMailer
+from .services import Carrier, Journal, Payments, ReceiptMailer
 
-__all__ = ["SLEEP_SECONDS", "checkout"]
+__all__ = ["SHIP_RETRY", "SLEEP_SECONDS", "checkout"]
 
 T = TypeVar("T")
 SLEEP_SECONDS = float(os.environ.get("FLEXIQ_DEMO_SLEEP", "3"))
+SHIP_RETRY = RetryPolicy(max_attempts=3, initial_delay=0.5, multiplier=2)
+"""Three tries in all, 0.5 s then 1 s apart, counted in the step store whatever the broker says."""
 journal = Journal()
 
 
@@ -33,15 +40,27 @@ def checkout(order_id: str, amount_cents: int) -> str:
         journal.write(f"  charge: calling the payment API with idempotency key {key}")
         return Payments().charge(order_id, amount_cents, idempotency_key=key)
 
-    result = _tracked("charge", charge)
+    result = _tracked("charge", charge, compensate=Compensation(refund, name="refund"))
     _crash_point()
     _tracked_sleep(SLEEP_SECONDS)
     _tracked("receipt", lambda: ReceiptMailer().send(order_id, result))
+    try:
+        _tracked("ship", lambda: Carrier().ship(order_id)[1], retry=SHIP_RETRY)
+    except StepRetryExhausted as exc:
+        journal.write(f"  ship: budget spent after {exc.attempts} tries; the run fails for good, refunding")
+        raise
     journal.write(f"attempt {current_job.attempt} finished: order {order_id} charged as {result['id']}")
     return str(result["id"])
 
 
-def _tracked(name: str, fn: Callable[[], T]) -> T:
+def refund(charge: dict[str, Any]) -> str:
+    """The charge's compensation: refund it, with the undo's own idempotency key (C32)."""
+    key = current_job.step.idempotency_key
+    journal.write(f"  refund: undoing charge {charge['id']} with idempotency key {key}")
+    return Payments().refund(str(charge["id"]), idempotency_key=key)
+
+
+def _tracked(name: str, fn: Callable[[], T], **options: Any) -> T:
     ran = False
 
     def body() -> T:
@@ -50,10 +69,11 @@ def _tracked(name: str, fn: Callable[[], T]) -> T:
         try:
             return fn()
         except Exception as exc:
-            journal.write(f"  {name}: failed ({exc}); nothing committed, the task will retry")
+            retry = "the step's retry budget decides" if "retry" in options else "the task will retry"
+            journal.write(f"  {name}: failed ({exc}); nothing committed, {retry}")
             raise
 
-    value = current_job.step.run(name, body)
+    value: T = current_job.step.run(name, body, **options)
     journal.write(f"  {name}: {'ran and committed' if ran else 'memo hit, body not called'}")
     return value
 

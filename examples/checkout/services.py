@@ -1,4 +1,4 @@
-"""The demo's outside world: a fake payment API, a flaky receipt mailer and a journal.
+"""The demo's outside world: a fake payment API, a flaky receipt mailer, a carrier and a journal.
 
 All three keep their state in one SQLite file shared by the demo and its
 worker processes, so what they report survives a worker killed with SIGKILL.
@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Journal", "Payments", "ReceiptMailer", "ReceiptNotSent", "state_path"]
+__all__ = ["Carrier", "CarrierDown", "Journal", "Payments", "ReceiptMailer", "ReceiptNotSent", "state_path"]
 
 
 def state_path() -> Path:
@@ -39,6 +39,8 @@ def _db() -> Iterator[sqlite3.Connection]:
             CREATE TABLE IF NOT EXISTS charges (idem_key TEXT PRIMARY KEY, charge TEXT);
             CREATE TABLE IF NOT EXISTS receipts (n INTEGER PRIMARY KEY, order_id TEXT, ok INTEGER);
             CREATE TABLE IF NOT EXISTS journal (n INTEGER PRIMARY KEY, at REAL, line TEXT);
+            CREATE TABLE IF NOT EXISTS refunds (idem_key TEXT PRIMARY KEY, charge TEXT);
+            CREATE TABLE IF NOT EXISTS shipments (n INTEGER PRIMARY KEY, order_id TEXT);
             """
         )
         yield conn
@@ -62,6 +64,17 @@ class Payments:
                 charge = json.loads(row[0])
             db.execute("COMMIT")
             return charge
+
+    def refund(self, charge_id: str, *, idempotency_key: str) -> str:
+        """Refund a charge once per idempotency key; return the refund's id."""
+        with _db() as db:
+            db.execute("INSERT OR IGNORE INTO refunds VALUES (?, ?)", (idempotency_key, charge_id))
+        return "re_" + charge_id.removeprefix("ch_")
+
+    def refunds(self, run_key: str = "") -> int:
+        """How many distinct refunds were made (for keys starting with ``run_key``)."""
+        with _db() as db:
+            return int(db.execute("SELECT count(*) FROM refunds WHERE idem_key LIKE ?", (run_key + "%",)).fetchone()[0])
 
     def calls(self, run_key: str = "") -> int:
         """How many times the API was really called (for keys starting with ``run_key``)."""
@@ -91,6 +104,28 @@ class ReceiptMailer:
         if not ok:
             raise ReceiptNotSent(f"mail server busy, receipt for {order_id} not sent")
         return f"receipt for {charge['id']} sent"
+
+
+class CarrierDown(Exception):
+    """The carrier refused the parcel (in the demo's ``--ship-fails`` variant it always does)."""
+
+
+class Carrier:
+    """Ships parcels; with ``FLEXIQ_DEMO_SHIP_FAILS`` set, every try fails."""
+
+    def ship(self, order_id: str) -> tuple[int, str]:
+        """Try to ship; return ``(try number, tracking id)`` or raise :class:`CarrierDown` naming the try."""
+        with _db() as db:
+            db.execute("INSERT INTO shipments (order_id) VALUES (?)", (order_id,))
+            tries = int(db.execute("SELECT count(*) FROM shipments WHERE order_id = ?", (order_id,)).fetchone()[0])
+        if os.environ.get("FLEXIQ_DEMO_SHIP_FAILS"):
+            raise CarrierDown(f"the carrier refused the parcel for {order_id} (try {tries})")
+        return tries, f"trk_{order_id}"
+
+    def tries(self, order_id: str) -> int:
+        """How many times shipping was tried for ``order_id``."""
+        with _db() as db:
+            return int(db.execute("SELECT count(*) FROM shipments WHERE order_id = ?", (order_id,)).fetchone()[0])
 
 
 @dataclass

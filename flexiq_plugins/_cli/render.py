@@ -2,7 +2,8 @@
 
 The JSON key names are an interface (scripts parse them) and are listed in
 ``docs/operations.md``; times are ISO 8601 in UTC. Step values appear only when
-the caller decoded them on request.
+the caller decoded them on request, error messages and tracebacks only when
+asked for (``--errors``): both may hold personal or payment data.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ from typing import Any
 
 from rich.table import Table
 
-from .._store.base import DeadLetterRecord, RunRecord, StepRow
+from .._store.base import DeadLetterRecord, RunRecord, StepAttempt, StepRow
+from ..failures import RunFailure, StepFailure, load_failure
 from ..operations import DecodedValue, RunDetails, Stranded
 
 __all__ = [
+    "attempt_dict",
+    "attempts_table",
     "dead_letter_dict",
     "dead_letter_table",
     "human_time",
@@ -117,8 +121,13 @@ def run_fields(details: RunDetails) -> Table:
     return table
 
 
-def step_dict(row: StepRow, decoded: DecodedValue | None = None) -> dict[str, Any]:
-    """A step for ``--json``; ``value`` and ``value_note`` only when values were asked for."""
+def step_dict(row: StepRow, decoded: DecodedValue | None = None, *, errors: bool = False) -> dict[str, Any]:
+    """A step for ``--json``; ``value`` and ``value_note`` only when values were asked for.
+
+    ``failure`` is ``null`` unless the step failed for good (C31) or records why
+    the run is compensated (C32); its ``message`` only with ``errors``.
+    ``compensate`` names the undo the step registered (C32).
+    """
     data: dict[str, Any] = {
         "position": row.position,
         "step_key": row.step_key,
@@ -127,6 +136,8 @@ def step_dict(row: StepRow, decoded: DecodedValue | None = None) -> dict[str, An
         "attempt": row.attempt,
         "committed_at": iso_time(row.committed_at),
         "wake_at": iso_time(row.wake_at),
+        "failure": _failure_dict(row, errors=errors),
+        "compensate": row.compensate,
     }
     if decoded is not None:
         data["value"] = decoded.value if decoded.ok else None
@@ -134,10 +145,49 @@ def step_dict(row: StepRow, decoded: DecodedValue | None = None) -> dict[str, An
     return data
 
 
+def _failure_of(row: StepRow) -> StepFailure | RunFailure | None:
+    if row.failure is None:
+        return None
+    try:
+        return load_failure(row.failure)
+    except (ValueError, TypeError):
+        return None
+
+
+def _failure_dict(row: StepRow, *, errors: bool) -> dict[str, Any] | None:
+    failure = _failure_of(row)
+    if failure is None:
+        return None
+    data: dict[str, Any] = {"reason": failure.reason, "error_type": failure.error_type}
+    if isinstance(failure, StepFailure):
+        data["attempts"] = failure.attempts
+    else:
+        data["origin"] = failure.origin
+    if errors:
+        data["message"] = failure.message
+    return data
+
+
+def _note(row: StepRow) -> str:
+    """What the NOTE column says about a step: failed for good, the undo it registered, why the run compensates."""
+    failure = _failure_of(row)
+    notes = []
+    if isinstance(failure, StepFailure):
+        tries = "attempt" if failure.attempts == 1 else "attempts"
+        notes.append(
+            f"failed for good: {failure.reason} ({failure.error_type or 'worker lost'}, {failure.attempts} {tries})"
+        )
+    elif isinstance(failure, RunFailure):
+        notes.append(f"compensating: {failure.reason} ({failure.error_type})")
+    if row.compensate:
+        notes.append(f"undo: {row.compensate}")
+    return "; ".join(notes) or "-"
+
+
 def steps_table(steps: list[StepRow], values: list[DecodedValue] | None = None) -> Table:
     """The ``runs show`` step table, with a VALUE column only when values were asked for."""
     columns = ["#", "STEP KEY", "KIND", "SIZE", "COMMITTED AT", "WAKE AT"]
-    table = Table(*columns, *(["VALUE"] if values is not None else []), box=None)
+    table = Table(*columns, *(["VALUE"] if values is not None else []), "NOTE", box=None)
     for i, row in enumerate(steps):
         cells = [
             str(row.position),
@@ -149,9 +199,68 @@ def steps_table(steps: list[StepRow], values: list[DecodedValue] | None = None) 
         ]
         if values is not None:
             shown = values[i]
-            cells.append("-" if row.kind == "sleep" else repr(shown.value) if shown.ok else f"({shown.note})")
+            cells.append(_shown_value(row, shown))
+        table.add_row(*cells, _note(row))
+    return table
+
+
+def _shown_value(row: StepRow, shown: DecodedValue) -> str:
+    if row.kind != "run" or row.value is None:
+        return "-"
+    return repr(shown.value) if shown.ok else f"({shown.note})"
+
+
+# ------------------------------------------------------------ step attempts
+def attempt_dict(attempt: StepAttempt, *, errors: bool = False) -> dict[str, Any]:
+    """A step attempt for ``--json`` (C31); ``message`` and ``traceback`` only with ``errors``."""
+    data: dict[str, Any] = {
+        "step_key": attempt.step_key,
+        "number": attempt.number,
+        "run_attempt": attempt.run_attempt,
+        "outcome": attempt.outcome,
+        "error_type": attempt.error_type,
+        "started_at": iso_time(attempt.started_at),
+        "failed_at": iso_time(attempt.failed_at),
+        "retry_at": iso_time(attempt.retry_at),
+    }
+    if errors:
+        data["message"] = attempt.message
+        data["traceback"] = attempt.traceback
+    return data
+
+
+def attempts_table(attempts: list[StepAttempt], committed: set[str], *, errors: bool = False) -> Table:
+    """The ``runs show`` step attempts table (C31), with a MESSAGE column only with ``errors``.
+
+    An attempt without an outcome ``succeeded`` if it is the last of a
+    committed step, else it is ``running``.
+    """
+    columns = ["STEP KEY", "#", "RUN ATTEMPT", "OUTCOME", "ERROR", "STARTED", "FAILED", "RETRY AT"]
+    table = Table(*columns, *(["MESSAGE"] if errors else []), box=None)
+    last: dict[str, int] = {}
+    for a in attempts:
+        last[a.step_key] = max(last.get(a.step_key, 0), a.number)
+    for a in attempts:
+        done = a.step_key in committed and a.number == last[a.step_key]
+        cells = [
+            a.step_key,
+            str(a.number),
+            str(a.run_attempt),
+            a.outcome or ("succeeded" if done else "running"),
+            a.error_type or "-",
+            human_time(a.started_at),
+            human_time(a.failed_at),
+            human_time(a.retry_at),
+        ]
+        if errors:
+            cells.append(_first_line(a.message or "-"))
         table.add_row(*cells)
     return table
+
+
+def _first_line(text: str, limit: int = 80) -> str:
+    first = (text.splitlines() or [""])[0]
+    return first if len(first) <= limit else first[: limit - 1] + "…"
 
 
 # ------------------------------------------------------------ dead letters

@@ -6,7 +6,7 @@ import click
 
 from .._store.base import RunStatus
 from ..codec import CodecChain
-from ..operations import decode_step_value, list_runs, load_object, show_run
+from ..operations import DecodedValue, RunDetails, decode_step_value, list_runs, load_object, show_run
 from . import render
 from .state import EXIT_USAGE, CliState, console, emit_json, fail, pass_state
 from .types import DURATION
@@ -47,17 +47,18 @@ def list_command(
 @click.argument("run_key")
 @click.option("--values", is_flag=True, help="Decode and print step values (they may be sensitive).")
 @click.option("--codec", "codec_ref", metavar="MODULE:CHAIN", help="The CodecChain the workers use, for --values.")
+@click.option("--errors", is_flag=True, help="Print error messages and tracebacks of failed steps (may be sensitive).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_state
-def show_command(state: CliState, *, run_key: str, values: bool, codec_ref: str | None, as_json: bool) -> None:
-    """Show one run: state, attempts, claim and its step sequence."""
+def show_command(
+    state: CliState, *, run_key: str, values: bool, codec_ref: str | None, errors: bool, as_json: bool
+) -> None:
+    """Show one run: state, attempts, claim, its step sequence and its step attempts."""
     details = show_run(state.store, run_key)
     codec = _codec(codec_ref) if values else None
     decoded = [decode_step_value(s, codec) for s in details.steps] if values else None
     if as_json:
-        steps = [render.step_dict(s, decoded[i] if decoded else None) for i, s in enumerate(details.steps)]
-        run = {**render.run_dict(details.run), "wake_at": render.iso_time(details.wake_at)}
-        emit_json({"run": run, "steps": steps})
+        _emit_details(details, decoded, errors=errors)
         return
     out = console()
     out.print(render.run_fields(details))
@@ -66,6 +67,29 @@ def show_command(state: CliState, *, run_key: str, values: bool, codec_ref: str 
         out.print(render.steps_table(details.steps, decoded))
     else:
         out.print("No step rows (a succeeded run's rows are dropped unless kept for inspection).")
+    if details.attempts:
+        out.print()
+        out.print("Step attempts:")
+        committed = {s.step_key for s in details.steps}
+        out.print(render.attempts_table(details.attempts, committed, errors=errors))
+        if errors:
+            _print_tracebacks(details)
+
+
+def _emit_details(details: RunDetails, decoded: list[DecodedValue] | None, *, errors: bool) -> None:
+    steps = [render.step_dict(s, decoded[i] if decoded else None, errors=errors) for i, s in enumerate(details.steps)]
+    run = {**render.run_dict(details.run), "wake_at": render.iso_time(details.wake_at)}
+    attempts = [render.attempt_dict(a, errors=errors) for a in details.attempts]
+    emit_json({"run": run, "steps": steps, "attempts": attempts})
+
+
+def _print_tracebacks(details: RunDetails) -> None:
+    out = console()
+    for a in details.attempts:
+        if a.traceback:
+            out.print()
+            out.print(f"{a.step_key} attempt {a.number} ({a.outcome}):", markup=False)
+            out.print(a.traceback.rstrip(), markup=False, highlight=False)
 
 
 def _codec(ref: str | None) -> CodecChain | None:

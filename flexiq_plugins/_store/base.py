@@ -1,8 +1,10 @@
 """The narrow interface between the attempt driver and durable storage.
 
-A store keeps three things: *runs* (one row per run key: status, the claim and
-the job envelope), *step rows* (the committed steps of a run) and *dead
-letters*. Every method states its atomicity and its fencing; both
+A store keeps four things: *runs* (one row per run key: status, the claim and
+the job envelope), *step rows* (the committed steps of a run), *step
+attempts* (each attempt of a step with a retry budget, journaled before its
+body runs, and each failed step attempt, C31) and *dead letters*. Every
+method states its atomicity and its fencing; both
 implementations (:class:`~flexiq_plugins.MemoryStepStore`,
 :class:`~flexiq_plugins.SqlStepStore`) pass one contract test suite.
 
@@ -21,6 +23,9 @@ from typing import Any, Literal
 __all__ = [
     "CLEANABLE_STATUSES",
     "TERMINAL_STATUSES",
+    "AttemptNotDue",
+    "AttemptStarted",
+    "AttemptsSpent",
     "Begun",
     "BeginResult",
     "Busy",
@@ -31,19 +36,38 @@ __all__ = [
     "NewDeadLetter",
     "RunRecord",
     "RunStatus",
+    "StepAttempt",
+    "StepAttemptBegin",
+    "StepAttemptFailed",
+    "StepAttemptFailure",
+    "StepAttemptOutcome",
     "StepKind",
     "StepRow",
     "StepStore",
 ]
 
-RunStatus = Literal["pending", "running", "sleeping", "retrying", "succeeded", "failed", "dead", "cancelled"]
-"""The states of a run. ``succeeded``, ``failed``, ``dead`` and ``cancelled`` are terminal."""
+RunStatus = Literal[
+    "pending", "running", "sleeping", "retrying", "succeeded", "failed", "dead", "cancelled", "compensated"
+]
+"""The states of a run. ``succeeded``, ``failed``, ``dead``, ``cancelled`` and ``compensated`` are terminal.
 
-TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "dead", "cancelled"})
-CLEANABLE_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
+``compensated``: the run failed for good and the compensations of its
+committed steps all ran (C32).
+"""
+
+TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "dead", "cancelled", "compensated"})
+CLEANABLE_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "compensated"})
 """Terminal states that :meth:`StepStore.cleanup` may drop; ``dead`` runs stay until purged (C27)."""
 
-StepKind = Literal["run", "sleep"]
+StepKind = Literal["run", "sleep", "compensation"]
+"""``run`` (``step.run``, and each undo ``compensate:<step key>``), ``sleep``, and
+``compensation``: the row that records why a run is being compensated (C32)."""
+
+StepAttemptOutcome = Literal["lost", "failed", "exhausted", "non_retryable"]
+"""How a step attempt ended (C31): its worker or claim was lost; it failed and
+another attempt follows; it failed and the budget is spent; it failed for
+good (a non-retryable error). An attempt still running, or one whose step
+then committed, has no outcome (``None``)."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +145,10 @@ class StepRow:
       committed_at(float | None): commit time, epoch seconds, store clock
         (``None`` before it is stored).
       attempt(int): the attempt that committed it.
+      failure(str | None): for a step that failed for good, or a
+        ``compensation`` row, the failure as JSON text (written and read by
+        :mod:`flexiq_plugins.failures`; the store does not look inside).
+      compensate(str | None): the name of the undo the step registered (C32).
     """
 
     position: int
@@ -130,11 +158,123 @@ class StepRow:
     wake_at: float | None = None
     committed_at: float | None = None
     attempt: int = 0
+    failure: str | None = None
+    compensate: str | None = None
 
     @property
     def size(self) -> int:
         """The stored value's size in bytes (0 for a sleep)."""
         return len(self.value) if self.value is not None else 0
+
+
+@dataclass(frozen=True)
+class StepAttempt:
+    """One recorded attempt of a step (C31).
+
+    A step with a retry budget journals each attempt before its body runs;
+    a step without one records only its failures.
+
+    Parameters:
+      run_key(str): the run.
+      step_key(str): the step.
+      number(int): 1 for the step's first attempt.
+      run_attempt(int): the run's attempt (the job's execution) that made it.
+      started_at(float): when it was journaled, epoch seconds, store clock.
+      outcome(str | None): see :data:`StepAttemptOutcome`.
+      error_type(str | None): the error's qualified class name.
+      message(str | None): the error's message (truncated).
+      traceback(str | None): the formatted traceback (truncated to its end).
+      failed_at(float | None): when the failure was recorded, epoch seconds.
+      retry_at(float | None): when the next attempt is due, epoch seconds.
+    """
+
+    run_key: str
+    step_key: str
+    number: int
+    run_attempt: int
+    started_at: float
+    outcome: StepAttemptOutcome | None = None
+    error_type: str | None = None
+    message: str | None = None
+    traceback: str | None = None
+    failed_at: float | None = None
+    retry_at: float | None = None
+
+
+@dataclass(frozen=True)
+class StepAttemptFailure:
+    """What :meth:`StepStore.fail_step_attempt` records about a failed step attempt (C31).
+
+    Parameters:
+      step_key(str): the step.
+      number(int | None): the attempt journaled by :meth:`StepStore.begin_step_attempt`;
+        ``None`` for a step without a budget (the store gives it the next number).
+      outcome(str): ``failed``, ``exhausted`` or ``non_retryable``.
+      error_type(str | None): the error's qualified class name (``None``: the worker was lost).
+      message(str): the error's message, already truncated.
+      traceback(str): the formatted traceback, already truncated.
+      retry_delay(float | None): seconds from the store's now until the next
+        attempt is due (``outcome == "failed"`` with a budget).
+    """
+
+    step_key: str
+    number: int | None
+    outcome: StepAttemptOutcome
+    error_type: str | None
+    message: str
+    traceback: str = ""
+    retry_delay: float | None = None
+
+
+@dataclass(frozen=True)
+class AttemptStarted:
+    """A new step attempt was journaled: run the body.
+
+    Parameters:
+      number(int): the new attempt's number.
+      previous(tuple[StepAttempt, ...]): the step's earlier attempts.
+    """
+
+    number: int
+    previous: tuple[StepAttempt, ...]
+
+
+@dataclass(frozen=True)
+class AttemptNotDue:
+    """The step's last attempt failed and its next one is not due yet (an early delivery).
+
+    Parameters:
+      retry_at(float): when it is due, epoch seconds, store clock.
+    """
+
+    retry_at: float
+
+
+@dataclass(frozen=True)
+class AttemptsSpent:
+    """The step's budget is spent: no attempt was journaled.
+
+    Parameters:
+      previous(tuple[StepAttempt, ...]): every attempt of the step.
+    """
+
+    previous: tuple[StepAttempt, ...]
+
+
+StepAttemptBegin = AttemptStarted | AttemptNotDue | AttemptsSpent
+
+
+@dataclass(frozen=True)
+class StepAttemptFailed:
+    """A recorded step failure, as stored.
+
+    Parameters:
+      attempt(StepAttempt): the attempt, ``failed_at`` and ``retry_at`` on the store's clock.
+      row(StepRow | None): the step row committed with it (a step failed for good).
+    """
+
+    attempt: StepAttempt
+    row: StepRow | None
 
 
 @dataclass(frozen=True)
@@ -314,12 +454,59 @@ class StepStore(abc.ABC):
 
         One transaction, fenced on the claim (else
         :class:`~flexiq_plugins.errors.ClaimLost`, nothing written). With
-        ``drop_steps`` the run's step rows are deleted (C27); with
+        ``drop_steps`` the run's step rows and step attempts are deleted (C27); with
         ``dead_letter`` a dead letter is recorded carrying the run's envelope
         (C30). ``status`` is one of ``sleeping``, ``retrying``, ``succeeded``,
-        ``failed``, ``dead``, ``cancelled``. ``wake_at`` (epoch seconds) is
+        ``failed``, ``dead``, ``cancelled``, ``compensated``. ``wake_at`` (epoch seconds) is
         recorded as the run's wake time (``None`` clears it): a ``sleeping``
         run's, so recovery can decide on it (C35).
+        """
+
+    @abc.abstractmethod
+    def begin_step_attempt(self, claim: Claim, step_key: str, max_attempts: int) -> StepAttemptBegin:
+        """Journal a new attempt of ``step_key`` before its body runs, if its budget allows (C31).
+
+        One transaction, fenced on the claim (else
+        :class:`~flexiq_plugins.errors.ClaimLost`, nothing written). The
+        step's attempts that have no outcome belonged to attempts that are
+        over (their worker died, their claim was lost): they become ``lost``.
+        Then, by :func:`~flexiq_plugins._store.step_attempts.decide_step_attempt`
+        on the store's clock: :class:`AttemptNotDue` if the last attempt
+        ``failed`` with a ``retry_at`` still ahead; :class:`AttemptsSpent` if
+        ``max_attempts`` attempts exist; else attempt ``count + 1`` is
+        inserted (``run_attempt = claim.attempt``, ``started_at = now``) and
+        :class:`AttemptStarted` returned.
+        """
+
+    @abc.abstractmethod
+    def fail_step_attempt(
+        self, claim: Claim, failure: StepAttemptFailure, *, row: StepRow | None = None
+    ) -> StepAttemptFailed:
+        """Record a failed step attempt and, for a step failed for good, commit its step row (C31).
+
+        One transaction, fenced on the claim (else
+        :class:`~flexiq_plugins.errors.ClaimLost`, nothing written). The
+        attempt ``failure.number`` (a new one numbered ``count + 1`` when
+        ``None`` or absent) gets the outcome, the error, ``failed_at = now``
+        and ``retry_at = now + retry_delay``. With ``row`` the step row is
+        inserted as :meth:`commit_step` does (raising ``ClaimLost`` if its
+        key is already committed).
+        """
+
+    @abc.abstractmethod
+    def get_step_attempts(self, run_key: str) -> list[StepAttempt]:
+        """Return the run's step attempts, ordered by ``started_at`` then number (empty if none)."""
+
+    @abc.abstractmethod
+    def start_compensation(self, run_key: str, marker: StepRow, *, status: str, attempt: int) -> bool:
+        """Turn a run that is not running into one that compensates at its next delivery (C32).
+
+        One transaction: applies only while the run has ``status``, its last
+        attempt is ``attempt`` and no claim is held (a compare-and-set, so a
+        new delivery that started meanwhile wins). It then inserts ``marker``
+        (a ``compensation`` row) after the run's last step, whatever
+        ``marker.position`` says, and sets the status to ``pending``. Returns
+        whether it applied.
         """
 
     @abc.abstractmethod
@@ -370,8 +557,11 @@ class StepStore(abc.ABC):
 
         One transaction: the run's status becomes ``pending`` (claim cleared),
         the dead letter's ``retried_at`` is set; with ``reset_from`` the step
-        row with that key and every later position are deleted. Returns the
-        dead letter (with ``retried_at`` set).
+        row with that key and every later position are deleted. Without it,
+        the last ``run`` row that failed for good (the step that ended the
+        run, C31) and every later position are deleted, if there is one. The
+        step attempts of deleted steps go with them, so a retried step has its
+        whole budget again. Returns the dead letter (with ``retried_at`` set).
         """
 
     @abc.abstractmethod
@@ -380,7 +570,7 @@ class StepStore(abc.ABC):
 
     @abc.abstractmethod
     def cleanup(self, *, older_than: float) -> int:
-        """Delete succeeded, failed and cancelled runs (and their steps) last updated before ``older_than``.
+        """Delete terminal runs but dead ones, with their steps and step attempts, updated before ``older_than``.
 
         Dead-lettered runs are kept: their rows let a retry replay (C27).
         Returns how many runs were deleted.

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from ..errors import UnknownDeadLetter, UnknownRun
 from .base import (
     CLEANABLE_STATUSES,
+    AttemptStarted,
     BeginResult,
     Begun,
     Claim,
@@ -23,10 +24,15 @@ from .base import (
     NewDeadLetter,
     RunRecord,
     RunStatus,
+    StepAttempt,
+    StepAttemptBegin,
+    StepAttemptFailed,
+    StepAttemptFailure,
     StepRow,
     StepStore,
 )
 from .claims import Granted, already_committed, claim_lost, decide_claim, holds, may_recover
+from .step_attempts import close_lost, decide_step_attempt, failed_attempt, retry_cut_position
 
 __all__ = ["MemoryStepStore"]
 
@@ -44,6 +50,7 @@ class MemoryStepStore(StepStore):
         self._lock = threading.RLock()
         self._runs: dict[str, RunRecord] = {}
         self._steps: dict[str, list[StepRow]] = {}
+        self._attempts: dict[str, list[StepAttempt]] = {}
         self._dead: dict[int, DeadLetterRecord] = {}
         self._next_dead_id = 1
 
@@ -105,20 +112,81 @@ class MemoryStepStore(StepStore):
     def commit_step(self, claim: Claim, row: StepRow) -> StepRow:
         """See :meth:`StepStore.commit_step`."""
         with self._lock:
+            return self._insert_step(self._fenced(claim), claim, row, self.now())
+
+    def _insert_step(self, run: RunRecord, claim: Claim, row: StepRow, now: float) -> StepRow:
+        steps = self._steps.setdefault(claim.run_key, [])
+        if any(s.step_key == row.step_key for s in steps):
+            raise already_committed(claim, row.step_key)
+        stored = dataclasses.replace(row, committed_at=now, attempt=claim.attempt)
+        steps.append(stored)
+        self._runs[claim.run_key] = dataclasses.replace(
+            run,
+            step_count=run.step_count + 1,
+            step_bytes=run.step_bytes + row.size,
+            updated_at=now,
+        )
+        return stored
+
+    # --------------------------------------------------------- step attempts
+    def begin_step_attempt(self, claim: Claim, step_key: str, max_attempts: int) -> StepAttemptBegin:
+        """See :meth:`StepStore.begin_step_attempt`."""
+        with self._lock:
             run = self._fenced(claim)
-            steps = self._steps.setdefault(claim.run_key, [])
-            if any(s.step_key == row.step_key for s in steps):
-                raise already_committed(claim, row.step_key)
             now = self.now()
-            stored = dataclasses.replace(row, committed_at=now, attempt=claim.attempt)
-            steps.append(stored)
-            self._runs[claim.run_key] = dataclasses.replace(
-                run,
-                step_count=run.step_count + 1,
-                step_bytes=run.step_bytes + row.size,
-                updated_at=now,
+            self._runs[claim.run_key] = dataclasses.replace(run, updated_at=now)
+            others, mine = self._split_attempts(claim.run_key, step_key)
+            mine = list(close_lost(mine))
+            decision = decide_step_attempt(mine, now=now, max_attempts=max_attempts)
+            if isinstance(decision, AttemptStarted):
+                mine.append(StepAttempt(claim.run_key, step_key, decision.number, claim.attempt, now))
+            self._attempts[claim.run_key] = others + mine
+            return decision
+
+    def _split_attempts(self, run_key: str, step_key: str) -> tuple[list[StepAttempt], list[StepAttempt]]:
+        attempts = self._attempts.get(run_key, [])
+        mine = sorted((a for a in attempts if a.step_key == step_key), key=lambda a: a.number)
+        return [a for a in attempts if a.step_key != step_key], mine
+
+    def fail_step_attempt(
+        self, claim: Claim, failure: StepAttemptFailure, *, row: StepRow | None = None
+    ) -> StepAttemptFailed:
+        """See :meth:`StepStore.fail_step_attempt`."""
+        with self._lock:
+            run = self._fenced(claim)
+            now = self.now()
+            if row is None:
+                self._runs[claim.run_key] = dataclasses.replace(run, updated_at=now)
+            stored = self._insert_step(run, claim, row, now) if row is not None else None
+            others, mine = self._split_attempts(claim.run_key, failure.step_key)
+            number = failure.number or (mine[-1].number + 1 if mine else 1)
+            journaled = next((a for a in mine if a.number == number), None)
+            fresh = StepAttempt(claim.run_key, failure.step_key, number, claim.attempt, now)
+            attempt = failed_attempt(journaled or fresh, failure, now)
+            kept = [a for a in mine if a.number != number]
+            self._attempts[claim.run_key] = others + sorted([*kept, attempt], key=lambda a: a.number)
+            return StepAttemptFailed(attempt, stored)
+
+    def get_step_attempts(self, run_key: str) -> list[StepAttempt]:
+        """See :meth:`StepStore.get_step_attempts`."""
+        with self._lock:
+            return sorted(self._attempts.get(run_key, ()), key=lambda a: (a.started_at, a.step_key, a.number))
+
+    def start_compensation(self, run_key: str, marker: StepRow, *, status: str, attempt: int) -> bool:
+        """See :meth:`StepStore.start_compensation`."""
+        with self._lock:
+            run = self._runs.get(run_key)
+            if run is None or run.status != status or run.attempt != attempt or run.owner is not None:
+                return False
+            now = self.now()
+            steps = self._steps.setdefault(run_key, [])
+            position = max((s.position for s in steps), default=-1) + 1
+            steps.append(dataclasses.replace(marker, position=position, committed_at=now, attempt=attempt))
+            count, size = run.step_count + 1, run.step_bytes + marker.size
+            self._runs[run_key] = dataclasses.replace(
+                run, status="pending", step_count=count, step_bytes=size, updated_at=now
             )
-            return stored
+            return True
 
     def finish(
         self,
@@ -136,6 +204,7 @@ class MemoryStepStore(StepStore):
             run = dataclasses.replace(run, status=status, owner=None, lease_until=None, updated_at=now, wake_at=wake_at)
             if drop_steps:
                 self._steps.pop(claim.run_key, None)
+                self._attempts.pop(claim.run_key, None)
                 run = dataclasses.replace(run, step_count=0, step_bytes=0)
             self._runs[claim.run_key] = run
             if dead_letter is not None:
@@ -225,10 +294,13 @@ class MemoryStepStore(StepStore):
             dead = self.get_dead_letter(dead_letter_id)
             run = self.get_run(dead.run_key)
             steps = self.get_steps(dead.run_key)
-            if reset_from is not None:
-                cut = _reset_position(steps, reset_from, dead.run_key)
+            cut = retry_cut_position(steps, reset_from, dead.run_key)
+            if cut is not None:
+                dropped = {s.step_key for s in steps if s.position >= cut}
                 steps = [s for s in steps if s.position < cut]
                 self._steps[dead.run_key] = steps
+                attempts = self._attempts.get(dead.run_key, [])
+                self._attempts[dead.run_key] = [a for a in attempts if a.step_key not in dropped]
             now = self.now()
             self._runs[dead.run_key] = dataclasses.replace(
                 run,
@@ -269,12 +341,5 @@ class MemoryStepStore(StepStore):
             for k in doomed:
                 del self._runs[k]
                 self._steps.pop(k, None)
+                self._attempts.pop(k, None)
             return len(doomed)
-
-
-def _reset_position(steps: Sequence[StepRow], reset_from: str, run_key: str) -> int:
-    for s in steps:
-        if s.step_key == reset_from:
-            return s.position
-    keys = ", ".join(s.step_key for s in steps) or "(none)"
-    raise UnknownRun(f"run {run_key!r} has no step {reset_from!r}; its steps are: {keys}")

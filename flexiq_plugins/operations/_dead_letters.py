@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .._store.base import StepStore
-from ..errors import AlreadyRetried, OperationError, StoreError, UnknownDeadLetter
+from ..errors import AlreadyRetried, OperationError, RunCompensated, StoreError, UnknownDeadLetter
 from ..registry import Publisher
 from ._publishing import publish, require_publisher
 
@@ -54,13 +54,16 @@ def retry_dead_letter(
       dead_letter_id(int): the dead letter.
       publishers(Mapping[str, Publisher]): a publisher per framework name.
       reset_from(str | None): a step key; that step and every later one are
-        dropped so they run again.
+        dropped so they run again. Without it, the step that failed for good
+        (a spent budget, a non-retryable error, a failed undo), if any, and
+        every later one are dropped, with their attempts (C31).
 
     Raises:
       UnknownDeadLetter: no such dead letter.
       UnknownRun: its run is gone, or it has no step ``reset_from``.
       NoPublisher: no publisher for the job's framework (nothing changed).
       AlreadyRetried: retried before and the run is no longer ``dead`` (nothing changed).
+      RunCompensated: the run was compensated and ``reset_from`` is not given (nothing changed, C32).
       PublishFailed: the broker refused; the run stays ``pending`` for :func:`recover`.
       StoreUnavailable: the store cannot be reached.
     """
@@ -69,6 +72,12 @@ def retry_dead_letter(
     run = store.get_run(dead.run_key)
     if dead.retried_at is not None and run.status not in ("dead", "pending"):
         raise AlreadyRetried(f"dead letter {dead_letter_id} was retried already; its run is now {run.status!r}")
+    if run.status == "compensated" and reset_from is None:
+        raise RunCompensated(
+            f"the run of dead letter {dead_letter_id} was compensated: its committed steps were undone, so a "
+            "retry would only replay the compensation; to run the job again from a step, retry with "
+            "--reset-from <step key> (reset_from=...), usually its first step"
+        )
     store.prepare_retry(dead_letter_id, reset_from=reset_from)
     job_id = publish(publisher, dead.envelope, dead.run_key)
     logger.info("dead letter %s re-published as job %s (run %s)", dead_letter_id, job_id, dead.run_key)

@@ -86,7 +86,8 @@ def find_stranded(
 ) -> list[Stranded]:
     """Return the runs :func:`recover` would re-publish, oldest due first (C35).
 
-    - ``sleeping`` past its recorded wake time by more than ``grace``;
+    - ``sleeping`` past its recorded wake time (a sleep's, or a step retry's time, C31)
+      by more than ``grace``;
     - ``running`` whose claim lease expired more than ``grace`` ago (its worker died);
     - ``pending`` or ``retrying`` not updated for more than ``stale_after``
       (at least ``grace``).
@@ -127,7 +128,9 @@ def _unclaimed_since(run: RunRecord, due_at: float, stale: float) -> bool:
 def _overdue_sleepers(store: StepStore, due: float, stale: float) -> list[Stranded]:
     found = []
     for run in store.list_runs(status="sleeping", limit=_SCAN_LIMIT):
-        wake_at = run.wake_at if run.wake_at is not None else latest_wake_at(store.get_steps(run.run_key))
+        wake_at = run.wake_at
+        if wake_at is None:  # a run recorded before wake times were kept on the run
+            wake_at = latest_wake_at(store.get_steps(run.run_key), store.get_step_attempts(run.run_key))
         if wake_at is not None and wake_at < due and _unclaimed_since(run, wake_at, stale):
             found.append(Stranded(run, "sleep_overdue", wake_at))
     return found

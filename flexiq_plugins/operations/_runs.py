@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from .._store.base import RunRecord, StepRow, StepStore
+from .._store.base import RunRecord, StepAttempt, StepRow, StepStore
 from ..durations import parse_duration
 
 __all__ = ["RunDetails", "cleanup", "latest_wake_at", "list_runs", "show_run"]
@@ -13,17 +13,20 @@ __all__ = ["RunDetails", "cleanup", "latest_wake_at", "list_runs", "show_run"]
 
 @dataclass(frozen=True)
 class RunDetails:
-    """A run with its step rows, as ``flexiq runs show`` prints it.
+    """A run with its step rows and step attempts, as ``flexiq runs show`` prints it.
 
     Parameters:
       run(RunRecord): the run.
       steps(list[StepRow]): its committed steps by position.
-      wake_at(float | None): the latest sleep step's wake time, epoch seconds.
+      wake_at(float | None): when it wakes: its latest sleep's wake time, or a
+        pending step retry's (C31), epoch seconds.
+      attempts(list[StepAttempt]): its recorded step attempts (C31).
     """
 
     run: RunRecord
     steps: list[StepRow]
     wake_at: float | None
+    attempts: list[StepAttempt] = field(default_factory=list)
 
 
 def list_runs(
@@ -53,7 +56,7 @@ def list_runs(
 
 
 def show_run(store: StepStore, run_key: str) -> RunDetails:
-    """Return a run with its steps (``flexiq runs show``).
+    """Return a run with its steps and step attempts (``flexiq runs show``).
 
     Raises:
       UnknownRun: no run has ``run_key``.
@@ -61,12 +64,19 @@ def show_run(store: StepStore, run_key: str) -> RunDetails:
     """
     run = store.get_run(run_key)
     steps = store.get_steps(run_key)
-    return RunDetails(run, steps, latest_wake_at(steps))
+    attempts = store.get_step_attempts(run_key)
+    return RunDetails(run, steps, latest_wake_at(steps, attempts), attempts)
 
 
-def latest_wake_at(steps: Iterable[StepRow]) -> float | None:
+def latest_wake_at(steps: Iterable[StepRow], attempts: Iterable[StepAttempt] = ()) -> float | None:
+    """When a waiting run is due: its latest sleep's wake time, or a later step retry's (C15, C31), epoch seconds."""
+    steps = list(steps)
     sleeps = [s for s in steps if s.kind == "sleep" and s.wake_at is not None]
-    return max(sleeps, key=lambda s: s.position).wake_at if sleeps else None
+    times = [max(sleeps, key=lambda s: s.position).wake_at] if sleeps else []
+    committed = {s.step_key for s in steps}
+    times += [a.retry_at for a in attempts if a.outcome == "failed" and a.step_key not in committed]
+    known = [t for t in times if t is not None]
+    return max(known) if known else None
 
 
 def cleanup(store: StepStore, older_than: str | float) -> int:

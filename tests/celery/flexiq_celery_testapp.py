@@ -19,7 +19,7 @@ from typing import Any
 from celery import Celery, Task, shared_task
 
 import celery_ext
-from flexiq_plugins import SqlStepStore, current_job
+from flexiq_plugins import NonRetryableError, RetryPolicy, SqlStepStore, current_job
 
 REDIS_BACKEND = "redis://127.0.0.1:6379/13"
 
@@ -49,6 +49,13 @@ def call_keys(calls: str, what: str) -> list[str]:
     """The idempotency keys recorded with the calls of ``what``."""
     with sqlite3.connect(calls, timeout=30) as conn:
         return [r[0] for r in conn.execute("SELECT key FROM calls WHERE what = ? ORDER BY at", (what,))]
+
+
+def call_order(calls: str, prefix: str) -> list[str]:
+    """Every recorded call whose ``what`` starts with ``prefix``, in the order they happened."""
+    with sqlite3.connect(calls, timeout=30) as conn:
+        rows = conn.execute("SELECT what FROM calls WHERE what LIKE ? ORDER BY rowid", (prefix + "%",))
+        return [r[0] for r in rows]
 
 
 # ------------------------------------------------------------------------ apps
@@ -176,6 +183,82 @@ def register_tasks(app: Celery, calls: str) -> None:
         step = current_job.step
         a = step.run("a", lambda: i)
         return step.run("b", lambda: a + 1)
+
+    register_failure_tasks(app, calls)
+
+
+def register_failure_tasks(app: Celery, calls: str) -> None:
+    """Tasks whose steps fail: durable retry budgets, non-retryable errors, compensations (C31, C32).
+
+    Each records every real call of a step body or undo under ``<label>:<what>``,
+    so one worker can serve several tests at once.
+    """
+
+    @app.task(name=f"{app.main}.always_fails", autoretry_for=(Exception,), max_retries=1, default_retry_delay=0)
+    def always_fails(label: str) -> str:
+        def ship() -> str:
+            n = record_call(calls, f"{label}:ship", current_job.step.idempotency_key)
+            raise ConnectionError(f"carrier down (call {n})")
+
+        return current_job.step.run("ship", ship, retry=RetryPolicy(max_attempts=5, initial_delay=0.2, multiplier=1))
+
+    @app.task(name=f"{app.main}.exits_in_step")
+    def exits_in_step(label: str) -> str:
+        def charge() -> str:
+            record_call(calls, f"{label}:charge")
+            os._exit(137)  # the worker process dies inside the step body
+
+        return current_job.step.run("charge", charge, retry=RetryPolicy(max_attempts=3))
+
+    @app.task(name=f"{app.main}.non_retryable", autoretry_for=(Exception,), max_retries=5, default_retry_delay=0)
+    def non_retryable(label: str) -> str:
+        def charge() -> str:
+            record_call(calls, f"{label}:charge")
+            raise NonRetryableError("card expired")
+
+        return current_job.step.run("charge", charge, retry=RetryPolicy(max_attempts=5, initial_delay=0))
+
+    @app.task(name=f"{app.main}.saga")
+    def saga(label: str, marker_dir: str) -> str:
+        step = current_job.step
+
+        def undo(what: str) -> Any:
+            def run(value: int) -> None:
+                if what == "reserve" and record_call(calls, f"{label}/started:undo_reserve") == 1:
+                    (Path(marker_dir) / f"{label}.pid").write_text(str(os.getpid()))
+                    time.sleep(60)  # killed here by the test, between the two undos
+                record_call(calls, f"{label}:undo_{what}", step.idempotency_key)
+
+            return run
+
+        step.run("reserve", lambda: record_call(calls, f"{label}:reserve"), compensate=undo("reserve"))
+        step.run("charge", lambda: record_call(calls, f"{label}:charge"), compensate=undo("charge"))
+
+        def ship() -> str:
+            record_call(calls, f"{label}:ship")
+            raise NonRetryableError("the carrier refused the parcel")
+
+        return step.run("ship", ship)
+
+    @app.task(name=f"{app.main}.gives_up", autoretry_for=(ValueError,), max_retries=1, default_retry_delay=0)
+    def gives_up(label: str) -> str:
+        step = current_job.step
+        step.run("reserve", lambda: "r-1", compensate=lambda r: record_call(calls, f"{label}:undo_reserve"))
+        step.run("charge", lambda: "c-1", compensate=lambda c: record_call(calls, f"{label}:undo_charge"))
+
+        def ship() -> str:
+            record_call(calls, f"{label}:ship")
+            raise ValueError("no carrier for this address")
+
+        return step.run("ship", ship)
+
+    @app.task(name=f"{app.main}.default_budget", step_retry=RetryPolicy(max_attempts=2, initial_delay=0))
+    def default_budget(label: str) -> str:
+        def ship() -> str:
+            record_call(calls, f"{label}:ship")
+            raise ConnectionError("carrier down")
+
+        return current_job.step.run("ship", ship)
 
 
 @shared_task(name="flexiq_tests.shared_double", bind=True)

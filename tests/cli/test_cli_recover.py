@@ -90,6 +90,7 @@ def test_c35_concurrent_recovers_publish_each_run_once(
         runs.sleeping(key, pause="50ms", framework="dramatiq")
     time.sleep(0.6)
     broker = StubBroker()
+    broker.declare_queue("orders")  # StubBroker.declare_queue is not thread-safe: two threads could each make it
     stores: list[StepStore] = [first] + [SqlStepStore(url, table_prefix=first.table_prefix) for _ in range(3)]
     barrier = threading.Barrier(len(stores))
     reports: list[operations.RecoveryReport] = []

@@ -16,7 +16,8 @@ RUN_KEYS = {
     "run_key", "task_name", "framework", "queue", "status", "attempt", "owner", "lease_until",
     "takeovers", "job_id", "step_count", "step_bytes", "created_at", "updated_at", "wake_at", "recovered_at",
 }  # fmt: skip
-STEP_KEYS = {"position", "step_key", "kind", "size", "attempt", "committed_at", "wake_at"}
+STEP_KEYS = {"position", "step_key", "kind", "size", "attempt", "committed_at", "wake_at", "failure", "compensate"}
+ATTEMPT_KEYS = {"step_key", "number", "run_attempt", "outcome", "error_type", "started_at", "failed_at", "retry_at"}
 
 
 def line_of(output: str, needle: str) -> list[str]:
@@ -83,7 +84,7 @@ def test_runs_show_values_decodes_on_request(runs: Runs, flexiq: Callable[..., R
     table = flexiq("runs", "show", "run-v", "--values").stdout
     assert "{'id': 'ch_1', 'amount': 1200}" in " ".join(line_of(table, "charge#0"))
     data = json.loads(flexiq("runs", "show", "run-v", "--values", "--json").stdout)
-    assert set(data) == {"run", "steps"}
+    assert set(data) == {"run", "steps", "attempts"}
     assert set(data["run"]) == RUN_KEYS
     charge, sleep = data["steps"]
     assert set(charge) == STEP_KEYS | {"value", "value_note"}
@@ -177,3 +178,73 @@ def test_a_wake_time_beyond_year_9999_is_shown_as_seconds(tmp_path) -> None:
     assert "seconds since the epoch" in shown.output
     as_json = CliRunner().invoke(cli, ["--store", url, "runs", "show", "r-forever", "--json"])
     assert as_json.exit_code == 0, as_json.output
+
+
+def compensated_run(runs: Runs, run_key: str) -> None:
+    """A run whose ``ship`` step spent its budget of 2 (the card number in the error message), then was compensated."""
+    from flexiq_plugins import RetryPolicy, current_job
+
+    def body() -> None:
+        step = current_job.step
+        step.run("charge", lambda: {"id": "ch_1"}, compensate=lambda charge: None)
+
+        def ship() -> None:
+            raise ConnectionError("carrier down for card 4242")
+
+        step.run("ship", ship, retry=RetryPolicy(max_attempts=2, initial_delay=0))
+
+    runs.attempt(run_key, body)
+    runs.attempt(run_key, body, job_id=f"job-{run_key}-2")
+
+
+def test_c31_runs_show_lists_step_attempts_and_errors_only_on_request(
+    runs: Runs, flexiq: Callable[..., Result]
+) -> None:
+    """``runs show`` lists each step attempt (number, outcome, error type, times) and notes the failed step,
+    its undo and the compensation; messages and tracebacks appear only with ``--errors`` (C31, C32)."""
+    compensated_run(runs, "run-f")
+    out = flexiq("runs", "show", "run-f").stdout
+    assert line_of(out, "Status:") == ["Status:", "compensated"]
+    assert line_of(out, "COMMITTED AT")[-1] == "NOTE"
+    steps = {cells[1]: " ".join(cells[2:]) for cells in (ln.split() for ln in out.splitlines()) if cells[:1] != []}
+    assert steps["charge#0"].endswith("undo: compensated_run.<locals>.body.<locals>.<lambda>")
+    assert steps["ship#0"].endswith("failed for good: step_retry_exhausted (ConnectionError, 2 attempts)")
+    assert "compensating: step_retry_exhausted" in steps["compensation:start"]
+    assert "Step attempts:" in out
+    attempts = [ln.split() for ln in out.split("Step attempts:")[1].splitlines()[2:]]
+    assert [cells[:5] for cells in attempts] == [
+        ["ship#0", "1", "1", "failed", "ConnectionError"],
+        ["ship#0", "2", "2", "exhausted", "ConnectionError"],
+        ["compensate:charge#0", "1", "2", "succeeded", "-"],
+    ]
+    assert "4242" not in out
+    assert "Traceback" not in out
+
+    shown = flexiq("runs", "show", "run-f", "--errors").stdout
+    assert "carrier down for card 4242" in shown
+    assert "Traceback (most recent call last)" in shown
+
+
+def test_c31_runs_show_json_has_attempts_with_stable_keys(runs: Runs, flexiq: Callable[..., Result]) -> None:
+    """``--json`` adds ``attempts`` (documented keys) and each step's ``failure``/``compensate``; messages
+    and tracebacks only with ``--errors`` (C31, C32)."""
+    compensated_run(runs, "run-j")
+    data = json.loads(flexiq("runs", "show", "run-j", "--json").stdout)
+    assert [set(a) for a in data["attempts"]] == [ATTEMPT_KEYS] * 3
+    assert [(a["step_key"], a["number"], a["outcome"]) for a in data["attempts"]] == [
+        ("ship#0", 1, "failed"),
+        ("ship#0", 2, "exhausted"),
+        ("compensate:charge#0", 1, None),
+    ]
+    steps = {s["step_key"]: s for s in data["steps"]}
+    assert steps["charge#0"]["compensate"] == "compensated_run.<locals>.body.<locals>.<lambda>"
+    assert steps["ship#0"]["failure"] == {
+        "reason": "step_retry_exhausted",
+        "error_type": "ConnectionError",
+        "attempts": 2,
+    }
+    assert steps["compensation:start"]["failure"]["origin"] == "dead_letter"
+    assert "4242" not in json.dumps(data)
+    with_errors = json.loads(flexiq("runs", "show", "run-j", "--json", "--errors").stdout)
+    assert with_errors["attempts"][0]["message"] == "carrier down for card 4242"
+    assert "ConnectionError" in with_errors["attempts"][0]["traceback"]

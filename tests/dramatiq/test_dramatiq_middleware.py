@@ -23,6 +23,7 @@ def test_public_names() -> None:
         "DeadLettered",
         "DramatiqAdapter",
         "DurableSteps",
+        "InvalidActorOption",
         "RUN_KEY_OPTION",
         "adapter",
         "publisher",

@@ -1,8 +1,10 @@
-"""The README's demo command, run as a newcomer runs it, on every transport (issue 5, C5, C15, C26).
+"""The README's demo command, run as a newcomer runs it, on every transport (issue 5, C5, C15, C26, C31, C32).
 
 Each case runs ``python -m examples.checkout`` in a subprocess with a real
 worker process and checks the story it prints: one charge for several
-attempts, the receipt retried, the sleep survived, the run succeeded.
+attempts, the receipt retried, the sleep survived, the run succeeded. The
+``--ship-fails`` variant checks the other ending: shipping's retry budget
+runs out and the charge is refunded once.
 """
 
 from __future__ import annotations
@@ -123,6 +125,25 @@ def test_c5_demo_dramatiq_redis(tmp_path: Path, require_service) -> None:
     """The demo on Dramatiq with a real Redis broker and a worker process."""
     require_service("redis", "127.0.0.1", 6379)
     _check_story(_demo(tmp_path, "--framework", "dramatiq", "--broker", REDIS))
+
+
+def _check_compensation_story(out: str) -> None:
+    assert re.search(r"1 charge made, 1 refund; carrier tried 3 times", out), out
+    assert out.count("ship: failed (the carrier refused the parcel") == 3, out
+    assert "ship: budget spent after 3 tries" in out, out
+    assert re.search(r"refund: undoing charge ch_\w+ with idempotency key [0-9a-f-]{36}:compensate:charge#0", out), out
+    assert re.search(r"run [0-9a-f-]{36}: compensated", out), out
+    assert "OK: one charge, shipping failed for good, the charge refunded once" in out, out
+
+
+@pytest.mark.parametrize("framework", ["celery", "dramatiq"])
+def test_c32_demo_ship_fails_refunds_the_charge(tmp_path: Path, framework: str) -> None:
+    """C31/C32 on embedded defaults: shipping fails on all three tries of its budget, the run fails for good
+    and the charge's compensation refunds it once, with its own idempotency key; the run is ``compensated``."""
+    out = _demo(tmp_path, "--framework", framework, "--ship-fails")
+    _check_compensation_story(out)
+    if framework == "celery":
+        assert "get() -> raised DeadLetterReject: step_retry_exhausted" in out, out
 
 
 def test_demo_crash_refused_without_redelivering_transport(tmp_path: Path) -> None:

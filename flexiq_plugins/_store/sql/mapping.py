@@ -12,9 +12,18 @@ from typing import Any
 import sqlalchemy as sa
 
 from ...errors import StoreError
-from ..base import DeadLetterRecord, JobEnvelope, RunRecord, StepRow
+from ..base import DeadLetterRecord, JobEnvelope, RunRecord, StepAttempt, StepRow
 
-__all__ = ["dead_letter_record", "dump_envelope", "load_envelope", "run_record", "step_row", "step_values"]
+__all__ = [
+    "attempt_values",
+    "dead_letter_record",
+    "dump_envelope",
+    "load_envelope",
+    "run_record",
+    "step_attempt",
+    "step_row",
+    "step_values",
+]
 
 
 def dump_envelope(envelope: JobEnvelope) -> str:
@@ -44,6 +53,8 @@ def step_values(row: StepRow) -> dict[str, Any]:
         "wake_at": row.wake_at,
         "committed_at": row.committed_at,
         "attempt": row.attempt,
+        "failure": row.failure,
+        "compensate": row.compensate,
     }
 
 
@@ -57,6 +68,42 @@ def step_row(r: sa.Row[Any]) -> StepRow:
         wake_at=r.wake_at,
         committed_at=r.committed_at,
         attempt=r.attempt,
+        failure=r.failure,
+        compensate=r.compensate,
+    )
+
+
+def attempt_values(attempt: StepAttempt) -> dict[str, Any]:
+    """Return the column values of a step attempt."""
+    return {
+        "run_key": attempt.run_key,
+        "step_key": attempt.step_key,
+        "number": attempt.number,
+        "run_attempt": attempt.run_attempt,
+        "started_at": attempt.started_at,
+        "outcome": attempt.outcome,
+        "error_type": attempt.error_type,
+        "message": attempt.message,
+        "traceback": attempt.traceback,
+        "failed_at": attempt.failed_at,
+        "retry_at": attempt.retry_at,
+    }
+
+
+def step_attempt(r: sa.Row[Any]) -> StepAttempt:
+    """Return the :class:`StepAttempt` of a ``step_attempts`` row."""
+    return StepAttempt(
+        run_key=r.run_key,
+        step_key=r.step_key,
+        number=r.number,
+        run_attempt=r.run_attempt,
+        started_at=r.started_at,
+        outcome=r.outcome,
+        error_type=r.error_type,
+        message=r.message,
+        traceback=r.traceback,
+        failed_at=r.failed_at,
+        retry_at=r.retry_at,
     )
 
 

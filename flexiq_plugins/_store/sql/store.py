@@ -46,6 +46,7 @@ from sqlalchemy.pool import StaticPool
 from ...errors import ConfigurationError, StoreUnavailable, UnknownDeadLetter, UnknownRun
 from ..base import (
     CLEANABLE_STATUSES,
+    AttemptStarted,
     BeginResult,
     Begun,
     Claim,
@@ -54,13 +55,27 @@ from ..base import (
     NewDeadLetter,
     RunRecord,
     RunStatus,
+    StepAttempt,
+    StepAttemptBegin,
+    StepAttemptFailed,
+    StepAttemptFailure,
     StepRow,
     StepStore,
 )
 from ..claims import Granted, already_committed, claim_lost, decide_claim, fence, may_recover
+from ..step_attempts import decide_step_attempt, failed_attempt, retry_cut_position
 from .engine import READ_ONLY, bad_store_message, create_engine, normalize_url, register_fork_hook, safe_url
 from .errors import is_deadlock, translated
-from .mapping import dead_letter_record, dump_envelope, load_envelope, run_record, step_row, step_values
+from .mapping import (
+    attempt_values,
+    dead_letter_record,
+    dump_envelope,
+    load_envelope,
+    run_record,
+    step_attempt,
+    step_row,
+    step_values,
+)
 from .migrate import migrate
 from .tables import DEFAULT_TABLE_PREFIX, store_tables
 
@@ -333,9 +348,9 @@ class SqlStepStore(StepStore):
         """
         return self._write(lambda conn: self._commit_step(conn, claim, row))
 
-    def _commit_step(self, conn: Connection, claim: Claim, row: StepRow) -> StepRow:
+    def _commit_step(self, conn: Connection, claim: Claim, row: StepRow, now: float | None = None) -> StepRow:
         runs = self._t.runs
-        now = self._now(conn)
+        now = self._now(conn) if now is None else now
         self._fenced_update(
             conn,
             claim,
@@ -349,6 +364,143 @@ class SqlStepStore(StepStore):
         except sa_exc.IntegrityError as exc:
             raise already_committed(claim, row.step_key) from exc
         return stored
+
+    # ---------------------------------------------------- step attempts
+    def begin_step_attempt(self, claim: Claim, step_key: str, max_attempts: int) -> StepAttemptBegin:
+        """Journal a new attempt of ``step_key`` before its body runs, if its budget allows (C31).
+
+        One transaction, fenced on the claim: open attempts become ``lost``,
+        then :func:`~flexiq_plugins._store.step_attempts.decide_step_attempt`
+        decides on the database's clock and a started attempt is inserted.
+
+        Parameters:
+          claim(Claim): the attempt's claim.
+          step_key(str): the step.
+          max_attempts(int): the step's budget, the first attempt included.
+
+        Raises:
+          ClaimLost: another attempt holds the run (C25); nothing was written.
+          StoreUnavailable: the database cannot be reached.
+        """
+        return self._write(lambda conn: self._begin_step_attempt(conn, claim, step_key, max_attempts))
+
+    def _attempts_of(self, run_key: str, step_key: str) -> sa.ColumnElement[bool]:
+        attempts = self._t.attempts
+        return sa.and_(attempts.c.run_key == run_key, attempts.c.step_key == step_key)
+
+    def _begin_step_attempt(self, conn: Connection, claim: Claim, step_key: str, max_attempts: int) -> StepAttemptBegin:
+        attempts = self._t.attempts
+        now = self._now(conn)
+        self._fenced_update(conn, claim, updated_at=now)
+        mine = self._attempts_of(claim.run_key, step_key)
+        conn.execute(sa.update(attempts).where(mine, attempts.c.outcome.is_(None)).values(outcome="lost"))
+        rows = conn.execute(sa.select(attempts).where(mine).order_by(attempts.c.number))
+        decision = decide_step_attempt([step_attempt(r) for r in rows], now=now, max_attempts=max_attempts)
+        if isinstance(decision, AttemptStarted):
+            started = StepAttempt(claim.run_key, step_key, decision.number, claim.attempt, now)
+            conn.execute(sa.insert(attempts).values(**attempt_values(started)))
+        return decision
+
+    def fail_step_attempt(
+        self, claim: Claim, failure: StepAttemptFailure, *, row: StepRow | None = None
+    ) -> StepAttemptFailed:
+        """Record a failed step attempt and, for a step failed for good, commit its step row (C31).
+
+        One transaction, fenced on the claim; ``failed_at`` and ``retry_at``
+        are on the database's clock.
+
+        Parameters:
+          claim(Claim): the attempt's claim.
+          failure(StepAttemptFailure): the attempt and its error.
+          row(StepRow | None): the step row to commit with it.
+
+        Raises:
+          ClaimLost: another attempt holds the run, or ``row``'s key is already
+            committed (C25); nothing was written.
+          StoreUnavailable: the database cannot be reached.
+        """
+        return self._write(lambda conn: self._fail_step_attempt(conn, claim, failure, row))
+
+    def _fail_step_attempt(
+        self, conn: Connection, claim: Claim, failure: StepAttemptFailure, row: StepRow | None
+    ) -> StepAttemptFailed:
+        attempts = self._t.attempts
+        now = self._now(conn)
+        stored = self._commit_step(conn, claim, row, now) if row is not None else None
+        if row is None:
+            self._fenced_update(conn, claim, updated_at=now)
+        mine = self._attempts_of(claim.run_key, failure.step_key)
+        number = failure.number
+        if number is None:
+            last = sa.select(sa.func.coalesce(sa.func.max(attempts.c.number), 0)).where(mine)
+            number = int(conn.execute(last).scalar_one()) + 1
+        existing = conn.execute(sa.select(attempts).where(mine, attempts.c.number == number)).first()
+        journaled = step_attempt(existing) if existing is not None else None
+        attempt = failed_attempt(
+            journaled or StepAttempt(claim.run_key, failure.step_key, number, claim.attempt, now), failure, now
+        )
+        if journaled is None:
+            conn.execute(sa.insert(attempts).values(**attempt_values(attempt)))
+        else:
+            conn.execute(sa.update(attempts).where(mine, attempts.c.number == number).values(**attempt_values(attempt)))
+        return StepAttemptFailed(attempt, stored)
+
+    def get_step_attempts(self, run_key: str) -> list[StepAttempt]:
+        """Return the run's step attempts, ordered by ``started_at``, step key and number (C31).
+
+        Raises:
+          StoreUnavailable: the database cannot be reached.
+        """
+        attempts = self._t.attempts
+        query = (
+            sa.select(attempts)
+            .where(attempts.c.run_key == run_key)
+            .order_by(attempts.c.started_at, attempts.c.step_key, attempts.c.number)
+        )
+        return [step_attempt(r) for r in self._read(lambda conn: conn.execute(query).all())]
+
+    def start_compensation(self, run_key: str, marker: StepRow, *, status: str, attempt: int) -> bool:
+        """Turn a run that is not running into one that compensates at its next delivery (C32).
+
+        One transaction: a compare-and-set on ``status``, ``attempt`` and an
+        unheld claim; then ``marker`` is inserted after the last step and the
+        run becomes ``pending``.
+
+        Parameters:
+          run_key(str): the run.
+          marker(StepRow): the ``compensation`` row; its position is chosen here.
+          status(str): the status the run must have.
+          attempt(int): the attempt number the run must be at.
+
+        Returns:
+          bool: whether it applied.
+
+        Raises:
+          StoreUnavailable: the database cannot be reached.
+        """
+        return self._write(lambda conn: self._start_compensation(conn, run_key, marker, status, attempt))
+
+    def _start_compensation(self, conn: Connection, run_key: str, marker: StepRow, status: str, attempt: int) -> bool:
+        runs, steps = self._t.runs, self._t.steps
+        now = self._now(conn)
+        held = (runs.c.run_key == run_key, runs.c.status == status, runs.c.attempt == attempt, runs.c.owner.is_(None))
+        changed = conn.execute(
+            sa.update(runs)
+            .where(*held)
+            .values(
+                status="pending",
+                step_count=runs.c.step_count + 1,
+                step_bytes=runs.c.step_bytes + marker.size,
+                updated_at=now,
+            )
+        )
+        if changed.rowcount != 1:
+            return False
+        last = sa.select(sa.func.coalesce(sa.func.max(steps.c.position), -1)).where(steps.c.run_key == run_key)
+        position = int(conn.execute(last).scalar_one()) + 1
+        stored = dataclasses.replace(marker, position=position, committed_at=now, attempt=attempt)
+        conn.execute(sa.insert(steps).values(run_key=run_key, **step_values(stored)))
+        return True
 
     def finish(
         self,
@@ -366,8 +518,8 @@ class SqlStepStore(StepStore):
         Parameters:
           claim(Claim): the attempt's claim.
           status(str): ``sleeping``, ``retrying``, ``succeeded``, ``failed``,
-            ``dead`` or ``cancelled``.
-          drop_steps(bool): delete the run's step rows (C27).
+            ``dead``, ``cancelled`` or ``compensated``.
+          drop_steps(bool): delete the run's step rows and step attempts (C27).
           dead_letter(NewDeadLetter | None): record a dead letter carrying the
             run's envelope (C30).
           wake_at(float | None): the run's wake time when ``sleeping``, epoch seconds (C35).
@@ -390,8 +542,9 @@ class SqlStepStore(StepStore):
                 values.update(step_count=0, step_bytes=0)
             self._fenced_update(conn, claim, **values)
             if drop_steps:
-                steps = self._t.steps
+                steps, attempts = self._t.steps, self._t.attempts
                 conn.execute(sa.delete(steps).where(steps.c.run_key == claim.run_key))
+                conn.execute(sa.delete(attempts).where(attempts.c.run_key == claim.run_key))
             if dead_letter is not None:
                 self._add_dead_letter(conn, claim.run_key, dead_letter, now)
 
@@ -539,7 +692,9 @@ class SqlStepStore(StepStore):
 
         One transaction: the run becomes ``pending`` with its claim and
         takeovers cleared; with ``reset_from`` that step and every later one
-        are deleted; the dead letter's ``retried_at`` is set.
+        are deleted, without it the last step that failed for good and every
+        later one (C31), each with its step attempts; the dead letter's
+        ``retried_at`` is set.
 
         Parameters:
           dead_letter_id(int): the dead letter.
@@ -556,19 +711,12 @@ class SqlStepStore(StepStore):
         return self._write(lambda conn: self._prepare_retry(conn, dead_letter_id, reset_from))
 
     def _prepare_retry(self, conn: Connection, dead_letter_id: int, reset_from: str | None) -> DeadLetterRecord:
-        runs, steps, dead_t = self._t.runs, self._t.steps, self._t.dead
+        runs, dead_t = self._t.runs, self._t.dead
         dead = self._dead_letter(conn, dead_letter_id)
         key = dead.run_key
         if conn.execute(sa.select(runs.c.run_key).where(runs.c.run_key == key).with_for_update()).first() is None:
             raise UnknownRun(f"no run has the run key {key!r}")
-        size = sa.func.coalesce(sa.func.length(steps.c.value), 0)
-        kept = conn.execute(
-            sa.select(steps.c.position, steps.c.step_key, size).where(steps.c.run_key == key).order_by(steps.c.position)
-        ).all()
-        if reset_from is not None:
-            cut = _reset_position([(r[0], r[1]) for r in kept], reset_from, key)
-            conn.execute(sa.delete(steps).where(steps.c.run_key == key, steps.c.position >= cut))
-            kept = [r for r in kept if r[0] < cut]
+        kept = self._cut_steps(conn, key, reset_from)
         now = self._now(conn)
         conn.execute(
             sa.update(runs)
@@ -579,12 +727,27 @@ class SqlStepStore(StepStore):
                 lease_until=None,
                 takeovers=0,
                 step_count=len(kept),
-                step_bytes=sum(int(r[2]) for r in kept),
+                step_bytes=sum(int(r.size) for r in kept),
                 updated_at=now,
             )
         )
         conn.execute(sa.update(dead_t).where(dead_t.c.id == dead_letter_id).values(retried_at=now))
         return dataclasses.replace(dead, retried_at=now)
+
+    def _cut_steps(self, conn: Connection, run_key: str, reset_from: str | None) -> list[Any]:
+        """Delete the steps (and their attempts) a retry runs again; return the kept rows with their sizes."""
+        steps, attempts = self._t.steps, self._t.attempts
+        size = sa.func.coalesce(sa.func.length(steps.c.value), 0).label("size")
+        columns = (steps.c.position, steps.c.step_key, steps.c.kind, steps.c.failure, size)
+        rows = conn.execute(sa.select(*columns).where(steps.c.run_key == run_key).order_by(steps.c.position)).all()
+        cut = retry_cut_position(rows, reset_from, run_key)
+        if cut is None:
+            return list(rows)
+        dropped = [r.step_key for r in rows if r.position >= cut]
+        conn.execute(sa.delete(steps).where(steps.c.run_key == run_key, steps.c.position >= cut))
+        if dropped:
+            conn.execute(sa.delete(attempts).where(attempts.c.run_key == run_key, attempts.c.step_key.in_(dropped)))
+        return [r for r in rows if r.position < cut]
 
     def purge_dead_letters(self, ids: Sequence[int] | None = None) -> int:
         """Delete the given dead letters, all when ``ids`` is ``None`` (C30).
@@ -636,7 +799,7 @@ class SqlStepStore(StepStore):
         return self._write(work)
 
     def cleanup(self, *, older_than: float) -> int:
-        """Delete succeeded, failed and cancelled runs (and their steps) updated before ``older_than``.
+        """Delete succeeded, failed, cancelled and compensated runs (and their steps) updated before ``older_than``.
 
         Dead-lettered runs are kept so a retry can replay them (C27).
 
@@ -649,19 +812,12 @@ class SqlStepStore(StepStore):
         Raises:
           StoreUnavailable: the database cannot be reached.
         """
-        runs, steps = self._t.runs, self._t.steps
+        runs, steps, attempts = self._t.runs, self._t.steps, self._t.attempts
         doomed = sa.and_(runs.c.status.in_(sorted(CLEANABLE_STATUSES)), runs.c.updated_at < older_than)
 
         def work(conn: Connection) -> int:
-            conn.execute(sa.delete(steps).where(steps.c.run_key.in_(sa.select(runs.c.run_key).where(doomed))))
+            for table in (steps, attempts):
+                conn.execute(sa.delete(table).where(table.c.run_key.in_(sa.select(runs.c.run_key).where(doomed))))
             return conn.execute(sa.delete(runs).where(doomed)).rowcount
 
         return self._write(work)
-
-
-def _reset_position(steps: Sequence[tuple[int, str]], reset_from: str, run_key: str) -> int:
-    for position, step_key in steps:
-        if step_key == reset_from:
-            return position
-    keys = ", ".join(step_key for _, step_key in steps) or "(none)"
-    raise UnknownRun(f"run {run_key!r} has no step {reset_from!r}; its steps are: {keys}")

@@ -1,4 +1,4 @@
-"""The SQL store's three tables, as SQLAlchemy Core ``Table`` objects.
+"""The SQL store's four tables, as SQLAlchemy Core ``Table`` objects.
 
 The schema is created and changed only by the Alembic migrations shipped in
 ``flexiq_plugins/_store/migrations``; the queries are built on these objects.
@@ -35,19 +35,21 @@ _MYSQL: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class StoreTables:
-    """The three tables of one ``table_prefix``, as Core ``Table`` objects.
+    """The four tables of one ``table_prefix``, as Core ``Table`` objects.
 
     Parameters:
-      metadata(MetaData): the metadata holding exactly these three tables.
+      metadata(MetaData): the metadata holding exactly these four tables.
       runs(Table): ``<prefix>runs``, one row per run key.
       steps(Table): ``<prefix>steps``, the committed steps.
       dead(Table): ``<prefix>dead_letters``.
+      attempts(Table): ``<prefix>step_attempts``, the journaled and failed step attempts (C31).
     """
 
     metadata: sa.MetaData
     runs: sa.Table
     steps: sa.Table
     dead: sa.Table
+    attempts: sa.Table
 
 
 def _time() -> sa.Double[float]:
@@ -63,13 +65,19 @@ def _text() -> sa.types.TypeEngine[str]:
 
 
 def store_tables(prefix: str) -> StoreTables:
-    """Return the tables named ``<prefix>runs``, ``<prefix>steps`` and ``<prefix>dead_letters``.
+    """Return the tables ``<prefix>runs``, ``<prefix>steps``, ``<prefix>dead_letters`` and ``<prefix>step_attempts``.
 
     Parameters:
       prefix(str): the store's table prefix (``flexiq_`` by default).
     """
     metadata = sa.MetaData()
-    return StoreTables(metadata, _runs(metadata, prefix), _steps(metadata, prefix), _dead_letters(metadata, prefix))
+    return StoreTables(
+        metadata,
+        _runs(metadata, prefix),
+        _steps(metadata, prefix),
+        _dead_letters(metadata, prefix),
+        _step_attempts(metadata, prefix),
+    )
 
 
 def _runs(metadata: sa.MetaData, p: str) -> sa.Table:
@@ -112,6 +120,8 @@ def _steps(metadata: sa.MetaData, p: str) -> sa.Table:
         sa.Column("wake_at", _time(), nullable=True),
         sa.Column("committed_at", _time(), nullable=False),
         sa.Column("attempt", sa.Integer, nullable=False),
+        sa.Column("failure", _text(), nullable=True),
+        sa.Column("compensate", sa.String(255), nullable=True),
         sa.PrimaryKeyConstraint("run_key", "step_key", name=f"pk_{p}steps"),
         sa.Index(f"ix_{p}steps_run_position", "run_key", "position"),
         **_MYSQL,
@@ -135,5 +145,25 @@ def _dead_letters(metadata: sa.MetaData, p: str) -> sa.Table:
         sa.Index(f"ix_{p}dead_letters_run_key", "run_key"),
         sa.Index(f"ix_{p}dead_letters_task_name", "task_name"),
         sqlite_autoincrement=True,  # ids are never reused after a purge
+        **_MYSQL,
+    )
+
+
+def _step_attempts(metadata: sa.MetaData, p: str) -> sa.Table:
+    return sa.Table(
+        f"{p}step_attempts",
+        metadata,
+        sa.Column("run_key", sa.String(255), nullable=False),
+        sa.Column("step_key", sa.String(400), nullable=False),
+        sa.Column("number", sa.Integer, nullable=False),
+        sa.Column("run_attempt", sa.Integer, nullable=False),
+        sa.Column("started_at", _time(), nullable=False),
+        sa.Column("outcome", sa.String(16), nullable=True),
+        sa.Column("error_type", sa.String(255), nullable=True),
+        sa.Column("message", _text(), nullable=True),
+        sa.Column("traceback", _text(), nullable=True),
+        sa.Column("failed_at", _time(), nullable=True),
+        sa.Column("retry_at", _time(), nullable=True),
+        sa.PrimaryKeyConstraint("run_key", "step_key", "number", name=f"pk_{p}step_attempts"),
         **_MYSQL,
     )
