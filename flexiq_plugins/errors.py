@@ -9,7 +9,9 @@ into a retry or, worse, a success (C20). Everything else is an ordinary
     BaseException
     └── StepSignal                      control flow, never an error (C20)
         ├── SleepSignal                 the attempt ends; the job comes back later
-        │   └── StepRetrySignal         a failed step with budget left comes back after its backoff (C31)
+        │   ├── StepRetrySignal         a failed step with budget left comes back after its backoff (C31)
+        │   └── EventWaitSignal         ``step.wait_for_event`` waits for its event (C33)
+        ├── RunCancelled                the run is cancelled: on request or over a cap (C34)
         ├── ReplayStopped               a compensation replay reached a step that never ran (C32)
         └── StepDivergence              recorded and running step sequences differ (C12)
     Exception
@@ -26,6 +28,7 @@ into a retry or, worse, a success (C20). Everything else is an ordinary
         │   ├── ConcurrentStep                            C8
         │   ├── SwallowedStepSignal                       C21
         │   └── InvalidStepOption (TypeError)             a bad ``retry=`` / ``compensate=`` (C31, C32)
+        ├── InvalidEvent (ValueError)         an event topic, key or payload that cannot be sent (C33)
         ├── StepLimitExceeded                 a size cap refused a commit (C22)
         ├── CodecError                        a value cannot be encoded / decoded (C7)
         │   ├── EncodeError
@@ -38,6 +41,7 @@ into a retry or, worse, a success (C20). Everything else is an ordinary
         ├── StoreError                        anything the step store reports
         │   ├── StoreUnavailable              connection lost, timeout: retryable (C28)
         │   ├── ClaimLost                     another attempt holds the run (C25)
+        │   ├── CancelRequested               a notice from the store: the run's cancellation was requested (C34)
         │   └── UnknownRun / UnknownDeadLetter (LookupError)
         └── OperationError                    an operator action failed (``flexiq`` exits 1)
             ├── NoPublisher                   no integration to re-publish a framework's jobs
@@ -56,12 +60,14 @@ compensations (:func:`compensates`, C31, C32).
 from __future__ import annotations
 
 import enum
+import math
 from datetime import datetime
 
 __all__ = [
     "ClaimLost",
     "CodecError",
     "CompensationFailed",
+    "CancelRequested",
     "ConcurrentStep",
     "AlreadyRetried",
     "ConfigurationError",
@@ -70,8 +76,10 @@ __all__ = [
     "Disposition",
     "DuplicateStepKey",
     "EncodeError",
+    "EventWaitSignal",
     "FlexiqError",
     "InvalidDuration",
+    "InvalidEvent",
     "InvalidRunKey",
     "InvalidStepKey",
     "InvalidStepName",
@@ -83,6 +91,7 @@ __all__ = [
     "OperationError",
     "PublishFailed",
     "ReplayStopped",
+    "RunCancelled",
     "RunCompensated",
     "SleepSignal",
     "StepDivergence",
@@ -127,11 +136,14 @@ class SleepSignal(StepSignal):
     def __init__(self, step_key: str, wake_at: float) -> None:
         self.step_key = step_key
         self.wake_at = wake_at
-        try:
-            when = datetime.fromtimestamp(wake_at).astimezone().isoformat(timespec="seconds")
-        except (OverflowError, OSError, ValueError):  # beyond what datetime can show, e.g. timedelta.max
-            when = f"{wake_at:.0f} seconds since the epoch"
-        super().__init__(f"step {step_key!r} sleeps until {when}")
+        super().__init__(f"step {step_key!r} sleeps until {_moment(wake_at)}")
+
+
+def _moment(t: float) -> str:
+    try:
+        return datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
+    except (OverflowError, OSError, ValueError):  # beyond what datetime can show, e.g. timedelta.max
+        return f"{t:.0f} seconds since the epoch"
 
 
 class StepRetrySignal(SleepSignal):
@@ -145,6 +157,45 @@ class StepRetrySignal(SleepSignal):
       step_key(str): the failed step's key, such as ``"ship#0"``.
       wake_at(float): when its next attempt is due, epoch seconds, store clock.
     """
+
+
+class EventWaitSignal(SleepSignal):
+    """``step.wait_for_event`` found no event yet: the attempt ends until one is sent or the deadline (C33).
+
+    A :class:`SleepSignal`, so everything that lets a sleep end an attempt
+    lets a wait end one too; the run is then ``waiting`` for ``(topic, key)``.
+
+    Parameters:
+      step_key(str): the wait's step key, such as ``"payment#0"``.
+      deadline(float | None): when the wait times out, epoch seconds, store
+        clock; ``None`` waits without a timeout.
+      topic(str): the event's topic.
+      key(str): the event's key.
+    """
+
+    def __init__(self, step_key: str, deadline: float | None, topic: str, key: str) -> None:
+        super().__init__(step_key, math.inf if deadline is None else deadline)
+        self.deadline = deadline
+        self.topic = topic
+        self.key = key
+        until = "" if deadline is None else f" at most until {_moment(deadline)}"
+        self.args = (f"step {step_key!r} waits for the event ({topic!r}, {key!r}){until}",)
+
+
+class RunCancelled(StepSignal):
+    """The run is cancelled: an operator asked for it, or it went over a cap of its task (C34).
+
+    Raised at a step boundary, never caught by a task's ``except Exception``
+    (like a sleep): the body unwinds, the compensations of its committed steps
+    run, and the run ends ``cancelled`` with ``reason``.
+
+    Parameters:
+      reason(str): why, as ``flexiq runs list`` shows it.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the run is cancelled: {reason}")
+        self.reason = reason
 
 
 class ReplayStopped(StepSignal):
@@ -220,6 +271,14 @@ class SwallowedStepSignal(StepUsageError):
 
 class InvalidStepOption(StepUsageError, TypeError):
     """A ``retry=`` or ``compensate=`` argument of ``step.run`` that is not one of the accepted forms (C31, C32)."""
+
+
+class InvalidEvent(FlexiqError, ValueError):
+    """An event that cannot be sent: a bad topic or key, a payload that is not JSON or too big (C33).
+
+    Raised by ``send_event`` (and ``step.wait_for_event`` for its topic and
+    key) before anything is stored; the message names the value and what is accepted.
+    """
 
 
 class StepLimitExceeded(FlexiqError):
@@ -321,6 +380,26 @@ class ClaimLost(StoreError):
     """The attempt's claim on its run was taken over; its writes are refused (C25)."""
 
 
+class CancelRequested(StoreError):
+    """A notice from the store: the run's cancellation was requested while an attempt holds it (C34).
+
+    Raised by a fenced write at a step boundary (``commit_step``,
+    ``poll_event``) *after* its transaction: a step
+    row it was given is committed all the same and travels in :attr:`row`,
+    so the attempt can undo it. The attempt turns it into
+    :class:`RunCancelled`; it never reaches a task body.
+
+    Parameters:
+      reason(str): the reason the cancellation was requested with.
+      row(StepRow | None): the step row the write committed, if any.
+    """
+
+    def __init__(self, reason: str, row: object = None) -> None:
+        super().__init__(f"the run's cancellation was requested: {reason}")
+        self.reason = reason
+        self.row = row
+
+
 class UnknownRun(StoreError, LookupError):
     """No run has the given run key."""
 
@@ -367,6 +446,8 @@ class Disposition(enum.Enum):
     """The claim was lost: the outcome is dropped (C25)."""
     SLEEP = "sleep"
     """Not a failure: the job comes back at its wake time (C15, C16)."""
+    CANCEL = "cancel"
+    """The run is cancelled (C34): its compensations run, it ends ``cancelled``; never retried."""
 
 
 _DEAD_LETTER_TYPES: tuple[type[BaseException], ...] = (
@@ -405,12 +486,12 @@ def final_reason(exc: BaseException) -> str | None:
 def compensates(exc: BaseException) -> bool:
     """Whether ``exc``, uncaught, fails the run for good in a way that runs its compensations (C32).
 
-    True for an exhausted step budget, a :class:`NonRetryableError` and an
-    error marked final; false for the dead letters that point at a defect
-    (divergence, usage errors, caps), which an operator fixes and retries
-    without undoing anything.
+    True for an exhausted step budget, a :class:`NonRetryableError`, an
+    error marked final and a cancellation (C34); false for the dead letters
+    that point at a defect (divergence, usage errors, caps), which an
+    operator fixes and retries without undoing anything.
     """
-    return isinstance(exc, (StepRetryExhausted, NonRetryableError)) or final_reason(exc) is not None
+    return isinstance(exc, (StepRetryExhausted, NonRetryableError, RunCancelled)) or final_reason(exc) is not None
 
 
 def classify(exc: BaseException) -> Disposition:
@@ -421,6 +502,8 @@ def classify(exc: BaseException) -> Disposition:
     """
     if isinstance(exc, SleepSignal):
         return Disposition.SLEEP
+    if isinstance(exc, RunCancelled):
+        return Disposition.CANCEL
     if isinstance(exc, ClaimLost):
         return Disposition.DROP
     if isinstance(exc, StoreUnavailable):
@@ -445,6 +528,7 @@ def reason_of(exc: BaseException) -> str:
         (StepRetryExhausted, "step_retry_exhausted"),
         (NonRetryableError, "non_retryable"),
         (CompensationFailed, "compensation_failed"),
+        (RunCancelled, "cancelled"),
         (InvalidStepName, "invalid_step_name"),
         (InvalidStepKey, "invalid_step_key"),
         (InvalidStepOption, "invalid_step_option"),

@@ -29,7 +29,7 @@ from flexiq_plugins._store.base import (
     StepRow,
     StepStore,
 )
-from flexiq_plugins.errors import ClaimLost, StoreError, UnknownDeadLetter, UnknownRun
+from flexiq_plugins.errors import CancelRequested, ClaimLost, StoreError, UnknownDeadLetter, UnknownRun
 
 ENVELOPE = JobEnvelope(
     task_name="shop.checkout",
@@ -705,3 +705,180 @@ def test_c35_mark_recovered_skips_a_running_run_with_a_live_lease(store: StepSto
     wait_past(store, claim.lease_until)
     assert store.mark_recovered(lost, status="running", updated_at=seen.updated_at) is True
     assert store.get_run(lost).owner == "worker-1"  # the claim is left for the next begin to take over
+
+
+# ----------------------------------------------------------- events (C33)
+def event_row(position: int, wait_key: str, event_id: int) -> StepRow:
+    return StepRow(position=position, step_key=f"event:{wait_key}", kind="event", value=b"v", event_id=event_id)
+
+
+def test_c33_a_run_receives_events_sent_after_it_was_created_oldest_first(store: StepStore) -> None:
+    """``next_event``: an event sent to every run is receivable by runs created at or before it, the oldest first;
+    one sent before the run existed is not (C33)."""
+    early = store.add_event("payment", "o-1", b"early").event
+    key = new_key()
+    claim_run(store, key)
+    tick(store)
+    first = store.add_event("payment", "o-1", b"one").event
+    second = store.add_event("payment", "o-1", b"two").event
+    store.add_event("payment", "o-2", b"other key")
+    store.add_event("refund", "o-1", b"other topic")
+    assert second.id > first.id > early.id
+    found = store.next_event(key, "payment", "o-1")
+    assert found is not None
+    assert (found.id, found.payload, found.run_key) == (first.id, b"one", None)
+    assert store.next_event(new_key(), "payment", "o-1") is None  # an unknown run receives nothing
+
+
+def test_c33_an_event_sent_to_a_run_by_its_key_is_received_even_before_the_run_exists(store: StepStore) -> None:
+    """An event with a ``run_key`` is receivable by that run only, whenever the run was created (C33)."""
+    key = new_key()
+    sent = store.add_event("approval", "doc-9", b"yes", run_key=key).event
+    claim_run(store, key)
+    other = new_key()
+    claim_run(store, other)
+    found = store.next_event(key, "approval", "doc-9")
+    assert found is not None and (found.id, found.run_key) == (sent.id, key)
+    assert store.next_event(other, "approval", "doc-9") is None
+
+
+def test_c33_an_event_is_received_at_most_once_per_run(store: StepStore) -> None:
+    """An ``event`` row committed with an event's id consumes it for that run, not for another run (C33)."""
+    key, other = new_key(), new_key()
+    claim = claim_run(store, key).claim
+    claim_run(store, other)
+    tick(store)
+    first = store.add_event("payment", "o-1", b"one").event
+    second = store.add_event("payment", "o-1", b"two").event
+    store.commit_step(claim, event_row(0, "payment#0", first.id))
+    assert store.get_steps(key)[0].event_id == first.id
+    assert store.next_event(key, "payment", "o-1") == second
+    assert store.next_event(other, "payment", "o-1") == first
+
+
+def test_c33_poll_event_records_the_wait_and_clears_it_once_an_event_or_the_deadline_is_there(
+    store: StepStore,
+) -> None:
+    """``poll_event`` (fenced) leaves the run's wait fields set while nothing came, clears them on an event or a
+    timeout, and ``add_event`` lists the run among its waiters while they are set (C33)."""
+    key = new_key()
+    claim = claim_run(store, key).claim
+    nothing = store.poll_event(claim, "payment", "o-1", None)
+    assert (nothing.event, nothing.timed_out) == (None, False)
+    run = store.get_run(key)
+    assert (run.wait_topic, run.wait_key) == ("payment", "o-1")
+    store.finish(claim, "waiting", wake_at=None)
+    sent = store.add_event("payment", "o-1", b"paid")
+    assert [r.run_key for r in sent.waiters] == [key]
+    assert sent.waiters[0].status == "waiting"
+    assert store.add_event("payment", "o-2", b"other").waiters == ()
+    claim = claim_run(store, key).claim
+    got = store.poll_event(claim, "payment", "o-1", None)
+    assert got.event == sent.event
+    assert (store.get_run(key).wait_topic, store.get_run(key).wait_key) == (None, None)
+    assert store.add_event("payment", "o-1", b"again").waiters == ()
+
+
+def test_c33_poll_event_times_out_at_the_deadline_and_is_fenced(store: StepStore) -> None:
+    """With no event and the deadline passed the poll says ``timed_out``; a lost claim cannot poll (C25, C33)."""
+    key = new_key()
+    claim = claim_run(store, key).claim
+    now = store.now()
+    assert store.poll_event(claim, "payment", "o-1", now + 60).timed_out is False
+    timed_out = store.poll_event(claim, "payment", "o-1", now - 1)
+    assert (timed_out.event, timed_out.timed_out) == (None, True)
+    assert store.get_run(key).wait_topic is None
+    stale = Claim(key, "someone-else", claim.attempt, claim.lease_until)
+    with pytest.raises(ClaimLost):
+        store.poll_event(stale, "payment", "o-1", None)
+
+
+def test_c33_add_event_wakes_only_runs_that_can_receive_the_event(store: StepStore) -> None:
+    """Waiters: runs waiting (or running) on the topic and key, created before the event, or the addressed run (C33)."""
+    waiting, running, addressed = new_key(), new_key(), new_key()
+    for key in (waiting, running, addressed):
+        claim = claim_run(store, key).claim
+        store.poll_event(claim, "payment", "o-1", None)
+        if key != running:
+            store.finish(claim, "waiting")
+    tick(store)
+    everyone = store.add_event("payment", "o-1", b"x")
+    assert sorted(r.run_key for r in everyone.waiters) == sorted([waiting, running, addressed])
+    assert {r.status for r in everyone.waiters} == {"waiting", "running"}
+    only = store.add_event("payment", "o-1", b"y", run_key=addressed)
+    assert [r.run_key for r in only.waiters] == [addressed]
+    late = new_key()
+    claim_run(store, late)  # created after the events: waits on nothing yet
+    assert late not in {r.run_key for r in store.add_event("payment", "o-2", b"z").waiters}
+
+
+def test_c33_cleanup_events_drops_events_sent_before_the_cutoff(store: StepStore) -> None:
+    """``cleanup_events`` deletes events older than the cutoff; later ones stay and stay receivable (C33)."""
+    key = new_key()
+    claim_run(store, key)
+    tick(store)
+    old = store.add_event("payment", "o-1", b"old").event
+    cutoff = tick(store)
+    new = store.add_event("payment", "o-1", b"new").event
+    assert store.cleanup_events(older_than=cutoff) == 1
+    assert store.next_event(key, "payment", "o-1") == new
+    assert old.id < new.id
+    assert store.cleanup_events(older_than=cutoff) == 0
+
+
+# ----------------------------------------------------- cancellation (C34)
+def test_c34_a_commit_reports_a_requested_cancellation_with_the_committed_row(store: StepStore) -> None:
+    """After ``request_cancel``, ``commit_step`` still commits the row and raises ``CancelRequested`` carrying it,
+    and the next ``begin`` hands the request to the attempt (C34)."""
+    key = new_key()
+    claim = claim_run(store, key).claim
+    store.commit_step(claim, run_row(0, "charge#0"))
+    requested = store.request_cancel(key, "customer asked")
+    assert (requested.status, requested.cancel_reason) == ("running", "customer asked")
+    with pytest.raises(CancelRequested) as raised:
+        store.commit_step(claim, run_row(1, "ship#0"))
+    assert raised.value.reason == "customer asked"
+    assert isinstance(raised.value.row, StepRow) and raised.value.row.step_key == "ship#0"
+    assert [r.step_key for r in store.get_steps(key)] == ["charge#0", "ship#0"]
+    with pytest.raises(CancelRequested):
+        store.poll_event(claim, "payment", "o-1", None)
+    assert store.get_run(key).wait_topic is None  # a cancelled poll records nothing
+    store.finish(claim, "sleeping", wake_at=store.now() + 60)
+    begun = claim_run(store, key)
+    assert begun.cancel_reason == "customer asked"
+    assert begun.created_at == store.get_run(key).created_at
+
+
+def test_c34_request_cancel_keeps_the_first_reason_and_leaves_finished_runs_alone(store: StepStore) -> None:
+    """``request_cancel`` keeps the first reason; a terminal run is returned unchanged; an unknown one raises (C34)."""
+    key = terminal_run(store, "sleeping")
+    assert store.request_cancel(key, "first").cancel_reason == "first"
+    assert store.request_cancel(key, "second").cancel_reason == "first"
+    done = terminal_run(store, "succeeded")
+    assert store.request_cancel(done, "too late").cancel_reason is None
+    assert store.get_run(done).status == "succeeded"
+    with pytest.raises(UnknownRun):
+        store.request_cancel(new_key(), "nobody")
+
+
+def test_c34_settle_cancelled_is_a_compare_and_set_on_an_unheld_run(store: StepStore) -> None:
+    """``settle_cancelled`` ends an unheld run ``cancelled`` (claim and wake time cleared) only at the status and
+    attempt read; a live claim or a newer attempt wins; a later ``begin`` finds a finished run (C26, C34)."""
+    key = new_key()
+    claim = claim_run(store, key).claim
+    store.finish(claim, "sleeping", wake_at=store.now() + 60)
+    assert store.settle_cancelled(key, status="waiting", attempt=1) is False
+    assert store.settle_cancelled(key, status="sleeping", attempt=2) is False
+    assert store.settle_cancelled(key, status="sleeping", attempt=1) is True
+    run = store.get_run(key)
+    assert (run.status, run.owner, run.wake_at) == ("cancelled", None, None)
+    assert isinstance(store.begin(key, "job-2", ENVELOPE, "worker-2", 30.0), Finished)
+    live = new_key()
+    claim_run(store, live)
+    assert store.settle_cancelled(live, status="running", attempt=1) is False
+    lost = new_key()
+    dead = claim_run(store, lost, lease=SHORT_LEASE).claim
+    wait_past(store, dead.lease_until)
+    assert store.settle_cancelled(lost, status="running", attempt=1) is True
+    with pytest.raises(ClaimLost):
+        store.commit_step(dead, run_row(0, "late#0"))  # the dead worker's writes are fenced out

@@ -1,9 +1,10 @@
 """The narrow interface between the attempt driver and durable storage.
 
-A store keeps four things: *runs* (one row per run key: status, the claim and
+A store keeps five things: *runs* (one row per run key: status, the claim and
 the job envelope), *step rows* (the committed steps of a run), *step
 attempts* (each attempt of a step with a retry budget, journaled before its
-body runs, and each failed step attempt, C31) and *dead letters*. Every
+body runs, and each failed step attempt, C31), *dead letters* and *events*
+(sent for runs that wait for them, C33). Every
 method states its atomicity and its fencing; both
 implementations (:class:`~flexiq_plugins.MemoryStepStore`,
 :class:`~flexiq_plugins.SqlStepStore`) pass one contract test suite.
@@ -31,11 +32,14 @@ __all__ = [
     "Busy",
     "Claim",
     "DeadLetterRecord",
+    "EventPoll",
+    "EventRecord",
     "Finished",
     "JobEnvelope",
     "NewDeadLetter",
     "RunRecord",
     "RunStatus",
+    "SentEvent",
     "StepAttempt",
     "StepAttemptBegin",
     "StepAttemptFailed",
@@ -47,10 +51,21 @@ __all__ = [
 ]
 
 RunStatus = Literal[
-    "pending", "running", "sleeping", "retrying", "succeeded", "failed", "dead", "cancelled", "compensated"
+    "pending",
+    "running",
+    "sleeping",
+    "waiting",
+    "retrying",
+    "succeeded",
+    "failed",
+    "dead",
+    "cancelled",
+    "compensated",
 ]
 """The states of a run. ``succeeded``, ``failed``, ``dead``, ``cancelled`` and ``compensated`` are terminal.
 
+``waiting``: the run waits for an event (C33); ``cancelled``: it was
+cancelled on request or over a cap of its task, its compensations run (C34);
 ``compensated``: the run failed for good and the compensations of its
 committed steps all ran (C32).
 """
@@ -59,9 +74,11 @@ TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "dead", "c
 CLEANABLE_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "compensated"})
 """Terminal states that :meth:`StepStore.cleanup` may drop; ``dead`` runs stay until purged (C27)."""
 
-StepKind = Literal["run", "sleep", "compensation"]
-"""``run`` (``step.run``, and each undo ``compensate:<step key>``), ``sleep``, and
-``compensation``: the row that records why a run is being compensated (C32)."""
+StepKind = Literal["run", "sleep", "compensation", "wait", "event"]
+"""``run`` (``step.run``, and each undo ``compensate:<step key>``), ``sleep``,
+``compensation``: the row that records why a run is being compensated (C32),
+``wait``: the start of ``step.wait_for_event`` (its deadline), and ``event``:
+what the wait received, ``event:<wait step key>`` (C33)."""
 
 StepAttemptOutcome = Literal["lost", "failed", "exhausted", "non_retryable"]
 """How a step attempt ended (C31): its worker or claim was lost; it failed and
@@ -149,6 +166,8 @@ class StepRow:
         ``compensation`` row, the failure as JSON text (written and read by
         :mod:`flexiq_plugins.failures`; the store does not look inside).
       compensate(str | None): the name of the undo the step registered (C32).
+      event_id(int | None): for an ``event`` row, the id of the event it
+        received (C33): an event is received at most once per run.
     """
 
     position: int
@@ -160,6 +179,7 @@ class StepRow:
     attempt: int = 0
     failure: str | None = None
     compensate: str | None = None
+    event_id: int | None = None
 
     @property
     def size(self) -> int:
@@ -288,6 +308,8 @@ class Begun:
       takeovers(int): how many times a claim of this run was taken over from a
         worker whose lease expired, this takeover included (C25).
       envelope(JobEnvelope): the run's stored envelope.
+      created_at(float): when the run was created, epoch seconds (its duration cap, C34).
+      cancel_reason(str | None): the run's requested cancellation, if any (C34).
     """
 
     claim: Claim
@@ -295,6 +317,8 @@ class Begun:
     now: float
     takeovers: int
     envelope: JobEnvelope
+    created_at: float = 0.0
+    cancel_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -359,9 +383,12 @@ class DeadLetterRecord:
 class RunRecord:
     """A stored run, as operators see it.
 
-    ``wake_at`` is the wake time of a ``sleeping`` run and ``recovered_at``
-    when a recoverer last re-published it (epoch seconds, store clock; both
-    ``None`` otherwise).
+    ``wake_at`` is the wake time of a ``sleeping`` run (a ``waiting`` run's
+    deadline) and ``recovered_at`` when a recoverer last re-published it
+    (epoch seconds, store clock; both ``None`` otherwise). ``wait_topic`` and
+    ``wait_key`` name the event a ``waiting`` run waits for (C33);
+    ``cancel_reason`` is a ``cancelled`` run's reason, or a cancellation
+    requested and not yet carried out (C34).
     """
 
     run_key: str
@@ -381,6 +408,60 @@ class RunRecord:
     updated_at: float
     wake_at: float | None = None
     recovered_at: float | None = None
+    wait_topic: str | None = None
+    wait_key: str | None = None
+    cancel_reason: str | None = None
+
+
+@dataclass(frozen=True)
+class EventRecord:
+    """A stored event (C33).
+
+    Parameters:
+      id(int): its id; ids grow in the order events are sent and are never reused.
+      topic(str): its topic, e.g. ``"payment"``.
+      key(str): its key, e.g. an order id.
+      run_key(str | None): the one run it was sent to, or ``None`` for every
+        run waiting on ``(topic, key)``.
+      payload(bytes | None): the encoded payload (``None``: none).
+      created_at(float): when it was sent, epoch seconds, store clock.
+    """
+
+    id: int
+    topic: str
+    key: str
+    run_key: str | None
+    payload: bytes | None
+    created_at: float
+
+
+@dataclass(frozen=True)
+class EventPoll:
+    """What :meth:`StepStore.poll_event` found for a waiting step (C33).
+
+    Parameters:
+      event(EventRecord | None): the first event the run can receive, or ``None``.
+      now(float): the store's clock, epoch seconds.
+      timed_out(bool): no event, and the wait's deadline has passed.
+    """
+
+    event: EventRecord | None
+    now: float
+    timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class SentEvent:
+    """What :meth:`StepStore.add_event` stored, and the runs to wake for it (C33).
+
+    Parameters:
+      event(EventRecord): the stored event.
+      waiters(tuple[RunRecord, ...]): the runs waiting on its ``(topic, key)``
+        that can receive it (``waiting``, or ``running`` and about to wait).
+    """
+
+    event: EventRecord
+    waiters: tuple[RunRecord, ...]
 
 
 class StepStore(abc.ABC):
@@ -415,7 +496,8 @@ class StepStore(abc.ABC):
           ``lease_until = now + lease_seconds``, status ``running``, job id
           updated. If the previous claim was still held (its lease expired:
           its worker died) ``takeovers += 1``. Returns :class:`Begun` with
-          every step row.
+          every step row, the run's ``created_at`` and its requested
+          cancellation (C34).
 
         ``lease_seconds`` is in seconds.
         """
@@ -438,6 +520,12 @@ class StepStore(abc.ABC):
         :class:`~flexiq_plugins.errors.ClaimLost` and nothing is written. The
         run's step count and byte total are updated in the same transaction.
         Returns the row with ``committed_at`` set.
+
+        If the run's cancellation was requested (:meth:`request_cancel`), the
+        row is committed all the same and
+        :class:`~flexiq_plugins.errors.CancelRequested` is raised after the
+        transaction, carrying the stored row (C34): the attempt sees the
+        cancellation at this step boundary with no extra statement.
         """
 
     @abc.abstractmethod
@@ -520,6 +608,90 @@ class StepStore(abc.ABC):
     @abc.abstractmethod
     def now(self) -> float:
         """Return the store's clock, epoch seconds."""
+
+    # -------------------------------------------------------------- events
+    @abc.abstractmethod
+    def poll_event(self, claim: Claim, topic: str, key: str, deadline: float | None) -> EventPoll:
+        """Look for the event a waiting step can receive, for an attempt at ``step.wait_for_event`` (C33).
+
+        Two transactions, each fenced on the claim (else
+        :class:`~flexiq_plugins.errors.ClaimLost`, nothing written):
+
+        1. record on the run that it waits on ``(topic, key)`` (``wait_topic``,
+           ``wait_key``) and commit, so a sender that commits an event from
+           now on finds the run among its waiters (:meth:`add_event`); if the
+           run's cancellation was requested, nothing is written and
+           :class:`~flexiq_plugins.errors.CancelRequested` is raised (C34);
+        2. read the first event the run can receive (the rule of
+           :meth:`next_event`). With one, or with none and ``deadline <= now``
+           (``timed_out``), the run's wait fields are cleared again.
+
+        Nothing is consumed here: an event counts as received once an
+        ``event`` row holding its id is committed (:meth:`commit_step`).
+        ``deadline`` is epoch seconds, store clock (``None``: no timeout).
+        """
+
+    @abc.abstractmethod
+    def next_event(self, run_key: str, topic: str, key: str) -> EventRecord | None:
+        """The first event ``run_key`` can receive on ``(topic, key)``, or ``None`` (C33).
+
+        Read only. An event is receivable by a run when its topic and key are
+        these and it was sent either to this run (its ``run_key``) or to every
+        run (no ``run_key``) at or after the run's ``created_at``, and no
+        step row of the run holds its id. The oldest (lowest id) first.
+        Returns ``None`` for an unknown run.
+        """
+
+    @abc.abstractmethod
+    def add_event(self, topic: str, key: str, payload: bytes | None, *, run_key: str | None = None) -> SentEvent:
+        """Store an event, then find the runs to wake for it (C33).
+
+        Two transactions. The event is committed first (``created_at = now``,
+        a new id). Then the runs waiting on ``(topic, key)`` that can receive
+        it are read: status ``waiting`` or ``running`` with these wait fields
+        (:meth:`poll_event`), and the run ``run_key`` only when given, else
+        runs created at or before the event.
+
+        Parameters:
+          topic(str): the topic.
+          key(str): the key.
+          payload(bytes | None): the encoded payload.
+          run_key(str | None): send it to this run only.
+        """
+
+    @abc.abstractmethod
+    def cleanup_events(self, *, older_than: float) -> int:
+        """Delete the events sent before ``older_than`` (epoch seconds, store clock); return how many (C33).
+
+        A run that has not received such an event by then never will.
+        Received events live on in the runs' ``event`` rows.
+        """
+
+    # -------------------------------------------------------- cancellation
+    @abc.abstractmethod
+    def request_cancel(self, run_key: str, reason: str) -> RunRecord:
+        """Record that ``run_key`` is to be cancelled with ``reason``; return the run as it is now (C34).
+
+        One transaction. A run that is not terminal gets ``cancel_reason``
+        (the first reason given is kept); nothing else changes: an attempt
+        holding the run sees the request at its next step boundary
+        (:meth:`commit_step`), the next one to claim it at :meth:`begin`. A
+        terminal run is returned unchanged.
+
+        Raises:
+          UnknownRun: no run has ``run_key``.
+        """
+
+    @abc.abstractmethod
+    def settle_cancelled(self, run_key: str, *, status: str, attempt: int) -> bool:
+        """End a run that no attempt holds as ``cancelled`` (C34); return whether it applied.
+
+        One transaction, a compare-and-set: applies only while the run has
+        ``status``, its last attempt is ``attempt`` and no live claim holds
+        it (none, or its lease expired). The status becomes ``cancelled``;
+        the claim and the wake time are cleared, so a wake-up message that
+        arrives later finds a finished run and is dropped (C26).
+        """
 
     # ------------------------------------------------------------ operators
     @abc.abstractmethod

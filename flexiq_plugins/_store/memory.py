@@ -12,18 +12,22 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from ..errors import UnknownDeadLetter, UnknownRun
+from ..errors import CancelRequested, UnknownDeadLetter, UnknownRun
 from .base import (
     CLEANABLE_STATUSES,
+    TERMINAL_STATUSES,
     AttemptStarted,
     BeginResult,
     Begun,
     Claim,
     DeadLetterRecord,
+    EventPoll,
+    EventRecord,
     JobEnvelope,
     NewDeadLetter,
     RunRecord,
     RunStatus,
+    SentEvent,
     StepAttempt,
     StepAttemptBegin,
     StepAttemptFailed,
@@ -32,6 +36,7 @@ from .base import (
     StepStore,
 )
 from .claims import Granted, already_committed, claim_lost, decide_claim, holds, may_recover
+from .control import consumed_event_ids, first_receivable, may_settle_cancelled, poll_result, wakes
 from .step_attempts import close_lost, decide_step_attempt, failed_attempt, retry_cut_position
 
 __all__ = ["MemoryStepStore"]
@@ -53,6 +58,8 @@ class MemoryStepStore(StepStore):
         self._attempts: dict[str, list[StepAttempt]] = {}
         self._dead: dict[int, DeadLetterRecord] = {}
         self._next_dead_id = 1
+        self._events: dict[int, EventRecord] = {}
+        self._next_event_id = 1
 
     def now(self) -> float:
         """Return the store's clock, epoch seconds."""
@@ -74,7 +81,8 @@ class MemoryStepStore(StepStore):
             run = dataclasses.replace(run, **decision.values(), job_id=job_id, updated_at=now)
             self._runs[run_key] = run
             snapshot = tuple(self._steps.get(run_key, ()))
-            return Begun(decision.claim(run_key), snapshot, now, decision.takeovers, run.envelope)
+            claim = decision.claim(run_key)
+            return Begun(claim, snapshot, now, decision.takeovers, run.envelope, run.created_at, run.cancel_reason)
 
     def _new_run(self, run_key: str, envelope: JobEnvelope, now: float) -> RunRecord:
         return RunRecord(
@@ -112,7 +120,11 @@ class MemoryStepStore(StepStore):
     def commit_step(self, claim: Claim, row: StepRow) -> StepRow:
         """See :meth:`StepStore.commit_step`."""
         with self._lock:
-            return self._insert_step(self._fenced(claim), claim, row, self.now())
+            run = self._fenced(claim)
+            stored = self._insert_step(run, claim, row, self.now())
+        if run.cancel_reason is not None:
+            raise CancelRequested(run.cancel_reason, stored)
+        return stored
 
     def _insert_step(self, run: RunRecord, claim: Claim, row: StepRow, now: float) -> StepRow:
         steps = self._steps.setdefault(claim.run_key, [])
@@ -233,6 +245,78 @@ class MemoryStepStore(StepStore):
             if run is None or run.status != "retrying" or run.attempt != attempt:
                 return False
             self._runs[run_key] = dataclasses.replace(run, status="failed", updated_at=self.now())
+            return True
+
+    # --------------------------------------------------------------- events
+    def poll_event(self, claim: Claim, topic: str, key: str, deadline: float | None) -> EventPoll:
+        """See :meth:`StepStore.poll_event`."""
+        with self._lock:
+            run = self._fenced(claim)
+            if run.cancel_reason is not None:
+                raise CancelRequested(run.cancel_reason)
+            now = self.now()
+            found = self._next_event(run, topic, key)
+            result = poll_result(found, now, deadline)
+            waiting = result.event is None and not result.timed_out
+            self._runs[claim.run_key] = dataclasses.replace(
+                run, wait_topic=topic if waiting else None, wait_key=key if waiting else None
+            )
+            return result
+
+    def _next_event(self, run: RunRecord, topic: str, key: str) -> EventRecord | None:
+        consumed = consumed_event_ids(self._steps.get(run.run_key, ()))
+        return first_receivable(
+            self._events.values(),
+            run_key=run.run_key,
+            run_created_at=run.created_at,
+            topic=topic,
+            key=key,
+            consumed=consumed,
+        )
+
+    def next_event(self, run_key: str, topic: str, key: str) -> EventRecord | None:
+        """See :meth:`StepStore.next_event`."""
+        with self._lock:
+            run = self._runs.get(run_key)
+            return None if run is None else self._next_event(run, topic, key)
+
+    def add_event(self, topic: str, key: str, payload: bytes | None, *, run_key: str | None = None) -> SentEvent:
+        """See :meth:`StepStore.add_event`."""
+        with self._lock:
+            event = EventRecord(self._next_event_id, topic, key, run_key, payload, self.now())
+            self._events[event.id] = event
+            self._next_event_id += 1
+            waiters = tuple(sorted((r for r in self._runs.values() if wakes(r, event)), key=lambda r: r.run_key))
+            return SentEvent(event, waiters)
+
+    def cleanup_events(self, *, older_than: float) -> int:
+        """See :meth:`StepStore.cleanup_events`."""
+        with self._lock:
+            doomed = [i for i, e in self._events.items() if e.created_at < older_than]
+            for i in doomed:
+                del self._events[i]
+            return len(doomed)
+
+    # --------------------------------------------------------- cancellation
+    def request_cancel(self, run_key: str, reason: str) -> RunRecord:
+        """See :meth:`StepStore.request_cancel`."""
+        with self._lock:
+            run = self.get_run(run_key)
+            if run.status not in TERMINAL_STATUSES and run.cancel_reason is None:
+                run = dataclasses.replace(run, cancel_reason=reason)
+                self._runs[run_key] = run
+            return run
+
+    def settle_cancelled(self, run_key: str, *, status: str, attempt: int) -> bool:
+        """See :meth:`StepStore.settle_cancelled`."""
+        with self._lock:
+            run = self._runs.get(run_key)
+            now = self.now()
+            if run is None or not may_settle_cancelled(run, status=status, attempt=attempt, now=now):
+                return False
+            self._runs[run_key] = dataclasses.replace(
+                run, status="cancelled", owner=None, lease_until=None, wake_at=None, updated_at=now
+            )
             return True
 
     # ------------------------------------------------------------ operators

@@ -12,12 +12,13 @@ from typing import Any
 import sqlalchemy as sa
 
 from ...errors import StoreError
-from ..base import DeadLetterRecord, JobEnvelope, RunRecord, StepAttempt, StepRow
+from ..base import DeadLetterRecord, EventRecord, JobEnvelope, RunRecord, StepAttempt, StepRow
 
 __all__ = [
     "attempt_values",
     "dead_letter_record",
     "dump_envelope",
+    "event_record",
     "load_envelope",
     "run_record",
     "step_attempt",
@@ -55,6 +56,7 @@ def step_values(row: StepRow) -> dict[str, Any]:
         "attempt": row.attempt,
         "failure": row.failure,
         "compensate": row.compensate,
+        "event_id": row.event_id,
     }
 
 
@@ -70,6 +72,7 @@ def step_row(r: sa.Row[Any]) -> StepRow:
         attempt=r.attempt,
         failure=r.failure,
         compensate=r.compensate,
+        event_id=r.event_id,
     )
 
 
@@ -127,6 +130,9 @@ def run_record(r: sa.Row[Any]) -> RunRecord:
         updated_at=r.updated_at,
         wake_at=r.wake_at,
         recovered_at=r.recovered_at,
+        wait_topic=r.wait_topic,
+        wait_key=r.wait_key,
+        cancel_reason=r.cancel_reason,
     )
 
 
@@ -143,4 +149,16 @@ def dead_letter_record(r: sa.Row[Any]) -> DeadLetterRecord:
         envelope=load_envelope(r.envelope),
         created_at=r.created_at,
         retried_at=r.retried_at,
+    )
+
+
+def event_record(r: sa.Row[Any]) -> EventRecord:
+    """Return the :class:`EventRecord` of an ``events`` row."""
+    return EventRecord(
+        id=int(r.id),
+        topic=r.topic,
+        key=r.event_key,
+        run_key=r.run_key,
+        payload=bytes(r.payload) if r.payload is not None else None,
+        created_at=r.created_at,
     )

@@ -43,18 +43,22 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import StaticPool
 
-from ...errors import ConfigurationError, StoreUnavailable, UnknownDeadLetter, UnknownRun
+from ...errors import CancelRequested, ConfigurationError, StoreUnavailable, UnknownDeadLetter, UnknownRun
 from ..base import (
     CLEANABLE_STATUSES,
+    TERMINAL_STATUSES,
     AttemptStarted,
     BeginResult,
     Begun,
     Claim,
     DeadLetterRecord,
+    EventPoll,
+    EventRecord,
     JobEnvelope,
     NewDeadLetter,
     RunRecord,
     RunStatus,
+    SentEvent,
     StepAttempt,
     StepAttemptBegin,
     StepAttemptFailed,
@@ -63,6 +67,7 @@ from ..base import (
     StepStore,
 )
 from ..claims import Granted, already_committed, claim_lost, decide_claim, fence, may_recover
+from ..control import WAITER_STATUSES, may_settle_cancelled, poll_result
 from ..step_attempts import decide_step_attempt, failed_attempt, retry_cut_position
 from .engine import READ_ONLY, bad_store_message, create_engine, normalize_url, register_fork_hook, safe_url
 from .errors import is_deadlock, translated
@@ -70,6 +75,7 @@ from .mapping import (
     attempt_values,
     dead_letter_record,
     dump_envelope,
+    event_record,
     load_envelope,
     run_record,
     step_attempt,
@@ -282,7 +288,10 @@ class SqlStepStore(StepStore):
             sa.update(runs).where(runs.c.run_key == run_key).values(**decision.values(), job_id=job_id, updated_at=now)
         )
         snapshot = tuple(self._steps_of(conn, run_key))
-        return Begun(decision.claim(run_key), snapshot, now, decision.takeovers, load_envelope(run.envelope))
+        envelope = load_envelope(run.envelope)
+        return Begun(
+            decision.claim(run_key), snapshot, now, decision.takeovers, envelope, run.created_at, run.cancel_reason
+        )
 
     def _insert_run_if_absent(self, run_key: str, envelope: JobEnvelope, envelope_json: str) -> sa.Insert:
         values = {
@@ -344,9 +353,26 @@ class SqlStepStore(StepStore):
         Raises:
           ClaimLost: another attempt holds the run, or the step key is already
             committed (C25); nothing was written.
+          CancelRequested: the run's cancellation was requested; the row *is*
+            committed and travels with it (C34).
           StoreUnavailable: the database cannot be reached.
         """
-        return self._write(lambda conn: self._commit_step(conn, claim, row))
+
+        def work(conn: Connection) -> tuple[StepRow, str | None]:
+            now, cancel = self._clock_and_cancel(conn, claim.run_key)
+            return self._commit_step(conn, claim, row, now), cancel
+
+        stored, cancel = self._write(work)
+        if cancel is not None:
+            raise CancelRequested(cancel, stored)
+        return stored
+
+    def _clock_and_cancel(self, conn: Connection, run_key: str) -> tuple[float, str | None]:
+        """The database's clock and the run's requested cancellation, in the one statement that read the clock."""
+        runs = self._t.runs
+        query = sa.select(self._clock.label("now"), runs.c.cancel_reason).where(runs.c.run_key == run_key)
+        row = conn.execute(query).first()
+        return (self._now(conn), None) if row is None else (float(row.now), row.cancel_reason)
 
     def _commit_step(self, conn: Connection, claim: Claim, row: StepRow, now: float | None = None) -> StepRow:
         runs = self._t.runs
@@ -590,6 +616,168 @@ class SqlStepStore(StepStore):
                 .values(status="failed", updated_at=self._now(conn))
             )
             return result.rowcount == 1
+
+        return self._write(work)
+
+    # ---------------------------------------------------- events
+    def poll_event(self, claim: Claim, topic: str, key: str, deadline: float | None) -> EventPoll:
+        """Look for the event a waiting step can receive (C33); see :meth:`StepStore.poll_event`.
+
+        Two transactions, each fenced on the claim: the wait fields are
+        recorded and committed first, so a sender that commits an event after
+        the read below finds this run among its waiters.
+
+        Parameters:
+          claim(Claim): the attempt's claim.
+          topic(str): the event's topic.
+          key(str): the event's key.
+          deadline(float | None): when the wait times out, epoch seconds (``None``: never).
+
+        Raises:
+          ClaimLost: another attempt holds the run (C25).
+          CancelRequested: the run's cancellation was requested (C34); nothing was written.
+          StoreUnavailable: the database cannot be reached.
+        """
+
+        def arm(conn: Connection) -> None:
+            _, cancel = self._clock_and_cancel(conn, claim.run_key)
+            if cancel is not None:
+                raise CancelRequested(cancel)
+            self._fenced_update(conn, claim, wait_topic=topic, wait_key=key)
+
+        def poll(conn: Connection) -> EventPoll:
+            runs = self._t.runs
+            run = conn.execute(sa.select(runs.c.created_at).where(runs.c.run_key == claim.run_key)).one()
+            result = poll_result(
+                self._next_event(conn, claim.run_key, run.created_at, topic, key), self._now(conn), deadline
+            )
+            if result.event is not None or result.timed_out:
+                self._fenced_update(conn, claim, wait_topic=None, wait_key=None)
+            return result
+
+        self._write(arm)
+        return self._write(poll)
+
+    def _next_event(
+        self, conn: Connection, run_key: str, created_at: float, topic: str, key: str
+    ) -> EventRecord | None:
+        events, steps = self._t.events, self._t.steps
+        received = sa.select(steps.c.event_id).where(steps.c.run_key == run_key, steps.c.event_id == events.c.id)
+        sent_to_it = sa.or_(
+            events.c.run_key == run_key, sa.and_(events.c.run_key.is_(None), events.c.created_at >= created_at)
+        )
+        query = (
+            sa.select(events)
+            .where(events.c.topic == topic, events.c.event_key == key, sent_to_it, ~sa.exists(received))
+            .order_by(events.c.id)
+            .limit(1)
+        )
+        row = conn.execute(query).first()
+        return None if row is None else event_record(row)
+
+    def next_event(self, run_key: str, topic: str, key: str) -> EventRecord | None:
+        """The first event ``run_key`` can receive on ``(topic, key)``, or ``None`` (C33).
+
+        Raises:
+          StoreUnavailable: the database cannot be reached.
+        """
+        runs = self._t.runs
+
+        def work(conn: Connection) -> EventRecord | None:
+            run = conn.execute(sa.select(runs.c.created_at).where(runs.c.run_key == run_key)).first()
+            return None if run is None else self._next_event(conn, run_key, run.created_at, topic, key)
+
+        return self._read(work)
+
+    def add_event(self, topic: str, key: str, payload: bytes | None, *, run_key: str | None = None) -> SentEvent:
+        """Store an event (committed first), then read the runs to wake for it (C33).
+
+        Parameters:
+          topic(str): the topic (at most 255 characters).
+          key(str): the key (at most 255 characters).
+          payload(bytes | None): the encoded payload.
+          run_key(str | None): send it to this run only.
+
+        Raises:
+          StoreUnavailable: the database cannot be reached.
+        """
+
+        def insert(conn: Connection) -> EventRecord:
+            now = self._now(conn)
+            values = {"topic": topic, "event_key": key, "run_key": run_key, "payload": payload, "created_at": now}
+            inserted = conn.execute(sa.insert(self._t.events).values(**values)).inserted_primary_key
+            assert inserted is not None
+            return EventRecord(int(inserted[0]), topic, key, run_key, payload, now)
+
+        event = self._write(insert)
+        return SentEvent(event, tuple(self._read(lambda conn: self._waiters(conn, event))))
+
+    def _waiters(self, conn: Connection, event: EventRecord) -> list[RunRecord]:
+        runs = self._t.runs
+        query = sa.select(runs).where(
+            runs.c.wait_topic == event.topic,
+            runs.c.wait_key == event.key,
+            runs.c.status.in_(WAITER_STATUSES),
+            runs.c.run_key == event.run_key if event.run_key is not None else runs.c.created_at <= event.created_at,
+        )
+        return [run_record(r) for r in conn.execute(query.order_by(runs.c.run_key))]
+
+    def cleanup_events(self, *, older_than: float) -> int:
+        """Delete the events sent before ``older_than`` (epoch seconds, database clock); return how many (C33).
+
+        Raises:
+          StoreUnavailable: the database cannot be reached.
+        """
+        events = self._t.events
+        return self._write(
+            lambda conn: conn.execute(sa.delete(events).where(events.c.created_at < older_than)).rowcount
+        )
+
+    # ---------------------------------------------------- cancellation
+    def request_cancel(self, run_key: str, reason: str) -> RunRecord:
+        """Record that ``run_key`` is to be cancelled with ``reason`` (C34); see :meth:`StepStore.request_cancel`.
+
+        Raises:
+          UnknownRun: no run has ``run_key``.
+          StoreUnavailable: the database cannot be reached.
+        """
+        runs = self._t.runs
+
+        def work(conn: Connection) -> RunRecord:
+            run = conn.execute(sa.select(runs).where(runs.c.run_key == run_key).with_for_update()).first()
+            if run is None:
+                raise UnknownRun(f"no run has the run key {run_key!r}")
+            if run.status in TERMINAL_STATUSES or run.cancel_reason is not None:
+                return run_record(run)
+            conn.execute(sa.update(runs).where(runs.c.run_key == run_key).values(cancel_reason=reason))
+            return dataclasses.replace(run_record(run), cancel_reason=reason)
+
+        return self._write(work)
+
+    def settle_cancelled(self, run_key: str, *, status: str, attempt: int) -> bool:
+        """End a run no attempt holds as ``cancelled`` (C34): a compare-and-set on its locked row.
+
+        Parameters:
+          run_key(str): the run.
+          status(str): the status it must still have.
+          attempt(int): the attempt it must still be at.
+
+        Returns:
+          bool: whether it applied.
+
+        Raises:
+          StoreUnavailable: the database cannot be reached.
+        """
+        runs = self._t.runs
+
+        def work(conn: Connection) -> bool:
+            run = conn.execute(sa.select(runs).where(runs.c.run_key == run_key).with_for_update()).first()
+            now = self._now(conn)
+            if run is None or not may_settle_cancelled(run, status=status, attempt=attempt, now=now):
+                return False
+            ended = {"status": "cancelled", "owner": None, "lease_until": None, "wake_at": None, "updated_at": now}
+            conn.execute(sa.update(runs).where(runs.c.run_key == run_key).values(**ended))
+            return True
 
         return self._write(work)
 

@@ -1,4 +1,4 @@
-"""The SQL store's four tables, as SQLAlchemy Core ``Table`` objects.
+"""The SQL store's five tables, as SQLAlchemy Core ``Table`` objects.
 
 The schema is created and changed only by the Alembic migrations shipped in
 ``flexiq_plugins/_store/migrations``; the queries are built on these objects.
@@ -35,14 +35,15 @@ _MYSQL: dict[str, Any] = {
 
 @dataclass(frozen=True)
 class StoreTables:
-    """The four tables of one ``table_prefix``, as Core ``Table`` objects.
+    """The five tables of one ``table_prefix``, as Core ``Table`` objects.
 
     Parameters:
-      metadata(MetaData): the metadata holding exactly these four tables.
+      metadata(MetaData): the metadata holding exactly these five tables.
       runs(Table): ``<prefix>runs``, one row per run key.
       steps(Table): ``<prefix>steps``, the committed steps.
       dead(Table): ``<prefix>dead_letters``.
       attempts(Table): ``<prefix>step_attempts``, the journaled and failed step attempts (C31).
+      events(Table): ``<prefix>events``, the events sent for waiting runs (C33).
     """
 
     metadata: sa.MetaData
@@ -50,6 +51,7 @@ class StoreTables:
     steps: sa.Table
     dead: sa.Table
     attempts: sa.Table
+    events: sa.Table
 
 
 def _time() -> sa.Double[float]:
@@ -64,8 +66,12 @@ def _text() -> sa.types.TypeEngine[str]:
     return sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 
 
+def _event_id() -> sa.types.TypeEngine[int]:
+    return sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite autoincrements only INTEGER keys
+
+
 def store_tables(prefix: str) -> StoreTables:
-    """Return the tables ``<prefix>runs``, ``<prefix>steps``, ``<prefix>dead_letters`` and ``<prefix>step_attempts``.
+    """Return the five tables of ``prefix``: runs, steps, dead letters, step attempts and events.
 
     Parameters:
       prefix(str): the store's table prefix (``flexiq_`` by default).
@@ -77,6 +83,7 @@ def store_tables(prefix: str) -> StoreTables:
         _steps(metadata, prefix),
         _dead_letters(metadata, prefix),
         _step_attempts(metadata, prefix),
+        _events(metadata, prefix),
     )
 
 
@@ -101,7 +108,11 @@ def _runs(metadata: sa.MetaData, p: str) -> sa.Table:
         sa.Column("updated_at", _time(), nullable=False),
         sa.Column("wake_at", _time(), nullable=True),
         sa.Column("recovered_at", _time(), nullable=True),
+        sa.Column("wait_topic", sa.String(255), nullable=True),
+        sa.Column("wait_key", sa.String(255), nullable=True),
+        sa.Column("cancel_reason", _text(), nullable=True),
         sa.Index(f"ix_{p}runs_status_updated", "status", "updated_at"),
+        sa.Index(f"ix_{p}runs_wait", "wait_topic", "wait_key"),
         sa.Index(f"ix_{p}runs_updated", "updated_at"),
         sa.Index(f"ix_{p}runs_task_name", "task_name"),
         **_MYSQL,
@@ -122,6 +133,7 @@ def _steps(metadata: sa.MetaData, p: str) -> sa.Table:
         sa.Column("attempt", sa.Integer, nullable=False),
         sa.Column("failure", _text(), nullable=True),
         sa.Column("compensate", sa.String(255), nullable=True),
+        sa.Column("event_id", sa.BigInteger, nullable=True),
         sa.PrimaryKeyConstraint("run_key", "step_key", name=f"pk_{p}steps"),
         sa.Index(f"ix_{p}steps_run_position", "run_key", "position"),
         **_MYSQL,
@@ -165,5 +177,22 @@ def _step_attempts(metadata: sa.MetaData, p: str) -> sa.Table:
         sa.Column("failed_at", _time(), nullable=True),
         sa.Column("retry_at", _time(), nullable=True),
         sa.PrimaryKeyConstraint("run_key", "step_key", "number", name=f"pk_{p}step_attempts"),
+        **_MYSQL,
+    )
+
+
+def _events(metadata: sa.MetaData, p: str) -> sa.Table:
+    return sa.Table(
+        f"{p}events",
+        metadata,
+        sa.Column("id", _event_id(), primary_key=True, autoincrement=True),
+        sa.Column("topic", sa.String(255), nullable=False),
+        sa.Column("event_key", sa.String(255), nullable=False),
+        sa.Column("run_key", sa.String(255), nullable=True),
+        sa.Column("payload", _blob(), nullable=True),
+        sa.Column("created_at", _time(), nullable=False),
+        sa.Index(f"ix_{p}events_topic_key", "topic", "event_key"),
+        sa.Index(f"ix_{p}events_created", "created_at"),
+        sqlite_autoincrement=True,  # ids are never reused after a cleanup: a run's received ids stay its own
         **_MYSQL,
     )
