@@ -21,12 +21,15 @@ __all__ = ["CeleryAdapter", "adapter", "publisher"]
 def publisher(app: Any) -> Publisher:
     """A publisher that re-publishes Celery jobs with ``app``, carrying the run key (C11, C30, C36).
 
+    Given a ``job_id`` it reuses that task id, so a result waiter of a run
+    woken by an event (C33) gets the run's outcome under its first task id.
+
     Parameters:
       app(celery.Celery): the application whose broker receives the job.
     """
 
-    def publish(envelope: JobEnvelope, run_key: str) -> str:
-        return str(republish(app, envelope, run_key).id)
+    def publish(envelope: JobEnvelope, run_key: str, *, job_id: str | None = None) -> str:
+        return str(republish(app, envelope, run_key, task_id=job_id).id)
 
     return publish
 

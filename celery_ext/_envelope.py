@@ -17,6 +17,7 @@ from flexiq_plugins.integration import (
     JobEnvelope,
     JobInfo,
     build_envelope,
+    cancellation_option,
     envelope_arguments,
     is_json,
     retry_policy_option,
@@ -40,13 +41,19 @@ def run_key_of(request: Any) -> str:
 
 
 def job_info(task: Any, request: Any) -> JobInfo:
-    """The core's view of the message ``request`` of ``task``, with the task's ``step_retry`` (C31).
+    """The core's view of the message ``request`` of ``task``, with its ``step_retry`` (C31) and caps (C34).
 
     Raises:
-      ConfigurationError: the task's ``step_retry`` is not a ``RetryPolicy`` (or a dict of its fields).
+      ConfigurationError: the task's ``step_retry`` is not a ``RetryPolicy`` (or a dict of its fields), or
+        its ``max_run_seconds`` / ``max_suspended_seconds`` is not a positive duration.
     """
     step_retry = retry_policy_option(getattr(task, "step_retry", None), where=f"task {task.name!r} step_retry")
-    return JobInfo(run_key_of(request), str(request.id), _envelope(task, request), step_retry)
+    caps = cancellation_option(
+        getattr(task, "max_run_seconds", None),
+        getattr(task, "max_suspended_seconds", None),
+        where=f"task {task.name!r}",
+    )
+    return JobInfo(run_key_of(request), str(request.id), _envelope(task, request), step_retry, caps)
 
 
 def _envelope(task: Any, request: Any) -> JobEnvelope:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from flexiq_plugins import ConfigurationError
-from flexiq_plugins.integration import StoreSpec
+from flexiq_plugins.integration import StoreSpec, register_installation
 
 from ._options import CeleryConfig
 from ._prepare import prepare_app
@@ -37,7 +37,8 @@ def install(app: Any, store: StoreSpec = None, **options: Any) -> None:
         or ``"15m"``, C18), ``lease_seconds`` (C23), ``busy_retry_seconds``
         (C24), ``store_retry_seconds`` (C28), ``max_takeovers`` (C25),
         ``step_bytes`` / ``run_bytes`` (bytes) and ``run_steps`` (C22),
-        ``serializer`` and ``codecs`` (C7), ``keep_succeeded_steps`` (C27))
+        ``serializer`` and ``codecs`` (C7), ``keep_succeeded_steps`` (C27),
+        ``step_retry`` (C31), ``max_run_seconds`` / ``max_suspended_seconds`` (C34))
         and the Celery ones: ``dead_letter_queue`` (default
         ``"flexiq.dead_letter"``) and ``dead_letter_path`` (``"auto"``,
         ``"reject"``, ``"queue"``, C30).
@@ -48,7 +49,8 @@ def install(app: Any, store: StoreSpec = None, **options: Any) -> None:
     """
     if runtime_of(app) is not None:
         raise ConfigurationError(f"celery_ext.install was already called on app {app.main!r}")
-    Runtime(app, store, CeleryConfig.from_options(options, where="celery_ext.install"))
+    runtime = Runtime(app, store, CeleryConfig.from_options(options, where="celery_ext.install"))
+    register_installation("celery", app, runtime.driver)  # send_event / cancel_run in this process (C33, C34)
     app.Task = type("DurableTask", (DurableTask, app.Task), {"__module__": __name__})
     connect_signals()
     app.on_after_finalize.connect(on_app_finalized, weak=False)

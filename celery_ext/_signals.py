@@ -1,4 +1,4 @@
-"""Celery signal receivers: the run key at publish, fresh stores after fork, tasks made durable.
+"""Celery signal receivers: the run key at publish, fresh stores after fork, tasks made durable, revokes.
 
 They are connected once per process (``dispatch_uid``), whatever the number
 of apps, and do nothing for an app that :func:`celery_ext.install` was not
@@ -7,15 +7,21 @@ called on. ``celery.*`` built-in tasks are never touched.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import signals
 
-from flexiq_plugins.integration import new_run_key
+from flexiq_plugins import FlexiqError
+from flexiq_plugins.integration import cancel_run, new_run_key
 
+from ._adapter import publisher
+from ._envelope import run_key_of
 from ._options import RUN_KEY_HEADER
 from ._prepare import prepare_app
 from ._runtime import all_runtimes, runtime_of
+
+logger = logging.getLogger("flexiq_plugins.celery")
 
 __all__ = ["connect_signals", "on_app_finalized"]
 
@@ -47,8 +53,32 @@ def on_app_finalized(sender: Any = None, **_: Any) -> None:
         prepare_app(sender)
 
 
+def cancel_revoked(sender: Any = None, request: Any = None, expired: bool = False, **_: Any) -> None:
+    """``task_revoked``: Celery revoked (or expired) a durable job; its run is cancelled (C34).
+
+    The core's one cancellation (:func:`~flexiq_plugins.integration.cancel_run`):
+    a sleeping or waiting run whose next message Celery discarded ends
+    ``cancelled`` (its undos run first, in a new job); a run an attempt still
+    holds (``revoke(terminate=True)`` killed it) is cancelled by the next
+    delivery, which recovery makes once its lease has expired. A store error
+    is logged.
+    """
+    runtime = runtime_of(sender.app) if sender is not None and getattr(sender, "durable", False) else None
+    if runtime is None or request is None:
+        return
+    try:
+        run_key = run_key_of(request)
+        reason = "expired (Celery)" if expired else "revoked (Celery)"
+        done = cancel_run(runtime.store, run_key, reason=reason, publishers={"celery": publisher(runtime.app)})
+    except FlexiqError:
+        logger.exception("could not cancel the run of revoked job %s", getattr(request, "id", "?"))
+        return
+    logger.info("run %s of revoked job %s: %s", run_key, getattr(request, "id", "?"), done.outcome)
+
+
 def connect_signals() -> None:
     """Connect the process-wide receivers (idempotent)."""
     signals.before_task_publish.connect(stamp_run_key, weak=False, dispatch_uid="flexiq.stamp_run_key")
     signals.worker_process_init.connect(forget_parent_stores, weak=False, dispatch_uid="flexiq.fork")
     signals.worker_init.connect(prepare_worker_app, weak=False, dispatch_uid="flexiq.worker_init")
+    signals.task_revoked.connect(cancel_revoked, weak=False, dispatch_uid="flexiq.task_revoked")

@@ -46,10 +46,15 @@ class DurableTask(Task):  # type: ignore[misc]
     ``@app.task(step_retry=RetryPolicy(max_attempts=3))`` gives every
     ``step.run`` of the task that budget unless the call passes its own
     ``retry=`` (C31); the integration's ``step_retry`` option applies otherwise.
+    ``@app.task(max_run_seconds="7d", max_suspended_seconds="3d")`` caps each
+    run's duration and its time in sleeps and waits: over a cap it is
+    cancelled (C34); the integration's options apply otherwise.
     """
 
     durable: bool = True
     step_retry: RetryPolicy | None = None
+    max_run_seconds: float | str | None = None
+    max_suspended_seconds: float | str | None = None
     _flexiq_explicit: frozenset[str] = frozenset()
 
     @classmethod

@@ -24,14 +24,17 @@ from dramatiq.middleware import Middleware, MiddlewareError
 from flexiq_plugins import ConfigurationError
 from flexiq_plugins.integration import (
     AttemptDriver,
+    CancellationPolicy,
     DurableConfig,
     Failure,
     PerProcess,
     RetryPolicy,
     StepStore,
     StoreSpec,
+    cancellation_option,
     new_run_key,
     no_current_job,
+    register_installation,
     resolve_store,
     retry_policy_option,
 )
@@ -57,7 +60,9 @@ class DurableSteps(Middleware):
 
     Every actor is durable unless declared with ``durable=False``;
     ``step_retry=RetryPolicy(...)`` gives every ``step.run`` of an actor that
-    budget unless the call passes its own ``retry=`` (C31). Nothing is
+    budget unless the call passes its own ``retry=`` (C31);
+    ``max_run_seconds`` and ``max_suspended_seconds`` cap each run's duration
+    and its time in sleeps and waits: over a cap it is cancelled (C34). Nothing is
     read or opened until a worker process handles its first message, so this
     works as ``"dramatiq_ext.DurableSteps"`` in django_dramatiq's
     ``DRAMATIQ_BROKER["MIDDLEWARE"]``.
@@ -73,7 +78,8 @@ class DurableSteps(Middleware):
         ``max_takeovers`` (C25), ``step_bytes`` / ``run_bytes`` (bytes) and
         ``run_steps`` (C22), ``serializer`` (default: the broker's encoder)
         and ``codecs`` (C7), ``keep_succeeded_steps`` (C27), ``step_retry``
-        (the default budget of every step, C31).
+        (the default budget of every step, C31), ``max_run_seconds`` and
+        ``max_suspended_seconds`` (the default caps of every run, C34).
 
     Raises:
       ConfigurationError: an unknown option or unusable value (at
@@ -91,8 +97,9 @@ class DurableSteps(Middleware):
 
     @property
     def actor_options(self) -> set[str]:
-        """``durable``: ``False`` opts an actor out; ``step_retry``: its steps' default budget (C31)."""
-        return {"durable", "step_retry"}
+        """``durable``: ``False`` opts an actor out; ``step_retry``: its steps' default budget (C31);
+        ``max_run_seconds``, ``max_suspended_seconds``: its runs' caps (C34)."""
+        return {"durable", "step_retry", "max_run_seconds", "max_suspended_seconds"}
 
     @property
     def driver(self) -> AttemptDriver:
@@ -117,21 +124,27 @@ class DurableSteps(Middleware):
 
     # ----------------------------------------------------------- declaring
     def before_declare_actor(self, broker: dramatiq.Broker, actor: dramatiq.Actor[Any, Any]) -> None:
-        """Check the actor's ``step_retry`` where it is declared (C31).
+        """Check the actor's ``step_retry`` (C31) and caps (C34) where it is declared.
 
         Raises:
-          InvalidActorOption: ``step_retry`` is not a ``RetryPolicy``, a dict of its fields or ``None``.
+          InvalidActorOption: ``step_retry`` is not a ``RetryPolicy``, a dict of its fields or ``None``;
+            a cap is not a positive duration.
         """
         _step_retry(actor)
+        _caps(actor)
 
     def after_declare_actor(self, broker: dramatiq.Broker, actor: dramatiq.Actor[Any, Any]) -> None:
-        """Make the actor durable unless it says ``durable=False``."""
+        """Make the actor durable unless it says ``durable=False``; this process can now send events (C33)."""
+        register_installation("dramatiq", broker, self._driver.get)
         if actor.options.get("durable", True) is False or _actor.is_durable(actor.fn):
             return
         name = actor.actor_name
-        policy = _step_retry(actor)
+        policy, caps = _step_retry(actor), _caps(actor)
         actor.fn = _actor.wrap(
-            actor.fn, lambda body, args, kwargs: self._call(broker, name, body, args, kwargs, step_retry=policy)
+            actor.fn,
+            lambda body, args, kwargs: self._call(
+                broker, name, body, args, kwargs, step_retry=policy, cancellation=caps
+            ),
         )
 
     # ------------------------------------------------------------ messages
@@ -175,6 +188,7 @@ class DurableSteps(Middleware):
         kwargs: dict[str, Any],
         *,
         step_retry: RetryPolicy | None,
+        cancellation: CancellationPolicy | None,
     ) -> Any:
         message = _message.get()
         if message is None or message.actor_name != actor_name:
@@ -182,7 +196,7 @@ class DurableSteps(Middleware):
                 return body(*args, **kwargs)
         _message.set(None)  # a direct call from inside the body is a plain call
         body.check()
-        job = dataclasses.replace(job_info(message), step_retry=step_retry)
+        job = dataclasses.replace(job_info(message), step_retry=step_retry, cancellation=cancellation)
         outcome = _actor.execute(self.driver, job, body, args, kwargs)
         if isinstance(outcome, Failure):
             self._failing[message.message_id] = outcome
@@ -192,5 +206,15 @@ class DurableSteps(Middleware):
 def _step_retry(actor: dramatiq.Actor[Any, Any]) -> RetryPolicy | None:
     try:
         return retry_policy_option(actor.options.get("step_retry"), where=f"actor {actor.actor_name!r} step_retry")
+    except ConfigurationError as exc:
+        raise InvalidActorOption(str(exc)) from exc
+
+
+def _caps(actor: dramatiq.Actor[Any, Any]) -> CancellationPolicy | None:
+    options = actor.options
+    try:
+        return cancellation_option(
+            options.get("max_run_seconds"), options.get("max_suspended_seconds"), where=f"actor {actor.actor_name!r}"
+        )
     except ConfigurationError as exc:
         raise InvalidActorOption(str(exc)) from exc

@@ -9,6 +9,10 @@ Inside a task body::
     step.sleep("1h")
     step.run("receipt", lambda: send_receipt(charge), retry=RetryPolicy(max_attempts=5))
 
+Wait for the outside world with ``step.wait_for_event("payment", key=order_id)``
+and ``send_event("payment", order_id, payload)`` from any process; cancel a run
+with ``cancel_run(run_key)``.
+
 The framework integrations live in ``celery_ext`` and ``dramatiq_ext``; this
 package never imports Celery or Dramatiq.
 """
@@ -21,9 +25,11 @@ from .attempt import Attempt, AttemptDriver, JobInfo
 from .codec import CodecChain, FernetCodec, FunctionSerializer, JsonSerializer, ZlibCodec
 from .config import DurableConfig, Limits
 from .context import JobContext, StepContext, current_job
+from .control import cancel_run, send_event
 from .durations import parse_duration
 from .errors import (
     AlreadyRetried,
+    CancelRequested,
     ClaimLost,
     CodecError,
     CompensationFailed,
@@ -33,8 +39,10 @@ from .errors import (
     DecodeError,
     DuplicateStepKey,
     EncodeError,
+    EventWaitSignal,
     FlexiqError,
     InvalidDuration,
+    InvalidEvent,
     InvalidRunKey,
     InvalidStepKey,
     InvalidStepName,
@@ -46,6 +54,7 @@ from .errors import (
     OperationError,
     PublishFailed,
     ReplayStopped,
+    RunCancelled,
     RunCompensated,
     SleepSignal,
     StepDivergence,
@@ -62,7 +71,7 @@ from .errors import (
     UnsupportedInEagerMode,
 )
 from .identity import new_run_key
-from .policies import Compensation, RetryPolicy
+from .policies import CancellationPolicy, Compensation, RetryPolicy
 
 __version__ = "0.1.0"
 
@@ -70,6 +79,8 @@ __all__ = [
     "AlreadyRetried",
     "Attempt",
     "AttemptDriver",
+    "CancelRequested",
+    "CancellationPolicy",
     "ClaimLost",
     "CodecChain",
     "CodecError",
@@ -83,10 +94,12 @@ __all__ = [
     "DuplicateStepKey",
     "DurableConfig",
     "EncodeError",
+    "EventWaitSignal",
     "FernetCodec",
     "FlexiqError",
     "FunctionSerializer",
     "InvalidDuration",
+    "InvalidEvent",
     "InvalidRunKey",
     "InvalidStepKey",
     "InvalidStepName",
@@ -105,6 +118,7 @@ __all__ = [
     "PublishFailed",
     "ReplayStopped",
     "RetryPolicy",
+    "RunCancelled",
     "RunCompensated",
     "RunRecord",
     "SleepSignal",
@@ -127,9 +141,11 @@ __all__ = [
     "UnsupportedInEagerMode",
     "ZlibCodec",
     "__version__",
+    "cancel_run",
     "current_job",
     "new_run_key",
     "open_store",
     "parse_duration",
+    "send_event",
     "upgrade_store",
 ]

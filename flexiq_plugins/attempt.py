@@ -15,7 +15,11 @@ that does not depend on the framework is made here, once, for every adapter:
 - a sleep is put back for its time left, capped at one hop (C15–C18), and so
   is a step retry (C31);
 - a run past its takeover limit is dead-lettered ``worker_lost`` (C25);
-- a run that fails for good is compensated (C32, :mod:`flexiq_plugins.compensation`).
+- a run that fails for good is compensated (C32, :mod:`flexiq_plugins.compensation`);
+- a wait for an event ends the attempt ``waiting``: put back for its deadline,
+  or acknowledged without a deadline, the sender waking it (C33);
+- a cancelled run (on request, or over a cap of its task) is compensated and
+  ends ``cancelled`` (C34, :mod:`flexiq_plugins.cancellation`).
 
 The step protocol itself lives in :mod:`flexiq_plugins.steps`; the driver
 gives it a writer fenced on the attempt's claim.
@@ -38,6 +42,7 @@ from typing import Any
 from . import compensation, outcomes
 from ._store import base
 from ._store.base import (
+    EventPoll,
     JobEnvelope,
     NewDeadLetter,
     StepAttemptBegin,
@@ -46,11 +51,14 @@ from ._store.base import (
     StepRow,
     StepStore,
 )
+from .cancellation import RunCaps
 from .config import DurableConfig
 from .context import JobContext
 from .errors import (
     ClaimLost,
     Disposition,
+    EventWaitSignal,
+    RunCancelled,
     SleepSignal,
     StepRetrySignal,
     StepSignal,
@@ -61,7 +69,7 @@ from .errors import (
     reason_of,
 )
 from .identity import check_run_key
-from .policies import RetryPolicy
+from .policies import CancellationPolicy, RetryPolicy
 from .steps import StepJournal
 
 __all__ = ["Attempt", "AttemptDriver", "JobInfo", "default_owner"]
@@ -81,12 +89,16 @@ class JobInfo:
       envelope(JobEnvelope): what re-publishes the job (C35).
       step_retry(RetryPolicy | None): the task's or actor's default budget for
         its steps (its ``step_retry`` option, C31); ``None``: the integration's.
+      cancellation(CancellationPolicy | None): the task's or actor's caps
+        (``max_run_seconds``, ``max_suspended_seconds``, C34); each cap it
+        leaves off is the integration's.
     """
 
     run_key: str
     job_id: str
     envelope: JobEnvelope
     step_retry: RetryPolicy | None = None
+    cancellation: CancellationPolicy | None = None
 
 
 def default_owner() -> str:
@@ -250,8 +262,21 @@ class Attempt:
         self.journal = StepJournal(
             begun.snapshot, label, self, driver.codec, self._config.limits, step_retry=step_retry
         )
+        self._caps = self._arm_caps(begun)
         self._lease = _LeaseKeeper(self._store, self.claim, self._config.lease_seconds)
         self.context = JobContext(self.run_key, self.job_id, self.number, self.task_name, self.journal)
+
+    def _arm_caps(self, begun: base.Begun) -> RunCaps:
+        """The run's caps (C34); a run whose cancellation was requested, or that is over a cap, is cancelled now."""
+        policy = (self.job.cancellation or CancellationPolicy()).over(self._config.cancellation)
+        caps = RunCaps(policy, begun.created_at)
+        deadline = caps.run_deadline
+        if deadline is not None:
+            self.journal.run_deadline = (deadline, caps.run_over(deadline) or "")
+        reason = begun.cancel_reason or caps.over(begun.snapshot, begun.now)
+        if reason is not None:
+            self.journal.cancellation = RunCancelled(reason)
+        return caps
 
     # ------------------------------------------------- the journal's writer
     def now(self) -> float:
@@ -271,6 +296,10 @@ class Attempt:
     def fail_step_attempt(self, failure: StepAttemptFailure, row: StepRow | None = None) -> StepAttemptFailed:
         """Record a failed step attempt (and commit ``row``), fenced on this attempt's claim (C25, C31)."""
         return self._store.fail_step_attempt(self.claim, failure, row=row)
+
+    def poll_event(self, topic: str, key: str, deadline: float | None) -> EventPoll:
+        """Look for the event a waiting step can receive, fenced on this attempt's claim (C25, C33)."""
+        return self._store.poll_event(self.claim, topic, key, deadline)
 
     # ------------------------------------------------------- running the body
     @contextlib.contextmanager
@@ -335,6 +364,7 @@ class Attempt:
         )
 
     def _settle(self, value: Any, error: BaseException | None) -> outcomes.Outcome:
+        error = self._cancellation_or(error)
         settled = compensation.settle(self, error)  # a run failed for good undoes its committed steps (C32)
         if isinstance(settled, compensation.Compensated):
             return self._compensated(settled)
@@ -342,9 +372,8 @@ class Attempt:
         if error is None:
             return self._succeed(value)
         disposition = classify(error)
-        if disposition is Disposition.SLEEP:
-            assert isinstance(error, SleepSignal)
-            return self._sleeping(error)
+        if disposition in (Disposition.SLEEP, Disposition.CANCEL):
+            return self._sleeping(error) if isinstance(error, SleepSignal) else self._cancelled_by(error)
         if disposition is Disposition.DROP:
             raise error
         if disposition is Disposition.RETRY_ALWAYS:
@@ -372,17 +401,57 @@ class Attempt:
         return outcomes.Completed(value)
 
     def _sleeping(self, signal: SleepSignal) -> outcomes.Outcome:
-        self._finish("sleeping", wake_at=signal.wake_at)
-        remaining = max(signal.wake_at - self.now(), 0.0)
-        delay = min(remaining, self._config.max_hop_seconds)
+        if isinstance(signal, EventWaitSignal):
+            return self._waiting(signal)
+        now = self.now()
+        wake_at = self._caps.wake_by(signal.wake_at, self.journal.sequence.recorded, now)  # no later than a cap
+        assert wake_at is not None
+        self._finish("sleeping", wake_at=wake_at)
+        delay = min(max(wake_at - now, 0.0), self._config.max_hop_seconds)
         logger.debug("job %s (run %s) sleeps at %r for %.3f s", self.job_id, self.run_key, signal.step_key, delay)
         retry = isinstance(signal, StepRetrySignal)  # a step's retry comes back like a sleep (C31)
         reason = outcomes.PutBackReason.STEP_RETRY if retry else outcomes.PutBackReason.SLEEP
-        return outcomes.PutBack(reason, delay, signal.step_key, signal.wake_at)
+        return outcomes.PutBack(reason, delay, signal.step_key, wake_at)
+
+    def _waiting(self, signal: EventWaitSignal) -> outcomes.Outcome:
+        """The run waits for an event (C33): put back for its deadline (or a cap), else acknowledged."""
+        now = self.now()
+        wake_at = self._caps.wake_by(signal.deadline, self.journal.sequence.recorded, now)
+        self._finish("waiting", wake_at=wake_at)
+        what = f"{signal.step_key}: ({signal.topic!r}, {signal.key!r})"
+        logger.debug("job %s (run %s) waits at %s", self.job_id, self.run_key, what)
+        if wake_at is None:  # no message is kept: the sender, or recovery, wakes the run
+            return outcomes.Ack(outcomes.AckReason.WAITING, what)
+        delay = min(max(wake_at - now, 0.0), self._config.max_hop_seconds)
+        return outcomes.PutBack(outcomes.PutBackReason.WAIT, delay, what, wake_at)
+
+    def _cancellation_or(self, error: BaseException | None) -> BaseException | None:
+        """The run's cancellation, once this attempt saw one, whatever the body did next (C34); else ``error``."""
+        cancelled = self.journal.cancellation
+        if cancelled is None or isinstance(error, (ClaimLost, StoreUnavailable)):
+            return error
+        return cancelled
+
+    def _cancelled_by(self, error: BaseException) -> outcomes.Outcome:
+        assert isinstance(error, RunCancelled)
+        return self._cancelled(error.reason, error.reason)
+
+    def _cancelled(self, reason: str, message: str) -> outcomes.Outcome:
+        """The run ends ``cancelled`` with ``reason`` (kept if one was requested before), C34."""
+        self._store.request_cancel(self.run_key, reason)
+        self._finish("cancelled")
+        logger.info("job %s (run %s) cancelled: %s", self.job_id, self.run_key, message)
+        return outcomes.Ack(outcomes.AckReason.CANCELLED, message)
 
     def _compensated(self, done: compensation.Compensated) -> outcomes.Outcome:
-        """Every undo ran: the run is ``compensated``; dead-lettered if it failed inside an attempt (C32)."""
+        """Every undo ran: the run is ``compensated``; dead-lettered if it failed inside an attempt (C32).
+
+        A cancelled run ends ``cancelled`` instead, and is acknowledged (C34).
+        """
         failure = done.failure
+        if failure.origin == "cancelled":
+            cancelled = self.journal.cancellation
+            return self._cancelled(cancelled.reason if cancelled else failure.message, done.message)
         if failure.origin == "framework":  # the framework already reported the failure
             self._finish("compensated")
             return outcomes.Ack(outcomes.AckReason.COMPENSATED, done.message)

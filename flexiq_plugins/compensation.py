@@ -35,8 +35,9 @@ reason; if the framework had already reported the failure, the job is
 acknowledged.
 
 A cancellation (C34) enters the same way: :func:`begin_compensation` for a
-run that is not running, or :func:`settle` with the error that ends an
-attempt.
+run that is not running (with a ``cancelled`` :class:`RunFailure`), or
+:func:`settle` with the :class:`~flexiq_plugins.errors.RunCancelled` that
+ends an attempt; the run then ends ``cancelled`` instead of ``compensated``.
 """
 
 from __future__ import annotations
@@ -56,11 +57,12 @@ from ._store.base import StepRow, StepStore
 from .errors import (
     ClaimLost,
     CompensationFailed,
+    RunCancelled,
     StepRetrySignal,
     StoreUnavailable,
     compensates,
 )
-from .failures import RunFailure, load_failure
+from .failures import Origin, RunFailure, load_failure
 from .identity import StepId
 from .policies import Compensation, RetryPolicy
 from .step_run import StepRunVerb
@@ -71,6 +73,7 @@ __all__ = [
     "Compensated",
     "CompensationHost",
     "begin_compensation",
+    "is_compensating",
     "pending_undos",
     "settle",
     "start_after_failure",
@@ -132,6 +135,11 @@ def _undos(rows: Iterable[StepRow]) -> list[StepRow]:
     return sorted(undoable, key=lambda r: -r.position)
 
 
+def is_compensating(rows: Iterable[StepRow]) -> bool:
+    """Whether a run with these step rows is being compensated (it has a ``compensation:start`` row, C32)."""
+    return any(r.kind == "compensation" for r in rows)
+
+
 def _marker(rows: Iterable[StepRow]) -> RunFailure | None:
     for row in rows:
         if row.kind == "compensation" and row.failure is not None:
@@ -168,9 +176,11 @@ def settle(host: CompensationHost, error: BaseException | None) -> Compensated |
         return _compensate(host, failure)
     if error is None or not compensates(error) or not pending_undos(journal.sequence.recorded):
         return error
-    failure = RunFailure.of(error, "dead_letter", max_traceback=journal.limits.step_bytes)
+    origin: Origin = "cancelled" if isinstance(error, RunCancelled) else "dead_letter"
+    failure = RunFailure.of(error, origin, max_traceback=journal.limits.step_bytes)
     journal.commit_compensation_start(failure.to_json())
-    logger.warning("%s failed for good (%s); compensating its committed steps", journal.job_label, failure.summary)
+    what = "is cancelled" if origin == "cancelled" else "failed for good"
+    logger.warning("%s %s (%s); compensating its committed steps", journal.job_label, what, failure.summary)
     return _compensate(host, failure)
 
 
@@ -178,6 +188,7 @@ def _compensate(host: CompensationHost, failure: RunFailure) -> Compensated | Ba
     journal = host.journal
     journal.replay_only = False  # the body is over: the undos are new steps
     journal.latched = None  # a ReplayStopped that ended the body must not refuse them
+    journal.ignore_cancel = True  # nor does a cancellation requested meanwhile (C34)
     undone: list[str] = []
     with host.activate():
         for row in _undos(journal.sequence.recorded):

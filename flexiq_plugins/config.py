@@ -29,7 +29,7 @@ from ._store.factory import DEFAULT_STORE_URL, STORE_URL_ENV, StoreSpec, open_st
 from .codec import Codec, CodecChain, Serializer
 from .durations import parse_duration
 from .errors import ConfigurationError
-from .policies import RetryPolicy, retry_policy_option
+from .policies import CancellationPolicy, RetryPolicy, cancellation_option, retry_policy_option
 
 __all__ = ["DurableConfig", "Limits", "StoreSpec", "resolve_store", "resolve_store_spec"]
 
@@ -108,6 +108,20 @@ class DurableConfig:
             "actor's own step_retry option wins (default None: no budget, C31)"
         ),
     )
+    max_run_seconds: float | None = field(
+        default=None,
+        metadata=_doc(
+            "cap on a run's duration from its creation, seconds or '7d'; over it the run is cancelled and "
+            "its compensations run; a task's or actor's own option wins (default None: no cap, C34)"
+        ),
+    )
+    max_suspended_seconds: float | None = field(
+        default=None,
+        metadata=_doc(
+            "cap on a run's total time in sleeps and waits for events, seconds or '3d'; over it the run is "
+            "cancelled; a task's or actor's own option wins (default None: no cap, C34)"
+        ),
+    )
 
     def __post_init__(self) -> None:
         for name in _SECONDS:
@@ -124,6 +138,9 @@ class DurableConfig:
         if not isinstance(self.keep_succeeded_steps, bool):
             raise ConfigurationError(f"option keep_succeeded_steps={self.keep_succeeded_steps!r} must be a bool")
         self._set("step_retry", retry_policy_option(self.step_retry, where="option step_retry"))
+        caps = cancellation_option(self.max_run_seconds, self.max_suspended_seconds, where="options")
+        self._set("max_run_seconds", caps.max_run_seconds if caps else None)
+        self._set("max_suspended_seconds", caps.max_suspended_seconds if caps else None)
 
     def _set(self, name: str, value: Any) -> None:
         object.__setattr__(self, name, value)
@@ -173,6 +190,11 @@ class DurableConfig:
     def limits(self) -> Limits:
         """The size caps (C22)."""
         return Limits(self.step_bytes, self.run_bytes, self.run_steps)
+
+    @property
+    def cancellation(self) -> CancellationPolicy | None:
+        """The integration's caps on every run (C34), ``None`` when neither is set."""
+        return cancellation_option(self.max_run_seconds, self.max_suspended_seconds, where="options")
 
     def codec_chain(self) -> CodecChain:
         """The serializer and codecs step values go through (C7); JSON when no serializer is set."""

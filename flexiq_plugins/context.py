@@ -15,13 +15,15 @@ import contextlib
 from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from datetime import datetime, timedelta
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from .durations import parse_duration
-from .errors import NoCurrentJob, NotInStep
+from .errors import InvalidStepName, NoCurrentJob, NotInStep
+from .identity import validate_name
 from .policies import Compensation, RetryPolicy
 from .step_run import StepRunVerb, compensation_of, retry_of
 from .steps import SleepVerb, StepJournal, adrive, current_step_key, drive, outside_steps
+from .waits import EventVerb, WaitVerb, event_step, validate_event_field
 
 __all__ = ["JobContext", "StepContext", "current_job", "no_current_job"]
 
@@ -155,6 +157,65 @@ class StepContext:
     def _sleep(self, name: str | None, verb: SleepVerb) -> None:
         drive(self._journal.protocol(verb, "sleep" if name is None else name))
 
+    # ------------------------------------------------------------ events
+    def wait_for_event(
+        self, topic: str, *, key: str, timeout: str | timedelta | float | None = None, name: str | None = None
+    ) -> Any:
+        """Wait until an event ``(topic, key)`` is sent; return its payload, or ``None`` at the timeout (C33).
+
+        Suspends like a sleep: if no event has arrived the attempt ends, the
+        worker is free, and the job comes back when one is sent with
+        :func:`flexiq_plugins.send_event` (or at the timeout). An event sent
+        after the run was created, or sent to this run by its run key, is
+        received even if it came before the wait started; each event is
+        received at most once per run, the oldest first. The wait is a
+        recorded step: a replay returns the same payload without waiting.
+
+        Parameters:
+          topic(str): the event's topic, e.g. ``"payment"``; at most 255
+            characters, no control characters.
+          key(str): the event's key, e.g. an order id; same rules.
+          timeout(str | timedelta | int | float | None): how long to wait
+            from the first time this wait is reached (``"2h"``, seconds …);
+            ``None`` waits without a timeout.
+          name(str | None): names the wait step (``name#n``); default the
+            topic, which must then be a valid step name (no ``#`` or ``:``).
+
+        Returns the payload decoded from its stored bytes (C7), or ``None``
+        when the timeout passed first.
+
+        Raises:
+          InvalidEvent: (a ``ValueError``) a topic or key that is not accepted.
+          InvalidDuration: a timeout that is not a duration.
+          InvalidStepName: the step name (``name``, or the topic) is not a step name.
+          EventWaitSignal: (a ``SleepSignal``) no event yet: the attempt ends; not an error.
+          RunCancelled: the run is cancelled (C34); not an error.
+        """
+        verb, step_name = self._wait_verbs(topic, key, timeout, name)
+        wait = drive(self._journal.protocol(verb, step_name))
+        return drive(self._journal.protocol_for(EventVerb(topic, key, wait), event_step(wait.step_key)))
+
+    async def await_event(
+        self, topic: str, *, key: str, timeout: str | timedelta | float | None = None, name: str | None = None
+    ) -> Any:
+        """Async form of :meth:`wait_for_event`: the same parameters, return value and errors (C33)."""
+        verb, step_name = self._wait_verbs(topic, key, timeout, name)
+        wait = await adrive(self._journal.protocol(verb, step_name), _no_body)
+        received = self._journal.protocol_for(EventVerb(topic, key, wait), event_step(wait.step_key))
+        return await adrive(received, _no_body)
+
+    @staticmethod
+    def _wait_verbs(topic: object, key: object, timeout: object, name: str | None) -> tuple[WaitVerb, str]:
+        validate_event_field("topic", topic)
+        validate_event_field("key", key)
+        seconds = None if timeout is None else parse_duration(timeout)
+        if name is None:
+            try:
+                name = validate_name(topic)
+            except InvalidStepName as exc:
+                raise InvalidStepName(f"{exc}; the wait's step name defaults to its topic: pass name=...") from None
+        return WaitVerb(seconds), name
+
     # ----------------------------------------------------- idempotency
     @property
     def idempotency_key(self) -> str:
@@ -256,6 +317,10 @@ class _CurrentJob:
     def __repr__(self) -> str:
         job = _job.get()
         return "<current_job: none>" if job is None else f"<current_job {job.task_name} run={job.run_key}>"
+
+
+def _no_body() -> None:
+    """A wait has no body to call."""
 
 
 current_job = _CurrentJob()

@@ -277,7 +277,9 @@ class InvalidEvent(FlexiqError, ValueError):
     """An event that cannot be sent: a bad topic or key, a payload that is not JSON or too big (C33).
 
     Raised by ``send_event`` (and ``step.wait_for_event`` for its topic and
-    key) before anything is stored; the message names the value and what is accepted.
+    key) before anything is stored; the message names the value and what is
+    accepted. Inside a task body it is a defect: the job is dead-lettered
+    (``invalid_event``), never retried.
     """
 
 
@@ -453,6 +455,7 @@ class Disposition(enum.Enum):
 _DEAD_LETTER_TYPES: tuple[type[BaseException], ...] = (
     StepDivergence,
     StepUsageError,
+    InvalidEvent,
     StepLimitExceeded,
     EncodeError,
     StepRetryExhausted,
@@ -532,6 +535,7 @@ def reason_of(exc: BaseException) -> str:
         (InvalidStepName, "invalid_step_name"),
         (InvalidStepKey, "invalid_step_key"),
         (InvalidStepOption, "invalid_step_option"),
+        (InvalidEvent, "invalid_event"),
     ]
     for kind, reason in names:
         if isinstance(exc, kind):

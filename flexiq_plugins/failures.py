@@ -49,7 +49,7 @@ MAX_TRACEBACK_CHARS = 16_000
 
 MAX_TYPE_CHARS = 255
 
-Origin = Literal["dead_letter", "framework"]
+Origin = Literal["dead_letter", "framework", "cancelled"]
 
 
 @dataclass(frozen=True)
@@ -123,8 +123,9 @@ class RunFailure:
 
     Parameters:
       origin(str): ``dead_letter`` (it failed for good inside an attempt: the
-        job is dead-lettered once compensated) or ``framework`` (the
-        framework gave up retrying it and has already reported the failure).
+        job is dead-lettered once compensated), ``framework`` (the
+        framework gave up retrying it and has already reported the failure)
+        or ``cancelled`` (it was cancelled: it ends ``cancelled``, C34).
       reason(str): the dead letter's reason kind, e.g. ``step_retry_exhausted``.
       error_type(str): the error's class name.
       message(str): the error's message.

@@ -19,9 +19,17 @@ root; a third integration would too. The shape of an adapter:
 Options are one frozen :class:`DurableConfig` (subclass it for options of
 your own), the store comes from :func:`resolve_store`. A task's or actor's
 own ``step_retry`` option (C31) is checked with :func:`retry_policy_option`
-and travels in :attr:`JobInfo.step_retry`. When the framework gives up on a
+and travels in :attr:`JobInfo.step_retry`; its caps (``max_run_seconds``,
+``max_suspended_seconds``, C34) are checked with :func:`cancellation_option`
+and travel in :attr:`JobInfo.cancellation`. When the framework gives up on a
 :class:`Failure`, call :meth:`AttemptDriver.give_up`: a run with undos to run
 (C32) comes back as a :class:`PutBack` to re-enqueue.
+
+An integration configured in a process calls :func:`register_installation`
+with its app or broker, so :func:`flexiq_plugins.send_event` and
+:func:`flexiq_plugins.cancel_run` called there use its store and wake runs
+through it (C33, C34). When the framework cancels a job itself (a Celery
+``revoke``), the adapter calls :func:`cancel_run`, the one cancellation.
 """
 
 from __future__ import annotations
@@ -43,9 +51,10 @@ from .config import DurableConfig, resolve_store, resolve_store_spec
 from .context import no_current_job
 from .errors import DeadLettered, Disposition, StepSignal, UnsupportedInEagerMode, classify
 from .identity import new_run_key, run_key_from
+from .operations import CancelResult, cancel_run
 from .outcomes import Ack, AckReason, Completed, DeadLetter, Failure, Outcome, PutBack, PutBackReason
-from .policies import RetryPolicy, retry_policy_option
-from .registry import Adapter, Publisher, ValueReader, register_adapter
+from .policies import CancellationPolicy, RetryPolicy, cancellation_option, retry_policy_option
+from .registry import Adapter, Publisher, ValueReader, register_adapter, register_installation
 
 __all__ = [
     "HAND_OFF_PAUSES",
@@ -55,6 +64,8 @@ __all__ = [
     "Adapter",
     "Attempt",
     "AttemptDriver",
+    "CancelResult",
+    "CancellationPolicy",
     "CodecChain",
     "Completed",
     "DeadLetter",
@@ -78,6 +89,8 @@ __all__ = [
     "UnsupportedInEagerMode",
     "ValueReader",
     "build_envelope",
+    "cancel_run",
+    "cancellation_option",
     "classify",
     "envelope_arguments",
     "hand_off",
@@ -85,6 +98,7 @@ __all__ = [
     "new_run_key",
     "no_current_job",
     "register_adapter",
+    "register_installation",
     "resolve_store",
     "resolve_store_spec",
     "retry_policy_option",

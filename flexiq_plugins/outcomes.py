@@ -46,6 +46,8 @@ class PutBackReason(enum.Enum):
     """A step with a retry budget failed with attempts left (C31); the job comes back after its backoff."""
     COMPENSATE = "compensate"
     """The framework gave up on a run with compensations (C32); the next delivery runs them."""
+    WAIT = "wait"
+    """The body waits for an event (C33); the job comes back at the wait's deadline, or earlier when it is sent."""
 
 
 class AckReason(enum.Enum):
@@ -57,6 +59,10 @@ class AckReason(enum.Enum):
     """This attempt's claim was taken over (C25); its outcome is dropped."""
     COMPENSATED = "compensated"
     """The run's compensations all ran after the framework had reported its failure (C32)."""
+    WAITING = "waiting"
+    """The body waits for an event without a deadline (C33): no message is kept; the sender (or recovery) wakes it."""
+    CANCELLED = "cancelled"
+    """The run was cancelled (C34): on request or over a cap; its compensations ran."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,8 @@ class PutBack:
       delay(float): seconds until the job should run again (a sleep's time
         left, capped at the maximum hop, C18).
       detail(str): a human-readable note for logs, e.g. the sleep's step key.
-      wake_at(float | None): a sleep's wake time, epoch seconds (store clock).
+      wake_at(float | None): a sleep's wake time, or a wait's deadline, epoch
+        seconds (store clock); a cap of the run's may bring it earlier (C34).
     """
 
     reason: PutBackReason

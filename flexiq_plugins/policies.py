@@ -10,6 +10,9 @@ The task's own retry settings (Celery's ``max_retries``, Dramatiq's
 A :class:`Compensation` is what undoes a committed step when the run fails for
 good; ``step.run(..., compensate=undo)`` takes a plain callable too.
 
+A :class:`CancellationPolicy` caps a whole run: its duration and its time
+suspended in sleeps and waits (C34, :mod:`flexiq_plugins.cancellation`).
+
 Both are plain frozen values with no store or framework in them, so they can
 be module constants shared by many tasks.
 """
@@ -25,7 +28,7 @@ from typing import Any
 from .durations import parse_duration
 from .errors import ConfigurationError, NonRetryableError
 
-__all__ = ["Compensation", "RetryPolicy", "retry_policy_option"]
+__all__ = ["CancellationPolicy", "Compensation", "RetryPolicy", "cancellation_option", "retry_policy_option"]
 
 ErrorTypes = tuple[type[BaseException], ...]
 
@@ -179,3 +182,76 @@ class Compensation:
     def label(self) -> str:
         """The undo's display name (at most 255 characters, as stored)."""
         return str(self.name)[:255]
+
+
+_FIELDS = ("max_run_seconds", "max_suspended_seconds")
+
+
+@dataclass(frozen=True)
+class CancellationPolicy:
+    """The caps of a run (C34); ``None`` leaves a cap off.
+
+    Parameters:
+      max_run_seconds(float | None): the longest a run may last from its
+        creation, seconds (a duration string such as ``"7d"`` or a
+        ``timedelta`` is accepted).
+      max_suspended_seconds(float | None): the longest a run may spend in
+        sleeps and waits for events in all, seconds (or a duration).
+
+    Raises:
+      ConfigurationError: a cap that is not a positive duration.
+    """
+
+    max_run_seconds: float | None = None
+    max_suspended_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in _FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, _positive(name, value))
+
+    @property
+    def empty(self) -> bool:
+        """Whether no cap is set."""
+        return self.max_run_seconds is None and self.max_suspended_seconds is None
+
+    def over(self, default: CancellationPolicy | None) -> CancellationPolicy:
+        """This policy, each cap it leaves off taken from ``default`` (the integration's)."""
+        if default is None:
+            return self
+        return CancellationPolicy(
+            self.max_run_seconds if self.max_run_seconds is not None else default.max_run_seconds,
+            self.max_suspended_seconds if self.max_suspended_seconds is not None else default.max_suspended_seconds,
+        )
+
+
+def _positive(name: str, value: object) -> float:
+    try:
+        seconds = parse_duration(value)
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{name}={value!r}: {exc}") from exc
+    if seconds <= 0:
+        raise ConfigurationError(f"{name}={value!r} must be a positive duration, e.g. '7d' or 3600")
+    return seconds
+
+
+def cancellation_option(
+    max_run_seconds: object, max_suspended_seconds: object, *, where: str
+) -> CancellationPolicy | None:
+    """A task's or actor's caps from its two options, or ``None`` when both are unset (C34).
+
+    Parameters:
+      max_run_seconds(object): the option's value (seconds, a duration string, ``None``).
+      max_suspended_seconds(object): the option's value.
+      where(str): names the task in the error message, e.g. ``"task 'shop.checkout'"``.
+
+    Raises:
+      ConfigurationError: a value that is not a positive duration, naming the task.
+    """
+    if max_run_seconds is None and max_suspended_seconds is None:
+        return None
+    try:
+        return CancellationPolicy(max_run_seconds, max_suspended_seconds)  # type: ignore[arg-type]
+    except ConfigurationError as exc:
+        raise ConfigurationError(f"{where}: {exc}") from exc

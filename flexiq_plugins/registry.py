@@ -10,28 +10,41 @@ or calls :func:`register_adapter` at import. The operator API and the
 ``flexiq`` CLI then ask the registry for a publisher of a framework's jobs, or
 for a reader of a serializer's bytes, and never name a framework themselves.
 An adapter is loaded (its package imported) only when it is asked for.
+
+An integration configured in a process (``celery_ext.install(app)``, the
+``DurableSteps`` middleware on a broker) also registers an
+:class:`Installation` (:func:`register_installation`): then
+:func:`flexiq_plugins.send_event` and :func:`flexiq_plugins.cancel_run`,
+called from any code of that process (a web request, a script, another task),
+use its store and codecs and wake runs through its app or broker (C33, C34).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
 from ._store.base import JobEnvelope
+from .attempt import AttemptDriver
 from .errors import ConfigurationError
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "Adapter",
+    "Installation",
     "Publisher",
     "ValueReader",
     "adapter_for",
     "all_adapters",
+    "installations",
     "publisher_for_target",
     "register_adapter",
+    "register_installation",
     "value_reader",
 ]
 
@@ -40,8 +53,18 @@ logger = logging.getLogger("flexiq_plugins.registry")
 ENTRY_POINT_GROUP = "flexiq_plugins.adapters"
 """The entry point group integrations register their :class:`Adapter` under."""
 
-Publisher = Callable[[JobEnvelope, str], str]
-"""``publish(envelope, run_key) -> new job id``: re-publishes a stored job carrying ``run_key`` (C11, C36)."""
+
+class Publisher(Protocol):
+    """``publish(envelope, run_key) -> job id``: re-publishes a stored job carrying ``run_key`` (C11, C36)."""
+
+    def __call__(self, envelope: JobEnvelope, run_key: str, *, job_id: str | None = None) -> str:
+        """Publish ``envelope`` again carrying ``run_key``; return the new message's job id.
+
+        ``job_id``: reuse this job id where the framework allows two messages
+        of one id (Celery: a result waiter then sees the run's outcome);
+        otherwise, or when ``None``, a new id is made.
+        """
+
 
 ValueReader = Callable[[bytes], Any]
 """``loads(serialized bytes) -> value``: reads step values for display only, never to run a job."""
@@ -127,6 +150,42 @@ def publisher_for_target(target: object) -> tuple[str, Publisher]:
             return adapter.framework, adapter.publisher(target)
     known = ", ".join(_names()) or "none"
     raise ConfigurationError(f"no installed integration publishes with {target!r} (installed: {known})")
+
+
+@dataclass(frozen=True)
+class Installation:
+    """An integration configured in this process: what sends events and cancels runs from here (C33, C34).
+
+    Parameters:
+      framework(str): the adapter's framework name.
+      target(Callable[[], object | None]): the app or broker it publishes with
+        (a weak reference: ``None`` once it is gone).
+      driver(Callable[[], AttemptDriver]): the process's attempt driver (its
+        store, codecs and options), opened on first use.
+    """
+
+    framework: str
+    target: Callable[[], object | None]
+    driver: Callable[[], AttemptDriver]
+
+
+_installed: list[Installation] = []
+
+
+def register_installation(framework: str, target: object, driver: Callable[[], AttemptDriver]) -> None:
+    """Note that ``framework`` is configured on ``target`` (an app or broker) in this process (idempotent).
+
+    Held weakly: an app or broker that is gone is forgotten.
+    """
+    with _lock:
+        _installed[:] = [i for i in _installed if i.target() not in (None, target)]
+        _installed.append(Installation(framework, weakref.ref(target), driver))
+
+
+def installations() -> list[Installation]:
+    """The integrations configured in this process whose app or broker is alive, the most recent first."""
+    with _lock:
+        return [i for i in reversed(_installed) if i.target() is not None]
 
 
 def value_reader(serializer_name: str) -> ValueReader | None:

@@ -24,6 +24,12 @@ compensate=...)`` registered in this attempt (:attr:`StepJournal.compensations`)
 and knows when its run is being compensated (:attr:`StepJournal.replay_only`):
 the body is then replayed only to register them, and stops at the first step
 that never ran (:class:`~flexiq_plugins.errors.ReplayStopped`).
+
+A cancelled run (C34, :attr:`StepJournal.cancellation`) is replayed the same
+way and stops with :class:`~flexiq_plugins.errors.RunCancelled` instead. A
+cancellation requested while the attempt runs reaches the journal as a notice
+from the store's commit (:class:`~flexiq_plugins.errors.CancelRequested`): the
+step is committed, its undo registered, and then the body unwinds.
 """
 
 from __future__ import annotations
@@ -38,14 +44,16 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol, TypeVar
 
-from ._store.base import StepAttemptBegin, StepAttemptFailed, StepAttemptFailure, StepKind, StepRow
+from ._store.base import EventPoll, StepAttemptBegin, StepAttemptFailed, StepAttemptFailure, StepKind, StepRow
 from .codec import CodecChain
 from .config import Limits
 from .errors import (
+    CancelRequested,
     ConcurrentStep,
     DecodeError,
     EncodeError,
     ReplayStopped,
+    RunCancelled,
     SleepSignal,
     StepLimitExceeded,
     StepUsageError,
@@ -117,6 +125,9 @@ class StepWriter(Protocol):
 
     def fail_step_attempt(self, failure: StepAttemptFailure, row: StepRow | None = None) -> StepAttemptFailed:
         """Record a failed step attempt, and commit ``row`` with it when given (C31)."""
+
+    def poll_event(self, topic: str, key: str, deadline: float | None) -> EventPoll:
+        """Look for the event a waiting step can receive (C33)."""
 
     def now(self) -> float:
         """The store's clock, epoch seconds."""
@@ -216,6 +227,12 @@ class StepJournal:
         registered in this attempt, by step key (C32).
       replay_only(bool): the run is being compensated: a step that never ran
         stops the body instead of running (C32).
+      cancellation(RunCancelled | None): the run is cancelled (C34): a step
+        that never ran stops the body with it, and the attempt ends cancelled.
+      run_deadline(tuple[float, str] | None): when the run reaches its
+        duration cap (epoch seconds) and the reason to cancel it then (C34).
+      ignore_cancel(bool): the undos are running: a cancellation requested
+        meanwhile does not stop them.
     """
 
     def __init__(
@@ -233,6 +250,10 @@ class StepJournal:
         self.step_retry = step_retry
         self.compensations: dict[str, Compensation] = {}
         self.replay_only = any(r.kind == "compensation" for r in snapshot)
+        self.cancellation: RunCancelled | None = None
+        self.run_deadline: tuple[float, str] | None = None
+        self.ignore_cancel = False
+        self._cancel_noticed = False
         self._writer = writer
         self._codec = codec
         self._limits = limits
@@ -250,13 +271,18 @@ class StepJournal:
         """The size caps (C22)."""
         return self._limits
 
+    @property
+    def codec(self) -> CodecChain:
+        """The run's serializer and codecs (C7)."""
+        return self._codec
+
     # --------------------------------------------------------- the protocol
     def protocol(self, verb: Verb, name: object, key: object = None) -> Protocol_:
         """Enter one step, then replay its memo or execute and commit it; return the step's value."""
         with self._one_at_a_time():
             step = self._enter(name, key, verb.kind)
-            if step.memo is None and self.replay_only:
-                self._stop_replay(step)
+            if step.memo is None:
+                self.check_new_step(step)
             return (yield from self._replay_or_execute(verb, step))
 
     def protocol_for(self, verb: Verb, step_id: StepId) -> Protocol_:
@@ -274,7 +300,25 @@ class StepJournal:
             return verb.replay(self, step)
         with self._body_of(step), _in_step(step.id.step_key):
             produced = yield from verb.execute(self, step)
-        return verb.commit(self, step, produced)
+        value = verb.commit(self, step, produced)
+        if self._cancel_noticed and not self.ignore_cancel:  # the commit found the run's cancellation requested (C34)
+            self._cancel_noticed = False
+            assert self.cancellation is not None
+            self.refuse(self.cancellation)
+        return value
+
+    def check_new_step(self, step: Step) -> None:
+        """Let a step that never ran start, unless the run is being compensated or is cancelled (C32, C34).
+
+        Raises :class:`ReplayStopped` during a compensation replay, the
+        run's :class:`RunCancelled` once it is cancelled or past its duration
+        cap; both latched.
+        """
+        if self.replay_only or self.cancellation is not None:
+            self._stop_replay(step)
+        if self.run_deadline is not None and self.now() >= self.run_deadline[0]:
+            self.cancellation = RunCancelled(self.run_deadline[1])
+            self._stop_replay(step)
 
     def refuse(self, exc: BaseException) -> NoReturn:
         """Raise ``exc`` as a fatal step error: latched, so a body cannot catch it away (C21)."""
@@ -353,14 +397,21 @@ class StepJournal:
             raise
 
     def commit(
-        self, step: Step, encoded: bytes | None, wake_at: float | None, *, compensate: str | None = None
+        self,
+        step: Step,
+        encoded: bytes | None,
+        wake_at: float | None,
+        *,
+        compensate: str | None = None,
+        event_id: int | None = None,
     ) -> None:
         """Check the caps and commit the step row in one fenced transaction (C9, C22).
 
-        ``compensate`` names the undo the step registered (C32).
+        ``compensate`` names the undo the step registered (C32); ``event_id``
+        is the event an ``event`` step received (C33).
         """
         row = StepRow(self.sequence.next_position, step.id.step_key, step.id.kind, encoded, wake_at)
-        self._append(dataclasses.replace(row, compensate=compensate), self._writer.commit_step)
+        self._append(dataclasses.replace(row, compensate=compensate, event_id=event_id), self._writer.commit_step)
 
     def commit_failed(self, step: Step, failure: str, attempt: StepAttemptFailure) -> None:
         """Commit a step that failed for good (``failure``: its JSON) and its attempt's failure together (C31)."""
@@ -375,13 +426,39 @@ class StepJournal:
     def commit_compensation_start(self, failure: str) -> None:
         """Commit the row recording why the run is being compensated (C32); no cap refuses it."""
         row = StepRow(self.sequence.next_position, COMPENSATION_KEY, "compensation", failure=failure)
-        self.sequence.record(self._writer.commit_step(row))
+        self.sequence.record(self._written(row, self._writer.commit_step))
 
     def _append(self, row: StepRow, write: Callable[[StepRow], StepRow]) -> None:
         self._check_limits(row.step_key, row.size)
-        stored = write(row)
+        stored = self._written(row, write)
         self.sequence.record(stored)
         self._run_bytes += stored.size
+
+    def _written(self, row: StepRow, write: Callable[[StepRow], StepRow]) -> StepRow:
+        """``write(row)``; a cancellation notice carries the committed row and is remembered (C34)."""
+        try:
+            return write(row)
+        except CancelRequested as notice:
+            self._notice(notice)
+            stored = notice.row
+        if not isinstance(stored, StepRow):
+            raise TypeError("a commit's cancellation notice must carry the committed row")
+        return stored
+
+    def _notice(self, notice: CancelRequested) -> None:
+        if self.ignore_cancel or self.cancellation is not None:
+            return
+        self.cancellation = RunCancelled(notice.reason)
+        self._cancel_noticed = True
+
+    def poll_event(self, topic: str, key: str, deadline: float | None) -> EventPoll:
+        """Look for the event a waiting step can receive (C33); a requested cancellation stops the wait (C34)."""
+        try:
+            return self._writer.poll_event(topic, key, deadline)
+        except CancelRequested as notice:
+            self._notice(notice)
+            assert self.cancellation is not None
+            self.refuse(self.cancellation)
 
     def begin_attempt(self, step: Step, max_attempts: int) -> StepAttemptBegin:
         """Journal a new attempt of ``step`` before its body runs (C31); see :meth:`StepWriter.begin_step_attempt`."""
@@ -394,15 +471,18 @@ class StepJournal:
     def sleep_until(self, step: Step, wake_at: float) -> None:
         """Raise :class:`SleepSignal` (latched) unless ``wake_at`` has passed on the store's clock (C15, C17).
 
-        During a compensation replay a sleep that is not due stops the body instead (C32).
+        During a compensation replay a sleep that is not due stops the body
+        instead (C32), and so it does in a cancelled run (C34).
         """
         if wake_at > self.now():
-            if self.replay_only:
+            if self.replay_only or self.cancellation is not None:
                 self._stop_replay(step)
             self.refuse(SleepSignal(step.id.step_key, wake_at))
 
     def _stop_replay(self, step: Step) -> NoReturn:
-        self.refuse(ReplayStopped(f"the compensation replay of {self.job_label} stopped at {step.id.step_key!r}"))
+        if self.replay_only or self.cancellation is None:
+            self.refuse(ReplayStopped(f"the compensation replay of {self.job_label} stopped at {step.id.step_key!r}"))
+        self.refuse(self.cancellation)
 
     def _check_limits(self, step_key: str, size: int) -> None:
         checks = [

@@ -24,6 +24,12 @@ attempt whose step failed with budget left is :attr:`AttemptResult.step_retrying
 :class:`SimulatedCrash` inside a step dies there like a killed worker, and
 :meth:`DurableRun.give_up` plays a framework that stops retrying.
 
+Events (C33) and cancellation (C34) too: an attempt that waits for an event
+is :attr:`AttemptResult.waiting`; :meth:`DurableRun.send_event` sends one (the
+next :meth:`~DurableRun.attempt` receives it), :meth:`DurableRun.wake` lets a
+wait's timeout pass, and :meth:`DurableRun.cancel` cancels the run as
+``flexiq runs cancel`` does (the next attempt then runs the undos).
+
 The pytest plugin (:mod:`flexiq_plugins.pytest_plugin`, loaded through the
 ``pytest11`` entry point) gives the fixtures ``flexiq_clock``,
 ``flexiq_store`` and ``durable_run``. Nothing here imports a framework: a
@@ -45,7 +51,8 @@ from ._store.memory import MemoryStepStore
 from .attempt import Attempt, AttemptDriver, JobInfo
 from .config import DurableConfig
 from .durations import parse_duration
-from .policies import RetryPolicy, retry_policy_option
+from .operations import CancelResult, EventSent, cancel_run, send_event
+from .policies import CancellationPolicy, RetryPolicy, cancellation_option, retry_policy_option
 from .registry import all_adapters
 
 __all__ = ["START", "AttemptResult", "DurableRun", "FakeClock", "SimulatedCrash", "task_body"]
@@ -112,6 +119,20 @@ class AttemptResult:
         return isinstance(self.outcome, outcomes.PutBack) and self.outcome.reason is outcomes.PutBackReason.STEP_RETRY
 
     @property
+    def waiting(self) -> bool:
+        """The body waits for an event (C33): :meth:`DurableRun.send_event` sends it, :meth:`DurableRun.wake`
+        lets its timeout pass."""
+        outcome = self.outcome
+        if isinstance(outcome, outcomes.PutBack):
+            return outcome.reason is outcomes.PutBackReason.WAIT
+        return isinstance(outcome, outcomes.Ack) and outcome.reason is outcomes.AckReason.WAITING
+
+    @property
+    def cancelled(self) -> bool:
+        """The run was cancelled (C34): on request or over a cap; its undos ran."""
+        return isinstance(self.outcome, outcomes.Ack) and self.outcome.reason is outcomes.AckReason.CANCELLED
+
+    @property
     def failed(self) -> bool:
         """The body raised a retryable error (the framework's retry policy would decide)."""
         return isinstance(self.outcome, outcomes.Failure)
@@ -149,11 +170,21 @@ def task_body(task: Callable[..., Any]) -> Callable[..., Any]:
     return task
 
 
+def _option_of(task: object, name: str) -> object:
+    """A Celery task's attribute ``name`` or a Dramatiq actor's option ``name``, if any."""
+    options = getattr(task, "options", None)
+    return options.get(name) if isinstance(options, dict) else getattr(task, name, None)
+
+
 def _step_retry_of(task: object) -> RetryPolicy | None:
     """A Celery task's ``step_retry`` attribute or a Dramatiq actor's ``step_retry`` option, if any."""
-    options = getattr(task, "options", None)
-    value = options.get("step_retry") if isinstance(options, dict) else getattr(task, "step_retry", None)
-    return retry_policy_option(value, where=f"{task!r} step_retry")
+    return retry_policy_option(_option_of(task, "step_retry"), where=f"{task!r} step_retry")
+
+
+def _cancellation_of(task: object) -> CancellationPolicy | None:
+    """A Celery task's or a Dramatiq actor's ``max_run_seconds`` / ``max_suspended_seconds`` (C34), if any."""
+    caps = (_option_of(task, "max_run_seconds"), _option_of(task, "max_suspended_seconds"))
+    return cancellation_option(*caps, where=repr(task))
 
 
 class DurableRun:
@@ -169,8 +200,9 @@ class DurableRun:
       config(DurableConfig | None): the options (caps, lease, ``step_retry`` …); defaults otherwise.
       task_name(str | None): the name recorded with the run (default: the function's name).
 
-    A Celery task's or Dramatiq actor's own ``step_retry`` option is used as
-    its workers would use it (C31).
+    A Celery task's or Dramatiq actor's own ``step_retry`` option (C31) and
+    caps (``max_run_seconds``, ``max_suspended_seconds``, C34) are used as its
+    workers would use them.
     """
 
     def __init__(
@@ -186,6 +218,7 @@ class DurableRun:
     ) -> None:
         self.body = task_body(task)
         self.step_retry = _step_retry_of(task)
+        self.cancellation = _cancellation_of(task)
         self.args, self.kwargs = args, kwargs
         self.run_key = run_key
         self.clock = clock or FakeClock()
@@ -211,7 +244,7 @@ class DurableRun:
         """
         if self.results and self.results[-1].crashed:
             self.clock.advance(self.driver.config.lease_seconds + 1)
-        job = JobInfo(self.run_key, f"job-{next(_job_ids)}", self.envelope, self.step_retry)
+        job = JobInfo(self.run_key, f"job-{next(_job_ids)}", self.envelope, self.step_retry, self.cancellation)
         started = self.driver.start(job)
         if not isinstance(started, Attempt):
             return self._record(AttemptResult(None, started))
@@ -254,11 +287,30 @@ class DurableRun:
         return result
 
     def wake(self) -> None:
-        """Move the clock to the wake time of the last sleep or step retry (C31), so the next attempt goes on."""
+        """Move the clock to the wake time of the last sleep, step retry (C31) or wait's deadline (C33)."""
         last = self.results[-1].outcome if self.results else None
         if not isinstance(last, outcomes.PutBack) or last.wake_at is None:
-            raise RuntimeError("the last attempt did not sleep; nothing to wake from")
+            raise RuntimeError("the last attempt did not sleep or wait with a deadline; nothing to wake from")
         self.clock.advance(max(last.wake_at - self.clock(), 0.0))
+
+    def send_event(self, topic: str, key: str, payload: Any = None, *, to_this_run: bool = False) -> EventSent:
+        """Send the event ``(topic, key)`` as :func:`flexiq_plugins.send_event` does, into this run's store (C33).
+
+        No worker is woken here: the next :meth:`attempt` is the delivery that
+        receives it.
+
+        Parameters:
+          topic(str): the topic.
+          key(str): the key.
+          payload(Any): what the wait returns.
+          to_this_run(bool): send it to this run only (by its run key).
+        """
+        run_key = self.run_key if to_this_run else None
+        return send_event(self.store, topic, key, payload, run_key=run_key, codec=self.driver.codec)
+
+    def cancel(self, reason: str = "") -> CancelResult:
+        """Cancel the run as ``flexiq runs cancel`` does (C34); its undos, if any, run at the next :meth:`attempt`."""
+        return cancel_run(self.store, self.run_key, reason=reason)
 
     def give_up(self) -> outcomes.PutBack | None:
         """Play a framework that will not retry the last attempt's failure (C26, C32).
@@ -287,7 +339,11 @@ class DurableRun:
         """
         for _ in range(max_attempts):
             result = self.attempt()
-            if result.sleeping or result.step_retrying:
+            if (
+                result.sleeping
+                or result.step_retrying
+                or (result.waiting and isinstance(result.outcome, outcomes.PutBack))
+            ):
                 self.wake()
             elif not (result.failed or result.crashed or isinstance(result.outcome, outcomes.PutBack)):
                 return result

@@ -16,6 +16,7 @@ from .. import __version__
 from ..errors import ConfigurationError, StoreError, StoreUnavailable, UnknownDeadLetter, UnknownRun
 from ..operations import NoPublisher, OperationError
 from .dlq import dlq
+from .events import events
 from .recover import recover_command
 from .runs import runs
 from .state import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_USAGE, CliState, failure, store_env_help
@@ -60,7 +61,7 @@ class _Flexiq(click.Group):
 @click.version_option(version=__version__, prog_name="flexiq")
 @click.pass_context
 def cli(ctx: click.Context, store_url: str | None, app_ref: str | None, broker_ref: str | None) -> None:
-    """Operate durable runs: inspect runs, retry dead letters, recover lost jobs, maintain the store.
+    """Operate durable runs: inspect and cancel runs, send events, retry dead letters, recover jobs, maintain the store.
 
     Exit codes: 0 ok, 1 operation failed, 2 usage error, 3 not found.
     """
@@ -71,6 +72,7 @@ def cli(ctx: click.Context, store_url: str | None, app_ref: str | None, broker_r
 
 cli.add_command(runs)
 cli.add_command(dlq)
+cli.add_command(events)
 cli.add_command(recover_command)
 cli.add_command(store)
 

@@ -58,7 +58,7 @@ def recover_command(
         raise click.exceptions.Exit(EXIT_FAILED)
 
 
-def _never(*_: object) -> str:
+def _never(*_: object, **__: object) -> str:
     raise AssertionError("a dry run publishes nothing")
 
 

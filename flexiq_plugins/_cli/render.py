@@ -24,6 +24,7 @@ __all__ = [
     "dead_letter_table",
     "human_time",
     "iso_time",
+    "run_detail",
     "run_dict",
     "run_fields",
     "runs_table",
@@ -76,12 +77,28 @@ def run_dict(run: RunRecord) -> dict[str, Any]:
         "updated_at": iso_time(run.updated_at),
         "wake_at": iso_time(run.wake_at),
         "recovered_at": iso_time(run.recovered_at),
+        "wait_topic": run.wait_topic if run.status == "waiting" else None,
+        "wait_key": run.wait_key if run.status == "waiting" else None,
+        "cancel_reason": run.cancel_reason,
     }
 
 
+def run_detail(run: RunRecord) -> str:
+    """What a run waits for (C33), or why it is cancelled, or is to be (C34); '-' otherwise."""
+    if run.status == "waiting":
+        until = f" until {human_time(run.wake_at)}" if run.wake_at is not None else ""
+        return f"event ({run.wait_topic!r}, {run.wait_key!r}){until}"
+    if run.cancel_reason is not None and run.status == "cancelled":
+        return f"cancelled: {run.cancel_reason}"
+    if run.cancel_reason is not None:
+        return f"cancel requested: {run.cancel_reason}"
+    return "-"
+
+
 def runs_table(runs: list[RunRecord]) -> Table:
-    """The ``runs list`` table."""
-    table = Table("RUN KEY", "TASK", "FRAMEWORK", "STATUS", "ATTEMPT", "STEPS", "BYTES", "UPDATED", box=None)
+    """The ``runs list`` table; DETAIL says what a waiting run waits for and why a cancelled run was cancelled."""
+    columns = ("RUN KEY", "TASK", "FRAMEWORK", "STATUS", "ATTEMPT", "STEPS", "BYTES", "UPDATED", "DETAIL")
+    table = Table(*columns, box=None)
     for r in runs:
         table.add_row(
             r.run_key,
@@ -92,6 +109,7 @@ def runs_table(runs: list[RunRecord]) -> Table:
             str(r.step_count),
             str(r.step_bytes),
             human_time(r.updated_at),
+            run_detail(r),
         )
     return table
 
@@ -113,6 +131,7 @@ def run_fields(details: RunDetails) -> Table:
         ("Job id", run.job_id or "-"),
         ("Steps", f"{run.step_count} ({run.step_bytes} bytes)"),
         ("Wake at", human_time(details.wake_at)),
+        ("Detail", run_detail(run)),
         ("Created", human_time(run.created_at)),
         ("Updated", human_time(run.updated_at)),
     ]
@@ -138,6 +157,7 @@ def step_dict(row: StepRow, decoded: DecodedValue | None = None, *, errors: bool
         "wake_at": iso_time(row.wake_at),
         "failure": _failure_dict(row, errors=errors),
         "compensate": row.compensate,
+        "event_id": row.event_id,
     }
     if decoded is not None:
         data["value"] = decoded.value if decoded.ok else None
@@ -181,6 +201,8 @@ def _note(row: StepRow) -> str:
         notes.append(f"compensating: {failure.reason} ({failure.error_type})")
     if row.compensate:
         notes.append(f"undo: {row.compensate}")
+    if row.kind == "event":
+        notes.append(f"event {row.event_id}" if row.event_id is not None else "timed out")
     return "; ".join(notes) or "-"
 
 
@@ -205,7 +227,7 @@ def steps_table(steps: list[StepRow], values: list[DecodedValue] | None = None) 
 
 
 def _shown_value(row: StepRow, shown: DecodedValue) -> str:
-    if row.kind != "run" or row.value is None:
+    if row.kind not in ("run", "event") or row.value is None:
         return "-"
     return repr(shown.value) if shown.ok else f"({shown.note})"
 

@@ -1,4 +1,4 @@
-"""``flexiq runs list`` and ``flexiq runs show``: what the store knows about runs."""
+"""``flexiq runs list``, ``flexiq runs show`` and ``flexiq runs cancel``: what the store knows about runs."""
 
 from __future__ import annotations
 
@@ -6,8 +6,17 @@ import click
 
 from .._store.base import RunStatus
 from ..codec import CodecChain
-from ..operations import DecodedValue, RunDetails, decode_step_value, list_runs, load_object, show_run
+from ..operations import (
+    DecodedValue,
+    RunDetails,
+    cancel_run,
+    decode_step_value,
+    list_runs,
+    load_object,
+    show_run,
+)
 from . import render
+from .dlq import publisher_options
 from .state import EXIT_USAGE, CliState, console, emit_json, fail, pass_state
 from .types import DURATION
 
@@ -31,7 +40,7 @@ def runs() -> None:
 def list_command(
     state: CliState, *, status: str | None, task_name: str | None, since: float | None, limit: int, as_json: bool
 ) -> None:
-    """List runs, most recently updated first."""
+    """List runs, most recently updated first; DETAIL says what a waiting run waits for, why a run was cancelled."""
     found = list_runs(state.store, status=status, task_name=task_name, since=since, limit=limit)
     if as_json:
         emit_json([render.run_dict(r) for r in found])
@@ -74,6 +83,38 @@ def show_command(
         out.print(render.attempts_table(details.attempts, committed, errors=errors))
         if errors:
             _print_tracebacks(details)
+
+
+@runs.command("cancel")
+@click.argument("run_key")
+@click.option("--reason", default="", help="Why; shown by runs list (default: cancelled on request).")
+@publisher_options
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_state
+def cancel_command(
+    state: CliState, *, run_key: str, reason: str, app_ref: str | None, broker_ref: str | None, as_json: bool
+) -> None:
+    """Cancel a run: at once if it is sleeping, waiting or pending; at its next step if it is running.
+
+    Its compensations run and it ends cancelled. A run with undos to run is
+    re-published through --app/--broker (else by `flexiq recover`).
+    """
+    done = cancel_run(state.store, run_key, reason=reason, publishers=state.publishers(app_ref, broker_ref))
+    if as_json:
+        emit_json(
+            {"run_key": done.run_key, "outcome": done.outcome, "status": done.status, "job_id": done.job_id}
+            | ({"note": done.note} if done.note else {})
+        )
+        return
+    out = console()
+    said = {
+        "cancelled": "cancelled",
+        "compensating": "cancelled; its undos run next"
+        + (f" (job {done.job_id})" if done.job_id else f" ({done.note})" if done.note else ""),
+        "requested": "cancellation requested: its running attempt stops at its next step",
+        "finished": f"already {done.status}: nothing to cancel",
+    }
+    out.print(f"run {done.run_key}: {said[done.outcome]}", markup=False)
 
 
 def _emit_details(details: RunDetails, decoded: list[DecodedValue] | None, *, errors: bool) -> None:

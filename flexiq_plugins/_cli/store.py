@@ -14,7 +14,7 @@ __all__ = ["store"]
 
 @click.group()
 def store() -> None:
-    """The step store: upgrade its schema, clean up old runs."""
+    """The step store: upgrade its schema, clean up old runs and events."""
 
 
 @store.command("upgrade")
@@ -37,18 +37,28 @@ def upgrade_command(state: CliState, *, as_json: bool) -> None:
 @click.option(
     "--older-than", type=DURATION, required=True, metavar="DURATION", help="Retention, e.g. 7d: older runs go."
 )
+@click.option(
+    "--events-older-than",
+    type=DURATION,
+    metavar="DURATION",
+    help="Retention of events (default: --older-than); a run that has not received one by then never will.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_state
-def cleanup_command(state: CliState, *, older_than: float, as_json: bool) -> None:
-    """Delete succeeded, failed and cancelled runs not updated for --older-than (dead-lettered runs stay)."""
+def cleanup_command(state: CliState, *, older_than: float, events_older_than: float | None, as_json: bool) -> None:
+    """Delete finished runs not updated for --older-than (dead-lettered runs stay), and older events."""
     opened = state.store
-    cutoff = opened.now() - older_than
+    now = opened.now()
+    cutoff, events_cutoff = now - older_than, now - (older_than if events_older_than is None else events_older_than)
     out = console()
     if as_json:
         deleted = opened.cleanup(older_than=cutoff)
-        emit_json({"deleted": deleted, "older_than": render.iso_time(cutoff)})
+        events = opened.cleanup_events(older_than=events_cutoff)
+        emit_json({"deleted": deleted, "older_than": render.iso_time(cutoff), "events_deleted": events})
         return
-    with out.status("Deleting finished runs (one transaction)…"):
+    with out.status("Deleting finished runs and old events…"):
         deleted = opened.cleanup(older_than=cutoff)
+        events = opened.cleanup_events(older_than=events_cutoff)
     plural = "s" if deleted != 1 else ""
     out.print(f"deleted {deleted} finished run{plural} last updated before {render.human_time(cutoff)}")
+    out.print(f"deleted {events} event{'s' if events != 1 else ''} sent before {render.human_time(events_cutoff)}")

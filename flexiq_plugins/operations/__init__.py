@@ -8,6 +8,8 @@ an admin page can call them directly with any :class:`~flexiq_plugins.StepStore`
 - dead letters: :func:`retry_dead_letter`, :func:`retry_dead_letters`,
   :func:`purge_dead_letters`;
 - recovery: :func:`find_stranded`, :func:`recover`, :class:`Sweeper`;
+- events and cancellation: :func:`send_event`, :func:`wake_run`,
+  :func:`cleanup_events` (C33), :func:`cancel_run` (C34);
 - publishers: :func:`publishers_for` (an app or a broker, through the
   installed adapters) and :func:`load_object` (``module:attribute``).
 
@@ -18,7 +20,9 @@ C36), so the run replays its committed steps and keeps its idempotency keys.
 
 from ..errors import AlreadyRetried, NoPublisher, OperationError, PublishFailed
 from ..registry import Publisher
+from ._cancel import DEFAULT_CANCEL_REASON, CancelResult, cancel_run
 from ._dead_letters import Retried, purge_dead_letters, retry_dead_letter, retry_dead_letters
+from ._events import EventSent, cleanup_events, send_event, wake_run
 from ._publishing import DEFAULT_TARGET_ATTRS, load_object, publishers_for
 from ._recovery import (
     DEFAULT_GRACE_SECONDS,
@@ -33,11 +37,14 @@ from ._runs import RunDetails, cleanup, list_runs, show_run
 from ._values import DecodedValue, decode_step_value
 
 __all__ = [
+    "DEFAULT_CANCEL_REASON",
     "DEFAULT_GRACE_SECONDS",
     "DEFAULT_STALE_SECONDS",
     "DEFAULT_TARGET_ATTRS",
     "AlreadyRetried",
+    "CancelResult",
     "DecodedValue",
+    "EventSent",
     "NoPublisher",
     "OperationError",
     "PublishFailed",
@@ -47,7 +54,9 @@ __all__ = [
     "RunDetails",
     "Stranded",
     "Sweeper",
+    "cancel_run",
     "cleanup",
+    "cleanup_events",
     "decode_step_value",
     "find_stranded",
     "list_runs",
@@ -57,5 +66,7 @@ __all__ = [
     "recover",
     "retry_dead_letter",
     "retry_dead_letters",
+    "send_event",
     "show_run",
+    "wake_run",
 ]

@@ -67,14 +67,17 @@ def require_publisher(envelope: JobEnvelope, publishers: Mapping[str, Publisher]
     raise NoPublisher(f"{envelope.task_name!r} is a {envelope.framework} job: {how} to re-publish it")
 
 
-def publish(publisher: Publisher, envelope: JobEnvelope, run_key: str) -> str:
+def publish(publisher: Publisher, envelope: JobEnvelope, run_key: str, *, job_id: str | None = None) -> str:
     """Re-publish ``envelope`` carrying ``run_key``; return the new job id (C11, C36).
+
+    ``job_id`` asks to reuse that job id where the framework allows it (a run
+    woken by an event keeps its task id on Celery, C33).
 
     Raises:
       PublishFailed: the broker refused or could not be reached.
     """
     try:
-        return publisher(envelope, run_key)
+        return publisher(envelope, run_key) if job_id is None else publisher(envelope, run_key, job_id=job_id)
     except Exception as exc:
         raise PublishFailed(
             f"could not re-publish {envelope.task_name!r} (run {run_key}): {type(exc).__name__}: {exc}"

@@ -1,5 +1,10 @@
 """Recovery of runs no broker message will wake (C35): find them, re-publish each exactly once.
 
+Besides lost sleepers and dead workers, recovery wakes a ``waiting`` run
+whose event has arrived when no sender could (C33: a sender without the run's
+integration in its process), and runs a cancellation no attempt carried out
+yet (C34: its undos to run, or a run that suspended as it was cancelled).
+
 **Exactly once per stranded state.** Each candidate is claimed with
 :meth:`StepStore.mark_recovered`, a compare-and-set on the run's status and
 ``updated_at``: of two recoverers running at once, one publishes. The claim
@@ -43,6 +48,7 @@ DEFAULT_STALE_SECONDS = 3600.0
 
 _SCAN_LIMIT = 100_000
 _STALE_STATUSES = ("pending", "retrying")
+_CANCELLABLE = ("pending", "sleeping", "waiting", "retrying", "running")
 
 
 @dataclass(frozen=True)
@@ -51,9 +57,11 @@ class Stranded:
 
     Parameters:
       run(RunRecord): the run as read.
-      why(str): ``"sleep_overdue"``, ``"lease_expired"`` or ``"stale"``.
-      due_at(float): when it should have moved on: the wake time, the lease
-        expiry or the last update, epoch seconds.
+      why(str): ``"sleep_overdue"``, ``"wait_overdue"``, ``"event_arrived"``,
+        ``"cancel_requested"``, ``"lease_expired"`` or ``"stale"``.
+      due_at(float): when it should have moved on: the wake time, the wait's
+        deadline, the event's arrival, the lease expiry or the last update,
+        epoch seconds.
     """
 
     run: RunRecord
@@ -87,7 +95,9 @@ def find_stranded(
     """Return the runs :func:`recover` would re-publish, oldest due first (C35).
 
     - ``sleeping`` past its recorded wake time (a sleep's, or a step retry's time, C31)
-      by more than ``grace``;
+      by more than ``grace``; ``waiting`` past its deadline by more than ``grace``;
+    - ``waiting`` for an event that has arrived (C33), at once;
+    - not held by a live attempt, with a cancellation requested (C34), at once;
     - ``running`` whose claim lease expired more than ``grace`` ago (its worker died);
     - ``pending`` or ``retrying`` not updated for more than ``stale_after``
       (at least ``grace``).
@@ -113,11 +123,15 @@ def find_stranded(
     stale_s = max(parse_duration(stale_after), grace_s)
     now = store.now()
     due, stale = now - grace_s, now - stale_s
-    found = [*_overdue_sleepers(store, due, stale), *_lost_claims(store, due, stale)]
+    found = [*_overdue_sleepers(store, due, stale), *_waiters(store, due, stale), *_lost_claims(store, due, stale)]
     for status in _STALE_STATUSES:
         runs = store.list_runs(status=status, limit=_SCAN_LIMIT)
         found += [Stranded(r, "stale", r.updated_at) for r in runs if r.updated_at < stale]
-    return sorted(found, key=lambda s: s.due_at)
+    found += _cancel_requested(store, now, stale)
+    first: dict[str, Stranded] = {}
+    for stranded in sorted(found, key=lambda s: s.due_at):  # a run once, for its earliest reason
+        first.setdefault(stranded.run.run_key, stranded)
+    return list(first.values())
 
 
 def _unclaimed_since(run: RunRecord, due_at: float, stale: float) -> bool:
@@ -133,6 +147,30 @@ def _overdue_sleepers(store: StepStore, due: float, stale: float) -> list[Strand
             wake_at = latest_wake_at(store.get_steps(run.run_key), store.get_step_attempts(run.run_key))
         if wake_at is not None and wake_at < due and _unclaimed_since(run, wake_at, stale):
             found.append(Stranded(run, "sleep_overdue", wake_at))
+    return found
+
+
+def _waiters(store: StepStore, due: float, stale: float) -> list[Stranded]:
+    """Waiting runs past their deadline, or whose event has arrived (C33)."""
+    found = []
+    for run in store.list_runs(status="waiting", limit=_SCAN_LIMIT):
+        if run.wake_at is not None and run.wake_at < due and _unclaimed_since(run, run.wake_at, stale):
+            found.append(Stranded(run, "wait_overdue", run.wake_at))
+        elif run.wait_topic is not None and run.wait_key is not None:
+            event = store.next_event(run.run_key, run.wait_topic, run.wait_key)
+            if event is not None and _unclaimed_since(run, event.created_at, stale):
+                found.append(Stranded(run, "event_arrived", event.created_at))
+    return found
+
+
+def _cancel_requested(store: StepStore, now: float, stale: float) -> list[Stranded]:
+    """Runs no live attempt holds whose cancellation was requested and not carried out (C34)."""
+    found = []
+    for status in _CANCELLABLE:
+        for run in store.list_runs(status=status, limit=_SCAN_LIMIT):
+            held = run.owner is not None and run.lease_until is not None and run.lease_until > now
+            if run.cancel_reason is not None and not held and _unclaimed_since(run, run.updated_at, stale):
+                found.append(Stranded(run, "cancel_requested", run.updated_at))
     return found
 
 

@@ -15,8 +15,11 @@ from flexiq_plugins.cli import cli
 RUN_KEYS = {
     "run_key", "task_name", "framework", "queue", "status", "attempt", "owner", "lease_until",
     "takeovers", "job_id", "step_count", "step_bytes", "created_at", "updated_at", "wake_at", "recovered_at",
+    "wait_topic", "wait_key", "cancel_reason",
 }  # fmt: skip
-STEP_KEYS = {"position", "step_key", "kind", "size", "attempt", "committed_at", "wake_at", "failure", "compensate"}
+STEP_KEYS = {
+    "position", "step_key", "kind", "size", "attempt", "committed_at", "wake_at", "failure", "compensate", "event_id"
+}  # fmt: skip
 ATTEMPT_KEYS = {"step_key", "number", "run_attempt", "outcome", "error_type", "started_at", "failed_at", "retry_at"}
 
 

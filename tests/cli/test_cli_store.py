@@ -49,7 +49,7 @@ def test_c27_cleanup_drops_what_retention_allows_and_nothing_else(
     result = flexiq("store", "cleanup", "--older-than", "1s", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert set(data) == {"deleted", "older_than"}
+    assert set(data) == {"deleted", "older_than", "events_deleted"}
     assert data["deleted"] == 3
     for gone in ("old-ok", "old-failed", "old-cancelled"):
         with pytest.raises(UnknownRun):
