@@ -738,7 +738,8 @@ def test_c33_an_event_sent_to_a_run_by_its_key_is_received_even_before_the_run_e
     other = new_key()
     claim_run(store, other)
     found = store.next_event(key, "approval", "doc-9")
-    assert found is not None and (found.id, found.run_key) == (sent.id, key)
+    assert found is not None
+    assert (found.id, found.run_key) == (sent.id, key)
     assert store.next_event(other, "approval", "doc-9") is None
 
 
@@ -838,7 +839,8 @@ def test_c34_a_commit_reports_a_requested_cancellation_with_the_committed_row(st
     with pytest.raises(CancelRequested) as raised:
         store.commit_step(claim, run_row(1, "ship#0"))
     assert raised.value.reason == "customer asked"
-    assert isinstance(raised.value.row, StepRow) and raised.value.row.step_key == "ship#0"
+    assert isinstance(raised.value.row, StepRow)
+    assert raised.value.row.step_key == "ship#0"
     assert [r.step_key for r in store.get_steps(key)] == ["charge#0", "ship#0"]
     with pytest.raises(CancelRequested):
         store.poll_event(claim, "payment", "o-1", None)

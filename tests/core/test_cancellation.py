@@ -71,7 +71,8 @@ def test_c34_cancelling_a_sleeping_run_with_undos_compensates_it_at_its_next_del
     done = run.cancel("fraud check failed")
     assert (done.outcome, done.status) == ("compensating", "pending")
     result = run.attempt()
-    assert result.cancelled and "compensated: compensate:charge#0" in result.outcome.detail  # type: ignore[union-attr]
+    assert result.cancelled
+    assert "compensated: compensate:charge#0" in result.outcome.detail  # type: ignore[union-attr]
     assert shop.log == ["charge", "undo charge"]
     assert (run.status, run.record.cancel_reason) == ("cancelled", "fraud check failed")
     assert run.cancel("again").outcome == "finished"
@@ -110,7 +111,7 @@ def test_c34_a_body_that_swallows_the_cancellation_is_cancelled_all_the_same() -
         step = current_job.step
         try:
             step.run("charge", lambda: run.cancel() and shop.do("charge"))
-        except BaseException as exc:  # noqa: BLE001 - the point of the test
+        except BaseException as exc:
             shop.do(type(exc).__name__)
         with pytest.raises(RunCancelled):
             step.run("ship", lambda: shop.do("ship"))
@@ -118,7 +119,8 @@ def test_c34_a_body_that_swallows_the_cancellation_is_cancelled_all_the_same() -
 
     run = DurableRun(body)
     result = run.attempt()
-    assert result.cancelled and result.value is None
+    assert result.cancelled
+    assert result.value is None
     assert shop.log == ["charge", "RunCancelled"]
     assert run.record.cancel_reason == "cancelled on request"
 
@@ -135,7 +137,8 @@ def test_c34_cancelling_a_waiting_run_ends_it_and_a_later_event_runs_nothing() -
     assert run.attempt().waiting
     assert run.cancel("order abandoned").outcome == "cancelled"
     sent = run.send_event("payment", "o-1", "paid")
-    assert sent.left == [] and sent.woken == []
+    assert sent.left == []
+    assert sent.woken == []
     assert run.attempt().outcome == Ack(AckReason.DUPLICATE, "cancelled")
     assert shop.log == []
 
@@ -146,7 +149,8 @@ def test_c34_a_run_over_its_suspension_cap_is_put_back_at_the_cap_and_cancelled(
     shop = Shop()
     run = DurableRun(sleepy, shop, config=DurableConfig(max_suspended_seconds="10m"))
     first = run.attempt()
-    assert isinstance(first.outcome, PutBack) and first.outcome.wake_at == run.clock() + 600
+    assert isinstance(first.outcome, PutBack)
+    assert first.outcome.wake_at == run.clock() + 600
     run.wake()
     result = run.attempt()
     assert result.cancelled
@@ -163,7 +167,8 @@ def test_c34_a_wait_without_a_timeout_comes_back_at_the_suspension_cap() -> None
 
     run = DurableRun(body, config=DurableConfig(max_suspended_seconds=120))
     first = run.attempt()
-    assert isinstance(first.outcome, PutBack) and first.outcome.reason is PutBackReason.WAIT
+    assert isinstance(first.outcome, PutBack)
+    assert first.outcome.reason is PutBackReason.WAIT
     assert first.outcome.wake_at == run.clock() + 120
     run.wake()
     assert run.attempt().cancelled
@@ -183,7 +188,8 @@ def test_c34_suspension_adds_up_over_sleeps_and_waits() -> None:
         assert run.attempt().sleeping
         run.wake()
     waiting = run.attempt()
-    assert isinstance(waiting.outcome, PutBack) and waiting.outcome.wake_at == run.clock() + 20
+    assert isinstance(waiting.outcome, PutBack)
+    assert waiting.outcome.wake_at == run.clock() + 20
     run.wake()
     assert run.attempt().cancelled
 
@@ -216,7 +222,8 @@ def test_c34_a_task_option_overrides_the_integrations_cap() -> None:
 
     run = DurableRun(Task(), config=DurableConfig(max_suspended_seconds="1d"))
     first = run.attempt()
-    assert isinstance(first.outcome, PutBack) and first.outcome.wake_at == run.clock() + 60
+    assert isinstance(first.outcome, PutBack)
+    assert first.outcome.wake_at == run.clock() + 60
 
 
 @pytest.mark.parametrize("bad", [0, -5, "soon", "1 hour"])

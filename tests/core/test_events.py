@@ -44,14 +44,17 @@ def test_c33_a_wait_suspends_like_a_sleep_and_returns_the_payload_of_the_event_s
     log: list[Any] = []
     run = DurableRun(checkout, "o-1", log=log)
     first = run.attempt()
-    assert first.waiting and isinstance(first.outcome, Ack) and first.outcome.reason is AckReason.WAITING
+    assert first.waiting
+    assert isinstance(first.outcome, Ack)
+    assert first.outcome.reason is AckReason.WAITING
     record = run.record
     assert (record.status, record.wait_topic, record.wait_key, record.wake_at) == ("waiting", "payment", "o-1", None)
     assert log == []
 
     run.send_event("payment", "o-1", {"amount": Decimal("12.50"), "ok": True})
     done = run.attempt()
-    assert done.completed and done.value == {"amount": Decimal("12.50"), "ok": True}
+    assert done.completed
+    assert done.value == {"amount": Decimal("12.50"), "ok": True}
     assert log == [("ship", {"amount": Decimal("12.50"), "ok": True})]
     assert run.step_keys == []  # succeeded: the rows are dropped
 
@@ -68,7 +71,8 @@ def test_c33_a_replay_returns_the_same_payload_without_waiting_even_once_the_eve
     assert run.steps[-1].event_id == sent.event.id
     assert run.store.cleanup_events(older_than=run.clock() + 1) == 1
     done = run.attempt()
-    assert done.completed and done.value == "paid"
+    assert done.completed
+    assert done.value == "paid"
 
 
 def test_c33_an_event_sent_before_the_wait_starts_is_received_at_once() -> None:
@@ -82,7 +86,8 @@ def test_c33_an_event_sent_before_the_wait_starts_is_received_at_once() -> None:
 
     run = DurableRun(body)
     done = run.attempt()
-    assert done.completed and done.value == "yes"
+    assert done.completed
+    assert done.value == "yes"
 
 
 def test_c33_two_events_before_one_wait_the_first_is_returned_and_the_second_waits_for_the_next_wait() -> None:
@@ -128,16 +133,20 @@ def test_c33_a_wait_times_out_at_its_deadline_and_returns_none() -> None:
     log: list[Any] = []
     run = DurableRun(checkout, "o-1", timeout="30m", log=log)
     first = run.attempt()
-    assert isinstance(first.outcome, PutBack) and first.outcome.reason is PutBackReason.WAIT
+    assert isinstance(first.outcome, PutBack)
+    assert first.outcome.reason is PutBackReason.WAIT
     deadline = first.outcome.wake_at
     assert deadline == run.clock() + 1800
     assert run.record.wake_at == deadline
     run.clock.advance(1799)
     early = run.attempt()
-    assert early.waiting and isinstance(early.outcome, PutBack) and early.outcome.wake_at == deadline
+    assert early.waiting
+    assert isinstance(early.outcome, PutBack)
+    assert early.outcome.wake_at == deadline
     run.wake()
     done = run.attempt()
-    assert done.completed and done.value is None
+    assert done.completed
+    assert done.value is None
     assert log == [("ship", None)]
 
 
@@ -150,7 +159,8 @@ def test_c33_a_payload_travels_through_the_runs_codec_chain_and_the_step_caps() 
     run.send_event("payment", "o-1", {"items": ["a"] * 3})
     run.attempt(crash_after_steps=1)
     stored = run.steps[-1].value
-    assert stored is not None and stored.startswith(b"FQ1|json|zlib\n")
+    assert stored is not None
+    assert stored.startswith(b"FQ1|json|zlib\n")
     assert chain.decode(stored) == {"items": ["a", "a", "a"]}
     with pytest.raises(InvalidEvent, match="at most 10 are accepted"):
         send_event(run.store, "payment", "o-1", "x" * 100, max_bytes=10)
@@ -171,7 +181,8 @@ def test_c33_a_bad_topic_or_key_is_refused_before_anything_is_stored(topic: Any,
         return current_job.step.wait_for_event(topic, key=key, name="wait")
 
     result = DurableRun(body).attempt()
-    assert result.dead_lettered and isinstance(result.error, InvalidEvent)
+    assert result.dead_lettered
+    assert isinstance(result.error, InvalidEvent)
     assert result.outcome.reason == "invalid_event"  # type: ignore[union-attr]
 
 
@@ -182,7 +193,8 @@ def test_c33_the_wait_step_is_named_after_its_topic_unless_it_cannot_be() -> Non
         return current_job.step.wait_for_event("payment:eu", key="o-1", name=name)
 
     refused = DurableRun(body, None).attempt()
-    assert isinstance(refused.error, InvalidStepName) and "pass name=" in str(refused.error)
+    assert isinstance(refused.error, InvalidStepName)
+    assert "pass name=" in str(refused.error)
     named = DurableRun(body, "payment_eu")
     assert named.attempt().waiting
     assert named.step_keys == ["payment_eu#0"]
@@ -202,7 +214,8 @@ def test_c33_a_wait_replaced_by_another_step_is_a_divergence() -> None:
     assert run.attempt().waiting
     version[0] = "poll"
     result = run.attempt()
-    assert result.dead_lettered and isinstance(result.error, StepDivergence)
+    assert result.dead_lettered
+    assert isinstance(result.error, StepDivergence)
 
 
 def test_c33_the_async_form_waits_and_receives_the_same_way() -> None:
