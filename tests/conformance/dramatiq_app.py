@@ -63,6 +63,7 @@ def declare(broker: dramatiq.Broker, queue: str, scenario: Scenario, ledger: Led
         max_retries=scenario.max_retries,
         min_backoff=10,
         max_backoff=50,
+        **scenario.options,
     )(actor)
 
 

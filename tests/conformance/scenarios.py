@@ -19,7 +19,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from pathlib import Path
@@ -151,22 +151,27 @@ class Scenario:
       max_retries(int): the framework's retry budget for exceptions from the body
         (Celery: ``autoretry_for=(Exception,)`` with no delay; Dramatiq: ``Retries``
         with a 10-50 ms backoff).
+      options(dict[str, Any]): durable options of the task or actor, the same
+        names on both frameworks (``max_suspended_seconds`` …).
     """
 
     name: str
     fn: Callable[..., Any]
     max_retries: int = 3
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 SCENARIOS: dict[str, Scenario] = {}
 
 
-def scenario(max_retries: int = 3, name: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def scenario(
+    max_retries: int = 3, name: str | None = None, **options: Any
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as a scenario (see :class:`Scenario`)."""
 
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         key = name or fn.__name__
-        SCENARIOS[key] = Scenario(key, fn, max_retries)
+        SCENARIOS[key] = Scenario(key, fn, max_retries, dict(options))
         return fn
 
     return register
@@ -293,3 +298,79 @@ def typed_values(ledger: Ledger, pause: float) -> str:
     ledger.note("seen", value=describe(value))
     step.sleep(pause)
     return "quoted"
+
+
+# ------------------------------------------------- events and cancellation (C33, C34)
+def _undo(ledger: Ledger, what: str) -> Callable[[Any], None]:
+    def undo(_value: Any) -> None:
+        ledger.call(f"undo {what}")
+
+    return undo
+
+
+@scenario()
+def await_payment(ledger: Ledger, order_id: str, timeout: float | None) -> str:
+    """``charge``, then wait for ``("payment", order_id)`` (at most ``timeout`` s); note what came; ``ship``."""
+    step = current_job.step
+    step.run("charge", lambda: ledger.call("charge"))
+    paid = step.wait_for_event("payment", key=order_id, timeout=timeout)
+    ledger.note("paid", payload=paid)
+    step.run("ship", lambda: ledger.call("ship"))
+    return "shipped"
+
+
+@scenario()
+def prepare_then_await(ledger: Ledger, order_id: str) -> str:
+    """``prepare`` (blocks until the flag ``release``), then wait for ``("payment", order_id)`` and note it."""
+    step = current_job.step
+
+    def prepare() -> None:
+        ledger.call("prepare")
+        ledger.wait_flag("release")
+
+    step.run("prepare", prepare)
+    ledger.note("paid", payload=step.wait_for_event("payment", key=order_id))
+    return "done"
+
+
+@scenario()
+def await_then_crash(ledger: Ledger, order_id: str) -> str:
+    """Wait for ``("payment", order_id)``, note it, then ``ship``, whose first call hangs until it is killed."""
+    step = current_job.step
+    ledger.note("paid", payload=step.wait_for_event("payment", key=order_id))
+
+    def ship() -> None:
+        ledger.call("ship")
+        ledger.hang_first("ship")
+
+    step.run("ship", ship)
+    return "shipped"
+
+
+@scenario()
+def charge_nap_ship(ledger: Ledger, pause: float) -> str:
+    """``charge`` (undone by ``undo charge``), a sleep of ``pause`` seconds, ``ship``."""
+    step = current_job.step
+    step.run("charge", lambda: ledger.call("charge"), compensate=_undo(ledger, "charge"))
+    step.sleep(pause)
+    step.run("ship", lambda: ledger.call("ship"))
+    return "shipped"
+
+
+scenario(name="capped_nap", max_suspended_seconds=1)(charge_nap_ship)
+
+
+@scenario()
+def charge_hold_ship(ledger: Ledger) -> str:
+    """``charge`` and ``work`` (both undone; ``work`` blocks until the flag ``release``), then ``ship``."""
+    step = current_job.step
+    step.run("charge", lambda: ledger.call("charge"), compensate=_undo(ledger, "charge"))
+
+    def work() -> None:
+        ledger.call("work")
+        ledger.wait_flag("release")
+
+    step.run("work", work, compensate=_undo(ledger, "work"))
+    ledger.note("after work")
+    step.run("ship", lambda: ledger.call("ship"))
+    return "shipped"

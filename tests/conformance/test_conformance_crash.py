@@ -1,4 +1,4 @@
-"""A worker process killed with SIGKILL inside step bodies, before and after a commit (C5, C6, C25, C26).
+"""A worker process killed with SIGKILL inside step bodies, before and after a commit (C5, C6, C25, C26, C33).
 
 These tests run real worker processes (a prefork ``celery worker``, a
 ``dramatiq`` CLI) instead of the module's in-thread worker, with a short claim
@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import pytest
 
+from flexiq_plugins import operations
 from tests.conformance.harness import Harness
 from tests.polling import wait_for
 
@@ -52,3 +53,24 @@ def _hung(harness: Harness, run_key: str, step: str) -> int:
     """Wait until a worker process hangs in ``step``'s body; return its process id."""
     pid: int = wait_for(lambda: harness.ledger.hung(run_key, step), 60, f"the {step} body to hang")
     return pid
+
+
+def test_c33_a_replay_after_sigkill_returns_the_same_payload_without_waiting(harness: Harness) -> None:
+    """C33, C5: the run receives its event, then the process running it is killed inside ``ship``; the
+    redelivered job replays the wait from its memo (the same payload, no second event received, no suspension)
+    and finishes."""
+    order = f"o-{harness.config.queue}"
+    with harness.worker_processes() as workers:
+        job = harness.publish("await_then_crash", order)
+        harness.wait_status(job.run_key, "waiting")
+        sent = operations.send_event(harness.store, "payment", order, {"paid": 1200}, publishers=harness.publishers())
+        assert [run_key for run_key, _ in sent.woken] == [job.run_key]
+        workers.kill(_hung(harness, job.run_key, "ship"))
+        workers.revive()
+        harness.wait_status(job.run_key, "succeeded", timeout=60)
+
+    notes = harness.ledger.entries(job.run_key, "paid")
+    assert [n["payload"] for n in notes] == [{"paid": 1200}, {"paid": 1200}]
+    assert notes[0]["attempt"] < notes[1]["attempt"]
+    events = [r for r in harness.steps(job.run_key) if r.kind == "event"]
+    assert [r.event_id for r in events] == [sent.event.id]
