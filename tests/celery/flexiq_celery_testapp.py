@@ -260,6 +260,13 @@ def register_failure_tasks(app: Celery, calls: str) -> None:
 
         return current_job.step.run("ship", ship)
 
+    @app.task(name=f"{app.main}.revocable")
+    def revocable(label: str, pause: float) -> str:
+        step = current_job.step
+        step.run("charge", lambda: "c-1", compensate=lambda c: record_call(calls, f"{label}:undo_charge"))
+        step.sleep(pause)
+        return step.run("ship", lambda: record_call(calls, f"{label}:ship") and "shipped")
+
 
 @shared_task(name="flexiq_tests.shared_double", bind=True)
 def shared_double(self: Any, x: int) -> dict[str, Any]:
