@@ -1,10 +1,13 @@
-"""Run the checkout demo: ``python -m examples.checkout [--framework F] [--broker URL] [--crash] [--ship-fails]``.
+"""Run the checkout demo: ``python -m examples.checkout [--framework F] [--broker URL] [--crash] [--ship-fails]
+[--wait-payment]``.
 
 The demo publishes one checkout job, runs a real worker process, and prints the
 story the task writes to its journal as it happens, then the tally read from
 the fake payment API and the step store. With ``--ship-fails`` the carrier
 refuses every try: shipping's retry budget runs out and the charge is
-refunded by its compensation (C31, C32).
+refunded by its compensation (C31, C32). With ``--wait-payment`` the checkout
+waits for the bank's "payment confirmed" event, which this driver sends with
+``flexiq_plugins.send_event`` when it reads that the run waits (C33).
 """
 
 from __future__ import annotations
@@ -40,8 +43,13 @@ TIMEOUT = 120.0
     is_flag=True,
     help="The carrier refuses every try: the retry budget runs out, the charge is refunded.",
 )
+@click.option(
+    "--wait-payment",
+    is_flag=True,
+    help="After the charge, wait for the bank's 'payment confirmed' event; the demo sends it.",
+)
 @click.option("--dir", "workdir", type=click.Path(file_okay=False), help="Where the SQLite files go.")
-def main(framework: str, broker: str, crash: bool, ship_fails: bool, workdir: str | None) -> None:
+def main(framework: str, broker: str, crash: bool, ship_fails: bool, wait_payment: bool, workdir: str | None) -> None:
     """The checkout demo: charge once, sleep, send a receipt that fails on its first try, ship."""
     if crash and framework == "dramatiq" and not broker:
         raise click.UsageError(
@@ -57,21 +65,34 @@ def main(framework: str, broker: str, crash: bool, ship_fails: bool, workdir: st
     os.environ["FLEXIQ_DEMO_QUEUE"] = f"flexiq-demo-{uuid.uuid4().hex[:8]}"
     if ship_fails:
         os.environ["FLEXIQ_DEMO_SHIP_FAILS"] = "1"
+    if wait_payment:
+        os.environ["FLEXIQ_DEMO_WAIT_PAYMENT"] = "1"
     sys.path.insert(0, str(ROOT))
     if crash:
         (demo_dir / "crash-armed").touch()
-    demo = _Demo(framework, broker, crash, demo_dir, ship_fails=ship_fails)
+    demo = _Demo(framework, broker, crash, demo_dir, ship_fails=ship_fails, wait_payment=wait_payment)
     sys.exit(demo.run())
 
 
 class _Demo:
-    def __init__(self, framework: str, broker: str, crash: bool, demo_dir: Path, *, ship_fails: bool = False) -> None:
+    def __init__(
+        self,
+        framework: str,
+        broker: str,
+        crash: bool,
+        demo_dir: Path,
+        *,
+        ship_fails: bool = False,
+        wait_payment: bool = False,
+    ) -> None:
         from flexiq_plugins import new_run_key
 
         self.framework = framework
         self.broker = broker
         self.crash = crash
         self.ship_fails = ship_fails
+        self.wait_payment = wait_payment
+        self.confirmed = False
         self.dir = demo_dir
         self.run_key = new_run_key()
         self.started = time.monotonic()
@@ -123,12 +144,27 @@ class _Demo:
     def _print_journal(self, seen: int) -> int:
         from .services import Journal
 
+        from .flow import WAITING_LINE
+
         for n, at, line in Journal().read_from(seen):
             click.echo(f"[{at - self._epoch_start:5.1f}s] {line}")
             seen = n
             if "CRASH POINT" in line:
                 self._crash(line)
+            if WAITING_LINE in line and not self.confirmed:
+                self._confirm_payment()
         return seen
+
+    def _confirm_payment(self) -> None:
+        """Play the bank's webhook: send the "payment confirmed" event from this process (C33)."""
+        from flexiq_plugins import send_event
+
+        from .flow import PAYMENT_CONFIRMED
+
+        self.confirmed = True
+        sent = send_event(PAYMENT_CONFIRMED, ORDER[0], {"status": "confirmed", "bank_ref": "bk_77"})
+        woken = ", ".join(run for run, _ in sent.woken) or "none yet"
+        click.echo(f"         >>> the driver sent the 'payment confirmed' event {sent.event.id} (woke run: {woken})")
 
     @property
     def _epoch_start(self) -> float:
@@ -254,6 +290,9 @@ class _Demo:
         if self.ship_fails:
             good = ok and run.status == "compensated" and (charges, refunds, tries) == (1, 1, 3)
             click.echo("OK: one charge, shipping failed for good, the charge refunded once" if good else "NOT OK")
+        elif self.wait_payment:
+            good = ok and run.status == "succeeded" and calls == 1 and charges == 1 and self.confirmed
+            click.echo("OK: one charge, waited for the payment confirmation, shipped" if good else "NOT OK")
         else:
             good = ok and run.status == "succeeded" and calls == 1 and charges == 1 and refunds == 0
             click.echo("OK: one charge, receipt retried, sleep survived" if good else "NOT OK: see above")

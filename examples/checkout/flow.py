@@ -8,6 +8,10 @@ Shipping has a durable retry budget of three tries (C31), and the charge a
 compensation, a refund (C32). In the ``--ship-fails`` variant the carrier
 refuses every try: the budget runs out, the run fails for good and the charge
 is refunded, once, with an idempotency key of its own.
+
+In the ``--wait-payment`` variant the checkout waits, after the charge, for
+the bank's "payment confirmed" event (C33): the attempt ends and frees the
+worker; the demo's driver sends the event, which wakes the run at once.
 """
 
 from __future__ import annotations
@@ -17,16 +21,20 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from flexiq_plugins import Compensation, RetryPolicy, SleepSignal, StepRetryExhausted, current_job
+from flexiq_plugins import Compensation, EventWaitSignal, RetryPolicy, SleepSignal, StepRetryExhausted, current_job
 
 from .services import Carrier, Journal, Payments, ReceiptMailer
 
-__all__ = ["SHIP_RETRY", "SLEEP_SECONDS", "checkout"]
+__all__ = ["PAYMENT_CONFIRMED", "SHIP_RETRY", "SLEEP_SECONDS", "WAITING_LINE", "checkout"]
 
 T = TypeVar("T")
 SLEEP_SECONDS = float(os.environ.get("FLEXIQ_DEMO_SLEEP", "3"))
 SHIP_RETRY = RetryPolicy(max_attempts=3, initial_delay=0.5, multiplier=2)
 """Three tries in all, 0.5 s then 1 s apart, counted in the step store whatever the broker says."""
+PAYMENT_CONFIRMED = "payment_confirmed"
+"""The topic of the bank's confirmation; its key is the order id."""
+WAITING_LINE = "payment: waiting for the 'payment confirmed' event"
+"""What the journal says when the checkout starts to wait (the driver sends the event when it reads it)."""
 journal = Journal()
 
 
@@ -41,6 +49,8 @@ def checkout(order_id: str, amount_cents: int) -> str:
         return Payments().charge(order_id, amount_cents, idempotency_key=key)
 
     result = _tracked("charge", charge, compensate=Compensation(refund, name="refund"))
+    if os.environ.get("FLEXIQ_DEMO_WAIT_PAYMENT"):
+        _await_confirmation(order_id)
     _crash_point()
     _tracked_sleep(SLEEP_SECONDS)
     _tracked("receipt", lambda: ReceiptMailer().send(order_id, result))
@@ -86,6 +96,16 @@ def _tracked_sleep(seconds: float) -> None:
         journal.write(f"  cool_off: sleeping {wait:.1f}s; the attempt ends and the worker is free")
         raise
     journal.write("  cool_off: wake time reached, carrying on")
+
+
+def _await_confirmation(order_id: str) -> None:
+    """Wait for the bank's "payment confirmed" event of ``order_id`` (C33): the attempt ends until it is sent."""
+    try:
+        confirmed = current_job.step.wait_for_event(PAYMENT_CONFIRMED, key=order_id, timeout="10m")
+    except EventWaitSignal:
+        journal.write(f"  {WAITING_LINE}; the attempt ends and the worker is free")
+        raise
+    journal.write(f"  payment: confirmed by the bank ({confirmed})")
 
 
 def _crash_point() -> None:
