@@ -49,7 +49,9 @@ TIMEOUT = 120.0
     help="After the charge, wait for the bank's 'payment confirmed' event; the demo sends it.",
 )
 @click.option("--dir", "workdir", type=click.Path(file_okay=False), help="Where the SQLite files go.")
-def main(framework: str, broker: str, crash: bool, ship_fails: bool, wait_payment: bool, workdir: str | None) -> None:
+def main(
+    *, framework: str, broker: str, crash: bool, ship_fails: bool, wait_payment: bool, workdir: str | None
+) -> None:
     """The checkout demo: charge once, sleep, send a receipt that fails on its first try, ship."""
     if crash and framework == "dramatiq" and not broker:
         raise click.UsageError(
@@ -142,9 +144,8 @@ class _Demo:
         return False
 
     def _print_journal(self, seen: int) -> int:
-        from .services import Journal
-
         from .flow import WAITING_LINE
+        from .services import Journal
 
         for n, at, line in Journal().read_from(seen):
             click.echo(f"[{at - self._epoch_start:5.1f}s] {line}")

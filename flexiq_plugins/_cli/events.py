@@ -43,9 +43,9 @@ def send_command(
 
     The event is stored first: a run that reaches its wait later receives it too.
     """
-    sent = send_event(
-        state.store, topic, key, _payload(data), run_key=run_key, publishers=state.publishers(app_ref, broker_ref)
-    )
+    payload = _payload(data)  # a usage mistake is reported before anything is opened
+    publishers = state.publishers(app_ref, broker_ref)
+    sent = send_event(state.store, topic, key, payload, run_key=run_key, publishers=publishers)
     if as_json:
         emit_json(
             {
