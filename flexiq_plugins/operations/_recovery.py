@@ -48,7 +48,7 @@ DEFAULT_STALE_SECONDS = 3600.0
 
 _SCAN_LIMIT = 100_000
 _STALE_STATUSES = ("pending", "retrying")
-_CANCELLABLE = ("pending", "sleeping", "waiting", "retrying", "running")
+_SCANNED = ("pending", "running", "sleeping", "waiting", "retrying")
 
 
 @dataclass(frozen=True)
@@ -123,11 +123,15 @@ def find_stranded(
     stale_s = max(parse_duration(stale_after), grace_s)
     now = store.now()
     due, stale = now - grace_s, now - stale_s
-    found = [*_overdue_sleepers(store, due, stale), *_waiters(store, due, stale), *_lost_claims(store, due, stale)]
+    runs = {status: store.list_runs(status=status, limit=_SCAN_LIMIT) for status in _SCANNED}
+    found = [
+        *_overdue_sleepers(store, runs["sleeping"], due, stale),
+        *_waiters(store, runs["waiting"], due, stale),
+        *_lost_claims(runs["running"], due, stale),
+        *_cancel_requested([r for status in _SCANNED for r in runs[status]], now, stale),
+    ]
     for status in _STALE_STATUSES:
-        runs = store.list_runs(status=status, limit=_SCAN_LIMIT)
-        found += [Stranded(r, "stale", r.updated_at) for r in runs if r.updated_at < stale]
-    found += _cancel_requested(store, now, stale)
+        found += [Stranded(r, "stale", r.updated_at) for r in runs[status] if r.updated_at < stale]
     first: dict[str, Stranded] = {}
     for stranded in sorted(found, key=lambda s: s.due_at):  # a run once, for its earliest reason
         first.setdefault(stranded.run.run_key, stranded)
@@ -139,9 +143,9 @@ def _unclaimed_since(run: RunRecord, due_at: float, stale: float) -> bool:
     return run.recovered_at is None or run.recovered_at < due_at or run.recovered_at < stale
 
 
-def _overdue_sleepers(store: StepStore, due: float, stale: float) -> list[Stranded]:
+def _overdue_sleepers(store: StepStore, sleeping: list[RunRecord], due: float, stale: float) -> list[Stranded]:
     found = []
-    for run in store.list_runs(status="sleeping", limit=_SCAN_LIMIT):
+    for run in sleeping:
         wake_at = run.wake_at
         if wake_at is None:  # a run recorded before wake times were kept on the run
             wake_at = latest_wake_at(store.get_steps(run.run_key), store.get_step_attempts(run.run_key))
@@ -150,10 +154,10 @@ def _overdue_sleepers(store: StepStore, due: float, stale: float) -> list[Strand
     return found
 
 
-def _waiters(store: StepStore, due: float, stale: float) -> list[Stranded]:
+def _waiters(store: StepStore, waiting: list[RunRecord], due: float, stale: float) -> list[Stranded]:
     """Waiting runs past their deadline, or whose event has arrived (C33)."""
     found = []
-    for run in store.list_runs(status="waiting", limit=_SCAN_LIMIT):
+    for run in waiting:
         if run.wake_at is not None and run.wake_at < due and _unclaimed_since(run, run.wake_at, stale):
             found.append(Stranded(run, "wait_overdue", run.wake_at))
         elif run.wait_topic is not None and run.wait_key is not None:
@@ -163,20 +167,19 @@ def _waiters(store: StepStore, due: float, stale: float) -> list[Stranded]:
     return found
 
 
-def _cancel_requested(store: StepStore, now: float, stale: float) -> list[Stranded]:
+def _cancel_requested(live: list[RunRecord], now: float, stale: float) -> list[Stranded]:
     """Runs no live attempt holds whose cancellation was requested and not carried out (C34)."""
     found = []
-    for status in _CANCELLABLE:
-        for run in store.list_runs(status=status, limit=_SCAN_LIMIT):
-            held = run.owner is not None and run.lease_until is not None and run.lease_until > now
-            if run.cancel_reason is not None and not held and _unclaimed_since(run, run.updated_at, stale):
-                found.append(Stranded(run, "cancel_requested", run.updated_at))
+    for run in live:
+        held = run.owner is not None and run.lease_until is not None and run.lease_until > now
+        if run.cancel_reason is not None and not held and _unclaimed_since(run, run.updated_at, stale):
+            found.append(Stranded(run, "cancel_requested", run.updated_at))
     return found
 
 
-def _lost_claims(store: StepStore, due: float, stale: float) -> list[Stranded]:
+def _lost_claims(running: list[RunRecord], due: float, stale: float) -> list[Stranded]:
     found = []
-    for run in store.list_runs(status="running", limit=_SCAN_LIMIT):
+    for run in running:
         expired = run.lease_until if run.lease_until is not None else run.updated_at
         if expired < due and _unclaimed_since(run, expired, stale):
             found.append(Stranded(run, "lease_expired", expired))
