@@ -12,14 +12,16 @@ activates it around the task body.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from datetime import datetime, timedelta
 from typing import TypeVar
 
-from .durations import parse_duration
-from .errors import NoCurrentJob, NotInStep
-from .steps import RunVerb, SleepVerb, StepJournal, adrive, current_step_key, drive, outside_steps
+from .durations import MAX_SLEEP_SECONDS, parse_sleep
+from .errors import InvalidStepBody, InvalidWakeTime, NoCurrentJob, NotInStep
+from .steps import RunVerb, SleepVerb, StepJournal, TransactionVerb, adrive, current_step_key, drive, outside_steps
+from .transactions import caller_transaction
 
 __all__ = ["JobContext", "StepContext", "current_job", "no_current_job"]
 
@@ -34,6 +36,24 @@ _NOT_ENABLED = (
 )
 
 _RUN = RunVerb()
+_RUN_IN_ANY_TRANSACTION = RunVerb(allow_open_transaction=True)
+
+
+def _run_verb(allow_open_transaction: bool) -> RunVerb:
+    return _RUN_IN_ANY_TRANSACTION if allow_open_transaction else _RUN
+
+
+def _check_body(name: object, fn: object) -> None:
+    """Refuse a step body that is not a callable, before anything runs."""
+    if not callable(fn):
+        close = getattr(fn, "close", None) if inspect.iscoroutine(fn) else None
+        if close is not None:
+            close()  # a coroutine passed instead of an async function: it must not warn "never awaited"
+        raise InvalidStepBody(
+            f"step {name!r} got a {type(fn).__name__} as its body, not a callable: that value was computed "
+            "before the step, outside it, and is not memoized; pass the function itself, "
+            f"e.g. step.run({name!r}, lambda: charge(order_id))"
+        )
 
 
 class StepContext:
@@ -52,7 +72,9 @@ class StepContext:
         self._run_key = run_key
 
     # ------------------------------------------------------------- run
-    def run(self, name: str, fn: Callable[[], T], *, key: str | int | None = None) -> T:
+    def run(
+        self, name: str, fn: Callable[[], T], *, key: str | int | None = None, allow_open_transaction: bool = False
+    ) -> T:
         """Run ``fn()`` once per run and return its value; later attempts get the stored value.
 
         Parameters:
@@ -61,29 +83,74 @@ class StepContext:
           fn(Callable[[], T]): the step body, called with no arguments.
           key(str | int | None): pins the step to data (``name:key``), ≤ 256
             bytes; keyed calls do not advance the ``name#n`` counter (C1).
+          allow_open_transaction(bool): run even inside an open database
+            transaction the store does not share (C42): say so only when the
+            body writes nothing that a rollback of it would undo.
 
         Returns the value decoded from its stored bytes, on the first run too
         (C7): a tuple under JSON comes back as a list every time.
 
         Raises:
           InvalidStepName, InvalidStepKey: bad name or key (C2), before anything runs.
+          InvalidStepBody: ``fn`` is not a callable (before anything runs), or
+            it returned an awaitable (use :meth:`arun`).
+          OpenTransaction: called inside an open transaction the store does not
+            share (C42): before the body runs, or after it wrote in one.
           DuplicateStepKey: the same step key twice in one attempt (C3).
           ConcurrentStep: another step of this attempt is uncommitted (C8).
           StepDivergence: the recorded sequence has another step here (C12).
-          StepUsageError: ``fn`` returned an awaitable (use :meth:`arun`).
           EncodeError: the serializer cannot encode the value; nothing is committed (C7).
           StepLimitExceeded: a size cap refused the commit (C22).
           Exception: whatever ``fn`` raises; nothing is committed (C6).
         """
-        return drive(self._journal.protocol(_RUN, name, key), fn)  # type: ignore[no-any-return]
+        _check_body(name, fn)
+        verb = _run_verb(allow_open_transaction)
+        return drive(self._journal.protocol(verb, name, key), fn)  # type: ignore[no-any-return]
 
-    async def arun(self, name: str, fn: Callable[[], Awaitable[T] | T], *, key: str | int | None = None) -> T:
+    async def arun(
+        self,
+        name: str,
+        fn: Callable[[], Awaitable[T] | T],
+        *,
+        key: str | int | None = None,
+        allow_open_transaction: bool = False,
+    ) -> T:
         """Async form of :meth:`run`: ``fn()`` may return an awaitable, which is awaited.
 
         Same parameters, return value and errors as :meth:`run`. Two ``arun``
         calls under ``asyncio.gather`` fail the attempt with ``ConcurrentStep`` (C8).
         """
-        return await adrive(self._journal.protocol(_RUN, name, key), fn)  # type: ignore[no-any-return]
+        _check_body(name, fn)
+        verb = _run_verb(allow_open_transaction)
+        return await adrive(self._journal.protocol(verb, name, key), fn)  # type: ignore[no-any-return]
+
+    def transaction(self, name: str, fn: Callable[[], T], *, using: object, key: str | int | None = None) -> T:
+        """Run ``fn()`` and commit its memo in one database transaction with ``fn``'s writes (C42).
+
+        ``fn`` runs inside the transaction of ``using`` (joined as a savepoint
+        if one is open, else opened here and committed when the step ends), and
+        the step row is written there too, fenced on the attempt's claim. So
+        the body's writes and the memo commit or roll back together: exactly
+        once for those writes. The step store and the tables ``fn`` writes must
+        be in the same database. Later attempts get the stored value like
+        :meth:`run`'s.
+
+        Parameters:
+          name(str): the step name (C2).
+          fn(Callable[[], T]): the body; its database writes go through ``using``.
+          using(str | object): a Django database alias (``"default"``) or
+            connection, or a SQLAlchemy ``Session``, ``scoped_session`` or ``Connection``.
+          key(str | int | None): as for :meth:`run` (C1).
+
+        Raises:
+          InvalidTransaction: ``using`` is none of those, reaches another
+            database than the store's, or the store cannot share a transaction.
+          OpenTransaction: another open transaction the store does not share.
+          The errors of :meth:`run` otherwise.
+        """
+        _check_body(name, fn)
+        verb = TransactionVerb(caller_transaction(using))
+        return drive(self._journal.protocol(verb, name, key), fn)  # type: ignore[no-any-return]
 
     # ----------------------------------------------------------- sleep
     def sleep(self, duration: str | timedelta | float, *, name: str | None = None) -> None:
@@ -99,26 +166,30 @@ class StepContext:
         sleep returns at once; one woken early ends the attempt again.
 
         Raises:
-          InvalidDuration: (a ``ValueError``) a negative or unparsable duration,
-            naming the accepted forms.
+          InvalidDuration: (a ``ValueError``) a negative, unparsable or longer
+            than 366 days duration, naming the accepted forms; a ``datetime``
+            (use :meth:`sleep_until`).
           SleepSignal: always, unless the sleep is already due; not an error (C20).
         """
-        seconds = parse_duration(duration)
+        seconds = parse_sleep(duration)
         self._sleep(name, SleepVerb(lambda now: now + seconds))
 
     def sleep_until(self, when: datetime, *, name: str | None = None) -> None:
         """End the attempt until the timezone-aware datetime ``when`` (C17, C19).
 
         Raises:
-          ValueError: ``when`` is not a timezone-aware ``datetime``.
+          InvalidWakeTime: (a ``ValueError``) ``when`` is not a timezone-aware
+            ``datetime``, or is more than 366 days ahead of the store's clock.
           SleepSignal: unless ``when`` has passed.
         """
         if not isinstance(when, datetime) or when.tzinfo is None or when.utcoffset() is None:
-            raise ValueError(
-                f"sleep_until needs a timezone-aware datetime, got {when!r}; "
-                "use e.g. datetime(2030, 1, 1, tzinfo=timezone.utc)"
+            raise InvalidWakeTime(
+                f"sleep_until needs a timezone-aware datetime, got {when!r}; give it a time zone, "
+                "e.g. when.replace(tzinfo=timezone.utc) or datetime.now(timezone.utc) + timedelta(days=1)"
             )
         wake_at = when.timestamp()
+        if wake_at - self._journal.now() > MAX_SLEEP_SECONDS:
+            raise InvalidWakeTime(f"sleep_until({when.isoformat()}) is more than 366 days ahead, the longest sleep")
         self._sleep(name, SleepVerb(lambda _now: wake_at))
 
     def _sleep(self, name: str | None, verb: SleepVerb) -> None:

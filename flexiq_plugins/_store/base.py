@@ -16,7 +16,12 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..errors import InvalidTransaction
+
+if TYPE_CHECKING:
+    from ..transactions import CallerConnection
 
 __all__ = [
     "CLEANABLE_STATUSES",
@@ -58,6 +63,9 @@ class JobEnvelope:
       kwargs(dict): keyword arguments.
       options(dict): framework options needed to re-publish (headers, eta …),
         JSON-compatible.
+      corrupt(str | None): why the stored envelope could not be read (then only
+        ``task_name``, ``framework`` and ``queue`` are known, from their own
+        columns, and it cannot be re-published); ``None`` for a sound one.
     """
 
     task_name: str
@@ -66,6 +74,7 @@ class JobEnvelope:
     args: Sequence[Any] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
+    corrupt: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the envelope as a JSON-compatible ``dict``."""
@@ -292,6 +301,24 @@ class StepStore(abc.ABC):
         run's step count and byte total are updated in the same transaction.
         Returns the row with ``committed_at`` set.
         """
+
+    def commit_step_on(self, connection: CallerConnection, claim: Claim, row: StepRow) -> StepRow:
+        """Insert one step row on the caller's ``connection``, inside its open transaction (C42).
+
+        Fenced like :meth:`commit_step`, but nothing is committed here: the row
+        (and the run's step totals) commit or roll back with the caller's
+        transaction, together with the writes the step's body made in it. The
+        caller's connection must reach the store's own database.
+
+        Raises:
+          InvalidTransaction: this store cannot share a transaction (the
+            default), or ``connection`` reaches another database.
+          ClaimLost: another attempt holds the run (C25); nothing was written.
+        """
+        raise InvalidTransaction(
+            f"{type(self).__name__} cannot commit a step in {connection.description}'s transaction; "
+            "transactional steps need a SQL store in the same database as the business tables"
+        )
 
     @abc.abstractmethod
     def finish(

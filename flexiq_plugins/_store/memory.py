@@ -11,6 +11,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from ..errors import UnknownDeadLetter, UnknownRun
 from .base import (
@@ -27,6 +28,9 @@ from .base import (
     StepStore,
 )
 from .claims import Granted, already_committed, claim_lost, decide_claim, holds, may_recover
+
+if TYPE_CHECKING:
+    from ..transactions import CallerConnection
 
 __all__ = ["MemoryStepStore"]
 
@@ -119,6 +123,15 @@ class MemoryStepStore(StepStore):
                 updated_at=now,
             )
             return stored
+
+    def commit_step_on(self, connection: CallerConnection, claim: Claim, row: StepRow) -> StepRow:
+        """:meth:`commit_step`, at once: memory shares no database transaction (C42).
+
+        So that task bodies with transactional steps can be unit-tested on the
+        memory store (``flexiq_plugins.testing``): the body still runs inside
+        the caller's transaction, but the memo does not roll back with it.
+        """
+        return self.commit_step(claim, row)
 
     def finish(
         self,
