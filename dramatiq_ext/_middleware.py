@@ -140,7 +140,7 @@ class DurableSteps(Middleware):
     ) -> Any:
         message = _message.get()
         if message is None or message.actor_name != actor_name:
-            with no_current_job():  # called directly, not by a worker: no durable steps
+            with no_current_job(actor_name):  # called directly, not by a worker: no durable steps
                 return body(*args, **kwargs)
         _message.set(None)  # a direct call from inside the body is a plain call
         body.check()

@@ -28,6 +28,7 @@ __all__ = ["JobContext", "StepContext", "current_job", "no_current_job"]
 T = TypeVar("T")
 
 _job: ContextVar[JobContext | None] = ContextVar("flexiq_current_job", default=None)
+_called_directly: ContextVar[str | None] = ContextVar("flexiq_called_directly", default=None)
 
 _NOT_ENABLED = (
     "no durable job is running in this context. current_job is set only inside a task "
@@ -262,7 +263,8 @@ class _CurrentJob:
     def _require(self) -> JobContext:
         job = _job.get()
         if job is None:
-            raise NoCurrentJob(_NOT_ENABLED)
+            task = _called_directly.get()
+            raise NoCurrentJob(_NOT_ENABLED if task is None else _called_directly_message(task))
         return job
 
     @property
@@ -302,17 +304,31 @@ current_job = _CurrentJob()
 """The running durable job; ``current_job.step`` is its :class:`StepContext`."""
 
 
+def _called_directly_message(task: str) -> str:
+    return (
+        f"no durable job is running in this context: {task} was called directly, as a plain function, "
+        "not run by a worker, so it has no current_job and no steps; send it as a job (Celery: "
+        "task.delay(...) or apply_async; Dramatiq: actor.send(...)) to run it with durable steps"
+    )
+
+
 @contextlib.contextmanager
-def no_current_job() -> Iterator[None]:
+def no_current_job(task_name: str | None = None) -> Iterator[None]:
     """Run the ``with`` block outside any durable job (a task called directly, as a function).
 
     Used by the integrations so that calling a durable task like a function
     inside another job's body neither records steps in the outer run nor sees
-    its idempotency key.
+    its idempotency key. ``current_job`` used inside then says the task
+    ``task_name`` was called directly.
+
+    Parameters:
+      task_name(str | None): the task or actor called directly, for the message.
     """
     token = _job.set(None)
+    direct = _called_directly.set(f"the task {task_name!r}" if task_name else "the durable task")
     try:
         with outside_steps():
             yield
     finally:
+        _called_directly.reset(direct)
         _job.reset(token)

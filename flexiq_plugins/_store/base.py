@@ -364,8 +364,9 @@ class StepStore(abc.ABC):
         task_name: str | None = None,
         since: float | None = None,
         limit: int = 100,
+        job_id: str | None = None,
     ) -> list[RunRecord]:
-        """Return runs, newest first, filtered by status, task and ``updated_at >= since``."""
+        """Return runs, newest first, filtered by status, task, ``updated_at >= since`` and current job id."""
 
     @abc.abstractmethod
     def get_steps(self, run_key: str) -> list[StepRow]:

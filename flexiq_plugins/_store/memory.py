@@ -194,6 +194,7 @@ class MemoryStepStore(StepStore):
         task_name: str | None = None,
         since: float | None = None,
         limit: int = 100,
+        job_id: str | None = None,
     ) -> list[RunRecord]:
         """See :meth:`StepStore.list_runs`."""
         with self._lock:
@@ -203,6 +204,7 @@ class MemoryStepStore(StepStore):
                 if (status is None or r.status == status)
                 and (task_name is None or r.task_name == task_name)
                 and (since is None or r.updated_at >= since)
+                and (job_id is None or r.job_id == job_id)
             ]
         runs.sort(key=lambda r: (r.updated_at, r.run_key), reverse=True)
         return runs[:limit]

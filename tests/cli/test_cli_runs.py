@@ -123,7 +123,8 @@ def test_c30_unknown_run_key_exits_3_without_traceback(flexiq: Callable[..., Res
     runs.succeeded("run-known")
     result = flexiq("runs", "show", "no-such-run")
     assert result.exit_code == 3
-    assert result.stderr.strip() == "Error: no run has the run key 'no-such-run'"
+    assert result.stderr.startswith("Error: no run has the run key 'no-such-run', nor a current job with that id")
+    assert len(result.stderr.strip().splitlines()) == 1
     assert result.stdout == ""
 
 

@@ -520,6 +520,7 @@ class SqlStepStore(StepStore):
         task_name: str | None = None,
         since: float | None = None,
         limit: int = 100,
+        job_id: str | None = None,
     ) -> list[RunRecord]:
         """Return runs, newest ``updated_at`` first.
 
@@ -528,6 +529,8 @@ class SqlStepStore(StepStore):
           task_name(str | None): only runs of this task or actor.
           since(float | None): only runs updated at or after this time, epoch seconds.
           limit(int): at most this many runs.
+          job_id(str | None): only the run whose current job (task or message id) is this one;
+            not indexed, for an operator's lookup.
 
         Raises:
           StoreUnavailable: the database cannot be reached.
@@ -540,6 +543,8 @@ class SqlStepStore(StepStore):
             query = query.where(runs.c.task_name == task_name)
         if since is not None:
             query = query.where(runs.c.updated_at >= since)
+        if job_id is not None:
+            query = query.where(runs.c.job_id == job_id)
         rows = self._read(lambda conn: conn.execute(query).all())
         return [run_record(r) for r in rows]
 
