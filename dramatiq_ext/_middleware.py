@@ -25,6 +25,7 @@ from flexiq_plugins.integration import (
     PerProcess,
     StepStore,
     StoreSpec,
+    log_worker_start,
     new_run_key,
     no_current_job,
     resolve_store,
@@ -97,6 +98,10 @@ class DurableSteps(Middleware):
         config = DurableConfig.from_options({**django_options, **self._options}, where="DurableSteps()")
         serializer = _config.step_serializer(dramatiq.get_encoder())
         return AttemptDriver(store, config.with_default_serializer(serializer))
+
+    def after_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        """Log the one start line: the step store (password hidden) and its schema revision."""
+        log_worker_start(self._driver.get, "dramatiq worker")
 
     # ----------------------------------------------------------- declaring
     def after_declare_actor(self, broker: dramatiq.Broker, actor: dramatiq.Actor[Any, Any]) -> None:

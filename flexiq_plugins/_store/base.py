@@ -432,6 +432,10 @@ class StepStore(abc.ABC):
         """
         return None
 
+    def describe(self) -> str:
+        """How a worker's start line names the store (no secrets): ``repr`` unless the store says more."""
+        return repr(self)
+
     def iter_runs(self, **filters: Any) -> Iterator[RunRecord]:
         """Iterate :meth:`list_runs` (convenience)."""
         yield from self.list_runs(**filters)

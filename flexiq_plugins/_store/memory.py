@@ -55,6 +55,10 @@ class MemoryStepStore(StepStore):
         """Return the store's clock, epoch seconds."""
         return self._clock()
 
+    def describe(self) -> str:
+        """``memory:// (in this process only)``."""
+        return "memory:// (in this process only: lost when it exits)"
+
     def local_clock(self) -> Callable[[], float]:
         """The clock itself: reading it costs nothing (see :meth:`StepStore.local_clock`)."""
         return self._clock

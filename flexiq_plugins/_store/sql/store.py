@@ -70,7 +70,7 @@ from ..claims import Granted, already_committed, claim_lost, decide_claim, fence
 from .engine import READ_ONLY, bad_store_message, create_engine, normalize_url, register_fork_hook, safe_url
 from .errors import describe, is_deadlock, is_missing_table, translated
 from .mapping import dead_letter_record, dump_envelope, load_envelope, run_record, step_row, step_values
-from .migrate import migrate
+from .migrate import migrate, schema_revision
 from .tables import DEFAULT_TABLE_PREFIX, store_tables
 
 __all__ = ["SqlStepStore"]
@@ -157,6 +157,18 @@ class SqlStepStore(StepStore):
     def url(self) -> str:
         """The store's URL with its password hidden."""
         return safe_url(self._engine.url)
+
+    def describe(self) -> str:
+        """The store for a worker's start line: its URL (password hidden), table prefix and schema revision.
+
+        Creates or upgrades the tables first if the store does that (``auto_upgrade``).
+
+        Raises:
+          StoreUnavailable: the database cannot be reached.
+          StoreError: another database error.
+        """
+        revision = self._read(lambda conn: schema_revision(conn, self._prefix))  # type: ignore[arg-type]
+        return f"{self.url} (tables {self._prefix}*, schema revision {revision or 'none: run flexiq store upgrade'})"
 
     def close(self) -> None:
         """Dispose of the engine's connections (only if the store created the engine)."""
