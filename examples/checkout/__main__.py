@@ -66,10 +66,11 @@ def _check_broker(url: str) -> None:
     """
     if not url.startswith(("redis://", "amqp://")):
         raise click.UsageError(f"--broker {url}: the demo runs on redis://… or amqp://… brokers")
-    from kombu import Connection
+    import kombu
 
+    connection: Any = kombu.Connection  # untyped
     try:
-        with Connection(url, connect_timeout=3) as conn:
+        with connection(url, connect_timeout=3) as conn:
             conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=5)
     except Exception as exc:
         cause = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
