@@ -259,6 +259,20 @@ class _SqlAlchemyConnection(CallerConnection):
         return self._conn.execute(statement)
 
 
+def _really_begun(conn: Connection) -> None:
+    """Make pysqlite's lazily begun transaction real before a savepoint joins it.
+
+    By default pysqlite sends ``BEGIN`` only before the first write, so a
+    ``SAVEPOINT`` issued first would itself be the outermost transaction, and
+    its ``RELEASE`` would commit the step for good. PostgreSQL and MySQL need nothing.
+    """
+    if conn.dialect.name != "sqlite":
+        return
+    raw: Any = conn.connection.dbapi_connection
+    if raw is not None and not raw.in_transaction:
+        conn.exec_driver_sql("BEGIN")
+
+
 class _ConnectionTransaction(CallerTransaction):
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
@@ -267,6 +281,8 @@ class _ConnectionTransaction(CallerTransaction):
     @contextlib.contextmanager
     def scope(self) -> Iterator[CallerConnection]:
         self.joined = self._conn.in_transaction()
+        if self.joined:
+            _really_begun(self._conn)
         with self._conn.begin_nested() if self.joined else self._conn.begin():
             yield _SqlAlchemyConnection(self._conn)
 
@@ -289,6 +305,8 @@ class _SessionTransaction(CallerTransaction):
     def scope(self) -> Iterator[CallerConnection]:
         session = self._session
         self.joined = session.in_transaction()
+        if self.joined:
+            _really_begun(session.connection())
         with session.begin_nested() if self.joined else session.begin():
             yield _SqlAlchemyConnection(session.connection())
 
