@@ -31,6 +31,7 @@ Django is imported only when the process has imported it already (or when
 from __future__ import annotations
 
 import abc
+import asyncio
 import contextlib
 import sys
 import threading
@@ -136,17 +137,29 @@ def ignore_engine(engine: Engine) -> None:
     _ignored.add(engine)
 
 
-def _writers() -> dict[int, weakref.ref[Connection]]:
-    found: dict[int, weakref.ref[Connection]] | None = getattr(_local, "writers", None)
+_Writers = dict[int, tuple[weakref.ref[Connection], object]]
+
+
+def _writers() -> _Writers:
+    """This thread's connections whose open transaction has written: ``id → (connection, asyncio task)``."""
+    found: _Writers | None = getattr(_local, "writers", None)
     if found is None:
         found = _local.writers = {}
     return found
 
 
+def _task() -> object:
+    """The running asyncio task, or ``None``: tasks of one event loop share its thread, not its transactions."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:
+        return None
+
+
 def _after_execute(conn: Connection, _cursor: Any, statement: str, _params: Any, context: Any, _many: bool) -> None:
     if conn.engine in _ignored or not _writes(statement, context):
         return
-    _writers()[id(conn)] = weakref.ref(conn)
+    _writers()[id(conn)] = (weakref.ref(conn), _task())
 
 
 def _ended(conn: Connection) -> None:
@@ -162,11 +175,13 @@ def _writes(statement: str, context: Any) -> bool:
 
 def _sqlalchemy_open() -> list[OpenTransactionInfo]:
     found: list[OpenTransactionInfo] = []
-    writers = _writers()
-    for key, ref in list(writers.items()):
+    writers, task = _writers(), _task()
+    for key, (ref, owner) in list(writers.items()):
         conn = ref()
         if conn is None or conn.closed or not conn.in_transaction():
             del writers[key]
+            continue
+        if owner is not task:
             continue
         where = conn.engine.url.render_as_string(hide_password=True)
         found.append(
