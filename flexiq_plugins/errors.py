@@ -15,12 +15,12 @@ into a retry or, worse, a success (C20). Everything else is an ordinary
         ├── ConfigurationError (ValueError)   a bad store URL, option or codec key
         │   └── InvalidDuration               a duration that cannot be parsed (C19); a StepUsageError too
         ├── NoCurrentJob (RuntimeError)       ``current_job`` used outside a job
-        ├── NotInStep (RuntimeError)          ``idempotency_key`` outside a step body
         ├── InvalidRunKey (ValueError)        a run key that is not a str of 1–255 characters
         ├── StepUsageError                    misuse of the step API inside a job: dead-lettered at once
         │   ├── InvalidStepName (ValueError, TypeError)   C2
         │   ├── InvalidStepKey (ValueError, TypeError)    C2
         │   ├── InvalidStepBody (TypeError)               a body that is not a callable, or returns an awaitable
+        │   ├── NotInStep (RuntimeError)                  ``idempotency_key`` read outside a step body (C10)
         │   ├── InvalidWakeTime (ValueError, TypeError)   ``sleep_until`` without an aware datetime (C19)
         │   ├── DuplicateStepKey                          C3
         │   ├── ConcurrentStep                            C8
@@ -146,10 +146,6 @@ class NoCurrentJob(FlexiqError, RuntimeError):
     """``current_job`` was used outside a durable job."""
 
 
-class NotInStep(FlexiqError, RuntimeError):
-    """``step.idempotency_key`` was read outside a step body (C10)."""
-
-
 class InvalidRunKey(FlexiqError, ValueError):
     """A job carried a run key that is not a ``str`` of 1 to 255 characters."""
 
@@ -164,6 +160,14 @@ class InvalidStepName(StepUsageError, ValueError, TypeError):
 
 class InvalidStepKey(StepUsageError, ValueError, TypeError):
     """A step key that is not a ``str``/``int`` or is longer than 256 bytes (C2)."""
+
+
+class NotInStep(StepUsageError, RuntimeError):
+    """``step.idempotency_key`` was read outside a step body (C10).
+
+    A usage error: escaping the task body it is dead-lettered at once
+    (reason ``invalid_idempotency_key_read``).
+    """
 
 
 class InvalidDuration(ConfigurationError, StepUsageError):
@@ -369,6 +373,7 @@ def reason_of(exc: BaseException) -> str:
         (InvalidDuration, "invalid_duration"),
         (InvalidWakeTime, "invalid_wake_time"),
         (InvalidStepBody, "invalid_step_body"),
+        (NotInStep, "invalid_idempotency_key_read"),
         (OpenTransaction, "open_transaction"),
         (InvalidTransaction, "invalid_transaction"),
         (CorruptRecord, "corrupt_record"),

@@ -26,6 +26,7 @@ from flexiq_plugins import (
     InvalidStepKey,
     InvalidStepName,
     InvalidWakeTime,
+    NotInStep,
     StepRow,
     StepUsageError,
     current_job,
@@ -85,6 +86,7 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[StepUsageError], str, str]] =
         "surrogate",
     ),
     ("name-empty", lambda: _step().run("", lambda: 1), InvalidStepName, "invalid_step_name", "is empty"),
+    ("key-read-outside-a-step", lambda: _step().idempotency_key, NotInStep, "invalid_idempotency_key_read", "inside"),
 ]
 
 
