@@ -336,7 +336,7 @@ class Attempt:
         return outcomes.Completed(value)
 
     def _sleeping(self, signal: SleepSignal) -> outcomes.Outcome:
-        self._finish("sleeping")
+        self._finish("sleeping", wake_at=signal.wake_at)
         remaining = max(signal.wake_at - self.now(), 0.0)
         delay = min(remaining, self._config.max_hop_seconds)
         logger.debug("job %s (run %s) sleeps at %r for %.3f s", self.job_id, self.run_key, signal.step_key, delay)

@@ -43,6 +43,7 @@ from .outcomes import Ack, AckReason, Completed, DeadLetter, Failure, Outcome, P
 from .registry import Adapter, Publisher, ValueReader, register_adapter
 
 __all__ = [
+    "HAND_OFF_PAUSES",
     "PAYLOAD_OPTION",
     "Ack",
     "AckReason",

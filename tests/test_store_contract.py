@@ -529,13 +529,26 @@ def test_c35_mark_recovered_is_a_compare_and_set(store: StepStore) -> None:
     key = terminal_run(store, "sleeping", steps=1)
     seen = store.get_run(key)
     tick(store)
+    assert seen.recovered_at is None
     assert store.mark_recovered(key, status="sleeping", updated_at=seen.updated_at) is True
     assert store.mark_recovered(key, status="sleeping", updated_at=seen.updated_at) is False
     after = store.get_run(key)
     assert after.updated_at > seen.updated_at
+    assert after.recovered_at == after.updated_at  # the recovery is recorded as such
     assert (after.status, after.attempt, after.owner, after.step_count) == ("sleeping", 1, None, 1)
     assert store.mark_recovered(key, status="pending", updated_at=after.updated_at) is False
     assert store.mark_recovered(new_key(), status="sleeping", updated_at=after.updated_at) is False
+
+
+def test_c35_finish_records_a_sleeping_runs_wake_time(store: StepStore) -> None:
+    """``finish(..., wake_at=)`` records the wake time on the run; a later finish without one clears it (C35)."""
+    key = new_key()
+    claim = claim_run(store, key).claim
+    store.finish(claim, "sleeping", wake_at=1_900_000_000.5)
+    assert store.get_run(key).wake_at == 1_900_000_000.5
+    claim = claim_run(store, key).claim
+    store.finish(claim, "succeeded")
+    assert store.get_run(key).wake_at is None
 
 
 def test_c35_mark_recovered_skips_a_running_run_with_a_live_lease(store: StepStore) -> None:

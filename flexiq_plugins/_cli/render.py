@@ -70,6 +70,8 @@ def run_dict(run: RunRecord) -> dict[str, Any]:
         "step_bytes": run.step_bytes,
         "created_at": iso_time(run.created_at),
         "updated_at": iso_time(run.updated_at),
+        "wake_at": iso_time(run.wake_at),
+        "recovered_at": iso_time(run.recovered_at),
     }
 
 

@@ -226,7 +226,12 @@ class DeadLetterRecord:
 
 @dataclass(frozen=True)
 class RunRecord:
-    """A stored run, as operators see it."""
+    """A stored run, as operators see it.
+
+    ``wake_at`` is the wake time of a ``sleeping`` run and ``recovered_at``
+    when a recoverer last re-published it (epoch seconds, store clock; both
+    ``None`` otherwise).
+    """
 
     run_key: str
     task_name: str
@@ -243,6 +248,8 @@ class RunRecord:
     step_bytes: int
     created_at: float
     updated_at: float
+    wake_at: float | None = None
+    recovered_at: float | None = None
 
 
 class StepStore(abc.ABC):
@@ -328,6 +335,7 @@ class StepStore(abc.ABC):
         *,
         drop_steps: bool = False,
         dead_letter: NewDeadLetter | None = None,
+        wake_at: float | None = None,
     ) -> None:
         """End the attempt: set ``status`` and release the claim.
 
@@ -336,7 +344,9 @@ class StepStore(abc.ABC):
         ``drop_steps`` the run's step rows are deleted (C27); with
         ``dead_letter`` a dead letter is recorded carrying the run's envelope
         (C30). ``status`` is one of ``sleeping``, ``retrying``, ``succeeded``,
-        ``failed``, ``dead``, ``cancelled``.
+        ``failed``, ``dead``, ``cancelled``. ``wake_at`` (epoch seconds) is
+        recorded as the run's wake time (``None`` clears it): a ``sleeping``
+        run's, so recovery can decide on it (C35).
         """
 
     @abc.abstractmethod
@@ -408,10 +418,10 @@ class StepStore(abc.ABC):
     def mark_recovered(self, run_key: str, *, status: str, updated_at: float) -> bool:
         """Claim a stranded run for recovery: a compare-and-set on its state (C35).
 
-        One transaction: sets the run's ``updated_at`` to the store's ``now``
-        only while its ``status`` and ``updated_at`` are still the given ones
-        (what the caller read) and, for a ``running`` run, its lease has
-        expired. Of several recoverers that read the same run, exactly one
+        One transaction: sets the run's ``updated_at`` and ``recovered_at``
+        to the store's ``now`` only while its ``status`` and ``updated_at``
+        are still the given ones (what the caller read) and, for a
+        ``running`` run, its lease has expired. Of several recoverers that read the same run, exactly one
         gets ``True`` and re-publishes it; the others get ``False``. Nothing
         else changes (claim, attempt, takeovers, steps).
 

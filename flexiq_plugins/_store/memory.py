@@ -144,12 +144,13 @@ class MemoryStepStore(StepStore):
         *,
         drop_steps: bool = False,
         dead_letter: NewDeadLetter | None = None,
+        wake_at: float | None = None,
     ) -> None:
         """See :meth:`StepStore.finish`."""
         with self._lock:
             run = self._fenced(claim)
             now = self.now()
-            run = dataclasses.replace(run, status=status, owner=None, lease_until=None, updated_at=now)
+            run = dataclasses.replace(run, status=status, owner=None, lease_until=None, updated_at=now, wake_at=wake_at)
             if drop_steps:
                 self._steps.pop(claim.run_key, None)
                 run = dataclasses.replace(run, step_count=0, step_bytes=0)
@@ -277,7 +278,7 @@ class MemoryStepStore(StepStore):
             now = self.now()
             if run is None or not may_recover(run, status=status, updated_at=updated_at, now=now):
                 return False
-            self._runs[run_key] = dataclasses.replace(run, updated_at=now)
+            self._runs[run_key] = dataclasses.replace(run, updated_at=now, recovered_at=now)
             return True
 
     def cleanup(self, *, older_than: float) -> int:

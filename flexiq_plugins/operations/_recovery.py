@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from .._store.base import RunRecord, StepStore
 from ..durations import parse_duration
-from ..errors import PublishFailed
+from ..errors import ConfigurationError, PublishFailed
 from ..registry import Publisher
 from ._publishing import publish
 from ._runs import latest_wake_at
@@ -86,15 +86,18 @@ def find_stranded(
 ) -> list[Stranded]:
     """Return the runs :func:`recover` would re-publish, oldest due first (C35).
 
-    - ``sleeping`` past its wake time (the latest sleep step's ``wake_at``) by more than ``grace``;
+    - ``sleeping`` past its recorded wake time by more than ``grace``;
     - ``running`` whose claim lease expired more than ``grace`` ago (its worker died);
     - ``pending`` or ``retrying`` not updated for more than ``stale_after``
       (at least ``grace``).
 
-    Recovering a run moves its ``updated_at`` past the moment it fell due; such
-    a run is a candidate again only once that recovery is older than
-    ``stale_after`` (its job never started, e.g. no worker consumes the queue),
-    so a cron job or a sweeper does not pile up copies of one job.
+    The decision reads the recorded status, wake time and lease, and the
+    run's ``recovered_at``, never the order of two timestamps: a short sleep
+    whose ``sleeping`` record landed after its own wake time is overdue all
+    the same. A run recovered after it fell due is a candidate again only
+    once that recovery is older than ``stale_after`` (its job never started,
+    e.g. no worker consumes the queue), so a cron job or a sweeper does not
+    pile up copies of one job.
 
     Parameters:
       store(StepStore): the store.
@@ -117,16 +120,14 @@ def find_stranded(
 
 
 def _unclaimed_since(run: RunRecord, due_at: float, stale: float) -> bool:
-    """Not recovered yet (nothing touched the run after it fell due), or recovered longer than ``stale`` ago."""
-    return run.updated_at <= due_at or run.updated_at < stale
+    """Not recovered since it fell due at ``due_at``, or recovered longer than ``stale`` ago."""
+    return run.recovered_at is None or run.recovered_at < due_at or run.recovered_at < stale
 
 
 def _overdue_sleepers(store: StepStore, due: float, stale: float) -> list[Stranded]:
     found = []
     for run in store.list_runs(status="sleeping", limit=_SCAN_LIMIT):
-        if run.updated_at >= due:
-            continue  # a sleep is committed before its wake time: not overdue yet, or just recovered
-        wake_at = latest_wake_at(store.get_steps(run.run_key))
+        wake_at = run.wake_at if run.wake_at is not None else latest_wake_at(store.get_steps(run.run_key))
         if wake_at is not None and wake_at < due and _unclaimed_since(run, wake_at, stale):
             found.append(Stranded(run, "sleep_overdue", wake_at))
     return found
@@ -211,7 +212,7 @@ class Sweeper:
       stale_after(str | float): see :func:`find_stranded`.
 
     Raises:
-      ValueError: a duration cannot be parsed, or ``interval`` is zero.
+      ConfigurationError: (a ``ValueError``) a duration cannot be parsed, or ``interval`` is zero.
     """
 
     def __init__(
@@ -227,7 +228,7 @@ class Sweeper:
         self.publishers = dict(publishers)
         self.interval = parse_duration(interval)
         if self.interval <= 0:
-            raise ValueError("the sweeper's interval must be positive")
+            raise ConfigurationError(f"the sweeper's interval must be positive, got {interval!r}")
         self.grace = parse_duration(grace)
         self.stale_after = parse_duration(stale_after)
         self._stop = threading.Event()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -20,11 +19,11 @@ from uuid import uuid4
 
 import pytest
 from celery import Celery
-from celery.contrib.testing.worker import start_worker
 from flexiq_celery_testapp import make_app
 
 from flexiq_plugins import SqlStepStore
-from tests.polling import wait_for
+from tests.polling import wait_for  # noqa: F401 - the tests import it from here
+from tests.workers import celery_thread_worker, celery_worker_process
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -150,43 +149,14 @@ def delete_queues(app: Celery, names: list[str]) -> None:
 @contextmanager
 def in_process_worker(app: Celery, pool: str = "solo", concurrency: int = 1) -> Iterator[Any]:
     """A real Celery worker consuming ``app``'s queue in a thread of this process."""
-    with start_worker(
-        app, pool=pool, concurrency=concurrency, perform_ping_check=False, loglevel="WARNING", shutdown_timeout=15
-    ) as worker:
-        if worker.hub is not None:
-            # The event loop polls with no timeout when no timer is due, so it would notice the
-            # shutdown only at the next message (about 10 s on RabbitMQ): keep a timer ticking.
-            worker.hub.call_repeatedly(0.25, _tick)
+    with celery_thread_worker(app, pool=pool, concurrency=concurrency) as worker:
         yield worker
-
-
-def _tick() -> None:
-    """A no-op timer callback (see :func:`in_process_worker`)."""
 
 
 @contextmanager
 def worker_process(env: dict[str, str], log: Path, concurrency: int = 2) -> Iterator[subprocess.Popen[bytes]]:
     """A real ``celery -A flexiq_celery_testapp worker`` subprocess (prefork pool)."""
-    full_env = {
-        **os.environ,
-        **env,
-        "PYTHONPATH": os.pathsep.join([str(HERE), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    command = [
-        sys.executable, "-m", "celery", "-A", "flexiq_celery_testapp", "worker",
-        "-P", "prefork", "-c", str(concurrency), "-Q", env["FLEXIQ_TEST_QUEUE"], "--loglevel", "INFO",
-        "--without-gossip", "--without-mingle", "--without-heartbeat", "-n", f"{env['FLEXIQ_TEST_QUEUE']}@%h",
-    ]  # fmt: skip
-    with log.open("wb") as out:
-        proc = subprocess.Popen(command, env=full_env, stdout=out, stderr=subprocess.STDOUT, cwd=str(log.parent))
-    try:
-        wait_for(lambda: b"ready." in log.read_bytes() or proc.poll() is not None, 60, "the worker to start")
-        assert proc.poll() is None, log.read_text()
+    with celery_worker_process(
+        "flexiq_celery_testapp", env["FLEXIQ_TEST_QUEUE"], env, log, concurrency=concurrency, pythonpath=HERE
+    ) as proc:
         yield proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

@@ -77,7 +77,7 @@ class CountingBase(Task):  # type: ignore[misc]
         return {"wrapped": result}
 
 
-def register_tasks(app: Celery, calls: str) -> None:  # noqa: PLR0915 - one place lists every test task
+def register_tasks(app: Celery, calls: str) -> None:
     """Declare the test tasks on ``app``."""
 
     def charge_and_receipt(task: Any, order: int, pause: float) -> dict[str, Any]:
@@ -171,21 +171,6 @@ def register_tasks(app: Celery, calls: str) -> None:  # noqa: PLR0915 - one plac
     def not_late() -> str:
         return current_job.step.run("x", lambda: "x")
 
-    @app.task(name=f"{app.main}.crashy", bind=True)
-    def crashy(self: Any, marker_dir: str, crash_in: str) -> dict[str, Any]:
-        step = current_job.step
-
-        def hang_first_time(what: str) -> int:
-            n = record_call(calls, what, step.idempotency_key)
-            if what == crash_in and n == 1:
-                (Path(marker_dir) / f"{what}.pid").write_text(str(os.getpid()))
-                time.sleep(60)  # killed here by the test
-            return n
-
-        charge = step.run("charge", lambda: hang_first_time("charge"))
-        after = step.run("after_charge", lambda: hang_first_time("after_charge"))
-        return {"charge": charge, "after": after, "attempt": current_job.attempt}
-
     @app.task(name=f"{app.main}.bulk")
     def bulk(i: int) -> int:
         step = current_job.step
@@ -208,10 +193,7 @@ def app_from_env() -> Celery | None:
     store_url = os.environ["FLEXIQ_TEST_STORE"]
     prefix = os.environ.get("FLEXIQ_TEST_TABLE_PREFIX")
     store: Any = SqlStepStore(store_url, table_prefix=prefix) if prefix else store_url
-    lease = float(os.environ.get("FLEXIQ_TEST_LEASE", "30"))
-    return make_app(
-        os.environ["FLEXIQ_TEST_QUEUE"], broker, store, os.environ["FLEXIQ_TEST_CALLS"], lease_seconds=lease
-    )
+    return make_app(os.environ["FLEXIQ_TEST_QUEUE"], broker, store, os.environ["FLEXIQ_TEST_CALLS"])
 
 
 app = app_from_env()

@@ -1,9 +1,10 @@
-"""Real ``celery worker`` subprocesses (prefork): crashes inside step bodies, and many jobs at once."""
+"""Real ``celery worker`` subprocesses (prefork): many jobs at once.
+
+Crashes inside step bodies are in the adapter conformance suite (``tests/conformance``).
+"""
 
 from __future__ import annotations
 
-import os
-import signal
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -11,7 +12,7 @@ from uuid import uuid4
 import pytest
 from celery.result import ResultSet
 from conftest import POSTGRES_URL, delete_queues, drop_tables, require, wait_for, worker_process
-from flexiq_celery_testapp import count_calls, make_app
+from flexiq_celery_testapp import make_app
 
 from flexiq_plugins import SqlStepStore
 
@@ -27,34 +28,6 @@ def worker_env(broker: str, store_url: str, calls: str, queue: str, **extra: str
         "FLEXIQ_TEST_QUEUE": queue,
         **extra,
     }
-
-
-@pytest.mark.parametrize("crash_in", ["charge", "after_charge"])
-def test_c6_sigkill_inside_a_step_body(redis_broker: str, tmp_path: Path, calls: str, crash_in: str) -> None:
-    """SIGKILL of the prefork child running a step body (C6, C25, C26). Killed inside ``charge``
-    before its commit: the redelivered job (``reject_on_worker_lost``) takes the expired claim over
-    and runs ``charge`` again. Killed inside the next step, after ``charge`` committed: ``charge``
-    never runs again, only the interrupted step does."""
-    queue = f"fqc{uuid4().hex[:8]}"
-    store_url = f"sqlite:///{tmp_path / 'steps.db'}"
-    env = worker_env(redis_broker, store_url, calls, queue, FLEXIQ_TEST_LEASE="2")
-    client = make_app(queue, redis_broker, store_url, calls)
-    try:
-        with worker_process(env, tmp_path / "worker.log", concurrency=1):
-            result = client.tasks[f"{queue}.crashy"].delay(str(tmp_path), crash_in)
-            pid_file = tmp_path / f"{crash_in}.pid"
-            wait_for(pid_file.exists, 30, "the step body to start")
-            os.kill(int(pid_file.read_text()), signal.SIGKILL)
-            value = result.get(timeout=60)
-    finally:
-        delete_queues(client, [queue])
-    if crash_in == "charge":
-        assert count_calls(calls, "charge") == 2  # no commit before the kill: the body ran again
-    else:
-        assert count_calls(calls, "charge") == 1  # committed before the kill: never again
-        assert count_calls(calls, "after_charge") == 2
-    assert value["charge"] == count_calls(calls, "charge")
-    assert value["attempt"] >= 2
 
 
 def test_c23_prefork_four_children_postgres_two_hundred_jobs(redis_broker: str, pg_store: Any, tmp_path: Path) -> None:

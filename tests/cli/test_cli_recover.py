@@ -194,3 +194,35 @@ def _delete_celery_queues(app: Any, names: list[str]) -> None:
         for queue in names:
             with suppress(Exception):  # never declared
                 conn.default_channel.queue_delete(queue)
+
+
+def test_c35_a_short_sleep_recorded_after_its_wake_time_is_recovered() -> None:
+    """A sleeping run whose ``sleeping`` record landed after its own wake time is overdue all the same (C35).
+
+    A 50 ms sleep on a slow database: the sleep step commits at T with wake
+    time T + 0.05, the attempt's ``finish`` lands at T + 0.2. Recovery decides
+    on the recorded status and wake time, not on whether ``updated_at`` comes
+    before the wake time; after it is re-published once, it is not taken again
+    until ``stale_after`` has passed.
+    """
+    from flexiq_plugins import JobEnvelope, MemoryStepStore
+    from flexiq_plugins._store.base import Begun, StepRow
+    from flexiq_plugins.testing import FakeClock
+
+    clock = FakeClock()
+    store = MemoryStepStore(clock=clock)
+    begun = store.begin("short", "job-1", JobEnvelope("nap", "dramatiq", "orders"), "w1", 30.0)
+    assert isinstance(begun, Begun)
+    wake_at = clock() + 0.05
+    store.commit_step(begun.claim, StepRow(0, "sleep#0", "sleep", None, wake_at))
+    clock.advance(0.2)  # the database was slow: the run is recorded sleeping after its wake time
+    store.finish(begun.claim, "sleeping", wake_at=wake_at)
+    clock.advance(1)
+
+    (stranded,) = operations.find_stranded(store, grace=0.5, stale_after=60)
+    assert (stranded.run.run_key, stranded.why, stranded.due_at) == ("short", "sleep_overdue", wake_at)
+    report = operations.recover(store, operations.publishers_for(StubBroker()), grace=0.5, stale_after=60)
+    assert [s.run.run_key for s, _ in report.recovered] == ["short"]
+    assert operations.find_stranded(store, grace=0.5, stale_after=60) == []  # recovered once, not again
+    clock.advance(61)
+    assert [s.run.run_key for s in operations.find_stranded(store, grace=0.5, stale_after=60)] == ["short"]

@@ -14,7 +14,7 @@ from flexiq_plugins.cli import cli
 
 RUN_KEYS = {
     "run_key", "task_name", "framework", "queue", "status", "attempt", "owner", "lease_until",
-    "takeovers", "job_id", "step_count", "step_bytes", "created_at", "updated_at",
+    "takeovers", "job_id", "step_count", "step_bytes", "created_at", "updated_at", "wake_at", "recovered_at",
 }  # fmt: skip
 STEP_KEYS = {"position", "step_key", "kind", "size", "attempt", "committed_at", "wake_at"}
 
@@ -84,7 +84,7 @@ def test_runs_show_values_decodes_on_request(runs: Runs, flexiq: Callable[..., R
     assert "{'id': 'ch_1', 'amount': 1200}" in " ".join(line_of(table, "charge#0"))
     data = json.loads(flexiq("runs", "show", "run-v", "--values", "--json").stdout)
     assert set(data) == {"run", "steps"}
-    assert set(data["run"]) == RUN_KEYS | {"wake_at"}
+    assert set(data["run"]) == RUN_KEYS
     charge, sleep = data["steps"]
     assert set(charge) == STEP_KEYS | {"value", "value_note"}
     assert (charge["value"], charge["value_note"]) == ({"id": "ch_1", "amount": 1200}, None)

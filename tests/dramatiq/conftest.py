@@ -84,22 +84,6 @@ def stub_broker(namespace: str, queue: str) -> Iterator[dramatiq.Broker]:
     yield from _installed(StubBroker(), namespace, queue)
 
 
-@pytest.fixture
-def redis_broker(require_service: Callable[[str, str, int], None], namespace: str, queue: str) -> Iterator[RedisBroker]:
-    """A Redis broker on its own namespace."""
-    require_service(*REDIS)
-    yield from _installed(make_broker("redis", namespace), namespace, queue)  # type: ignore[misc]
-
-
-@pytest.fixture
-def rabbitmq_broker(
-    require_service: Callable[[str, str, int], None], namespace: str, queue: str
-) -> Iterator[RabbitmqBroker]:
-    """A RabbitMQ broker; the test's queues are deleted afterwards."""
-    require_service(*RABBITMQ)
-    yield from _installed(make_broker("rabbitmq", namespace), namespace, queue)  # type: ignore[misc]
-
-
 def _installed(broker: dramatiq.Broker, namespace: str, queue: str) -> Iterator[dramatiq.Broker]:
     previous = dramatiq.get_broker() if _has_global_broker() else None
     broker.emit_after("process_boot")

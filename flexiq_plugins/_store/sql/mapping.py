@@ -90,6 +90,8 @@ def run_record(r: sa.Row[Any]) -> RunRecord:
         step_bytes=int(r.step_bytes),
         created_at=r.created_at,
         updated_at=r.updated_at,
+        wake_at=r.wake_at,
+        recovered_at=r.recovered_at,
     )
 
 

@@ -436,6 +436,7 @@ class SqlStepStore(StepStore):
         *,
         drop_steps: bool = False,
         dead_letter: NewDeadLetter | None = None,
+        wake_at: float | None = None,
     ) -> None:
         """End the attempt: set ``status`` and release the claim (C26, C27, C30).
 
@@ -448,6 +449,7 @@ class SqlStepStore(StepStore):
           drop_steps(bool): delete the run's step rows (C27).
           dead_letter(NewDeadLetter | None): record a dead letter carrying the
             run's envelope (C30).
+          wake_at(float | None): the run's wake time when ``sleeping``, epoch seconds (C35).
 
         Raises:
           ClaimLost: another attempt holds the run (C25); nothing was written.
@@ -456,7 +458,13 @@ class SqlStepStore(StepStore):
 
         def work(conn: Connection) -> None:
             now = self._now(conn)
-            values: dict[str, Any] = {"status": status, "owner": None, "lease_until": None, "updated_at": now}
+            values: dict[str, Any] = {
+                "status": status,
+                "owner": None,
+                "lease_until": None,
+                "updated_at": now,
+                "wake_at": wake_at,
+            }
             if drop_steps:
                 values.update(step_count=0, step_bytes=0)
             self._fenced_update(conn, claim, **values)
@@ -706,7 +714,7 @@ class SqlStepStore(StepStore):
             now = self._now(conn)
             if run is None or not may_recover(run, status=status, updated_at=updated_at, now=now):
                 return False
-            conn.execute(sa.update(runs).where(runs.c.run_key == run_key).values(updated_at=now))
+            conn.execute(sa.update(runs).where(runs.c.run_key == run_key).values(updated_at=now, recovered_at=now))
             return True
 
         return self._write(work)

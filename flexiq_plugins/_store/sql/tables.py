@@ -91,6 +91,8 @@ def _runs(metadata: sa.MetaData, p: str) -> sa.Table:
         sa.Column("step_bytes", sa.BigInteger, nullable=False, server_default="0"),
         sa.Column("created_at", _time(), nullable=False),
         sa.Column("updated_at", _time(), nullable=False),
+        sa.Column("wake_at", _time(), nullable=True),
+        sa.Column("recovered_at", _time(), nullable=True),
         sa.Index(f"ix_{p}runs_status_updated", "status", "updated_at"),
         sa.Index(f"ix_{p}runs_updated", "updated_at"),
         sa.Index(f"ix_{p}runs_task_name", "task_name"),

@@ -1,0 +1,295 @@
+"""The task bodies of the conformance suite, written once for every framework.
+
+Each scenario is a plain function ``fn(ledger, *args)`` that uses only
+``current_job.step``: the harness of each adapter registers it as a Celery task
+or a Dramatiq actor (``celery_app.py``, ``dramatiq_app.py``), with the retry
+policy given here in the framework's own words.
+
+Side effects go to a :class:`Ledger`, a file of JSON lines appended with
+``O_APPEND``: every line is written by one ``write`` call and is on disk as soon
+as it returns, so the counts survive a worker process killed with SIGKILL and
+are shared by in-thread workers and worker subprocesses alike. A test reads
+the ledger to count how many times each step body really ran, and with which
+idempotency key.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+from flexiq_plugins import current_job
+
+__all__ = ["SCENARIOS", "TYPED_VALUES", "Ledger", "Scenario", "describe"]
+
+
+class Ledger:
+    """The external record of what the task bodies did, one JSON object per line.
+
+    Every entry carries the run key of the job that wrote it (``run``), so the
+    tests of one module can share a ledger and still count per run.
+
+    Parameters:
+      directory(str | Path): where the ledger file and the flag files live.
+    """
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+        self.path = self.directory / "ledger.jsonl"
+
+    # ------------------------------------------------------- written by bodies
+    def call(self, what: str) -> int:
+        """Record one real call of the step body ``what``; return how many calls of it this run has now.
+
+        Call it inside a step body: the entry keeps the step's idempotency key.
+        """
+        self._append(what, key=current_job.step.idempotency_key)
+        return self.count(current_job.run_key, what)
+
+    def enter(self, retries: int) -> None:
+        """Record that the task body started (``"attempt"``), with the framework's retry count."""
+        self._append("attempt", retries=retries)
+
+    def note(self, what: str, **data: Any) -> None:
+        """Record ``what`` with JSON ``data`` for the current run."""
+        self._append(what, **data)
+
+    def hang_first(self, what: str) -> None:
+        """The first time ``what`` runs for this run, record this process's id and hang to be killed.
+
+        The test SIGKILLs the process; the hang is the workload the kill
+        interrupts, not a wait for anything.
+        """
+        if self.count(current_job.run_key, what) == 1:
+            self._append("hang", step=what)
+            time.sleep(120)
+
+    def flag(self, name: str) -> bool:
+        """Whether the test raised the flag ``name`` for the current run."""
+        return self._flag_path(current_job.run_key, name).exists()
+
+    def wait_flag(self, name: str, timeout: float = 30.0) -> None:
+        """Block the body until the test raises the flag ``name`` (the body's own workload)."""
+        deadline = time.monotonic() + timeout
+        while not self.flag(name):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"flag {name!r} was never raised")
+            time.sleep(0.02)
+
+    # ---------------------------------------------------------- read by tests
+    def set_flag(self, run_key: str, name: str) -> None:
+        """Raise the flag ``name`` for ``run_key``."""
+        self._flag_path(run_key, name).touch()
+
+    def entries(self, run_key: str, what: str | None = None) -> list[dict[str, Any]]:
+        """Every entry of ``run_key`` (only ``what``'s when given), in the order written."""
+        if not self.path.exists():
+            return []
+        found = []
+        for line in self.path.read_text().splitlines():
+            entry = json.loads(line)
+            if entry["run"] == run_key and (what is None or entry["what"] == what):
+                found.append(entry)
+        return found
+
+    def count(self, run_key: str, what: str) -> int:
+        """How many entries ``what`` the run ``run_key`` has."""
+        return len(self.entries(run_key, what))
+
+    def keys(self, run_key: str, what: str) -> list[str]:
+        """The idempotency keys of the calls of the step body ``what``, in call order."""
+        return [e["key"] for e in self.entries(run_key, what)]
+
+    def attempts(self, run_key: str) -> list[dict[str, Any]]:
+        """The ``"attempt"`` entries of ``run_key``: one per execution of the task body."""
+        return self.entries(run_key, "attempt")
+
+    def hung(self, run_key: str, step: str) -> int | None:
+        """The process id that hangs in the step body ``step`` of ``run_key``, once it does."""
+        pids = [e["pid"] for e in self.entries(run_key, "hang") if e["step"] == step]
+        return pids[0] if pids else None
+
+    # ---------------------------------------------------------------- private
+    def _append(self, what: str, **data: Any) -> None:
+        job = current_job.get()
+        assert job is not None, "the ledger is written from inside a durable job"
+        entry = {
+            "run": job.run_key,
+            "what": what,
+            "job": job.job_id,
+            "attempt": job.attempt,
+            "pid": os.getpid(),
+            "at": time.time(),
+            **data,
+        }
+        line = (json.dumps(entry) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+    def _flag_path(self, run_key: str, name: str) -> Path:
+        return self.directory / f"flag-{name}-{run_key}"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A task body and the retry policy it is registered with.
+
+    Parameters:
+      name(str): the task / actor name (prefixed by the app's name on Celery).
+      fn(Callable[..., Any]): ``fn(ledger, *args)``.
+      max_retries(int): the framework's retry budget for exceptions from the body
+        (Celery: ``autoretry_for=(Exception,)`` with no delay; Dramatiq: ``Retries``
+        with a 10-50 ms backoff).
+    """
+
+    name: str
+    fn: Callable[..., Any]
+    max_retries: int = 3
+
+
+SCENARIOS: dict[str, Scenario] = {}
+
+
+def scenario(max_retries: int = 3, name: str | None = None) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register the decorated function as a scenario (see :class:`Scenario`)."""
+
+    def register(fn: Callable[..., Any]) -> Callable[..., Any]:
+        key = name or fn.__name__
+        SCENARIOS[key] = Scenario(key, fn, max_retries)
+        return fn
+
+    return register
+
+
+class DeployedMidRun(Exception):
+    """Raised by :func:`deploy_between_attempts` at the end of its first attempt."""
+
+
+# ------------------------------------------------------------------ scenarios
+@scenario()
+def notify_fails_once(ledger: Ledger) -> str:
+    """``charge``, then ``notify``, whose body raises on its first call (a task-level retry)."""
+    step = current_job.step
+    step.run("charge", lambda: ledger.call("charge"))
+
+    def notify() -> str:
+        if ledger.call("notify") == 1:
+            raise ConnectionError("mail server down")
+        return "notified"
+
+    return step.run("notify", notify)
+
+
+@scenario()
+def nap(ledger: Ledger, pause: float) -> str:
+    """``before``, a sleep of ``pause`` seconds, ``after``."""
+    step = current_job.step
+    step.run("before", lambda: ledger.call("before"))
+    step.sleep(pause)
+    step.run("after", lambda: ledger.call("after"))
+    return "woke"
+
+
+scenario(max_retries=0, name="nap_without_retries")(nap)
+
+
+@scenario()
+def checkout(ledger: Ledger, pause: float) -> dict[str, Any]:
+    """The seed's checkout: ``charge``, a sleep, ``receipt`` failing once, and a keyed ``refund`` check."""
+    step = current_job.step
+    charge = step.run("charge", lambda: {"id": "ch_1", "n": ledger.call("charge")})
+    step.sleep(pause)
+
+    def receipt() -> str:
+        if ledger.call("receipt") == 1:
+            raise ConnectionError("mail server down")
+        return f"receipt for {charge['id']}"
+
+    sent = step.run("receipt", receipt)
+    step.run("audit", lambda: ledger.call("audit"), key="order-7")
+    return {"charge": charge, "receipt": sent}
+
+
+@scenario()
+def deploy_between_attempts(ledger: Ledger) -> str:
+    """``charge``, then ``reserve`` (renamed ``allocate`` by a deploy before the retry), then ``ship``.
+
+    The first attempt ends with :class:`DeployedMidRun`, a retryable error; every
+    later attempt runs the new code, whose second step has another name.
+    """
+    step = current_job.step
+    step.run("charge", lambda: ledger.call("charge"))
+    second = "reserve" if current_job.attempt == 1 else "allocate"
+    step.run(second, lambda: ledger.call(second))
+    if current_job.attempt == 1:
+        raise DeployedMidRun("a new version of the task is deployed before the retry")
+    step.run("ship", lambda: ledger.call("ship"))
+    return "shipped"
+
+
+@scenario()
+def once(ledger: Ledger) -> str:
+    """One step, ``work``."""
+    current_job.step.run("work", lambda: ledger.call("work"))
+    return "done"
+
+
+@scenario()
+def hold(ledger: Ledger) -> str:
+    """One step, ``work``, whose body blocks until the test raises the flag ``release``."""
+
+    def work() -> str:
+        ledger.call("work")
+        ledger.wait_flag("release")
+        return "done"
+
+    return current_job.step.run("work", work)
+
+
+@scenario()
+def crashy(ledger: Ledger) -> str:
+    """``charge`` then ``ship``; the first call of each body hangs until its process is killed."""
+    step = current_job.step
+
+    def body(what: str) -> int:
+        n = ledger.call(what)
+        ledger.hang_first(what)
+        return n
+
+    step.run("charge", lambda: body("charge"))
+    step.run("ship", lambda: body("ship"))
+    return "shipped"
+
+
+TYPED_VALUES: dict[str, Any] = {
+    "when": datetime(2030, 1, 2, 3, 4, 5, 600, tzinfo=timezone(timedelta(hours=2))),
+    "amount": Decimal("12.340"),
+    "id": UUID("01900000-0000-7000-8000-000000000042"),
+}
+"""A step value of types JSON has no word for: an aware ``datetime``, a ``Decimal``, a ``UUID``."""
+
+
+def describe(value: dict[str, Any]) -> dict[str, list[str]]:
+    """Each item's type name and exact text (``isoformat`` keeps a datetime's offset)."""
+    return {name: [type(v).__name__, v.isoformat() if isinstance(v, datetime) else str(v)] for name, v in value.items()}
+
+
+@scenario()
+def typed_values(ledger: Ledger, pause: float) -> str:
+    """A step returns :data:`TYPED_VALUES`; what came back is noted before and after a sleep (a memo hit)."""
+    step = current_job.step
+    value = step.run("quote", lambda: dict(TYPED_VALUES))
+    ledger.note("seen", value=describe(value))
+    step.sleep(pause)
+    return "quoted"
