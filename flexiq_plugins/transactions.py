@@ -291,6 +291,7 @@ def _really_begun(conn: Connection) -> None:
 class _ConnectionTransaction(CallerTransaction):
     def __init__(self, conn: Connection) -> None:
         self._conn = conn
+        self._held: object = None
         self.description = _SqlAlchemyConnection(conn).description
 
     @contextlib.contextmanager
@@ -298,6 +299,7 @@ class _ConnectionTransaction(CallerTransaction):
         self.joined = self._conn.in_transaction()
         if self.joined:
             _really_begun(self._conn)
+            self._held = self._conn.get_transaction()
         with self._conn.begin_nested() if self.joined else self._conn.begin():
             yield _SqlAlchemyConnection(self._conn)
 
@@ -305,7 +307,8 @@ class _ConnectionTransaction(CallerTransaction):
         return key == ("sqlalchemy", id(self._conn))
 
     def is_open(self) -> bool:
-        return not self._conn.closed and self._conn.in_transaction()
+        """Whether the transaction the step joined (not a later one) is still open."""
+        return not self._conn.closed and self._held is not None and self._conn.get_transaction() is self._held
 
     def rollback(self) -> None:
         self._conn.rollback()
@@ -314,6 +317,7 @@ class _ConnectionTransaction(CallerTransaction):
 class _SessionTransaction(CallerTransaction):
     def __init__(self, session: Any) -> None:
         self._session = session
+        self._held: object = None
         self.description = f"the SQLAlchemy session {session!r}"
 
     @contextlib.contextmanager
@@ -322,6 +326,7 @@ class _SessionTransaction(CallerTransaction):
         self.joined = session.in_transaction()
         if self.joined:
             _really_begun(session.connection())
+            self._held = session.get_transaction()
         with session.begin_nested() if self.joined else session.begin():
             yield _SqlAlchemyConnection(session.connection())
 
@@ -331,7 +336,8 @@ class _SessionTransaction(CallerTransaction):
         return key == ("sqlalchemy", id(self._session.connection()))
 
     def is_open(self) -> bool:
-        return bool(self._session.in_transaction())
+        """Whether the transaction the step joined (not a later one) is still open."""
+        return self._held is not None and self._session.get_transaction() is self._held
 
     def rollback(self) -> None:
         self._session.rollback()
@@ -348,22 +354,28 @@ class _DjangoTransaction(CallerTransaction):
             except Exception as exc:  # ConnectionDoesNotExist, ImproperlyConfigured
                 raise InvalidTransaction(f"step.transaction(using={using!r}): no such Django database ({exc})") from exc
         self._db = db
+        self._held: object = None
         self.description = f"Django database {self._db.alias!r}"
 
     @contextlib.contextmanager
     def scope(self) -> Iterator[CallerConnection]:
         from django.db import transaction
 
-        self.joined = self.is_open()
-        with transaction.atomic(using=self._db.alias):
-            yield _DjangoConnection(self._db, self.description)
+        db = self._db
+        self.joined = bool(db.in_atomic_block or (db.connection is not None and not db.autocommit))
+        self._held = db.atomic_blocks[0] if db.atomic_blocks else "autocommit off"
+        with transaction.atomic(using=db.alias):
+            yield _DjangoConnection(db, self.description)
 
     def owns(self, key: tuple[str, object]) -> bool:
         return key == ("django", self._db.alias)
 
     def is_open(self) -> bool:
+        """Whether the transaction the step joined (its outermost ``atomic`` block) is still open."""
         db = self._db
-        return bool(db.in_atomic_block or (db.connection is not None and not db.autocommit))
+        if isinstance(self._held, str):
+            return bool(db.connection is not None and not db.autocommit)
+        return any(block is self._held for block in db.atomic_blocks)
 
     def rollback(self) -> None:
         from django.db import transaction

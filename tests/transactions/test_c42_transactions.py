@@ -273,3 +273,22 @@ def test_c42_c25_a_transactional_step_of_a_taken_over_attempt_writes_nothing(
     assert isinstance(outcome, outcomes.Ack)
     assert outcome.reason is outcomes.AckReason.DROPPED
     assert (orders.ids(), _keys(tx_store, run_key)) == ([], [])
+
+
+def test_c42_once_the_joined_transaction_committed_plain_steps_run_again(
+    api: Api, orders: Orders, tx_store: SqlStepStore, attempt: Callable[..., Any], run_key: str
+) -> None:
+    """After the caller commits, a later transaction of the same session or connection (even one that
+    has only read) does not hold the run's row: a plain step runs and commits."""
+
+    def body() -> str:
+        with api.handle() as using:
+            with api.outer(using):
+                current_job.step.transaction("create_order", lambda: api.insert(using, 11), using=using)
+            if api.kind != "django":
+                using.execute(sa.text(f"SELECT COUNT(*) FROM {orders.name}"))  # autobegins a new transaction
+            return current_job.step.run("notify", lambda: "sent")
+
+    assert attempt(body, run_key) == outcomes.Completed("sent")
+    assert orders.ids() == [11]
+    assert _keys(tx_store, run_key) == ["create_order#0", "notify#0"]
