@@ -12,6 +12,7 @@ from ._prepare import prepare_app
 from ._runtime import Runtime, runtime_of
 from ._signals import connect_signals, on_app_finalized
 from ._task import DurableTask
+from ._verbs import install_quiet_ignored_filter
 
 __all__ = ["install"]
 
@@ -51,6 +52,7 @@ def install(app: Any, store: StoreSpec = None, **options: Any) -> None:
     Runtime(app, store, CeleryConfig.from_options(options, where="celery_ext.install"))
     app.Task = type("DurableTask", (DurableTask, app.Task), {"__module__": __name__})
     connect_signals()
+    install_quiet_ignored_filter()
     app.on_after_finalize.connect(on_app_finalized, weak=False)
     if app.finalized:
         prepare_app(app)

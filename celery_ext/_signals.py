@@ -1,4 +1,4 @@
-"""Celery signal receivers: the run key at publish, fresh stores after fork, tasks made durable.
+"""Celery signal receivers: the run key at publish, fresh stores after fork, tasks made durable, the start line.
 
 They are connected once per process (``dispatch_uid``), whatever the number
 of apps, and do nothing for an app that :func:`celery_ext.install` was not
@@ -11,13 +11,13 @@ from typing import Any
 
 from celery import signals
 
-from flexiq_plugins.integration import new_run_key
+from flexiq_plugins.integration import log_worker_start, new_run_key
 
 from ._options import RUN_KEY_HEADER
 from ._prepare import prepare_app
 from ._runtime import all_runtimes, runtime_of
 
-__all__ = ["connect_signals", "on_app_finalized"]
+__all__ = ["announce_store", "connect_signals", "on_app_finalized"]
 
 
 def stamp_run_key(sender: Any = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
@@ -41,6 +41,14 @@ def prepare_worker_app(sender: Any = None, **_: Any) -> None:
         prepare_app(app)
 
 
+def announce_store(sender: Any = None, **_: Any) -> None:
+    """``worker_ready``: log the step store the worker's app uses, once per worker (issue 15)."""
+    app = getattr(sender, "app", None)
+    runtime = runtime_of(app) if app is not None else None
+    if runtime is not None:
+        log_worker_start(runtime.driver, "celery worker")
+
+
 def on_app_finalized(sender: Any = None, **_: Any) -> None:
     """``app.on_after_finalize``: make the tasks created at finalization durable."""
     if sender is not None and runtime_of(sender) is not None:
@@ -52,3 +60,4 @@ def connect_signals() -> None:
     signals.before_task_publish.connect(stamp_run_key, weak=False, dispatch_uid="flexiq.stamp_run_key")
     signals.worker_process_init.connect(forget_parent_stores, weak=False, dispatch_uid="flexiq.fork")
     signals.worker_init.connect(prepare_worker_app, weak=False, dispatch_uid="flexiq.worker_init")
+    signals.worker_ready.connect(announce_store, weak=False, dispatch_uid="flexiq.worker_ready")

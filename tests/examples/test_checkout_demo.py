@@ -158,3 +158,23 @@ def test_demo_crash_refused_without_redelivering_transport(tmp_path: Path) -> No
     )
     assert proc.returncode == 2
     assert "cannot redeliver" in proc.stderr
+
+
+@pytest.mark.parametrize("framework", ["celery", "dramatiq"])
+@pytest.mark.parametrize("broker", ["redis://127.0.0.1:1/0", "amqp://guest:guest@127.0.0.1:1//"])
+def test_demo_unreachable_broker_is_one_line(tmp_path: Path, framework: str, broker: str) -> None:
+    """A broker nobody listens on: one line naming the URL and the cause, exit 1, no traceback, no worker."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "examples.checkout", "--framework", framework, "--broker", broker],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert proc.stderr.startswith(f"Error: cannot reach the broker at {broker}: ")
+    assert "refused" in proc.stderr.lower()
