@@ -38,6 +38,7 @@ _NOT_ENABLED = (
     "Dramatiq add dramatiq_ext.DurableSteps() to the broker's middleware"
 )
 
+
 def _check_body(name: object, fn: object) -> None:
     """Refuse a step body that is not a callable, before anything runs."""
     if not callable(fn):

@@ -52,7 +52,6 @@ from .errors import (
     ReplayStopped,
     SleepSignal,
     StepLimitExceeded,
-    StepUsageError,
 )
 from .identity import Sequence, StepId
 from .policies import Compensation, RetryPolicy

@@ -7,7 +7,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import dramatiq
 import pytest
+from dramatiq.brokers.rabbitmq import RabbitmqBroker
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.brokers.stub import StubBroker
+from dramatiq.common import xq_name
 
 from flexiq_plugins._store.base import StepStore
 from flexiq_plugins.errors import UnknownRun
@@ -65,3 +70,13 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, what: str = 
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout}s waiting for {what}")
         time.sleep(0.05)
+
+
+def dead_letter_count(broker: dramatiq.Broker, queue: str, namespace: str) -> int:
+    """How many messages the broker holds in ``queue``'s dead-letter queue (``.XQ``)."""
+    if isinstance(broker, RedisBroker):
+        return int(broker.client.zcard(f"{namespace}:{xq_name(queue)}"))
+    if isinstance(broker, RabbitmqBroker):
+        return int(broker.get_queue_message_counts(queue)[2])
+    assert isinstance(broker, StubBroker)
+    return len(broker.dead_letters_by_queue[queue])
