@@ -276,7 +276,10 @@ def app_from_env() -> Celery | None:
     store_url = os.environ["FLEXIQ_TEST_STORE"]
     prefix = os.environ.get("FLEXIQ_TEST_TABLE_PREFIX")
     store: Any = SqlStepStore(store_url, table_prefix=prefix) if prefix else store_url
-    return make_app(os.environ["FLEXIQ_TEST_QUEUE"], broker, store, os.environ["FLEXIQ_TEST_CALLS"])
+    lease = float(os.environ.get("FLEXIQ_TEST_LEASE", "30"))  # a short lease makes a dead worker's takeover quick
+    return make_app(
+        os.environ["FLEXIQ_TEST_QUEUE"], broker, store, os.environ["FLEXIQ_TEST_CALLS"], lease_seconds=lease
+    )
 
 
 app = app_from_env()
