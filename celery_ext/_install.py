@@ -12,6 +12,7 @@ from ._prepare import prepare_app
 from ._runtime import Runtime, runtime_of
 from ._signals import connect_signals, on_app_finalized
 from ._task import DurableTask
+from ._verbs import install_quiet_ignored_filter
 
 __all__ = ["install"]
 
@@ -53,6 +54,7 @@ def install(app: Any, store: StoreSpec = None, **options: Any) -> None:
     register_installation("celery", app, runtime.driver)  # send_event / cancel_run in this process (C33, C34)
     app.Task = type("DurableTask", (DurableTask, app.Task), {"__module__": __name__})
     connect_signals()
+    install_quiet_ignored_filter()
     app.on_after_finalize.connect(on_app_finalized, weak=False)
     if app.finalized:
         prepare_app(app)

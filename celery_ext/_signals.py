@@ -1,4 +1,5 @@
-"""Celery signal receivers: the run key at publish, fresh stores after fork, tasks made durable, revokes.
+"""Celery signal receivers: the run key at publish, fresh stores after fork, tasks made durable, the start line,
+revokes.
 
 They are connected once per process (``dispatch_uid``), whatever the number
 of apps, and do nothing for an app that :func:`celery_ext.install` was not
@@ -13,7 +14,7 @@ from typing import Any
 from celery import signals
 
 from flexiq_plugins import FlexiqError
-from flexiq_plugins.integration import cancel_run, new_run_key
+from flexiq_plugins.integration import cancel_run, log_worker_start, new_run_key
 
 from ._adapter import publisher
 from ._envelope import run_key_of
@@ -23,7 +24,7 @@ from ._runtime import all_runtimes, runtime_of
 
 logger = logging.getLogger("flexiq_plugins.celery")
 
-__all__ = ["connect_signals", "on_app_finalized"]
+__all__ = ["announce_store", "cancel_revoked", "connect_signals", "on_app_finalized"]
 
 
 def stamp_run_key(sender: Any = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
@@ -45,6 +46,14 @@ def prepare_worker_app(sender: Any = None, **_: Any) -> None:
     app = getattr(sender, "app", None)
     if app is not None and runtime_of(app) is not None:
         prepare_app(app)
+
+
+def announce_store(sender: Any = None, **_: Any) -> None:
+    """``worker_ready``: log the step store the worker's app uses, once per worker (issue 15)."""
+    app = getattr(sender, "app", None)
+    runtime = runtime_of(app) if app is not None else None
+    if runtime is not None:
+        log_worker_start(runtime.driver, "celery worker")
 
 
 def on_app_finalized(sender: Any = None, **_: Any) -> None:
@@ -82,3 +91,4 @@ def connect_signals() -> None:
     signals.worker_process_init.connect(forget_parent_stores, weak=False, dispatch_uid="flexiq.fork")
     signals.worker_init.connect(prepare_worker_app, weak=False, dispatch_uid="flexiq.worker_init")
     signals.task_revoked.connect(cancel_revoked, weak=False, dispatch_uid="flexiq.task_revoked")
+    signals.worker_ready.connect(announce_store, weak=False, dispatch_uid="flexiq.worker_ready")

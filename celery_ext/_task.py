@@ -76,7 +76,7 @@ class DurableTask(Task):  # type: ignore[misc]
         if runtime is None:
             return self._flexiq_body(args, kwargs)
         if request.called_directly:  # task(...) as a plain function: no durable job, not even an outer one
-            with no_current_job():
+            with no_current_job(self.name):
                 return self._flexiq_body(args, kwargs)
         return _run_attempt(self, runtime, request, args, kwargs)
 

@@ -19,11 +19,17 @@ The re-published message keeps the headers, the retry count and the routing
 of the one being handled (``signature_from_request``) and carries the run's
 key explicitly (C36): a sleep touches no retry counter (C16). It is published
 *before* the current message is acknowledged, so a sleep is never lost (C15).
+
+Celery logs every ``Ignore`` as "Task … ignored" at INFO, which would be one
+line per sleep hop. The put-backs and acknowledgements made here raise
+:class:`HandedBack`, whose line :class:`QuietIgnoredFilter` turns into a
+DEBUG record (the way ``dramatiq_ext`` quiets its skips).
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 from typing import Any, NoReturn
 
 from celery.exceptions import Ignore, Reject, Retry
@@ -47,9 +53,31 @@ from ._deadletter import dead_letter_error, publish_dead_letter
 from ._options import RUN_KEY_HEADER
 from ._runtime import Runtime
 
-__all__ = ["act"]
+__all__ = ["HandedBack", "QuietIgnoredFilter", "act", "install_quiet_ignored_filter"]
 
 logger = logging.getLogger("flexiq_plugins.celery")
+
+
+class HandedBack(Ignore):  # type: ignore[misc]
+    """The job went back to its queue (a sleep hop, a busy run) or was a duplicate: acknowledged on purpose."""
+
+
+class QuietIgnoredFilter(logging.Filter):
+    """Turns Celery's "Task … ignored" INFO record of a :class:`HandedBack` into a DEBUG record."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Demote the record of a :class:`HandedBack` (Celery logs it inside its ``except Ignore``)."""
+        if record.levelno != logging.INFO or not isinstance(sys.exc_info()[1], HandedBack):
+            return True
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+def install_quiet_ignored_filter() -> None:
+    """Attach one :class:`QuietIgnoredFilter` to Celery's task tracer logger (idempotent)."""
+    trace_logger = logging.getLogger("celery.app.trace")
+    if not any(isinstance(f, QuietIgnoredFilter) for f in trace_logger.filters):
+        trace_logger.addFilter(QuietIgnoredFilter())
 
 
 def act(task: Any, request: Any, runtime: Runtime, job: JobInfo, outcome: Outcome) -> Any:
@@ -64,14 +92,14 @@ def act(task: Any, request: Any, runtime: Runtime, job: JobInfo, outcome: Outcom
         case DeadLetter():
             _dead_letter(task, request, runtime, outcome)
         case Ack():
-            raise Ignore()  # acknowledge, leave the result backend alone
+            raise HandedBack()  # acknowledge, leave the result backend alone
         case _:
             assert_never(outcome)
 
 
 def _put_back(task: Any, request: Any, job: JobInfo, outcome: PutBack) -> NoReturn:
     _republish(task, request, job, outcome)
-    raise Ignore()
+    raise HandedBack()
 
 
 def _republish(task: Any, request: Any, job: JobInfo, outcome: PutBack) -> None:

@@ -32,6 +32,7 @@ from flexiq_plugins.integration import (
     StepStore,
     StoreSpec,
     cancellation_option,
+    log_worker_start,
     new_run_key,
     no_current_job,
     register_installation,
@@ -122,6 +123,10 @@ class DurableSteps(Middleware):
         serializer = _config.step_serializer(dramatiq.get_encoder())
         return AttemptDriver(store, config.with_default_serializer(serializer))
 
+    def after_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        """Log the one start line: the step store (password hidden) and its schema revision."""
+        log_worker_start(self._driver.get, "dramatiq worker")
+
     # ----------------------------------------------------------- declaring
     def before_declare_actor(self, broker: dramatiq.Broker, actor: dramatiq.Actor[Any, Any]) -> None:
         """Check the actor's ``step_retry`` (C31) and caps (C34) where it is declared.
@@ -192,7 +197,7 @@ class DurableSteps(Middleware):
     ) -> Any:
         message = _message.get()
         if message is None or message.actor_name != actor_name:
-            with no_current_job():  # called directly, not by a worker: no durable steps
+            with no_current_job(actor_name):  # called directly, not by a worker: no durable steps
                 return body(*args, **kwargs)
         _message.set(None)  # a direct call from inside the body is a plain call
         body.check()

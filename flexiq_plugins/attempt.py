@@ -71,6 +71,7 @@ from .errors import (
 from .identity import check_run_key
 from .policies import CancellationPolicy, RetryPolicy
 from .steps import StepJournal
+from .transactions import CallerConnection, watch_sqlalchemy
 
 __all__ = ["Attempt", "AttemptDriver", "JobInfo", "default_owner"]
 
@@ -141,6 +142,7 @@ class AttemptDriver:
         self.config = config or DurableConfig()
         self.codec = self.config.codec_chain()
         self._outage = _OutageLog()
+        watch_sqlalchemy()  # a plain step inside a SQLAlchemy transaction that has written is refused (C42)
 
     # ------------------------------------------------------------ one call
     def run_job(self, job: JobInfo, body: Callable[[], Any], *, owner: str | None = None) -> outcomes.Outcome:
@@ -187,6 +189,8 @@ class AttemptDriver:
             return outcomes.PutBack(outcomes.PutBackReason.BUSY, delay, "its run is running elsewhere")
         if result.takeovers > self.config.max_takeovers:
             return self._worker_lost(job, result)
+        if result.envelope.corrupt:
+            return self._dead_at_start(job, result, "corrupt_record", f"run {job.run_key!r}: {result.envelope.corrupt}")
         return Attempt(self, job, result)
 
     def store_outage(self, exc: StoreUnavailable) -> outcomes.PutBack:
@@ -199,10 +203,14 @@ class AttemptDriver:
             f"run {job.run_key!r} lost its worker {begun.takeovers} times "
             f"(limit {self.config.max_takeovers}); dead-lettered instead of crashing workers forever"
         )
-        dead = NewDeadLetter(job.job_id, "worker_lost", message)
+        return self._dead_at_start(job, begun, "worker_lost", message)
+
+    def _dead_at_start(self, job: JobInfo, begun: base.Begun, reason: str, message: str) -> outcomes.Outcome:
+        """Dead-letter a run just claimed, without running its body (C25, C30)."""
+        dead = NewDeadLetter(job.job_id, reason, message)
         self.store.finish(begun.claim, "dead", dead_letter=dead)
         logger.error("%s", message)
-        return outcomes.DeadLetter("worker_lost", message)
+        return outcomes.DeadLetter(reason, message)
 
     # ------------------------------------------------------ after a Failure
     def settle_failed(self, failure: outcomes.Failure) -> bool:
@@ -301,6 +309,10 @@ class Attempt:
         """Look for the event a waiting step can receive, fenced on this attempt's claim (C25, C33)."""
         return self._store.poll_event(self.claim, topic, key, deadline)
 
+    def commit_step_on(self, connection: CallerConnection, row: StepRow) -> StepRow:
+        """Write one step row in the caller's transaction on ``connection``, fenced on the claim (C42)."""
+        return self._store.commit_step_on(connection, self.claim, row)
+
     # ------------------------------------------------------- running the body
     @contextlib.contextmanager
     def activate(self) -> Iterator[JobContext]:
@@ -310,6 +322,7 @@ class Attempt:
             with self.context.activate() as job:
                 yield job
         finally:
+            self.journal.close_transactions()  # before the lease stops: a left-open one would hold it (C42)
             self._lease.stop()
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> outcomes.Outcome:

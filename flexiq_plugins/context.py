@@ -12,17 +12,19 @@ activates it around the task body.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
 
-from .durations import parse_duration
-from .errors import InvalidStepName, NoCurrentJob, NotInStep
+from .durations import MAX_SLEEP_SECONDS, parse_sleep
+from .errors import InvalidStepBody, InvalidStepName, InvalidWakeTime, NoCurrentJob, NotInStep
 from .identity import validate_name
 from .policies import Compensation, RetryPolicy
 from .step_run import StepRunVerb, compensation_of, retry_of
-from .steps import SleepVerb, StepJournal, adrive, current_step_key, drive, outside_steps
+from .steps import SleepVerb, StepJournal, TransactionVerb, adrive, current_step_key, drive, outside_steps
+from .transactions import caller_transaction
 from .waits import EventVerb, WaitVerb, event_step, validate_event_field
 
 __all__ = ["JobContext", "StepContext", "current_job", "no_current_job"]
@@ -30,12 +32,26 @@ __all__ = ["JobContext", "StepContext", "current_job", "no_current_job"]
 T = TypeVar("T")
 
 _job: ContextVar[JobContext | None] = ContextVar("flexiq_current_job", default=None)
+_called_directly: ContextVar[str | None] = ContextVar("flexiq_called_directly", default=None)
 
 _NOT_ENABLED = (
     "no durable job is running in this context. current_job is set only inside a task "
     "body run by an integration: for Celery call celery_ext.install(app) at set-up; for "
     "Dramatiq add dramatiq_ext.DurableSteps() to the broker's middleware"
 )
+
+
+def _check_body(name: object, fn: object) -> None:
+    """Refuse a step body that is not a callable, before anything runs."""
+    if not callable(fn):
+        close = getattr(fn, "close", None) if inspect.iscoroutine(fn) else None
+        if close is not None:
+            close()  # a coroutine passed instead of an async function: it must not warn "never awaited"
+        raise InvalidStepBody(
+            f"step {name!r} got a {type(fn).__name__} as its body, not a callable: that value was computed "
+            "before the step, outside it, and is not memoized; pass the function itself, "
+            f"e.g. step.run({name!r}, lambda: charge(order_id))"
+        )
 
 
 class StepContext:
@@ -62,6 +78,7 @@ class StepContext:
         key: str | int | None = None,
         retry: RetryPolicy | Literal[False] | None = None,
         compensate: Callable[[T], object] | Compensation | None = None,
+        allow_open_transaction: bool = False,
     ) -> T:
         """Run ``fn()`` once per run and return its value; later attempts get the stored value.
 
@@ -78,16 +95,22 @@ class StepContext:
             budget, the task's own retry policy decides.
           compensate(Callable[[T], object] | Compensation | None): the undo,
             called with the step's value if the run fails for good (C32).
+          allow_open_transaction(bool): run even inside an open database
+            transaction the store does not share (C42): say so only when the
+            body writes nothing that a rollback of it would undo.
 
         Returns the value decoded from its stored bytes, on the first run too
         (C7): a tuple under JSON comes back as a list every time.
 
         Raises:
           InvalidStepName, InvalidStepKey: bad name or key (C2), before anything runs.
+          InvalidStepBody: ``fn`` is not a callable (before anything runs), or
+            it returned an awaitable (use :meth:`arun`).
+          OpenTransaction: called inside an open transaction the store does not
+            share (C42): before the body runs, or after it wrote in one.
           DuplicateStepKey: the same step key twice in one attempt (C3).
           ConcurrentStep: another step of this attempt is uncommitted (C8).
           StepDivergence: the recorded sequence has another step here (C12).
-          StepUsageError: ``fn`` returned an awaitable (use :meth:`arun`).
           EncodeError: the serializer cannot encode the value; nothing is committed (C7).
           StepLimitExceeded: a size cap refused the commit (C22).
           InvalidStepOption: ``retry`` or ``compensate`` is not an accepted form.
@@ -96,7 +119,9 @@ class StepContext:
             for good; every replay raises it again without calling ``fn`` (C31).
           Exception: whatever ``fn`` raises without a budget; nothing is committed (C6).
         """
-        return drive(self._journal.protocol(self._verb(retry, compensate), name, key), fn)  # type: ignore[no-any-return]
+        _check_body(name, fn)
+        verb = self._verb(retry, compensate, allow_open_transaction)
+        return drive(self._journal.protocol(verb, name, key), fn)  # type: ignore[no-any-return]
 
     async def arun(
         self,
@@ -106,17 +131,51 @@ class StepContext:
         key: str | int | None = None,
         retry: RetryPolicy | Literal[False] | None = None,
         compensate: Callable[[T], object] | Compensation | None = None,
+        allow_open_transaction: bool = False,
     ) -> T:
         """Async form of :meth:`run`: ``fn()`` may return an awaitable, which is awaited.
 
         Same parameters, return value and errors as :meth:`run`. Two ``arun``
         calls under ``asyncio.gather`` fail the attempt with ``ConcurrentStep`` (C8).
         """
-        verb = self._verb(retry, compensate)
+        _check_body(name, fn)
+        verb = self._verb(retry, compensate, allow_open_transaction)
         return await adrive(self._journal.protocol(verb, name, key), fn)  # type: ignore[no-any-return]
 
-    def _verb(self, retry: object, compensate: object) -> StepRunVerb:
-        return StepRunVerb(retry_of(retry, self._journal), compensation_of(compensate))
+    def _verb(self, retry: object, compensate: object, allow_open_transaction: bool) -> StepRunVerb:
+        return StepRunVerb(
+            retry_of(retry, self._journal),
+            compensation_of(compensate),
+            allow_open_transaction=allow_open_transaction,
+        )
+
+    def transaction(self, name: str, fn: Callable[[], T], *, using: object, key: str | int | None = None) -> T:
+        """Run ``fn()`` and commit its memo in one database transaction with ``fn``'s writes (C42).
+
+        ``fn`` runs inside the transaction of ``using`` (joined as a savepoint
+        if one is open, else opened here and committed when the step ends), and
+        the step row is written there too, fenced on the attempt's claim. So
+        the body's writes and the memo commit or roll back together: exactly
+        once for those writes. The step store and the tables ``fn`` writes must
+        be in the same database. Later attempts get the stored value like
+        :meth:`run`'s.
+
+        Parameters:
+          name(str): the step name (C2).
+          fn(Callable[[], T]): the body; its database writes go through ``using``.
+          using(str | object): a Django database alias (``"default"``) or
+            connection, or a SQLAlchemy ``Session``, ``scoped_session`` or ``Connection``.
+          key(str | int | None): as for :meth:`run` (C1).
+
+        Raises:
+          InvalidTransaction: ``using`` is none of those, reaches another
+            database than the store's, or the store cannot share a transaction.
+          OpenTransaction: another open transaction the store does not share.
+          The errors of :meth:`run` otherwise.
+        """
+        _check_body(name, fn)
+        verb = TransactionVerb(caller_transaction(using))
+        return drive(self._journal.protocol(verb, name, key), fn)  # type: ignore[no-any-return]
 
     # ----------------------------------------------------------- sleep
     def sleep(self, duration: str | timedelta | float, *, name: str | None = None) -> None:
@@ -132,26 +191,30 @@ class StepContext:
         sleep returns at once; one woken early ends the attempt again.
 
         Raises:
-          InvalidDuration: (a ``ValueError``) a negative or unparsable duration,
-            naming the accepted forms.
+          InvalidDuration: (a ``ValueError``) a negative, unparsable or longer
+            than 366 days duration, naming the accepted forms; a ``datetime``
+            (use :meth:`sleep_until`).
           SleepSignal: always, unless the sleep is already due; not an error (C20).
         """
-        seconds = parse_duration(duration)
+        seconds = parse_sleep(duration)
         self._sleep(name, SleepVerb(lambda now: now + seconds))
 
     def sleep_until(self, when: datetime, *, name: str | None = None) -> None:
         """End the attempt until the timezone-aware datetime ``when`` (C17, C19).
 
         Raises:
-          ValueError: ``when`` is not a timezone-aware ``datetime``.
+          InvalidWakeTime: (a ``ValueError``) ``when`` is not a timezone-aware
+            ``datetime``, or is more than 366 days ahead of the store's clock.
           SleepSignal: unless ``when`` has passed.
         """
         if not isinstance(when, datetime) or when.tzinfo is None or when.utcoffset() is None:
-            raise ValueError(
-                f"sleep_until needs a timezone-aware datetime, got {when!r}; "
-                "use e.g. datetime(2030, 1, 1, tzinfo=timezone.utc)"
+            raise InvalidWakeTime(
+                f"sleep_until needs a timezone-aware datetime, got {when!r}; give it a time zone, "
+                "e.g. when.replace(tzinfo=timezone.utc) or datetime.now(timezone.utc) + timedelta(days=1)"
             )
         wake_at = when.timestamp()
+        if wake_at - self._journal.now() > MAX_SLEEP_SECONDS:
+            raise InvalidWakeTime(f"sleep_until({when.isoformat()}) is more than 366 days ahead, the longest sleep")
         self._sleep(name, SleepVerb(lambda _now: wake_at))
 
     def _sleep(self, name: str | None, verb: SleepVerb) -> None:
@@ -208,7 +271,7 @@ class StepContext:
     def _wait_verbs(topic: object, key: object, timeout: object, name: str | None) -> tuple[WaitVerb, str]:
         validate_event_field("topic", topic)
         validate_event_field("key", key)
-        seconds = None if timeout is None else parse_duration(timeout)
+        seconds = None if timeout is None else parse_sleep(timeout)
         if name is None:
             try:
                 name = validate_name(topic)
@@ -283,7 +346,8 @@ class _CurrentJob:
     def _require(self) -> JobContext:
         job = _job.get()
         if job is None:
-            raise NoCurrentJob(_NOT_ENABLED)
+            task = _called_directly.get()
+            raise NoCurrentJob(_NOT_ENABLED if task is None else _called_directly_message(task))
         return job
 
     @property
@@ -327,17 +391,31 @@ current_job = _CurrentJob()
 """The running durable job; ``current_job.step`` is its :class:`StepContext`."""
 
 
+def _called_directly_message(task: str) -> str:
+    return (
+        f"no durable job is running in this context: {task} was called directly, as a plain function, "
+        "not run by a worker, so it has no current_job and no steps; send it as a job (Celery: "
+        "task.delay(...) or apply_async; Dramatiq: actor.send(...)) to run it with durable steps"
+    )
+
+
 @contextlib.contextmanager
-def no_current_job() -> Iterator[None]:
+def no_current_job(task_name: str | None = None) -> Iterator[None]:
     """Run the ``with`` block outside any durable job (a task called directly, as a function).
 
     Used by the integrations so that calling a durable task like a function
     inside another job's body neither records steps in the outer run nor sees
-    its idempotency key.
+    its idempotency key. ``current_job`` used inside then says the task
+    ``task_name`` was called directly.
+
+    Parameters:
+      task_name(str | None): the task or actor called directly, for the message.
     """
     token = _job.set(None)
+    direct = _called_directly.set(f"the task {task_name!r}" if task_name else "the durable task")
     try:
         with outside_steps():
             yield
     finally:
+        _called_directly.reset(direct)
         _job.reset(token)

@@ -17,17 +17,21 @@ into a retry or, worse, a success (C20). Everything else is an ordinary
     Exception
     └── FlexiqError
         ├── ConfigurationError (ValueError)   a bad store URL, option or codec key
-        ├── InvalidDuration (ValueError)      a duration that cannot be parsed (C19)
+        │   └── InvalidDuration               a duration that cannot be parsed (C19); a StepUsageError too
         ├── NoCurrentJob (RuntimeError)       ``current_job`` used outside a job
-        ├── NotInStep (RuntimeError)          ``idempotency_key`` outside a step body
         ├── InvalidRunKey (ValueError)        a run key that is not a str of 1–255 characters
-        ├── StepUsageError                    misuse of the step API inside a job
+        ├── StepUsageError                    misuse of the step API inside a job: dead-lettered at once
         │   ├── InvalidStepName (ValueError, TypeError)   C2
         │   ├── InvalidStepKey (ValueError, TypeError)    C2
+        │   ├── InvalidStepBody (TypeError)               a body that is not a callable, or returns an awaitable
+        │   ├── NotInStep (RuntimeError)                  ``idempotency_key`` read outside a step body (C10)
+        │   ├── InvalidWakeTime (ValueError, TypeError)   ``sleep_until`` without an aware datetime (C19)
         │   ├── DuplicateStepKey                          C3
         │   ├── ConcurrentStep                            C8
         │   ├── SwallowedStepSignal                       C21
-        │   └── InvalidStepOption (TypeError)             a bad ``retry=`` / ``compensate=`` (C31, C32)
+        │   ├── InvalidStepOption (TypeError)             a bad ``retry=`` / ``compensate=`` (C31, C32)
+        │   ├── OpenTransaction                           a plain step in a transaction the store cannot share (C42)
+        │   └── InvalidTransaction                        a transactional step that cannot share the caller's (C42)
         ├── InvalidEvent (ValueError)         an event topic, key or payload that cannot be sent (C33)
         ├── StepLimitExceeded                 a size cap refused a commit (C22)
         ├── CodecError                        a value cannot be encoded / decoded (C7)
@@ -42,6 +46,7 @@ into a retry or, worse, a success (C20). Everything else is an ordinary
         │   ├── StoreUnavailable              connection lost, timeout: retryable (C28)
         │   ├── ClaimLost                     another attempt holds the run (C25)
         │   ├── CancelRequested               a notice from the store: the run's cancellation was requested (C34)
+        │   ├── CorruptRecord                 a stored row that cannot be read: dead-lettered at once
         │   └── UnknownRun / UnknownDeadLetter (LookupError)
         └── OperationError                    an operator action failed (``flexiq`` exits 1)
             ├── NoPublisher                   no integration to re-publish a framework's jobs
@@ -71,6 +76,7 @@ __all__ = [
     "ConcurrentStep",
     "AlreadyRetried",
     "ConfigurationError",
+    "CorruptRecord",
     "DeadLettered",
     "DecodeError",
     "Disposition",
@@ -81,13 +87,17 @@ __all__ = [
     "InvalidDuration",
     "InvalidEvent",
     "InvalidRunKey",
+    "InvalidStepBody",
     "InvalidStepKey",
     "InvalidStepName",
     "InvalidStepOption",
+    "InvalidTransaction",
+    "InvalidWakeTime",
     "NoCurrentJob",
     "NoPublisher",
     "NonRetryableError",
     "NotInStep",
+    "OpenTransaction",
     "OperationError",
     "PublishFailed",
     "ReplayStopped",
@@ -225,20 +235,8 @@ class ConfigurationError(FlexiqError, ValueError):
     """A store URL, an option or a codec key that cannot be used."""
 
 
-class InvalidDuration(ConfigurationError):
-    """A duration that is negative, not finite or not in an accepted form (C19).
-
-    A :class:`ValueError` (through :class:`ConfigurationError`), raised before
-    anything is committed; the message names the value and the accepted forms.
-    """
-
-
 class NoCurrentJob(FlexiqError, RuntimeError):
     """``current_job`` was used outside a durable job."""
-
-
-class NotInStep(FlexiqError, RuntimeError):
-    """``step.idempotency_key`` was read outside a step body (C10)."""
 
 
 class InvalidRunKey(FlexiqError, ValueError):
@@ -255,6 +253,41 @@ class InvalidStepName(StepUsageError, ValueError, TypeError):
 
 class InvalidStepKey(StepUsageError, ValueError, TypeError):
     """A step key that is not a ``str``/``int`` or is longer than 256 bytes (C2)."""
+
+
+class NotInStep(StepUsageError, RuntimeError):
+    """``step.idempotency_key`` was read outside a step body (C10).
+
+    A usage error: escaping the task body it is dead-lettered at once
+    (reason ``invalid_idempotency_key_read``).
+    """
+
+
+class InvalidDuration(ConfigurationError, StepUsageError):
+    """A duration that is negative, not finite, too long for a sleep or not in an accepted form (C19).
+
+    A :class:`ValueError` (through :class:`ConfigurationError`), raised before
+    anything is committed; the message names the value and the accepted forms.
+    It is a :class:`StepUsageError` too: a bad ``step.sleep`` that escapes the
+    task body is dead-lettered at once (reason ``invalid_duration``), since no
+    retry can fix it.
+    """
+
+
+class InvalidWakeTime(StepUsageError, ValueError, TypeError):
+    """``step.sleep_until`` got something other than a timezone-aware ``datetime`` within reach (C19).
+
+    Raised before anything is committed; dead-lettered (reason ``invalid_wake_time``) if it escapes the body.
+    """
+
+
+class InvalidStepBody(StepUsageError, TypeError):
+    """A step's body is not a callable, or ``step.run``'s body returned an awaitable.
+
+    ``step.run("charge", charge(order))`` passes charge's *result*, computed
+    before the step and outside it; the step needs the function itself
+    (``lambda: charge(order)``). Dead-lettered at once (reason ``invalid_step_body``).
+    """
 
 
 class DuplicateStepKey(StepUsageError):
@@ -280,6 +313,27 @@ class InvalidEvent(FlexiqError, ValueError):
     key) before anything is stored; the message names the value and what is
     accepted. Inside a task body it is a defect: the job is dead-lettered
     (``invalid_event``), never retried.
+    """
+
+
+class OpenTransaction(StepUsageError):
+    """A plain step was called inside an open database transaction that the step store does not share (C42).
+
+    If that transaction rolled back after the step committed, a retry would
+    get the memo of writes that no longer exist. Make the step transactional
+    (``step.transaction(name, fn, using=...)``), or run it outside the
+    transaction; ``allow_open_transaction=True`` opts a step out of the check.
+    Dead-lettered at once (reason ``open_transaction``).
+    """
+
+
+class InvalidTransaction(StepUsageError, ValueError):
+    """A transactional step cannot commit in the transaction it was given (C42).
+
+    ``using`` is not a Django connection or alias nor a SQLAlchemy ``Session``
+    or ``Connection``; it reaches another database than the step store's; or
+    the transaction was still open when the task body returned (it is rolled
+    back). Dead-lettered at once (reason ``invalid_transaction``).
     """
 
 
@@ -402,6 +456,14 @@ class CancelRequested(StoreError):
         self.row = row
 
 
+class CorruptRecord(StoreError):
+    """A stored row cannot be read: a step row without its value, a job envelope that is not JSON or lacks fields.
+
+    No retry can fix it, so a job that meets one is dead-lettered at once
+    (reason ``corrupt_record``); the message names the run and the row.
+    """
+
+
 class UnknownRun(StoreError, LookupError):
     """No run has the given run key."""
 
@@ -456,6 +518,7 @@ _DEAD_LETTER_TYPES: tuple[type[BaseException], ...] = (
     StepDivergence,
     StepUsageError,
     InvalidEvent,
+    CorruptRecord,
     StepLimitExceeded,
     EncodeError,
     StepRetryExhausted,
@@ -536,6 +599,14 @@ def reason_of(exc: BaseException) -> str:
         (InvalidStepKey, "invalid_step_key"),
         (InvalidStepOption, "invalid_step_option"),
         (InvalidEvent, "invalid_event"),
+        (InvalidDuration, "invalid_duration"),
+        (InvalidWakeTime, "invalid_wake_time"),
+        (InvalidStepBody, "invalid_step_body"),
+        (NotInStep, "invalid_idempotency_key_read"),
+        (OpenTransaction, "open_transaction"),
+        (InvalidTransaction, "invalid_transaction"),
+        (CorruptRecord, "corrupt_record"),
+        (StepUsageError, "usage_error"),
     ]
     for kind, reason in names:
         if isinstance(exc, kind):

@@ -53,7 +53,9 @@ def validate_name(name: object) -> str:
 
 
 def _name_problem(name: str) -> str:
-    size = len(name.encode("utf-8"))
+    size = _utf8_size(name)
+    if size < 0:
+        return "is not valid Unicode (a lone surrogate)"
     if not name:
         return "is empty"
     if size > MAX_NAME_BYTES:
@@ -73,12 +75,22 @@ def validate_key(key: object) -> str:
         text = str(key)
     except ValueError as exc:  # an int longer than sys.get_int_max_str_digits() digits
         raise InvalidStepKey(f"step key is an int too long to turn into a str; a key is {_KEY_FORMS}") from exc
-    size = len(text.encode("utf-8"))
+    size = _utf8_size(text)
+    if size < 0:
+        raise InvalidStepKey(f"step key {_short(text)} is not valid Unicode (a lone surrogate); a key is {_KEY_FORMS}")
     if size > MAX_KEY_BYTES:
         raise InvalidStepKey(f"step key {_short(text)} is {size} bytes long; a key is {_KEY_FORMS}")
     if _has_control(text):
         raise InvalidStepKey(f"step key {text!r} contains a control character; a key is {_KEY_FORMS}")
     return text
+
+
+def _utf8_size(text: str) -> int:
+    """The size of ``text`` in UTF-8 bytes, or -1 if it cannot be encoded (a lone surrogate)."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        return -1
 
 
 def _has_control(text: str) -> bool:
@@ -234,11 +246,20 @@ def new_run_key() -> str:
 
 
 def check_run_key(run_key: object) -> str:
-    """Return ``run_key`` if it is a ``str`` of 1 to 255 characters, else raise :class:`InvalidRunKey`."""
+    """Return ``run_key`` if it is a ``str`` of 1 to 255 characters, else raise :class:`InvalidRunKey`.
+
+    The characters must be valid Unicode without control characters (a NUL
+    cannot be stored by PostgreSQL, and none belongs in an identifier).
+    """
     if not isinstance(run_key, str) or not 0 < len(run_key) <= MAX_RUN_KEY_LENGTH:
         raise InvalidRunKey(
             f"run key {run_key!r} is not a str of 1 to {MAX_RUN_KEY_LENGTH} characters; "
             "the run key header/option must be such a string (a UUIDv7 when minted at publish)"
+        )
+    if _utf8_size(run_key) < 0 or _has_control(run_key):
+        raise InvalidRunKey(
+            f"run key {run_key!r} contains a control character or a lone surrogate; "
+            "the run key header/option must be printable text (a UUIDv7 when minted at publish)"
         )
     return run_key
 

@@ -49,7 +49,7 @@ from .attempt import Attempt, AttemptDriver, JobInfo
 from .codec import CodecChain, FunctionSerializer, Serializer
 from .config import DurableConfig, resolve_store, resolve_store_spec
 from .context import no_current_job
-from .errors import DeadLettered, Disposition, StepSignal, UnsupportedInEagerMode, classify
+from .errors import DeadLettered, Disposition, FlexiqError, StepSignal, UnsupportedInEagerMode, classify
 from .identity import new_run_key, run_key_from
 from .operations import CancelResult, cancel_run
 from .outcomes import Ack, AckReason, Completed, DeadLetter, Failure, Outcome, PutBack, PutBackReason
@@ -95,6 +95,7 @@ __all__ = [
     "envelope_arguments",
     "hand_off",
     "is_json",
+    "log_worker_start",
     "new_run_key",
     "no_current_job",
     "register_adapter",
@@ -199,6 +200,26 @@ def hand_off(publish: Callable[[], T], *, what: str, forever: bool = False) -> T
             logger.debug("re-enqueue of %s still failing (%s)", what, exc)
             time.sleep(_HAND_OFF_STEADY_PAUSE)
     return publish()
+
+
+# ------------------------------------------------------------ worker start
+def log_worker_start(make_driver: Callable[[], AttemptDriver], who: str) -> None:
+    """Log the one line a worker starts with: its step store (password hidden) and schema revision.
+
+    The store is opened (and its tables created or upgraded, quietly) now
+    rather than at the first job. A store that cannot be used is one WARNING
+    line instead; jobs then meet it as usual (put back while it is unavailable).
+
+    Parameters:
+      make_driver(Callable[[], AttemptDriver]): the process's driver (e.g. ``PerProcess.get``).
+      who(str): names the worker, e.g. ``"celery worker"``.
+    """
+    try:
+        described = make_driver().store.describe()
+    except FlexiqError as exc:
+        logger.warning("flexiq-plugins %s: the step store cannot be used yet: %s", who, exc)
+        return
+    logger.info("flexiq-plugins %s: durable steps in %s", who, described)
 
 
 # ------------------------------------------------------------- per process

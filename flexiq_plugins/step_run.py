@@ -100,9 +100,17 @@ class StepRunVerb(RunVerb):
     Parameters:
       retry(RetryPolicy | None): the step's budget; ``None``: none.
       compensate(Compensation | None): the step's undo.
+      allow_open_transaction(bool): run even inside a database transaction the store does not share (C42).
     """
 
-    def __init__(self, retry: RetryPolicy | None = None, compensate: Compensation | None = None) -> None:
+    def __init__(
+        self,
+        retry: RetryPolicy | None = None,
+        compensate: Compensation | None = None,
+        *,
+        allow_open_transaction: bool = False,
+    ) -> None:
+        super().__init__(allow_open_transaction=allow_open_transaction)
         self.retry = retry
         self.compensate = compensate
 

@@ -50,16 +50,20 @@ from .config import Limits
 from .errors import (
     CancelRequested,
     ConcurrentStep,
+    CorruptRecord,
     DecodeError,
     EncodeError,
+    InvalidStepBody,
+    InvalidTransaction,
+    OpenTransaction,
     ReplayStopped,
     RunCancelled,
     SleepSignal,
     StepLimitExceeded,
-    StepUsageError,
 )
 from .identity import Sequence, StepId
 from .policies import Compensation, RetryPolicy
+from .transactions import CallerConnection, CallerTransaction, open_transactions
 
 __all__ = [
     "CALL_BODY",
@@ -69,6 +73,7 @@ __all__ = [
     "Step",
     "StepJournal",
     "StepWriter",
+    "TransactionVerb",
     "Verb",
     "adrive",
     "current_step_key",
@@ -129,6 +134,9 @@ class StepWriter(Protocol):
     def poll_event(self, topic: str, key: str, deadline: float | None) -> EventPoll:
         """Look for the event a waiting step can receive (C33)."""
 
+    def commit_step_on(self, connection: CallerConnection, row: StepRow) -> StepRow:
+        """Write one step row in the caller's open transaction on ``connection`` (C42); return it as stored."""
+
     def now(self) -> float:
         """The store's clock, epoch seconds."""
 
@@ -158,9 +166,20 @@ class Verb(Protocol):
 
 # ------------------------------------------------------------------- verbs
 class RunVerb:
-    """``step.run`` / ``step.arun``: the body's value, encoded, is the memo (C5, C7)."""
+    """``step.run`` / ``step.arun``: the body's value, encoded, is the memo (C5, C7).
+
+    A new step is refused inside an open transaction the store does not share,
+    before its body runs and again before its commit (the body may have
+    written in one), unless ``allow_open_transaction`` (C42).
+
+    Parameters:
+      allow_open_transaction(bool): skip that check.
+    """
 
     kind: StepKind = "run"
+
+    def __init__(self, *, allow_open_transaction: bool = False) -> None:
+        self._check_transactions = not allow_open_transaction
 
     def replay(self, journal: StepJournal, step: Step) -> Any:
         """Decode the stored value (C5, C7)."""
@@ -168,10 +187,12 @@ class RunVerb:
 
     def execute(self, journal: StepJournal, step: Step) -> Protocol_:
         """Run the body once; a body that returned an awaitable belongs in ``arun`` (refused)."""
+        if self._check_transactions:
+            journal.refuse_open_transactions(step)
         value = yield CALL_BODY
-        if inspect.isawaitable(value):
-            _discard(value)
-            journal.refuse(StepUsageError(f"step {step.id.step_key!r} returned an awaitable; use await step.arun(...)"))
+        journal.refuse_awaitable(step, value)
+        if self._check_transactions:
+            journal.refuse_open_transactions(step)
         return value
 
     def commit(self, journal: StepJournal, step: Step, produced: Any) -> Any:
@@ -197,7 +218,9 @@ class SleepVerb:
     def replay(self, journal: StepJournal, step: Step) -> None:
         """Return at once if the recorded wake time has passed, else sleep again (C17)."""
         assert step.memo is not None
-        journal.sleep_until(step, step.memo.wake_at if step.memo.wake_at is not None else 0.0)
+        if step.memo.wake_at is None:
+            journal.refuse(journal.corrupt(step, "has no wake time"))
+        journal.sleep_until(step, step.memo.wake_at)
 
     def execute(self, journal: StepJournal, step: Step) -> Protocol_:
         """Fix the wake time from the store's clock (no body to run)."""
@@ -208,6 +231,46 @@ class SleepVerb:
         """Commit the wake time, then sleep unless it has already passed (C15)."""
         journal.commit(step, None, produced)
         journal.sleep_until(step, produced)
+
+
+class TransactionVerb:
+    """``step.transaction``: the body's writes and the memo commit in one database transaction (C42).
+
+    The body runs inside the caller's transaction (joined as a savepoint, or
+    opened and committed at the step's end) and the step row is written on the
+    caller's connection, fenced on the claim, before that scope closes: if the
+    transaction rolls back, the memo goes with the writes, and a retry runs
+    the body again.
+
+    Parameters:
+      caller(CallerTransaction): the transaction to commit in.
+    """
+
+    kind: StepKind = "run"
+
+    def __init__(self, caller: CallerTransaction) -> None:
+        self._caller = caller
+
+    def replay(self, journal: StepJournal, step: Step) -> Any:
+        """Decode the stored value (C5, C7)."""
+        return journal.decode(step)
+
+    def execute(self, journal: StepJournal, step: Step) -> Protocol_:
+        """Run the body and write the row in the caller's transaction; return the decoded value."""
+        journal.refuse_open_transactions(step, shared=self._caller)
+        with self._caller.scope() as connection:
+            value = yield CALL_BODY
+            journal.refuse_awaitable(step, value)
+            encoded, decoded = journal.encode(step, value)
+            stored = journal.write(step, encoded, None, connection=connection)
+        journal.record(stored)  # only once the scope closed: a failed commit leaves no memo behind
+        if self._caller.joined:
+            journal.joined.append((step.id.step_key, self._caller))
+        return decoded
+
+    def commit(self, journal: StepJournal, step: Step, produced: Any) -> Any:
+        """Nothing left to commit: :meth:`execute` wrote the row in the caller's transaction."""
+        return produced
 
 
 # ----------------------------------------------------------------- journal
@@ -261,6 +324,7 @@ class StepJournal:
         self._guard = threading.Lock()
         self._active: str | None = None
         self.latched: BaseException | None = None
+        self.joined: list[tuple[str, CallerTransaction]] = []
 
     def now(self) -> float:
         """The store's clock, epoch seconds."""
@@ -369,15 +433,74 @@ class StepJournal:
 
     # ------------------------------------------------- what verbs build on
     def decode(self, step: Step) -> Any:
-        """Decode a memo hit from the snapshot; no store statement (C5, C9)."""
+        """Decode a memo hit from the snapshot; no store statement (C5, C9).
+
+        A stored ``run`` row without a value is a fatal :class:`CorruptRecord`.
+        """
         assert step.memo is not None
-        assert step.memo.value is not None
+        if step.memo.value is None:
+            self.refuse(self.corrupt(step, "has no stored value (NULL)"))
         return self._codec.decode(step.memo.value, step_key=step.id.step_key)
 
     def value_of(self, row: StepRow) -> Any:
         """Decode a committed ``run`` row's value, e.g. for its undo (C7, C32)."""
         assert row.value is not None
         return self._codec.decode(row.value, step_key=row.step_key)
+
+    def corrupt(self, step: Step, problem: str) -> CorruptRecord:
+        """The error for a stored row of ``step`` that cannot be replayed."""
+        return CorruptRecord(
+            f"the stored row of step {step.id.step_key!r} of {self.job_label} {problem}; "
+            "no retry can replay it: fix or delete the row, then retry the dead letter"
+        )
+
+    def refuse_awaitable(self, step: Step, value: Any) -> None:
+        """Refuse a body of ``run`` that returned an awaitable: it belongs in ``arun``."""
+        if inspect.isawaitable(value):
+            _discard(value)
+            self.refuse(
+                InvalidStepBody(
+                    f"the body of step {step.id.step_key!r} returned an awaitable ({type(value).__name__}), "
+                    "which step.run does not await; use: await step.arun(...)"
+                )
+            )
+
+    def refuse_open_transactions(self, step: Step, shared: CallerTransaction | None = None) -> None:
+        """Refuse a step inside a transaction it does not share (C42); ``shared`` is the one it commits in."""
+        found = open_transactions(exclude=shared)
+        if not found:
+            return
+        where = ", ".join(t.description for t in found)
+        name = step.id.name
+        self.refuse(
+            OpenTransaction(
+                f"step {step.id.step_key!r} was called inside an open database transaction that the step "
+                f"store does not share ({where}). If that transaction rolled back after the step committed, "
+                "a retry would get the memo of writes that no longer exist. Either make the step commit in "
+                f"that transaction: step.transaction({name!r}, fn, using=...) (the store must be in the same "
+                "database), or call the step outside the transaction (commit it first, or open it inside "
+                "the step's body). If the body writes nothing there, pass allow_open_transaction=True."
+            )
+        )
+
+    def close_transactions(self) -> None:
+        """Roll back a caller's transaction a transactional step joined and the body left open (C42).
+
+        Called when the task body ends, before the claim's lease stops: the
+        open transaction holds the run's row lock, on which the store's own
+        writes would wait forever. The attempt then fails with a latched
+        :class:`InvalidTransaction`.
+        """
+        for step_key, caller in self.joined:
+            if caller.is_open():
+                caller.rollback()
+                if self.latched is None:
+                    self.latched = InvalidTransaction(
+                        f"the transaction of {caller.description} holding step {step_key!r} was still open "
+                        "when the task body returned, so it was rolled back with the step; commit it inside "
+                        "the body (e.g. with session.begin(): ... or transaction.atomic())"
+                    )
+        self.joined.clear()
 
     def encode(self, step: Step, value: Any) -> tuple[bytes, Any]:
         """Encode ``value`` and read it back: ``(stored bytes, decoded value)`` (C7).
@@ -404,35 +527,55 @@ class StepJournal:
         *,
         compensate: str | None = None,
         event_id: int | None = None,
+        connection: CallerConnection | None = None,
     ) -> None:
         """Check the caps and commit the step row in one fenced transaction (C9, C22).
 
         ``compensate`` names the undo the step registered (C32); ``event_id``
-        is the event an ``event`` step received (C33).
+        is the event an ``event`` step received (C33). With ``connection`` the
+        row is written in the caller's open transaction instead (C42). Without,
+        no transaction a transactional step joined may still be open: it holds
+        the run's row, and the commit would wait on it.
         """
+        row = self.write(step, encoded, wake_at, compensate=compensate, event_id=event_id, connection=connection)
+        self.record(row)
+
+    def write(
+        self,
+        step: Step,
+        encoded: bytes | None,
+        wake_at: float | None,
+        *,
+        compensate: str | None = None,
+        event_id: int | None = None,
+        connection: CallerConnection | None = None,
+    ) -> StepRow:
+        """:meth:`commit` without recording the row in the running sequence; return the row as stored."""
         row = StepRow(self.sequence.next_position, step.id.step_key, step.id.kind, encoded, wake_at)
-        self._append(dataclasses.replace(row, compensate=compensate, event_id=event_id), self._writer.commit_step)
+        row = dataclasses.replace(row, compensate=compensate, event_id=event_id)
+        self._check_limits(row.step_key, row.size)
+        if connection is not None:
+            return self._writer.commit_step_on(connection, row)
+        self._refuse_while_joined(step)
+        return self._written(row, self._writer.commit_step)
+
+    def record(self, stored: StepRow) -> None:
+        """Add a committed row to the running sequence and the run's byte total."""
+        self.sequence.record(stored)
+        self._run_bytes += stored.size
 
     def commit_failed(self, step: Step, failure: str, attempt: StepAttemptFailure) -> None:
         """Commit a step that failed for good (``failure``: its JSON) and its attempt's failure together (C31)."""
-
-        def write(row: StepRow) -> StepRow:
-            stored = self._writer.fail_step_attempt(attempt, row).row
-            assert stored is not None
-            return stored
-
-        self._append(StepRow(self.sequence.next_position, step.id.step_key, "run", failure=failure), write)
+        row = StepRow(self.sequence.next_position, step.id.step_key, "run", failure=failure)
+        self._check_limits(row.step_key, row.size)
+        stored = self._writer.fail_step_attempt(attempt, row).row
+        assert stored is not None
+        self.record(stored)
 
     def commit_compensation_start(self, failure: str) -> None:
         """Commit the row recording why the run is being compensated (C32); no cap refuses it."""
         row = StepRow(self.sequence.next_position, COMPENSATION_KEY, "compensation", failure=failure)
         self.sequence.record(self._written(row, self._writer.commit_step))
-
-    def _append(self, row: StepRow, write: Callable[[StepRow], StepRow]) -> None:
-        self._check_limits(row.step_key, row.size)
-        stored = self._written(row, write)
-        self.sequence.record(stored)
-        self._run_bytes += stored.size
 
     def _written(self, row: StepRow, write: Callable[[StepRow], StepRow]) -> StepRow:
         """``write(row)``; a cancellation notice carries the committed row and is remembered (C34)."""
@@ -467,6 +610,16 @@ class StepJournal:
     def fail_attempt(self, attempt: StepAttemptFailure) -> StepAttemptFailed:
         """Record a failed step attempt without committing the step (C31)."""
         return self._writer.fail_step_attempt(attempt)
+
+    def _refuse_while_joined(self, step: Step) -> None:
+        for held, caller in self.joined:
+            if caller.is_open():
+                self.refuse(
+                    InvalidTransaction(
+                        f"step {step.id.step_key!r} cannot commit while the transaction of {caller.description} "
+                        f"holding step {held!r} is open: it holds the run's row until it commits; commit it first"
+                    )
+                )
 
     def sleep_until(self, step: Step, wake_at: float) -> None:
         """Raise :class:`SleepSignal` (latched) unless ``wake_at`` has passed on the store's clock (C15, C17).

@@ -271,16 +271,15 @@ class DurableRun:
     @staticmethod
     def _crash_after(attempt: Attempt, steps: int) -> None:
         commits = [0]
-        commit = attempt.commit_step
+        record = attempt.journal.record  # called once a step's row is committed (a transactional one's too)
 
-        def commit_then_maybe_crash(row: StepRow) -> StepRow:
-            stored = commit(row)
+        def record_then_maybe_crash(stored: StepRow) -> None:
+            record(stored)
             commits[0] += 1
             if commits[0] >= steps:
-                raise SimulatedCrash(f"simulated crash after step {row.step_key!r}")
-            return stored
+                raise SimulatedCrash(f"simulated crash after step {stored.step_key!r}")
 
-        attempt.commit_step = commit_then_maybe_crash  # type: ignore[method-assign]
+        attempt.journal.record = record_then_maybe_crash  # type: ignore[method-assign]
 
     def _record(self, result: AttemptResult) -> AttemptResult:
         self.results.append(result)

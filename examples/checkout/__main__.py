@@ -59,6 +59,8 @@ def main(
             "cannot redeliver a message after its worker is killed. Add --broker redis://127.0.0.1:6379/0 "
             "or --broker amqp://guest:guest@127.0.0.1:5672//"
         )
+    if broker:
+        _check_broker(broker)
     demo_dir = Path(workdir or tempfile.mkdtemp(prefix="flexiq-demo-")).resolve()
     demo_dir.mkdir(parents=True, exist_ok=True)
     os.environ["FLEXIQ_DEMO_DIR"] = str(demo_dir)
@@ -74,6 +76,26 @@ def main(
         (demo_dir / "crash-armed").touch()
     demo = _Demo(framework, broker, crash, demo_dir, ship_fails=ship_fails, wait_payment=wait_payment)
     sys.exit(demo.run())
+
+
+def _check_broker(url: str) -> None:
+    """Fail with one line, before any worker starts, when the broker cannot be used.
+
+    Raises:
+      click.UsageError: not a redis:// or amqp:// URL (exit 2).
+      click.ClickException: the broker cannot be reached or refuses us (exit 1).
+    """
+    if not url.startswith(("redis://", "amqp://")):
+        raise click.UsageError(f"--broker {url}: the demo runs on redis://… or amqp://… brokers")
+    import kombu
+
+    connection: Any = getattr(kombu, "Connection")  # noqa: B009 - kombu exports it untyped
+    try:
+        with connection(url, connect_timeout=3) as conn:
+            conn.ensure_connection(max_retries=1, interval_start=0, interval_step=0, timeout=5)
+    except Exception as exc:
+        cause = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise click.ClickException(f"cannot reach the broker at {url}: {cause}") from None
 
 
 class _Demo:

@@ -12,6 +12,7 @@ from ..errors import StoreError
 from ..operations import OperationError, Retried, purge_dead_letters, retry_dead_letter, retry_dead_letters
 from . import render
 from .state import EXIT_FAILED, EXIT_USAGE, CliState, console, emit_json, fail, pass_state
+from .types import DEAD_LETTER_ID, ID_COMMAND
 
 __all__ = ["dlq", "publisher_options"]
 
@@ -45,8 +46,8 @@ def list_command(state: CliState, *, task_name: str | None, include_retried: boo
         console().print("No dead letters.")
 
 
-@dlq.command("show")
-@click.argument("dead_letter_id", type=int)
+@dlq.command("show", context_settings=ID_COMMAND)
+@click.argument("dead_letter_id", type=DEAD_LETTER_ID)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_state
 def show_command(state: CliState, *, dead_letter_id: int, as_json: bool) -> None:
@@ -65,8 +66,8 @@ def show_command(state: CliState, *, dead_letter_id: int, as_json: bool) -> None
     out.print(dead.traceback or "(none)", markup=False)
 
 
-@dlq.command("retry")
-@click.argument("ids", nargs=-1, type=int)
+@dlq.command("retry", context_settings=ID_COMMAND)
+@click.argument("ids", nargs=-1, type=DEAD_LETTER_ID)
 @click.option("--all", "retry_all", is_flag=True, help="Retry every dead letter not yet retried.")
 @click.option("--task", "task_name", metavar="NAME", help="With --all: only those of this task or actor.")
 @click.option("--reset-from", metavar="STEP_KEY", help="Drop the memo of this step and every later one.")
@@ -131,8 +132,8 @@ def _report_retries(done: list[Retried], failed: list[tuple[int, str]], as_json:
         out.print("No dead letters to retry.")
 
 
-@dlq.command("purge")
-@click.argument("ids", nargs=-1, type=int)
+@dlq.command("purge", context_settings=ID_COMMAND)
+@click.argument("ids", nargs=-1, type=DEAD_LETTER_ID)
 @click.option("--all", "purge_all", is_flag=True, help="Delete every dead letter.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_state

@@ -87,16 +87,27 @@ def _store_option_first(args: list[str]) -> list[str]:
         if arg == "--":
             rest.extend(args[i:])
             break
-        if arg == "--store" and i + 1 < len(args):
+        if arg == "--store":
+            if i + 1 >= len(args) or args[i + 1].startswith("-"):
+                raise _store_needs_a_url()
             moved += args[i : i + 2]
             i += 2
             continue
         if arg.startswith("--store="):
+            if arg == "--store=":
+                raise _store_needs_a_url()
             moved.append(arg)
         else:
             rest.append(arg)
         i += 1
     return moved + rest
+
+
+def _store_needs_a_url() -> click.UsageError:
+    return click.UsageError(
+        "--store needs a URL, e.g. --store sqlite:///flexiq_steps.db or --store postgresql://user@host/db "
+        "(before or after the command)"
+    )
 
 
 def main() -> None:

@@ -129,15 +129,24 @@ def run_fields(details: RunDetails) -> Table:
         ("Claim", claim),
         ("Takeovers", str(run.takeovers)),
         ("Job id", run.job_id or "-"),
-        ("Steps", f"{run.step_count} ({run.step_bytes} bytes)"),
+        ("Steps", _steps_field(run)),
         ("Wake at", human_time(details.wake_at)),
         ("Detail", run_detail(run)),
         ("Created", human_time(run.created_at)),
         ("Updated", human_time(run.updated_at)),
     ]
+    if run.envelope.corrupt:
+        rows.append(("Envelope", run.envelope.corrupt))
     for name, value in rows:
         table.add_row(f"{name}:", value)
     return table
+
+
+def _steps_field(run: RunRecord) -> str:
+    text = f"{run.step_count} ({run.step_bytes} bytes)"
+    if run.status == "succeeded" and run.step_count == 0:
+        text += "; a succeeded run's steps are deleted unless the workers keep them (keep_succeeded_steps=True)"
+    return text
 
 
 def step_dict(row: StepRow, decoded: DecodedValue | None = None, *, errors: bool = False) -> dict[str, Any]:

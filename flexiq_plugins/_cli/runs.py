@@ -70,12 +70,20 @@ def show_command(
         _emit_details(details, decoded, errors=errors)
         return
     out = console()
+    if details.job_id is not None:
+        click.echo(
+            f"{details.job_id} is the id of the run's current job, not a run key; its run key is {details.run.run_key}",
+            err=True,
+        )
     out.print(render.run_fields(details))
     out.print()
     if details.steps:
         out.print(render.steps_table(details.steps, decoded))
     else:
-        out.print("No step rows (a succeeded run's rows are dropped unless kept for inspection).")
+        out.print(
+            "No step rows: a succeeded run's rows are deleted when it succeeds, unless the workers keep "
+            "them (keep_succeeded_steps=True)."
+        )
     if details.attempts:
         out.print()
         out.print("Step attempts:")

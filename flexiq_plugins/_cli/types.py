@@ -8,7 +8,7 @@ import click
 
 from ..durations import ACCEPTED_FORMS, parse_duration
 
-__all__ = ["DURATION"]
+__all__ = ["DEAD_LETTER_ID", "DURATION", "ID_COMMAND"]
 
 
 class Duration(click.ParamType):  # type: ignore[type-arg]  # generic only since click 8.2
@@ -36,3 +36,35 @@ def _is_number(text: str) -> bool:
 
 
 DURATION = Duration()
+
+
+class DeadLetterId(click.ParamType):  # type: ignore[type-arg]
+    """A dead letter's id: a positive integer, as ``flexiq dlq list`` shows it.
+
+    The commands taking ids accept tokens that look like options (``-1``), so
+    a negative id reaches this type and is named as what it is, instead of
+    click's "No such option '-1'"; a real unknown option is still named as one.
+    """
+
+    name = "id"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        """Return ``value`` as an id; a usage error (exit 2) otherwise."""
+        if isinstance(value, int):
+            return value
+        text = str(value)
+        if text.startswith("-") and not _is_number(text):
+            self.fail(f"no such option: {text}", param, ctx)
+        try:
+            number = int(text)
+        except ValueError:
+            self.fail(f"{text!r} is not a dead-letter id; ids are positive integers (see flexiq dlq list)", param, ctx)
+        if number < 1:
+            self.fail(f"{number} is not a dead-letter id; ids are positive integers (see flexiq dlq list)", param, ctx)
+        return number
+
+
+DEAD_LETTER_ID = DeadLetterId()
+
+ID_COMMAND: dict[str, Any] = {"ignore_unknown_options": True}
+"""``context_settings`` of a command taking dead-letter ids: ``-1`` is an id to refuse, not an option."""

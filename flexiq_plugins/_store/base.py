@@ -19,7 +19,12 @@ from __future__ import annotations
 import abc
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..errors import InvalidTransaction
+
+if TYPE_CHECKING:
+    from ..transactions import CallerConnection
 
 __all__ = [
     "CLEANABLE_STATUSES",
@@ -99,6 +104,9 @@ class JobEnvelope:
       kwargs(dict): keyword arguments.
       options(dict): framework options needed to re-publish (headers, eta …),
         JSON-compatible.
+      corrupt(str | None): why the stored envelope could not be read (then only
+        ``task_name``, ``framework`` and ``queue`` are known, from their own
+        columns, and it cannot be re-published); ``None`` for a sound one.
     """
 
     task_name: str
@@ -107,6 +115,7 @@ class JobEnvelope:
     args: Sequence[Any] = ()
     kwargs: Mapping[str, Any] = field(default_factory=dict)
     options: Mapping[str, Any] = field(default_factory=dict)
+    corrupt: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Return the envelope as a JSON-compatible ``dict``."""
@@ -528,6 +537,24 @@ class StepStore(abc.ABC):
         cancellation at this step boundary with no extra statement.
         """
 
+    def commit_step_on(self, connection: CallerConnection, claim: Claim, row: StepRow) -> StepRow:
+        """Insert one step row on the caller's ``connection``, inside its open transaction (C42).
+
+        Fenced like :meth:`commit_step`, but nothing is committed here: the row
+        (and the run's step totals) commit or roll back with the caller's
+        transaction, together with the writes the step's body made in it. The
+        caller's connection must reach the store's own database.
+
+        Raises:
+          InvalidTransaction: this store cannot share a transaction (the
+            default), or ``connection`` reaches another database.
+          ClaimLost: another attempt holds the run (C25); nothing was written.
+        """
+        raise InvalidTransaction(
+            f"{type(self).__name__} cannot commit a step in {connection.description}'s transaction; "
+            "transactional steps need a SQL store in the same database as the business tables"
+        )
+
     @abc.abstractmethod
     def finish(
         self,
@@ -706,8 +733,9 @@ class StepStore(abc.ABC):
         task_name: str | None = None,
         since: float | None = None,
         limit: int = 100,
+        job_id: str | None = None,
     ) -> list[RunRecord]:
-        """Return runs, newest first, filtered by status, task and ``updated_at >= since``."""
+        """Return runs, newest first, filtered by status, task, ``updated_at >= since`` and current job id."""
 
     @abc.abstractmethod
     def get_steps(self, run_key: str) -> list[StepRow]:
@@ -775,6 +803,10 @@ class StepStore(abc.ABC):
         store's clock from the offset it saw when it claimed the run.
         """
         return None
+
+    def describe(self) -> str:
+        """How a worker's start line names the store (no secrets): ``repr`` unless the store says more."""
+        return repr(self)
 
     def iter_runs(self, **filters: Any) -> Iterator[RunRecord]:
         """Iterate :meth:`list_runs` (convenience)."""

@@ -11,6 +11,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from ..errors import CancelRequested, UnknownDeadLetter, UnknownRun
 from .base import (
@@ -39,6 +40,9 @@ from .claims import Granted, already_committed, claim_lost, decide_claim, holds,
 from .control import consumed_event_ids, first_receivable, may_settle_cancelled, poll_result, wakes
 from .step_attempts import close_lost, decide_step_attempt, failed_attempt, retry_cut_position
 
+if TYPE_CHECKING:
+    from ..transactions import CallerConnection
+
 __all__ = ["MemoryStepStore"]
 
 
@@ -64,6 +68,10 @@ class MemoryStepStore(StepStore):
     def now(self) -> float:
         """Return the store's clock, epoch seconds."""
         return self._clock()
+
+    def describe(self) -> str:
+        """``memory:// (in this process only)``."""
+        return "memory:// (in this process only: lost when it exits)"
 
     def local_clock(self) -> Callable[[], float]:
         """The clock itself: reading it costs nothing (see :meth:`StepStore.local_clock`)."""
@@ -200,6 +208,15 @@ class MemoryStepStore(StepStore):
             )
             return True
 
+    def commit_step_on(self, connection: CallerConnection, claim: Claim, row: StepRow) -> StepRow:
+        """:meth:`commit_step`, at once: memory shares no database transaction (C42).
+
+        So that task bodies with transactional steps can be unit-tested on the
+        memory store (``flexiq_plugins.testing``): the body still runs inside
+        the caller's transaction, but the memo does not roll back with it.
+        """
+        return self.commit_step(claim, row)
+
     def finish(
         self,
         claim: Claim,
@@ -335,6 +352,7 @@ class MemoryStepStore(StepStore):
         task_name: str | None = None,
         since: float | None = None,
         limit: int = 100,
+        job_id: str | None = None,
     ) -> list[RunRecord]:
         """See :meth:`StepStore.list_runs`."""
         with self._lock:
@@ -344,6 +362,7 @@ class MemoryStepStore(StepStore):
                 if (status is None or r.status == status)
                 and (task_name is None or r.task_name == task_name)
                 and (since is None or r.updated_at >= since)
+                and (job_id is None or r.job_id == job_id)
             ]
         runs.sort(key=lambda r: (r.updated_at, r.run_key), reverse=True)
         return runs[:limit]

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from .._store.base import StepStore
 from ..errors import AlreadyRetried, OperationError, RunCompensated, StoreError, UnknownDeadLetter
 from ..registry import Publisher
-from ._publishing import publish, require_publisher
+from ._publishing import publish, require_publisher, require_readable
 
 __all__ = ["Retried", "purge_dead_letters", "retry_dead_letter", "retry_dead_letters"]
 
@@ -62,12 +62,14 @@ def retry_dead_letter(
       UnknownDeadLetter: no such dead letter.
       UnknownRun: its run is gone, or it has no step ``reset_from``.
       NoPublisher: no publisher for the job's framework (nothing changed).
+      CorruptRecord: the stored job envelope cannot be read (nothing changed).
       AlreadyRetried: retried before and the run is no longer ``dead`` (nothing changed).
       RunCompensated: the run was compensated and ``reset_from`` is not given (nothing changed, C32).
       PublishFailed: the broker refused; the run stays ``pending`` for :func:`recover`.
       StoreUnavailable: the store cannot be reached.
     """
     dead = store.get_dead_letter(dead_letter_id)
+    require_readable(dead.envelope, dead.run_key)
     publisher = require_publisher(dead.envelope, publishers)
     run = store.get_run(dead.run_key)
     if dead.retried_at is not None and run.status not in ("dead", "pending"):
@@ -113,7 +115,9 @@ def retry_dead_letters(
         ids = [d.id for d in store.list_dead_letters(task_name=task_name)]
     for dead_letter_id in ids:  # all publishers first, so a missing --app/--broker changes nothing
         with contextlib.suppress(UnknownDeadLetter):
-            require_publisher(store.get_dead_letter(dead_letter_id).envelope, publishers)
+            envelope = store.get_dead_letter(dead_letter_id).envelope
+            if not envelope.corrupt:  # an unreadable one fails on its own below (CorruptRecord)
+                require_publisher(envelope, publishers)
     done: list[Retried] = []
     failed: list[tuple[int, OperationError | StoreError]] = []
     for dead_letter_id in ids:

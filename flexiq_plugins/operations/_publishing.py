@@ -16,10 +16,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .._store.base import JobEnvelope
-from ..errors import ConfigurationError, NoPublisher, PublishFailed
+from ..errors import ConfigurationError, CorruptRecord, NoPublisher, PublishFailed
 from ..registry import Publisher, adapter_for, publisher_for_target
 
-__all__ = ["DEFAULT_TARGET_ATTRS", "load_object", "publish", "publishers_for", "require_publisher"]
+__all__ = ["DEFAULT_TARGET_ATTRS", "load_object", "publish", "publishers_for", "require_publisher", "require_readable"]
 
 DEFAULT_TARGET_ATTRS = ("app", "celery", "broker")
 """Attributes tried, in order, when a reference names only a module."""
@@ -67,6 +67,19 @@ def require_publisher(envelope: JobEnvelope, publishers: Mapping[str, Publisher]
     raise NoPublisher(f"{envelope.task_name!r} is a {envelope.framework} job: {how} to re-publish it")
 
 
+def require_readable(envelope: JobEnvelope, run_key: str) -> None:
+    """Refuse an envelope the store could not read: it cannot be re-published (C35).
+
+    Raises:
+      CorruptRecord: ``envelope.corrupt`` is set; the message says what to do.
+    """
+    if envelope.corrupt:
+        raise CorruptRecord(
+            f"run {run_key!r} ({envelope.task_name!r}) cannot be re-published: {envelope.corrupt}; "
+            "publish the job again from its producer with the same run key, or purge it"
+        )
+
+
 def publish(publisher: Publisher, envelope: JobEnvelope, run_key: str, *, job_id: str | None = None) -> str:
     """Re-publish ``envelope`` carrying ``run_key``; return the new job id (C11, C36).
 
@@ -74,8 +87,10 @@ def publish(publisher: Publisher, envelope: JobEnvelope, run_key: str, *, job_id
     woken by an event keeps its task id on Celery, C33).
 
     Raises:
+      CorruptRecord: the stored envelope could not be read.
       PublishFailed: the broker refused or could not be reached.
     """
+    require_readable(envelope, run_key)
     try:
         return publisher(envelope, run_key) if job_id is None else publisher(envelope, run_key, job_id=job_id)
     except Exception as exc:

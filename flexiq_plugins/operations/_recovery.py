@@ -225,6 +225,8 @@ def _recover_one(
     publisher = publishers.get(run.framework)
     if publisher is None:
         report.skipped.append((stranded, f"no publisher for {run.framework!r} jobs"))
+    elif run.envelope.corrupt:
+        report.skipped.append((stranded, run.envelope.corrupt))
     elif report.dry_run:
         report.recovered.append((stranded, ""))
     elif not store.mark_recovered(run.run_key, status=run.status, updated_at=run.updated_at):

@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 
 from .._store.base import RunRecord, StepAttempt, StepRow, StepStore
 from ..durations import parse_duration
+from ..errors import UnknownRun
+from ..identity import check_run_key
 
 __all__ = ["RunDetails", "cleanup", "latest_wake_at", "list_runs", "show_run"]
 
@@ -21,12 +23,16 @@ class RunDetails:
       wake_at(float | None): when it wakes: its latest sleep's wake time, or a
         pending step retry's (C31), epoch seconds.
       attempts(list[StepAttempt]): its recorded step attempts (C31).
+      wake_at(float | None): the latest sleep step's wake time, epoch seconds.
+      job_id(str | None): the job id the run was looked up by, when it was
+        given one instead of a run key (see :func:`show_run`).
     """
 
     run: RunRecord
     steps: list[StepRow]
     wake_at: float | None
     attempts: list[StepAttempt] = field(default_factory=list)
+    job_id: str | None = None
 
 
 def list_runs(
@@ -58,14 +64,36 @@ def list_runs(
 def show_run(store: StepStore, run_key: str) -> RunDetails:
     """Return a run with its steps and step attempts (``flexiq runs show``).
 
+    ``run_key`` may also be the id of the run's current job (a Celery task id,
+    a Dramatiq message id), as a user often has that one at hand: the run is
+    then found by it and :attr:`RunDetails.job_id` says so.
+
     Raises:
-      UnknownRun: no run has ``run_key``.
+      InvalidRunKey: ``run_key`` cannot be a run key (empty, a control character …).
+      UnknownRun: no run has ``run_key`` as its key or its current job's id;
+        the message says where run keys come from.
       StoreUnavailable: the store cannot be reached.
     """
-    run = store.get_run(run_key)
-    steps = store.get_steps(run_key)
-    attempts = store.get_step_attempts(run_key)
-    return RunDetails(run, steps, latest_wake_at(steps, attempts), attempts)
+    check_run_key(run_key)
+    try:
+        run, job_id = store.get_run(run_key), None
+    except UnknownRun:
+        run, job_id = _run_of_job(store, run_key), run_key
+    steps = store.get_steps(run.run_key)
+    attempts = store.get_step_attempts(run.run_key)
+    return RunDetails(run, steps, latest_wake_at(steps, attempts), attempts, job_id)
+
+
+def _run_of_job(store: StepStore, job_id: str) -> RunRecord:
+    found = store.list_runs(job_id=job_id, limit=2)
+    if len(found) == 1:
+        return found[0]
+    raise UnknownRun(
+        f"no run has the run key {job_id!r}, nor a current job with that id. A run key is the "
+        "flexiq_run_key header (Celery) or message option (Dramatiq) a job carries; `flexiq runs list "
+        "--task NAME` lists runs with their keys. A task or message id is found only while it is its "
+        "run's current job"
+    )
 
 
 def latest_wake_at(steps: Iterable[StepRow], attempts: Iterable[StepAttempt] = ()) -> float | None:

@@ -52,7 +52,8 @@ def decode_step_value(row: StepRow, codec: CodecChain | None = None) -> DecodedV
       codec(CodecChain | None): the chain the workers use, if known.
     """
     if row.value is None:
-        return DecodedValue(False, note="no value (a sleep)")
+        note = "no value (a sleep)" if row.kind == "sleep" else "no value stored (a corrupt row)"
+        return DecodedValue(False, note=note)
     chain = codec or _reader_for(row.value)
     if chain is None:
         return DecodedValue(False, note=f"stored by {_chain_name(row.value)!r}; pass --codec to decode it")

@@ -11,8 +11,10 @@ from uuid import uuid4
 
 import pytest
 from celery.result import ResultSet
-from conftest import POSTGRES_URL, delete_queues, worker_process
+from conftest import POSTGRES_URL, delete_queues, drop_tables, require, wait_for, worker_process
 from flexiq_celery_testapp import make_app
+
+from flexiq_plugins import SqlStepStore
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -51,3 +53,36 @@ def test_c23_prefork_four_children_postgres_two_hundred_jobs(redis_broker: str, 
     text = log.read_text()
     for problem in ("OperationalError", "StoreUnavailable", "Traceback", "ERROR"):
         assert problem not in text, text[-3000:]
+
+
+def test_c16_a_worker_logs_one_start_line_and_no_alembic_or_sleep_hop_lines(
+    redis_broker: str, tmp_path: Path, calls: str
+) -> None:
+    """A prefork worker at INFO: one start line naming the store (password hidden) and its schema
+    revision; none of Alembic's INFO lines, though every child checks the schema; and no "Task …
+    ignored" line for the sleep hops (C16: a sleep is not news), while the job completes."""
+    require("postgres")
+    queue = f"fql{uuid4().hex[:8]}"
+    prefix = f"l{uuid4().hex[:8]}_"
+    secret_url = POSTGRES_URL.replace("postgres@", "postgres:s3cret-pw@")
+    env = worker_env(redis_broker, secret_url, calls, queue, FLEXIQ_TEST_TABLE_PREFIX=prefix)
+    store = SqlStepStore(POSTGRES_URL, table_prefix=prefix)
+    client = make_app(queue, redis_broker, store, calls)
+    log = tmp_path / "worker.log"
+    try:
+        with worker_process(env, log, concurrency=2):
+            wait_for(lambda: "durable steps in" in log.read_text(), 30, "the worker's start line")
+            result = client.tasks[f"{queue}.sleeper"].delay(0.5).get(timeout=60)
+        schema = store.describe().split(" (", 1)[1]  # "tables <prefix>*, schema revision <the newest>)"
+    finally:
+        delete_queues(client, [queue])
+        drop_tables(store)
+    assert result["attempt"] == 2  # the sleep hopped once
+    text = log.read_text()
+    (start,) = [line for line in text.splitlines() if "durable steps in" in line]
+    assert "postgres:***@127.0.0.1" in start
+    assert start.endswith(f"({schema}")  # the worker's revision: the newest, as the store reads it
+    assert schema.startswith(f"tables {prefix}*, schema revision 0")
+    assert "s3cret-pw" not in text
+    for noise in ("alembic", "Context impl", "Will assume", "setup plugin", "ignored"):
+        assert noise not in text, text[-3000:]

@@ -127,7 +127,8 @@ def test_c30_unknown_run_key_exits_3_without_traceback(flexiq: Callable[..., Res
     runs.succeeded("run-known")
     result = flexiq("runs", "show", "no-such-run")
     assert result.exit_code == 3
-    assert result.stderr.strip() == "Error: no run has the run key 'no-such-run'"
+    assert result.stderr.startswith("Error: no run has the run key 'no-such-run', nor a current job with that id")
+    assert len(result.stderr.strip().splitlines()) == 1
     assert result.stdout == ""
 
 
@@ -165,17 +166,21 @@ def test_store_url_comes_from_the_environment(store_url: str, runs: Runs) -> Non
 
 
 def test_a_wake_time_beyond_year_9999_is_shown_as_seconds(tmp_path) -> None:
-    """A sleep of ``timedelta.max`` stores a wake time no datetime can show: the CLI prints seconds."""
+    """A stored wake time no datetime can show (a ``timedelta.max`` sleep, written before sleeps were capped
+    at 366 days) is printed as seconds."""
     from datetime import timedelta
 
     from click.testing import CliRunner
 
-    from flexiq_plugins import AttemptDriver, JobEnvelope, JobInfo, SqlStepStore, current_job
+    from flexiq_plugins import JobEnvelope, SqlStepStore, StepRow
     from flexiq_plugins.cli import cli
 
     url = f"sqlite:///{tmp_path / 'far.db'}"
-    attempt = AttemptDriver(SqlStepStore(url)).start(JobInfo("r-forever", "j", JobEnvelope("t", "test")))
-    attempt.run(lambda: current_job.step.sleep(timedelta.max))  # type: ignore[union-attr]
+    store = SqlStepStore(url)
+    begun = store.begin("r-forever", "j", JobEnvelope("t", "test"), "w", 30.0)
+    wake_at = store.now() + timedelta.max.total_seconds()
+    store.commit_step(begun.claim, StepRow(0, "sleep#0", "sleep", None, wake_at))  # type: ignore[union-attr]
+    store.finish(begun.claim, "sleeping")  # type: ignore[union-attr]
     shown = CliRunner().invoke(cli, ["--store", url, "runs", "show", "r-forever"])
     assert shown.exit_code == 0, shown.output
     assert "seconds since the epoch" in shown.output

@@ -39,7 +39,7 @@ CLASSIFICATION = [
     (RuntimeError("user"), Disposition.RETRY, "error"),
     (KeyError("user"), Disposition.RETRY, "error"),
     (DecodeError("other chain"), Disposition.RETRY, "error"),
-    (NotInStep("outside"), Disposition.RETRY, "error"),
+    (NotInStep("outside"), Disposition.DEAD_LETTER, "invalid_idempotency_key_read"),
     (StoreError("store"), Disposition.RETRY, "error"),
     (StoreUnavailable("down"), Disposition.RETRY_ALWAYS, "error"),
     (ClaimLost("taken over"), Disposition.DROP, "error"),

@@ -135,11 +135,18 @@ def test_c18_default_max_hop_is_15_minutes(harness):
     assert _sleeping(harness.run(lambda: current_job.step.sleep("3d"))).delay == pytest.approx(900, abs=1)
 
 
-def test_c18_sleep_of_the_largest_timedelta_still_sleeps_in_hops(harness):
-    """Even ``timedelta.max`` (far beyond year 9999) is a sleep in hops, not a crash after the commit."""
-    slept = _sleeping(harness.run(lambda: current_job.step.sleep(timedelta.max)))
+def test_c18_the_longest_sleep_is_366_days_and_travels_in_hops(make_harness):
+    """A sleep of exactly 366 days is accepted and cut into hops; ``timedelta.max`` is refused before any commit."""
+    harness = make_harness()
+    slept = _sleeping(harness.run(lambda: current_job.step.sleep(timedelta(days=366))))
     assert slept.delay == pytest.approx(900, abs=1)
-    assert slept.wake_at > START + 10**13
+    assert slept.wake_at == pytest.approx(START + 366 * 86400, abs=1)
+
+    longest = make_harness("run-2").run(lambda: current_job.step.sleep(timedelta.max))
+    assert isinstance(longest, outcomes.DeadLetter)
+    assert longest.reason == "invalid_duration"
+    assert "longer than the longest sleep" in longest.message
+    assert harness.store.get_steps("run-2") == []
 
 
 def test_c19_unnamed_sleeps_are_numbered_and_named_ones_use_their_name(harness, clock):

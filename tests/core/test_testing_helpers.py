@@ -147,3 +147,35 @@ def test_testing_task_body_unwraps_celery_tasks_and_dramatiq_actors():
         run.wake()
         assert run.attempt().value == "receipt for ch-o-3"
     assert task_body(checkout) is checkout
+
+
+def test_testing_a_transactional_step_runs_in_the_callers_transaction_on_the_memory_store(durable_run):
+    """C42 under ``DurableRun``: ``step.transaction`` runs its body in the caller's transaction and memoizes it.
+
+    The memory store shares no database transaction, so the memo is kept at
+    once; the body's writes still go through the caller's (here SQLite) connection.
+    """
+    import sqlalchemy as sa
+
+    engine = sa.create_engine("sqlite://")
+    with engine.begin() as conn:
+        conn.execute(sa.text("CREATE TABLE orders (id INTEGER PRIMARY KEY)"))
+    inserts: list[int] = []
+
+    def create(conn: Any) -> int:
+        inserts.append(1)
+        return int(conn.execute(sa.text("INSERT INTO orders DEFAULT VALUES RETURNING id")).scalar_one())
+
+    def body() -> int:
+        with engine.connect() as conn:
+            order = current_job.step.transaction("create_order", lambda: create(conn), using=conn)
+        current_job.step.sleep("1m")
+        return int(order)
+
+    run = durable_run(body)
+    assert run.attempt(crash_after_steps=1).crashed
+    assert run.step_keys == ["create_order#0"]
+    assert run.until_done().value == 1
+    assert inserts == [1]
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT COUNT(*) FROM orders")).scalar_one() == 1

@@ -171,3 +171,23 @@ def test_c33_demo_waits_for_the_payment_confirmation_sent_by_its_driver(tmp_path
     assert out.count("payment: confirmed by the bank ({'status': 'confirmed', 'bank_ref': 'bk_77'})") >= 2, out
     assert "payment API called 1 time" in out, out
     assert "OK: one charge, waited for the payment confirmation, shipped" in out, out
+
+
+@pytest.mark.parametrize("framework", ["celery", "dramatiq"])
+@pytest.mark.parametrize("broker", ["redis://127.0.0.1:1/0", "amqp://guest:guest@127.0.0.1:1//"])
+def test_demo_unreachable_broker_is_one_line(tmp_path: Path, framework: str, broker: str) -> None:
+    """A broker nobody listens on: one line naming the URL and the cause, exit 1, no traceback, no worker."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "examples.checkout", "--framework", framework, "--broker", broker],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert proc.stderr.startswith(f"Error: cannot reach the broker at {broker}: ")
+    assert "refused" in proc.stderr.lower()

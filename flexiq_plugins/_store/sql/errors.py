@@ -24,7 +24,7 @@ from sqlalchemy.engine import Engine
 from ...errors import StoreError, StoreUnavailable
 from .engine import safe_url
 
-__all__ = ["is_deadlock", "translated"]
+__all__ = ["describe", "is_deadlock", "is_missing_table", "translated"]
 
 _DRIVER_MODULES = frozenset({"psycopg", "psycopg2", "pymysql", "MySQLdb", "sqlite3", "alembic"})
 _UNAVAILABLE = (
@@ -59,8 +59,8 @@ def translated(engine: Engine) -> Iterator[None]:
 
 def _translate(exc: BaseException, engine: Engine) -> StoreError:
     where = safe_url(engine.url)
-    detail = _detail(exc)
-    if _is_missing_table(exc):
+    detail = describe(exc)
+    if is_missing_table(exc):
         return StoreError(
             f"the step store at {where} has no tables ({detail}): run `flexiq store upgrade` "
             "or open the store with auto_upgrade=True"
@@ -71,18 +71,27 @@ def _translate(exc: BaseException, engine: Engine) -> StoreError:
     return StoreError(f"the step store at {where} failed: {detail}")
 
 
-def _detail(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
+    """The first line of the driver's message for ``exc`` (at most 300 characters), without the SQL."""
     origin = exc.orig if isinstance(exc, sa_exc.DBAPIError) and exc.orig is not None else exc
     lines = str(origin).strip().splitlines()
     text = lines[0] if lines else type(origin).__name__
     return text[:300]
 
 
-def _is_missing_table(exc: BaseException) -> bool:
-    """An undefined table: SQLite's wording, PostgreSQL's SQLSTATE 42P01, MySQL's error 1146."""
+def is_missing_table(exc: BaseException) -> bool:
+    """An undefined table: SQLite's wording, PostgreSQL's SQLSTATE 42P01, MySQL's error 1146.
+
+    The driver's error may be wrapped once more (Django's ``ProgrammingError``
+    around psycopg's): its cause is looked at too.
+    """
     if not isinstance(exc, sa_exc.DBAPIError):
         return False
     origin = exc.orig
+    return any(_undefined_table(e) for e in (origin, getattr(origin, "__cause__", None)) if e is not None)
+
+
+def _undefined_table(origin: BaseException) -> bool:
     args: tuple[Any, ...] = getattr(origin, "args", ())
     return (
         getattr(origin, "sqlstate", None) == "42P01"

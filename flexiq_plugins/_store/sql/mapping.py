@@ -39,9 +39,21 @@ def dump_envelope(envelope: JobEnvelope) -> str:
         raise StoreError(f"the job envelope of {envelope.task_name!r} is not JSON-compatible: {exc}") from exc
 
 
-def load_envelope(text: str) -> JobEnvelope:
-    """Return the envelope :func:`dump_envelope` wrote."""
-    return JobEnvelope.from_dict(json.loads(text))
+def load_envelope(text: str, *, task_name: str, framework: str, queue: str | None) -> JobEnvelope:
+    """Return the envelope :func:`dump_envelope` wrote, or one marked ``corrupt`` if it cannot be read.
+
+    Never raises, so one damaged row does not fail a whole listing; the
+    columns ``task_name``, ``framework`` and ``queue`` fill the marked envelope.
+    """
+    try:
+        data = json.loads(text)
+        envelope = JobEnvelope.from_dict(data)
+        if not (isinstance(envelope.task_name, str) and isinstance(envelope.framework, str)):
+            raise TypeError("task_name and framework must be strings")
+        return envelope
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        why = f"{type(exc).__name__}: {exc}"[:200]
+        return JobEnvelope(task_name, framework, queue, corrupt=f"the stored job envelope cannot be read ({why})")
 
 
 def step_values(row: StepRow) -> dict[str, Any]:
@@ -123,7 +135,7 @@ def run_record(r: sa.Row[Any]) -> RunRecord:
         lease_until=r.lease_until,
         takeovers=r.takeovers,
         job_id=r.job_id,
-        envelope=load_envelope(r.envelope),
+        envelope=load_envelope(r.envelope, task_name=r.task_name, framework=r.framework, queue=r.queue),
         step_count=r.step_count,
         step_bytes=int(r.step_bytes),
         created_at=r.created_at,
@@ -146,7 +158,7 @@ def dead_letter_record(r: sa.Row[Any]) -> DeadLetterRecord:
         reason=r.reason,
         message=r.message,
         traceback=r.traceback,
-        envelope=load_envelope(r.envelope),
+        envelope=load_envelope(r.envelope, task_name=r.task_name, framework="unknown", queue=None),
         created_at=r.created_at,
         retried_at=r.retried_at,
     )

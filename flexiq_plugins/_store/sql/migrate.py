@@ -7,10 +7,18 @@ only after it has committed: a PostgreSQL advisory lock, a MySQL/MariaDB
 ``GET_LOCK``, or on SQLite the ``BEGIN IMMEDIATE`` that already serializes
 writers. A process that waited then finds the new version row and does
 nothing.
+
+Quiet by design: every worker process checks the schema the first time it
+touches the store, and Alembic would log seven to ten INFO lines each time,
+even when there is nothing to do. Its records below WARNING are dropped while
+this module runs it (only in the thread that runs it, so an application's own
+Alembic keeps its logs); an actual upgrade is logged as one line of ours.
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,9 +31,12 @@ from .engine import create_engine, normalize_url
 from .errors import translated
 from .tables import DEFAULT_TABLE_PREFIX
 
-__all__ = ["migrate", "upgrade_store"]
+__all__ = ["migrate", "schema_revision", "upgrade_store"]
+
+logger = logging.getLogger("flexiq_plugins")
 
 _MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+_quiet = threading.local()
 
 
 def upgrade_store(
@@ -62,23 +73,89 @@ def upgrade_store(
             engine.dispose()
 
 
-def migrate(engine: Engine, revision: str, prefix: str) -> None:
+def migrate(engine: Engine, revision: str, prefix: str) -> str | None:
     """Run the migrations up to ``revision`` under the migration lock; errors are not translated.
+
+    Nothing is logged when the schema is already there; an upgrade logs one
+    INFO line naming both revisions.
 
     Parameters:
       engine(Engine): the store's engine.
       revision(str): the Alembic revision, ``"head"`` for the newest.
       prefix(str): the prefix of the store's table names.
-    """
-    from alembic import command
-    from alembic.config import Config
 
-    config = Config()
-    config.set_main_option("script_location", str(_MIGRATIONS))
-    config.attributes["table_prefix"] = prefix
-    with engine.connect() as conn, _migration_lock(conn, prefix), conn.begin():
+    Returns:
+      str | None: the schema revision now (``None``: no tables).
+    """
+    with _quiet_alembic(), engine.connect() as conn, _migration_lock(conn, prefix), conn.begin():
+        from alembic import command
+        from alembic.config import Config
+
+        config = Config()
+        config.set_main_option("script_location", str(_MIGRATIONS))
+        config.attributes["table_prefix"] = prefix
+        before = _revision_of(conn, prefix)
+        if before is not None and revision == "head" and before == _head(config):
+            return before
         config.attributes["connection"] = conn
         command.upgrade(config, revision)
+        after = _revision_of(conn, prefix)
+    if after != before:
+        logger.info("step store %s upgraded from schema revision %s to %s", _where(engine), before, after)
+    return after
+
+
+def schema_revision(conn: Connection, prefix: str) -> str | None:
+    """The store's schema revision read on ``conn`` (``None``: no tables yet); logs nothing."""
+    with _quiet_alembic():
+        return _revision_of(conn, prefix)
+
+
+def _revision_of(conn: Connection, prefix: str) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    context = MigrationContext.configure(conn, opts={"version_table": f"{prefix}alembic_version"})
+    return context.get_current_revision()
+
+
+def _head(config: object) -> str | None:
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(config).get_current_head()  # type: ignore[arg-type]
+
+
+def _where(engine: Engine) -> str:
+    return engine.url.render_as_string(hide_password=True)
+
+
+class _DropAlembicInfo(logging.Filter):
+    """Drops Alembic's records below WARNING in a thread running our migrations."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno >= logging.WARNING or not getattr(_quiet, "on", False)
+
+
+_FILTER = _DropAlembicInfo()
+
+
+@contextmanager
+def _quiet_alembic() -> Iterator[None]:
+    was, _quiet.on = getattr(_quiet, "on", False), True
+    try:
+        _filter_alembic(["alembic.runtime.plugins", "alembic.runtime.migration"])  # they log on import, too
+        import alembic.command  # noqa: F401 - creates the rest of Alembic's loggers
+
+        _filter_alembic([n for n in logging.root.manager.loggerDict if n.startswith("alembic")])
+        yield
+    finally:
+        _quiet.on = was
+
+
+def _filter_alembic(names: list[str]) -> None:
+    for name in names:
+        log = logging.getLogger(name)
+        if _FILTER not in log.filters:
+            log.addFilter(_FILTER)
 
 
 @contextmanager

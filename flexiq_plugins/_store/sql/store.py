@@ -35,7 +35,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -43,7 +43,17 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import StaticPool
 
-from ...errors import CancelRequested, ConfigurationError, StoreUnavailable, UnknownDeadLetter, UnknownRun
+from ...errors import (
+    CancelRequested,
+    ClaimLost,
+    ConfigurationError,
+    InvalidTransaction,
+    StoreError,
+    StoreUnavailable,
+    UnknownDeadLetter,
+    UnknownRun,
+)
+from ...transactions import CallerConnection, family, ignore_engine
 from ..base import (
     CLEANABLE_STATUSES,
     TERMINAL_STATUSES,
@@ -66,11 +76,11 @@ from ..base import (
     StepRow,
     StepStore,
 )
-from ..claims import Granted, already_committed, claim_lost, decide_claim, fence, may_recover
+from ..claims import Granted, already_committed, claim_lost, decide_claim, fence, holds, may_recover
 from ..control import WAITER_STATUSES, may_settle_cancelled, poll_result
 from ..step_attempts import decide_step_attempt, failed_attempt, retry_cut_position
 from .engine import READ_ONLY, bad_store_message, create_engine, normalize_url, register_fork_hook, safe_url
-from .errors import is_deadlock, translated
+from .errors import describe, is_deadlock, is_missing_table, translated
 from .mapping import (
     attempt_values,
     dead_letter_record,
@@ -82,7 +92,7 @@ from .mapping import (
     step_row,
     step_values,
 )
-from .migrate import migrate
+from .migrate import migrate, schema_revision
 from .tables import DEFAULT_TABLE_PREFIX, store_tables
 
 __all__ = ["SqlStepStore"]
@@ -96,6 +106,13 @@ _CLOCKS = {
 }
 
 T = TypeVar("T")
+
+
+class _Executes(Protocol):
+    """Runs a Core statement: the store's own ``Connection``, or a caller's (C42)."""
+
+    def execute(self, statement: Any, /) -> Any:
+        """Execute ``statement``; the result has ``rowcount`` and ``scalar_one()``."""
 
 
 class SqlStepStore(StepStore):
@@ -143,6 +160,7 @@ class SqlStepStore(StepStore):
         self._shared_connection = isinstance(self._engine.pool, StaticPool)
         self._make_locks()
         register_fork_hook(self, SqlStepStore._after_fork)
+        ignore_engine(self._engine)  # the store's own transactions never make a step's open transaction (C42)
 
     def __repr__(self) -> str:
         return f"SqlStepStore({safe_url(self._engine.url)!r}, table_prefix={self._prefix!r})"
@@ -161,6 +179,18 @@ class SqlStepStore(StepStore):
     def url(self) -> str:
         """The store's URL with its password hidden."""
         return safe_url(self._engine.url)
+
+    def describe(self) -> str:
+        """The store for a worker's start line: its URL (password hidden), table prefix and schema revision.
+
+        Creates or upgrades the tables first if the store does that (``auto_upgrade``).
+
+        Raises:
+          StoreUnavailable: the database cannot be reached.
+          StoreError: another database error.
+        """
+        revision = self._read(lambda conn: schema_revision(conn, self._prefix))  # type: ignore[arg-type]
+        return f"{self.url} (tables {self._prefix}*, schema revision {revision or 'none: run flexiq store upgrade'})"
 
     def close(self) -> None:
         """Dispose of the engine's connections (only if the store created the engine)."""
@@ -216,10 +246,10 @@ class SqlStepStore(StepStore):
             with self._engine.begin() as conn:
                 return work(conn)
 
-    def _now(self, conn: Connection) -> float:
+    def _now(self, conn: _Executes) -> float:
         return float(conn.execute(sa.select(self._clock)).scalar_one())
 
-    def _fenced_update(self, conn: Connection, claim: Claim, **values: Any) -> None:
+    def _fenced_update(self, conn: _Executes, claim: Claim, **values: Any) -> None:
         """Update the run only while ``claim`` holds it, else raise :class:`ClaimLost` (C25)."""
         runs = self._t.runs
         held = (runs.c[name] == value for name, value in fence(claim).items())
@@ -288,10 +318,9 @@ class SqlStepStore(StepStore):
             sa.update(runs).where(runs.c.run_key == run_key).values(**decision.values(), job_id=job_id, updated_at=now)
         )
         snapshot = tuple(self._steps_of(conn, run_key))
-        envelope = load_envelope(run.envelope)
-        return Begun(
-            decision.claim(run_key), snapshot, now, decision.takeovers, envelope, run.created_at, run.cancel_reason
-        )
+        stored = load_envelope(run.envelope, task_name=run.task_name, framework=run.framework, queue=run.queue)
+        claim = decision.claim(run_key)
+        return Begun(claim, snapshot, now, decision.takeovers, stored, run.created_at, run.cancel_reason)
 
     def _insert_run_if_absent(self, run_key: str, envelope: JobEnvelope, envelope_json: str) -> sa.Insert:
         values = {
@@ -374,7 +403,56 @@ class SqlStepStore(StepStore):
         row = conn.execute(query).first()
         return (self._now(conn), None) if row is None else (float(row.now), row.cancel_reason)
 
-    def _commit_step(self, conn: Connection, claim: Claim, row: StepRow, now: float | None = None) -> StepRow:
+    def commit_step_on(self, connection: CallerConnection, claim: Claim, row: StepRow) -> StepRow:
+        """Write one step row in the caller's open transaction on ``connection`` (C42).
+
+        The same statements as :meth:`commit_step` (the run's row updated,
+        fenced on the claim, then the step row inserted), sent on the caller's
+        connection and not committed here: they commit or roll back with the
+        caller's transaction. The fenced update locks the run's row until then.
+        A fence that matches nothing while this store still sees the claim held
+        means the connection reaches another database.
+
+        Parameters:
+          connection(CallerConnection): the caller's connection, inside its transaction.
+          claim(Claim): the attempt's claim.
+          row(StepRow): the step to store.
+
+        Raises:
+          InvalidTransaction: the connection is to another database, or the
+            store's tables are not there (another table prefix).
+          ClaimLost: another attempt holds the run, or the step is already committed (C25).
+          StoreError: the caller's connection reported another database error.
+        """
+        if family(connection.dialect_name) != family(self._dialect):
+            raise self._elsewhere(connection, f"a {connection.dialect_name} database")
+        try:
+            return self._commit_step(connection, claim, row)
+        except ClaimLost as exc:
+            if isinstance(exc.__cause__, sa_exc.IntegrityError) or not self._still_holds(claim):
+                raise
+            raise self._elsewhere(connection, "a database where this run is not claimed") from exc
+        except sa_exc.SQLAlchemyError as exc:
+            if is_missing_table(exc):
+                raise self._elsewhere(connection, "a database without the store's tables") from exc
+            raise StoreError(
+                f"step {row.step_key!r} could not be written on {connection.description}: {describe(exc)}"
+            ) from exc
+
+    def _elsewhere(self, connection: CallerConnection, what: str) -> InvalidTransaction:
+        return InvalidTransaction(
+            f"{connection.description} reaches {what}, not the step store's database ({self.url}, table "
+            f"prefix {self._prefix!r}); a transactional step needs the store and the tables its body "
+            "writes in one database: pass a connection to the store's database, or make it a plain step.run"
+        )
+
+    def _still_holds(self, claim: Claim) -> bool:
+        try:
+            return holds(self.get_run(claim.run_key), claim)
+        except UnknownRun:
+            return False
+
+    def _commit_step(self, conn: _Executes, claim: Claim, row: StepRow, now: float | None = None) -> StepRow:
         runs = self._t.runs
         now = self._now(conn) if now is None else now
         self._fenced_update(
@@ -802,6 +880,7 @@ class SqlStepStore(StepStore):
         task_name: str | None = None,
         since: float | None = None,
         limit: int = 100,
+        job_id: str | None = None,
     ) -> list[RunRecord]:
         """Return runs, newest ``updated_at`` first.
 
@@ -810,6 +889,8 @@ class SqlStepStore(StepStore):
           task_name(str | None): only runs of this task or actor.
           since(float | None): only runs updated at or after this time, epoch seconds.
           limit(int): at most this many runs.
+          job_id(str | None): only the run whose current job (task or message id) is this one;
+            not indexed, for an operator's lookup.
 
         Raises:
           StoreUnavailable: the database cannot be reached.
@@ -822,6 +903,8 @@ class SqlStepStore(StepStore):
             query = query.where(runs.c.task_name == task_name)
         if since is not None:
             query = query.where(runs.c.updated_at >= since)
+        if job_id is not None:
+            query = query.where(runs.c.job_id == job_id)
         rows = self._read(lambda conn: conn.execute(query).all())
         return [run_record(r) for r in rows]
 
