@@ -24,6 +24,7 @@ from typing import Any
 
 from ._store.base import StepStore
 from ._store.factory import DEFAULT_STORE_URL, STORE_URL_ENV, StoreSpec, open_store
+from .codec import CodecChain
 from .config import DurableConfig
 from .operations import CancelResult, EventSent, Publisher, publishers_for
 from .operations import cancel_run as _cancel_run
@@ -102,7 +103,7 @@ def cancel_run(run_key: str, *, reason: str = "", store: StoreSpec = None) -> Ca
     return _cancel_run(opened, run_key, reason=reason, publishers=_publishers(installed))
 
 
-def _store_of(spec: StoreSpec, installed: list[Installation]) -> tuple[StepStore, DurableConfig, Any]:
+def _store_of(spec: StoreSpec, installed: list[Installation]) -> tuple[StepStore, DurableConfig, CodecChain | None]:
     """The store, the options and the codec chain of this process (see the module's description)."""
     if spec is None and installed:
         driver = installed[0].driver()

@@ -85,7 +85,6 @@ def cancel_run(
       StoreUnavailable: the store cannot be reached.
     """
     run = store.request_cancel(run_key, reason or DEFAULT_CANCEL_REASON)
-    assert run.cancel_reason is not None or run.status in TERMINAL_STATUSES
     if run.status in TERMINAL_STATUSES:
         return CancelResult(run_key, "finished", run.status)
     if run.owner is not None and lease_remaining(run.lease_until, store.now()) is not None:
