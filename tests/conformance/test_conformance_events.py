@@ -110,7 +110,7 @@ def test_c34_flexiq_runs_cancel_stops_a_sleeping_run_and_its_next_step_never_run
     """C34, C26: ``flexiq runs cancel`` on a sleeping run whose undo must run: the compensation runs in the job
     re-published through the integration (``charge`` undone once) and the run ends ``cancelled``; the sleep's own
     wake-up, when it arrives, finds a finished run: ``ship`` never runs."""
-    job = harness.publish("charge_nap_ship", 2.0)
+    job = harness.publish("charge_nap_ship", 1.0)
     harness.wait_status(job.run_key, "sleeping")
     done = operations.cancel_run(harness.store, job.run_key, reason="order abandoned", publishers=harness.publishers())
     assert done.outcome == "compensating"
