@@ -324,6 +324,58 @@ def test_c1_step_keys_are_exact_strings(store: StepStore) -> None:
     assert [s.step_key for s in store.get_steps(key)] == keys
 
 
+# ------------------------------------------------------------ exact keys
+def look_alikes(base: str) -> list[str]:
+    """Keys equal to ``base`` only under a lenient comparison: trailing space, case, Unicode normal form."""
+    return [f"{base}caf\u00e9", f"{base}caf\u00e9 ", f"{base}CAF\u00c9", f"{base}cafe\u0301"]
+
+
+def test_c40_step_keys_differing_by_trailing_space_case_or_normal_form_are_distinct(store: StepStore) -> None:
+    """C40: step keys that differ only by a trailing space, case, or NFC/NFD form are four steps.
+
+    Each commit is accepted (none is refused as "already committed"), the
+    snapshot of the next attempt holds all four, each with its own value,
+    and each key reads back exactly as written.
+    """
+    key = new_key()
+    claim = claim_run(store, key).claim
+    keys = look_alikes("pay:")
+    for i, step_key in enumerate(keys):
+        store.commit_step(claim, run_row(i, step_key, f"v{i}".encode()))
+    store.finish(claim, "sleeping")
+    snapshot = claim_run(store, key, owner="worker-2").snapshot
+    assert [(r.step_key, r.value) for r in snapshot] == [(k, f"v{i}".encode()) for i, k in enumerate(keys)]
+    assert [s.step_key for s in store.get_steps(key)] == keys
+
+
+def test_c40_run_keys_differing_by_trailing_space_case_or_normal_form_are_distinct_runs(store: StepStore) -> None:
+    """C40: run keys that differ only by a trailing space, case, or NFC/NFD form are four runs.
+
+    The first run finishes; a job carrying each look-alike key is a new run
+    (claimed at attempt 1, never ``Finished`` or ``Busy`` because of the
+    first), and each run reads back under its exact key.
+    """
+    first, *others = look_alikes(new_key())
+    store.finish(claim_run(store, first).claim, "succeeded")
+    for other in others:
+        begun = claim_run(store, other)
+        assert begun.claim.attempt == 1, repr(other)
+    assert store.get_run(first).status == "succeeded"
+    assert {o: store.get_run(o).status for o in others} == dict.fromkeys(others, "running")
+    assert {r.run_key for r in store.list_runs(limit=1000)} >= {first, *others}
+
+
+def test_c40_dead_letters_keep_their_exact_run_key(store: StepStore) -> None:
+    """C40: two runs whose keys differ only by a trailing space each keep their own dead letter."""
+    plain = new_key()
+    padded = plain + " "
+    for run_key in (plain, padded):
+        claim = claim_run(store, run_key, job_id=f"job{run_key}").claim
+        store.finish(claim, "dead", dead_letter=NewDeadLetter(f"job{run_key}", "divergence", run_key))
+    dead = {d.run_key: d.job_id for d in store.list_dead_letters() if d.run_key.strip() == plain}
+    assert dead == {plain: f"job{plain}", padded: f"job{padded}"}
+
+
 # ----------------------------------------------------------------- finish
 def test_c27_finish_with_drop_steps_deletes_the_rows(store: StepStore) -> None:
     """A succeeded run's step rows are dropped and its totals reset; the claim is released (C27, C26)."""
