@@ -40,7 +40,12 @@ def run_key_of(request: Any) -> str:
 
 def job_info(task: Any, request: Any) -> JobInfo:
     """The core's view of the message ``request`` of ``task``."""
-    return JobInfo(run_key=run_key_of(request), job_id=str(request.id), envelope=_envelope(task, request))
+    return JobInfo(
+        run_key=run_key_of(request),
+        job_id=str(request.id),
+        envelope=_envelope(task, request),
+        eager=bool(request.is_eager),
+    )
 
 
 def _envelope(task: Any, request: Any) -> JobEnvelope:

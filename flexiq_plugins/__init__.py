@@ -49,11 +49,13 @@ from .errors import (
     StepSignal,
     StepUsageError,
     StoreError,
+    StoreMisconfigured,
     StoreUnavailable,
     SwallowedStepSignal,
     UnknownDeadLetter,
     UnknownRun,
     UnsupportedInEagerMode,
+    WorkerInterrupted,
 )
 from .identity import new_run_key
 
@@ -104,11 +106,13 @@ __all__ = [
     "StepStore",
     "StepUsageError",
     "StoreError",
+    "StoreMisconfigured",
     "StoreUnavailable",
     "SwallowedStepSignal",
     "UnknownDeadLetter",
     "UnknownRun",
     "UnsupportedInEagerMode",
+    "WorkerInterrupted",
     "ZlibCodec",
     "__version__",
     "current_job",

@@ -29,7 +29,17 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Ack", "AckReason", "Completed", "DeadLetter", "Failure", "Outcome", "PutBack", "PutBackReason"]
+__all__ = [
+    "Ack",
+    "AckReason",
+    "Completed",
+    "DeadLetter",
+    "Ended",
+    "Failure",
+    "Outcome",
+    "PutBack",
+    "PutBackReason",
+]
 
 
 class PutBackReason(enum.Enum):
@@ -41,6 +51,8 @@ class PutBackReason(enum.Enum):
     """Another live claim holds the run (C24); the job is checked again shortly."""
     STORE_UNAVAILABLE = "store_unavailable"
     """The store could not be reached (C28); retried whatever the task's filters say."""
+    SHUTDOWN = "shutdown"
+    """The worker shut down in the middle of the attempt (C38); the job runs again at once."""
 
 
 class AckReason(enum.Enum):
@@ -131,3 +143,27 @@ class Ack:
 
 Outcome = Completed | PutBack | Failure | DeadLetter | Ack
 """Every outcome an attempt can have; adapters ``match`` over it exhaustively."""
+
+
+class Ended(enum.Enum):
+    """How the framework ended a job by itself, as an adapter reports it (C38).
+
+    The adapter reports what happened through
+    :meth:`~flexiq_plugins.integration.AttemptDriver.framework_ended`; the
+    core decides what the run becomes: ``cancelled`` when the framework
+    dropped the job (a revoke, an expiry, a skip), ``failed`` when it gave
+    the job up as failed (a time limit, a failure it acknowledged or
+    rejected). Either way the run is terminal and recovery leaves it alone.
+    """
+
+    REVOKED = "revoked"
+    """Revoked (or terminated) by an operator: Celery ``revoke()``."""
+    EXPIRED = "expired"
+    """Dropped because its message expired: Celery ``expires``."""
+    SKIPPED = "skipped"
+    """Skipped before its body ran, and acknowledged: a Dramatiq middleware's ``SkipMessage``."""
+    TIME_LIMIT = "time_limit"
+    """Killed by the framework's hard time limit, its message acknowledged: Celery ``time_limit``."""
+    FAILED = "failed"
+    """Given up as failed, its message acknowledged or rejected for good: a Dramatiq nack (age limit,
+    retries exhausted), a Celery failure it acknowledges."""

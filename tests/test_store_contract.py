@@ -447,6 +447,51 @@ def test_c28_settle_failed_ignores_a_run_that_moved_on(store: StepStore) -> None
     assert store.get_run(key).status == "running"
 
 
+# ------------------------------------------------------------- release_run
+LIVE = ("pending", "running", "sleeping", "retrying")
+
+
+def test_c38_release_run_settles_a_claimed_run_and_fences_its_attempt(store: StepStore) -> None:
+    """C38: ``release_run`` ends a run whose claim is live (the framework killed its worker) and fences the attempt.
+
+    The run is ``failed`` with no owner, lease or wake time; its steps are
+    kept; the old attempt's next write is refused (``ClaimLost``); a new
+    delivery finds the run finished.
+    """
+    key = new_key()
+    claim = claim_run(store, key).claim
+    store.commit_step(claim, run_row(0, "charge#0"))
+    assert store.release_run(key, "failed", while_status=LIVE) is True
+    run = store.get_run(key)
+    assert (run.status, run.owner, run.lease_until, run.wake_at, run.step_count) == ("failed", None, None, None, 1)
+    with pytest.raises(ClaimLost):
+        store.commit_step(claim, run_row(1, "ship#0"))
+    assert store.begin(key, "job-2", ENVELOPE, "worker-2", 30.0) == Finished("failed")
+
+
+def test_c38_release_run_applies_only_from_the_given_statuses(store: StepStore) -> None:
+    """C38: ``release_run`` changes nothing for a run in another status, a terminal one, or an unknown one."""
+    sleeping = new_key()
+    store.finish(claim_run(store, sleeping).claim, "sleeping", wake_at=store.now() + 60)
+    assert store.release_run(sleeping, "pending", while_status={"running"}) is False
+    assert store.get_run(sleeping).status == "sleeping"
+    assert store.release_run(sleeping, "cancelled", while_status=LIVE) is True
+    assert (store.get_run(sleeping).status, store.get_run(sleeping).wake_at) == ("cancelled", None)
+    done = terminal_run(store, "succeeded")
+    assert store.release_run(done, "failed", while_status=LIVE) is False
+    assert store.get_run(done).status == "succeeded"
+    assert store.release_run("no-such-run", "failed", while_status=LIVE) is False
+
+
+def test_c38_a_run_released_to_pending_is_claimed_again_without_a_takeover(store: StepStore) -> None:
+    """C38: a run put back to ``pending`` from ``running`` (its worker shut down) is claimed at once, no takeover."""
+    key = new_key()
+    claim_run(store, key)
+    assert store.release_run(key, "pending", while_status={"running"}) is True
+    begun = claim_run(store, key, owner="worker-2")
+    assert (begun.claim.attempt, begun.takeovers) == (2, 0)
+
+
 # -------------------------------------------------------------- operators
 def test_get_run_of_an_unknown_key_raises_unknown_run(store: StepStore) -> None:
     """``get_run`` of an unknown run key raises ``UnknownRun`` (a ``StoreError`` and ``LookupError``)."""

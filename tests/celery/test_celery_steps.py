@@ -194,6 +194,21 @@ def test_c28_install_rejects_unknown_options_and_double_install(sqlite_store: An
         celery_ext.install(app, store=sqlite_store)
 
 
+@pytest.mark.parametrize("store", ["postgresql//x", "mongodb://h/db", "", 12345, "postgress://u@h/db"], ids=repr)
+def test_c41_install_refuses_a_store_setting_that_can_never_work(store: Any) -> None:
+    """C41: ``install(app, store=…)`` with a malformed URL, an unknown scheme or a non-URL value fails at once.
+
+    Before, the worker booted and every durable job failed with the
+    configuration error and was acknowledged away; now ``install`` raises
+    ``ConfigurationError`` naming the value, and the app is left untouched.
+    """
+    app = Celery("fqt-bad-store", set_as_current=False)
+    with pytest.raises(ConfigurationError) as info:
+        celery_ext.install(app, store=store)
+    assert repr(store) in str(info.value)
+    assert celery_ext.runtime_of(app) is None
+
+
 def test_celery_ext_exports() -> None:
     """The public names of ``celery_ext``, sorted."""
     assert celery_ext.__all__ == sorted(celery_ext.__all__)
