@@ -14,7 +14,10 @@ Outcome                   Adapter's verb
 :class:`PutBack`          re-enqueue the same job (same id, same run key) after
                           ``delay`` s, then acknowledge; if the re-enqueue
                           fails, keep the current message in the broker (no
-                          acknowledgement, no retry counted)
+                          acknowledgement, no retry counted). Reason
+                          ``SHUTDOWN``: the worker is going away; a framework
+                          that gives the message of a terminated process back
+                          by itself (Celery) lets the process exit instead
 :class:`Failure`          the framework's own retry policy decides; when it
                           gives up, call :meth:`AttemptDriver.settle_failed`
 :class:`DeadLetter`       no retry: the broker's dead-letter path (the store
