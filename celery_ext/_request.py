@@ -23,6 +23,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from billiard.einfo import ExceptionWithTraceback
 from celery.exceptions import Ignore, Reject, Retry, Terminated
 from celery.worker.request import Request
 
@@ -79,7 +80,9 @@ class DurableRequest(Request):  # type: ignore[misc]
     def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
         """Celery's handling; then a failure whose message is gone fails the run (if the attempt did not already)."""
         super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
-        error = getattr(exc_info.exception, "exc", exc_info.exception)  # ExceptionWithTraceback
+        error = exc_info.exception
+        if isinstance(error, ExceptionWithTraceback):  # how a pool process sends its exception back
+            error = error.exc
         if not isinstance(error, _NOT_AN_END):
             self._settle_if_gone(Ended.FAILED)
 

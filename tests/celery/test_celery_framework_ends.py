@@ -41,7 +41,7 @@ def test_c38_a_revoked_sleeping_task_is_cancelled_and_never_recovered(
     """
     app = make_celery_app(redis_broker, sqlite_store)
     with in_process_worker(app):
-        sent = app.tasks[f"{app.main}.checkout"].delay(7, pause=1.5)
+        sent = app.tasks[f"{app.main}.checkout"].delay(7, pause=3)
         wait_for(lambda: sqlite_store.list_runs(status="sleeping"), 30, "the job to sleep")
         app.control.revoke(sent.id)
         wait_for(lambda: only_run(sqlite_store).status != "sleeping", 30, "the run to leave 'sleeping'")

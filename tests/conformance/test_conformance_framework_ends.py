@@ -92,3 +92,17 @@ def test_c38_a_warm_shutdown_lets_the_running_step_finish(harness: Harness) -> N
     run = harness.run(job.run_key)
     assert (run.status, run.attempt, run.takeovers) == ("succeeded", 1, 0)
     assert harness.ledger.count(job.run_key, "work") == 1
+
+
+def test_c28_c38_a_retry_on_a_worker_process_is_not_the_framework_ending_the_job(harness: Harness) -> None:
+    """C28, C38: a task-level retry on a real worker process leaves the run to the retry, which succeeds.
+
+    The failed delivery's message is acknowledged after the retry is
+    published, as for any retry; that is not the framework giving the job up,
+    so the run is not settled ``failed`` and the retry runs the body.
+    """
+    with harness.worker_processes():
+        job = harness.publish("notify_fails_once")
+        run = harness.wait_status(job.run_key, "succeeded", "failed", timeout=60)
+    assert run.status == "succeeded"
+    assert [a["retries"] for a in harness.ledger.attempts(job.run_key)] == [0, 1]

@@ -83,11 +83,11 @@ def test_c38_a_sleeping_job_its_age_limit_drops_fails_its_run(
     broker.add_middleware(DurableSteps(store=sqlite_store))
     after: list[str] = []
 
-    @dramatiq.actor(broker=broker, queue_name=queue, max_age=400, max_retries=0)
+    @dramatiq.actor(broker=broker, queue_name=queue, max_age=1500, max_retries=0)
     def late() -> None:
         step = current_job.step
         step.run("before", lambda: 1)
-        step.sleep("700ms")
+        step.sleep("2s")
         after.append(current_job.run_key)
 
     start_worker(broker)
@@ -133,7 +133,7 @@ def test_c38_a_sleeping_job_another_middleware_skips_is_cancelled(
 def test_c16_a_time_limit_while_a_sleep_hand_off_waits_for_the_broker_never_reaches_retries(
     broker: dramatiq.Broker, queue: str, sqlite_store: StepStore, start_worker: Callable[..., dramatiq.Worker]
 ) -> None:
-    """C16: the broker refuses a sleep's re-enqueue until after the actor's 500 ms time limit has struck.
+    """C16: the broker refuses a sleep's re-enqueue until after the actor's 1 s time limit has struck.
 
     ``TimeLimitExceeded`` is raised in the worker thread while the hand-off
     waits; the hand-off goes on holding the message instead of handing the
@@ -145,7 +145,7 @@ def test_c16_a_time_limit_while_a_sleep_hand_off_waits_for_the_broker_never_reac
     seen: list[int] = []
     after: list[str] = []
 
-    @dramatiq.actor(broker=broker, queue_name=queue, time_limit=500, max_retries=3, min_backoff=10, max_backoff=50)
+    @dramatiq.actor(broker=broker, queue_name=queue, time_limit=1000, max_retries=3, min_backoff=10, max_backoff=50)
     def nap() -> None:
         message = CurrentMessage.get_current_message()
         assert message is not None
