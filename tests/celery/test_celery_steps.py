@@ -86,12 +86,17 @@ def test_c24_same_task_id_delivered_twice_at_once_runs_the_body_once(
 
 
 def wait_queue_empty(app: Celery, timeout: float = 15) -> None:
-    """Wait until ``app``'s worker holds no message (active, reserved or scheduled)."""
+    """Wait until ``app``'s worker holds no message of ``app`` (active, reserved or scheduled).
+
+    ``inspect`` is a broadcast: every worker on the shared Redis answers, so
+    only the tasks of this app (named ``<app>.…``) are looked at.
+    """
     inspect = app.control.inspect(timeout=1)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pending = [inspect.active(), inspect.reserved(), inspect.scheduled()]
-        if all(not any(v) for p in pending if p for v in p.values()):
+        replies = [inspect.active(), inspect.reserved(), inspect.scheduled()]
+        held = [t for r in replies if r for tasks in r.values() for t in tasks if f"{app.main}." in repr(t)]
+        if not held:
             return
         time.sleep(0.1)
     raise AssertionError("the worker still holds messages")
