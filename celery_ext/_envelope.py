@@ -46,7 +46,13 @@ def job_info(task: Any, request: Any) -> JobInfo:
       ConfigurationError: the task's ``step_retry`` is not a ``RetryPolicy`` (or a dict of its fields).
     """
     step_retry = retry_policy_option(getattr(task, "step_retry", None), where=f"task {task.name!r} step_retry")
-    return JobInfo(run_key_of(request), str(request.id), _envelope(task, request), step_retry)
+    return JobInfo(
+        run_key=run_key_of(request),
+        job_id=str(request.id),
+        envelope=_envelope(task, request),
+        step_retry=step_retry,
+        eager=bool(request.is_eager),
+    )
 
 
 def _envelope(task: Any, request: Any) -> JobEnvelope:

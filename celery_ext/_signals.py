@@ -1,4 +1,5 @@
-"""Celery signal receivers: the run key at publish, fresh stores after fork, tasks made durable, the start line.
+"""Celery signal receivers: the run key at publish, fresh stores after fork, tasks made durable, the start
+line, revokes.
 
 They are connected once per process (``dispatch_uid``), whatever the number
 of apps, and do nothing for an app that :func:`celery_ext.install` was not
@@ -11,10 +12,13 @@ from typing import Any
 
 from celery import signals
 
-from flexiq_plugins.integration import log_worker_start, new_run_key
+from flexiq_plugins import InvalidRunKey
+from flexiq_plugins.integration import Ended, check_store_at_start, log_worker_start, new_run_key
 
+from ._envelope import run_key_of
 from ._options import RUN_KEY_HEADER
 from ._prepare import prepare_app
+from ._request import driver_for
 from ._runtime import all_runtimes, runtime_of
 
 __all__ = ["announce_store", "connect_signals", "on_app_finalized"]
@@ -35,10 +39,16 @@ def forget_parent_stores(**_: Any) -> None:
 
 
 def prepare_worker_app(sender: Any = None, **_: Any) -> None:
-    """``worker_init``: make every task of the worker's app durable before its tracers are built."""
-    app = getattr(sender, "app", None)
-    if app is not None and runtime_of(app) is not None:
+    """``worker_init``: make every task durable before its tracers are built; reach the store once (C41).
+
+    A store the worker cannot use stops it with one line naming the cause
+    (``SystemExit``, which Celery's signal dispatch lets through).
+    """
+    app: Any = getattr(sender, "app", None)
+    runtime = runtime_of(app) if app is not None else None
+    if runtime is not None:
         prepare_app(app)
+        check_store_at_start(runtime.driver, worker=f"celery worker of app {app.main!r}")
 
 
 def announce_store(sender: Any = None, **_: Any) -> None:
@@ -55,9 +65,27 @@ def on_app_finalized(sender: Any = None, **_: Any) -> None:
         prepare_app(sender)
 
 
+def settle_revoked(sender: Any = None, request: Any = None, expired: bool = False, **_: Any) -> None:
+    """``task_revoked``: Celery revoked (or expired) a durable job; its run is settled ``cancelled`` (C38).
+
+    Sent in the worker's main process when Celery discards a revoked or
+    expired message (a sleeping job's next hop included) or terminates a
+    running one; recovery then never re-publishes the run.
+    """
+    driver = driver_for(sender) if sender is not None else None
+    if driver is None or request is None:
+        return
+    try:
+        run_key = run_key_of(request)
+    except InvalidRunKey:
+        return
+    driver.framework_ended(run_key, Ended.EXPIRED if expired else Ended.REVOKED)
+
+
 def connect_signals() -> None:
     """Connect the process-wide receivers (idempotent)."""
     signals.before_task_publish.connect(stamp_run_key, weak=False, dispatch_uid="flexiq.stamp_run_key")
     signals.worker_process_init.connect(forget_parent_stores, weak=False, dispatch_uid="flexiq.fork")
     signals.worker_init.connect(prepare_worker_app, weak=False, dispatch_uid="flexiq.worker_init")
     signals.worker_ready.connect(announce_store, weak=False, dispatch_uid="flexiq.worker_ready")
+    signals.task_revoked.connect(settle_revoked, weak=False, dispatch_uid="flexiq.task_revoked")

@@ -60,11 +60,13 @@ from .errors import (
     StepSignal,
     StepUsageError,
     StoreError,
+    StoreMisconfigured,
     StoreUnavailable,
     SwallowedStepSignal,
     UnknownDeadLetter,
     UnknownRun,
     UnsupportedInEagerMode,
+    WorkerInterrupted,
 )
 from .identity import new_run_key
 from .policies import Compensation, RetryPolicy
@@ -130,11 +132,13 @@ __all__ = [
     "StepStore",
     "StepUsageError",
     "StoreError",
+    "StoreMisconfigured",
     "StoreUnavailable",
     "SwallowedStepSignal",
     "UnknownDeadLetter",
     "UnknownRun",
     "UnsupportedInEagerMode",
+    "WorkerInterrupted",
     "ZlibCodec",
     "__version__",
     "current_job",

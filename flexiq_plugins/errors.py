@@ -7,11 +7,12 @@ into a retry or, worse, a success (C20). Everything else is an ordinary
 ``Exception`` under :class:`FlexiqError`::
 
     BaseException
-    └── StepSignal                      control flow, never an error (C20)
-        ├── SleepSignal                 the attempt ends; the job comes back later
-        │   └── StepRetrySignal         a failed step with budget left comes back after its backoff (C31)
-        ├── ReplayStopped               a compensation replay reached a step that never ran (C32)
-        └── StepDivergence              recorded and running step sequences differ (C12)
+    ├── StepSignal                      control flow, never an error (C20)
+    │   ├── SleepSignal                 the attempt ends; the job comes back later
+    │   │   └── StepRetrySignal         a failed step with budget left comes back after its backoff (C31)
+    │   ├── ReplayStopped               a compensation replay reached a step that never ran (C32)
+    │   └── StepDivergence              recorded and running step sequences differ (C12)
+    └── WorkerInterrupted               the worker shut down mid-attempt: the job goes back (C38)
     Exception
     └── FlexiqError
         ├── ConfigurationError (ValueError)   a bad store URL, option or codec key
@@ -41,6 +42,7 @@ into a retry or, worse, a success (C20). Everything else is an ordinary
         ├── UnsupportedInEagerMode (RuntimeError)  a sleep or put-back under Celery's eager mode
         ├── StoreError                        anything the step store reports
         │   ├── StoreUnavailable              connection lost, timeout: retryable (C28)
+        │   │   └── StoreMisconfigured (ConfigurationError)  authentication, unknown database, missing directory (C41)
         │   ├── ClaimLost                     another attempt holds the run (C25)
         │   ├── CorruptRecord                 a stored row that cannot be read: dead-lettered at once
         │   └── UnknownRun / UnknownDeadLetter (LookupError)
@@ -102,11 +104,13 @@ __all__ = [
     "StepSignal",
     "StepUsageError",
     "StoreError",
+    "StoreMisconfigured",
     "StoreUnavailable",
     "SwallowedStepSignal",
     "UnknownDeadLetter",
     "UnknownRun",
     "UnsupportedInEagerMode",
+    "WorkerInterrupted",
     "classify",
     "compensates",
     "final_reason",
@@ -172,6 +176,16 @@ class StepDivergence(StepSignal):
 
     Never retried: the job is dead-lettered (C13). The message names the job,
     the position, both sequences and the step that changed.
+    """
+
+
+class WorkerInterrupted(BaseException):
+    """The worker is shutting down and interrupted the attempt (a deploy restarting workers, C38).
+
+    Not an error of the job: an adapter raises it in place of its
+    framework's own shutdown exception (Dramatiq's ``Shutdown``). The attempt
+    commits nothing for the interrupted step, releases its claim, and the job
+    goes back to its queue without counting a retry.
     """
 
 
@@ -371,6 +385,16 @@ class StoreUnavailable(StoreError):
     """
 
 
+class StoreMisconfigured(StoreUnavailable, ConfigurationError):
+    """The store refuses this configuration: authentication, an unknown database, a missing directory (C41).
+
+    Unlike an outage it does not pass by itself. A worker refuses to start on
+    it, with one line naming the cause; a job that meets it later (a password
+    rotated while the worker runs) is put back like an outage, never
+    acknowledged away (C28, C41).
+    """
+
+
 class ClaimLost(StoreError):
     """The attempt's claim on its run was taken over; its writes are refused (C25)."""
 
@@ -429,6 +453,8 @@ class Disposition(enum.Enum):
     """The claim was lost: the outcome is dropped (C25)."""
     SLEEP = "sleep"
     """Not a failure: the job comes back at its wake time (C15, C16)."""
+    INTERRUPTED = "interrupted"
+    """Not a failure: the worker shut down; the job goes back at once, no retry counted (C38)."""
 
 
 _DEAD_LETTER_TYPES: tuple[type[BaseException], ...] = (
@@ -484,6 +510,8 @@ def classify(exc: BaseException) -> Disposition:
     """
     if isinstance(exc, SleepSignal):
         return Disposition.SLEEP
+    if isinstance(exc, WorkerInterrupted):
+        return Disposition.INTERRUPTED
     if isinstance(exc, ClaimLost):
         return Disposition.DROP
     if isinstance(exc, StoreUnavailable):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import UnknownDeadLetter, UnknownRun
@@ -250,6 +250,17 @@ class MemoryStepStore(StepStore):
             if run is None or run.status != "retrying" or run.attempt != attempt:
                 return False
             self._runs[run_key] = dataclasses.replace(run, status="failed", updated_at=self.now())
+            return True
+
+    def release_run(self, run_key: str, status: RunStatus, *, while_status: Collection[str]) -> bool:
+        """See :meth:`StepStore.release_run`."""
+        with self._lock:
+            run = self._runs.get(run_key)
+            if run is None or run.status not in while_status:
+                return False
+            self._runs[run_key] = dataclasses.replace(
+                run, status=status, owner=None, lease_until=None, wake_at=None, updated_at=self.now()
+            )
             return True
 
     # ------------------------------------------------------------ operators
