@@ -36,7 +36,14 @@ from flexiq_plugins.integration import (
 
 JOB = JobInfo("run-1", "job-1", JobEnvelope("task", "test"))
 
-UNUSABLE_SETTINGS = ["postgresql//x", "mongodb://h/db", "", 12345, "postgress://u@h/db", "mysql+mysqldb://root@h/db"]
+UNUSABLE_SETTINGS = [
+    "postgresql//x",
+    "mongodb://h/db",
+    "",
+    12345,
+    "postgress://u@h/db",
+    "mysql+mysqlconnector://root@h/db",
+]  # a driver not installed
 
 
 @pytest.mark.parametrize("spec", UNUSABLE_SETTINGS, ids=repr)
