@@ -53,7 +53,14 @@ def job_info(task: Any, request: Any) -> JobInfo:
         getattr(task, "max_suspended_seconds", None),
         where=f"task {task.name!r}",
     )
-    return JobInfo(run_key_of(request), str(request.id), _envelope(task, request), step_retry, caps)
+    return JobInfo(
+        run_key=run_key_of(request),
+        job_id=str(request.id),
+        envelope=_envelope(task, request),
+        step_retry=step_retry,
+        cancellation=caps,
+        eager=bool(request.is_eager),
+    )
 
 
 def _envelope(task: Any, request: Any) -> JobEnvelope:

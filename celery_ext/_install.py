@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from flexiq_plugins import ConfigurationError
-from flexiq_plugins.integration import StoreSpec, register_installation
+from flexiq_plugins.integration import StoreSpec, check_store_spec, register_installation
 
 from ._options import CeleryConfig
 from ._prepare import prepare_app
@@ -24,8 +24,10 @@ def install(app: Any, store: StoreSpec = None, **options: Any) -> None:
     after the call, on a finalized app or not; ``celery.*`` built-ins and
     tasks declared with ``durable=False`` are left alone. Durable tasks get
     ``acks_late=True`` and ``reject_on_worker_lost=True`` unless they set
-    them (C26). Nothing connects to the store here: each process opens it on
-    first use.
+    them (C26). The store setting is checked here (scheme, driver: C41) but
+    nothing connects: each process opens the store on first use, and a
+    worker reaches it once as it starts, refusing to start on a store it
+    cannot use.
 
     Parameters:
       app(celery.Celery): the application.
@@ -45,11 +47,13 @@ def install(app: Any, store: StoreSpec = None, **options: Any) -> None:
         ``"reject"``, ``"queue"``, C30).
 
     Raises:
-      ConfigurationError: an unknown option or unusable value, or ``install``
-        called twice on one app.
+      ConfigurationError: an unknown option or unusable value, a store of an
+        unknown scheme or type or without its driver, or ``install`` called
+        twice on one app.
     """
     if runtime_of(app) is not None:
         raise ConfigurationError(f"celery_ext.install was already called on app {app.main!r}")
+    check_store_spec(store)
     runtime = Runtime(app, store, CeleryConfig.from_options(options, where="celery_ext.install"))
     register_installation("celery", app, runtime.driver)  # send_event / cancel_run in this process (C33, C34)
     app.Task = type("DurableTask", (DurableTask, app.Task), {"__module__": __name__})

@@ -11,10 +11,19 @@ other fork, so a child always opens its own store.
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from flexiq_plugins import StepStore
-from flexiq_plugins.integration import AttemptDriver, PerProcess, StoreSpec, resolve_store
+from flexiq_plugins.integration import (
+    AttemptDriver,
+    JobInfo,
+    Outcome,
+    PerProcess,
+    StoreSpec,
+    driver_or_put_back,
+    resolve_store,
+)
 
 from ._options import CeleryConfig, step_serializer
 
@@ -66,6 +75,11 @@ class Runtime:
           ConfigurationError: an unusable store URL or serializer.
         """
         return self._driver.get()
+
+    def run_job(self, job: JobInfo, body: Callable[[], Any]) -> Outcome:
+        """Run one attempt of ``job`` with this process's driver; a store that cannot be opened puts it back (C41)."""
+        driver = driver_or_put_back(self.driver, self.config)
+        return driver.run_job(job, body) if isinstance(driver, AttemptDriver) else driver
 
     @property
     def store(self) -> StepStore:

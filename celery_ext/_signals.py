@@ -1,5 +1,5 @@
-"""Celery signal receivers: the run key at publish, fresh stores after fork, tasks made durable, the start line,
-revokes.
+"""Celery signal receivers: the run key at publish, fresh stores after fork, tasks made durable, the start
+line, revokes.
 
 They are connected once per process (``dispatch_uid``), whatever the number
 of apps, and do nothing for an app that :func:`celery_ext.install` was not
@@ -13,18 +13,19 @@ from typing import Any
 
 from celery import signals
 
-from flexiq_plugins import FlexiqError
-from flexiq_plugins.integration import cancel_run, log_worker_start, new_run_key
+from flexiq_plugins import FlexiqError, InvalidRunKey
+from flexiq_plugins.integration import cancel_run, check_store_at_start, log_worker_start, new_run_key
 
 from ._adapter import publisher
 from ._envelope import run_key_of
 from ._options import RUN_KEY_HEADER
 from ._prepare import prepare_app
+from ._request import driver_for
 from ._runtime import all_runtimes, runtime_of
 
 logger = logging.getLogger("flexiq_plugins.celery")
 
-__all__ = ["announce_store", "cancel_revoked", "connect_signals", "on_app_finalized"]
+__all__ = ["announce_store", "connect_signals", "on_app_finalized", "settle_revoked"]
 
 
 def stamp_run_key(sender: Any = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
@@ -42,10 +43,16 @@ def forget_parent_stores(**_: Any) -> None:
 
 
 def prepare_worker_app(sender: Any = None, **_: Any) -> None:
-    """``worker_init``: make every task of the worker's app durable before its tracers are built."""
-    app = getattr(sender, "app", None)
-    if app is not None and runtime_of(app) is not None:
+    """``worker_init``: make every task durable before its tracers are built; reach the store once (C41).
+
+    A store the worker cannot use stops it with one line naming the cause
+    (``SystemExit``, which Celery's signal dispatch lets through).
+    """
+    app: Any = getattr(sender, "app", None)
+    runtime = runtime_of(app) if app is not None else None
+    if runtime is not None:
         prepare_app(app)
+        check_store_at_start(runtime.driver, worker=f"celery worker of app {app.main!r}")
 
 
 def announce_store(sender: Any = None, **_: Any) -> None:
@@ -62,23 +69,30 @@ def on_app_finalized(sender: Any = None, **_: Any) -> None:
         prepare_app(sender)
 
 
-def cancel_revoked(sender: Any = None, request: Any = None, expired: bool = False, **_: Any) -> None:
-    """``task_revoked``: Celery revoked (or expired) a durable job; its run is cancelled (C34).
+def settle_revoked(sender: Any = None, request: Any = None, expired: bool = False, **_: Any) -> None:
+    """``task_revoked``: Celery revoked (or expired) a durable job; its run is cancelled (C34, C38).
 
-    The core's one cancellation (:func:`~flexiq_plugins.integration.cancel_run`):
-    a sleeping or waiting run whose next message Celery discarded ends
-    ``cancelled`` (its undos run first, in a new job); a run an attempt still
-    holds (``revoke(terminate=True)`` killed it) is cancelled by the next
-    delivery, which recovery makes once its lease has expired. A store error
-    is logged.
+    Sent in the worker's main process when Celery discards a revoked or
+    expired message (a sleeping or waiting job's next hop included) or
+    terminates a running one. The core's one cancellation
+    (:func:`~flexiq_plugins.integration.cancel_run`): a run no attempt holds
+    ends ``cancelled``, its undos run first in a new job published through the
+    app (the revoked task id would be discarded again); a run an attempt still
+    holds (``revoke(terminate=True)``) is cancelled by its next delivery, which
+    recovery makes once the killed attempt's lease has expired. Recovery never
+    re-publishes a cancelled run. A store error is logged.
     """
-    runtime = runtime_of(sender.app) if sender is not None and getattr(sender, "durable", False) else None
-    if runtime is None or request is None:
+    driver = driver_for(sender) if sender is not None else None
+    runtime = runtime_of(sender.app) if driver is not None else None
+    if driver is None or runtime is None or request is None:
         return
     try:
         run_key = run_key_of(request)
-        reason = "expired (Celery)" if expired else "revoked (Celery)"
-        done = cancel_run(runtime.store, run_key, reason=reason, publishers={"celery": publisher(runtime.app)})
+    except InvalidRunKey:
+        return
+    reason = "expired (Celery)" if expired else "revoked (Celery)"
+    try:
+        done = cancel_run(driver.store, run_key, reason=reason, publishers={"celery": publisher(runtime.app)})
     except FlexiqError:
         logger.exception("could not cancel the run of revoked job %s", getattr(request, "id", "?"))
         return
@@ -90,5 +104,5 @@ def connect_signals() -> None:
     signals.before_task_publish.connect(stamp_run_key, weak=False, dispatch_uid="flexiq.stamp_run_key")
     signals.worker_process_init.connect(forget_parent_stores, weak=False, dispatch_uid="flexiq.fork")
     signals.worker_init.connect(prepare_worker_app, weak=False, dispatch_uid="flexiq.worker_init")
-    signals.task_revoked.connect(cancel_revoked, weak=False, dispatch_uid="flexiq.task_revoked")
     signals.worker_ready.connect(announce_store, weak=False, dispatch_uid="flexiq.worker_ready")
+    signals.task_revoked.connect(settle_revoked, weak=False, dispatch_uid="flexiq.task_revoked")

@@ -12,17 +12,37 @@ handed to the core, which classifies it before any retry filter (C28, C29);
 step signals are ``BaseException`` and end inside the core, so none ever
 reaches Celery's tracer (which would leave the message unacknowledged on the
 solo and threads pools).
+
+When the pool terminates the process running a body (a cold shutdown, a
+``revoke(terminate=True)``, a hard time limit), billiard raises
+``SystemExit`` in it. The core hears it as a
+:class:`~flexiq_plugins.integration.WorkerInterrupted`: the interrupted step
+commits nothing and the run's claim is released, so the message Celery gives
+back is claimed again at once, without a takeover (C38); then the
+``SystemExit`` goes on. What Celery decided for the job itself (a revoke, a
+time limit) is settled by :mod:`celery_ext._request` and the ``task_revoked``
+receiver.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
+from billiard.common import terminate_handler_fired
 from celery import Task
 from celery.exceptions import Ignore
 
-from flexiq_plugins.integration import Completed, Disposition, RetryPolicy, StepSignal, classify, no_current_job
+from flexiq_plugins.integration import (
+    Completed,
+    Disposition,
+    RetryPolicy,
+    StepSignal,
+    WorkerInterrupted,
+    classify,
+    no_current_job,
+)
 
 from ._envelope import job_info
 from ._runtime import Runtime, runtime_of
@@ -55,6 +75,8 @@ class DurableTask(Task):  # type: ignore[misc]
     step_retry: RetryPolicy | None = None
     max_run_seconds: float | str | None = None
     max_suspended_seconds: float | str | None = None
+    Request = "celery_ext._request:DurableRequest"
+    """The worker-side request that tells the core when Celery ends a job itself (C38)."""
     _flexiq_explicit: frozenset[str] = frozenset()
 
     @classmethod
@@ -123,6 +145,7 @@ def _run_attempt(
 ) -> Any:
     job = job_info(task, request)
     handed_on: list[Ignore] = []
+    exiting: list[SystemExit] = []
 
     def body() -> Any:
         try:
@@ -130,8 +153,15 @@ def _run_attempt(
         except Ignore as exc:  # self.replace() and friends: the job is handed on, the run is done
             handed_on.append(exc)
             return None
+        except SystemExit as exc:
+            if not terminate_handler_fired():
+                raise  # the body's own sys.exit()
+            exiting.append(exc)  # the pool terminates this process: a cold shutdown, a revoke, a time limit
+            raise WorkerInterrupted(f"the worker process {os.getpid()} is being terminated") from exc
 
-    outcome = runtime.driver().run_job(job, body)
+    outcome = runtime.driver().run_job(job, body) if request.is_eager else runtime.run_job(job, body)
     if handed_on and isinstance(outcome, Completed):
         raise handed_on[0]
+    if exiting:
+        raise exiting[0]  # the process goes on exiting; Celery gives the unfinished message back (C38)
     return act(task, request, runtime, job, outcome)

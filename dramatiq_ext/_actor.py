@@ -13,14 +13,16 @@ signal end inside the attempt: Dramatiq's worker never sees a
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
 
 from dramatiq.asyncio import get_event_loop_thread
+from dramatiq.middleware import Shutdown
 
-from flexiq_plugins.integration import Attempt, AttemptDriver, Failure, JobInfo, Outcome
+from flexiq_plugins.integration import Attempt, AttemptDriver, Failure, JobInfo, Outcome, PutBack, WorkerInterrupted
 
 __all__ = ["Body", "execute", "is_durable", "unwrap_durable", "wrap"]
 
@@ -74,23 +76,73 @@ def wrap(fn: Callable[..., Any], call: Callable[[Body, tuple[Any, ...], dict[str
     return durable
 
 
-def execute(driver: AttemptDriver, job: JobInfo, body: Body, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Outcome:
+def execute(
+    driver: AttemptDriver,
+    job: JobInfo,
+    body: Body,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    *,
+    stopping: Callable[[], bool],
+) -> Outcome:
     """Run ``body`` as an attempt of ``job`` and return exactly one outcome.
 
-    An async body runs on the AsyncIO middleware's event loop thread. If the
-    wait for it is interrupted (``TimeLimitExceeded``, shutdown), the
-    coroutine is cancelled, the attempt concludes on the loop and the
-    interruption is reported as a :class:`Failure` of this attempt. Call
-    :meth:`Body.check` first.
+    Dramatiq's ``Shutdown`` (an actor with ``notify_shutdown`` interrupted
+    by a worker shutdown) reaches the core as
+    :class:`~flexiq_plugins.integration.WorkerInterrupted`: the job is put
+    back, no retry counted (C38). An async body runs on the AsyncIO
+    middleware's event loop thread; if the wait for it is interrupted, the
+    coroutine is cancelled and the attempt concludes on the loop: as a
+    put-back when the worker is ``stopping``, else (``TimeLimitExceeded``)
+    as a :class:`Failure` of this attempt. Call :meth:`Body.check` first.
+
+    Parameters:
+      stopping(Callable[[], bool]): whether the worker is shutting down.
     """
     started = driver.start(job)
     if not isinstance(started, Attempt):
         return started
     if not body.is_async:
-        return started.run(body.target, *args, **kwargs)
+        return started.run(_interruptible(body.target), *args, **kwargs)
     loop = get_event_loop_thread()
     assert loop is not None, "Body.check() was not called"
+    concluded: list[Outcome] = []
+
+    async def attempt() -> Outcome:
+        concluded.append(await started.arun(_cancellable(body.target, stopping), *args, **kwargs))
+        return concluded[0]
+
     try:
-        return loop.run_coroutine(started.arun(body.target, *args, **kwargs))
+        return loop.run_coroutine(attempt())
     except BaseException as exc:
+        if concluded and isinstance(concluded[0], PutBack):
+            return concluded[0]  # the worker shut down: the attempt put its job back on the loop
         return Failure(exc, started.run_key, started.number)
+
+
+def _interruptible(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` with Dramatiq's ``Shutdown`` raised as the core's ``WorkerInterrupted`` (C38)."""
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Shutdown as exc:
+            raise WorkerInterrupted(f"the worker shut down: {exc or 'Shutdown'}") from exc
+
+    return call
+
+
+def _cancellable(fn: Callable[..., Any], stopping: Callable[[], bool]) -> Callable[..., Any]:
+    """Async ``fn`` whose cancellation by a worker shutdown is raised as ``WorkerInterrupted`` (C38)."""
+
+    @functools.wraps(fn)
+    async def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return await fn(*args, **kwargs)
+        except asyncio.CancelledError as exc:
+            if stopping():
+                raise WorkerInterrupted("the worker shut down while the coroutine ran") from exc
+            raise
+
+    return call

@@ -8,6 +8,13 @@ decides as it always does; if the message is then acknowledged or rejected
 without being enqueued again, Dramatiq has given up: the run is settled
 ``failed`` before the broker hears of it (C26) or, if it has undos to run,
 the same message is enqueued once more to run them (C32).
+
+When Dramatiq ends a durable job by itself, the core hears of it and settles
+the run, so recovery never brings it back (C38): a message another
+middleware skips before the body runs (``AgeLimit``, a user's
+``SkipMessage``) makes the run ``cancelled``, or ``failed`` if it was failed;
+any other message rejected to the dead-letter queue (``nack``) makes it
+``failed``.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import math
 from typing import Any
 
 import dramatiq
+from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import Middleware, MiddlewareError
 
 from flexiq_plugins import ConfigurationError
@@ -26,12 +34,16 @@ from flexiq_plugins.integration import (
     AttemptDriver,
     CancellationPolicy,
     DurableConfig,
+    Ended,
     Failure,
     PerProcess,
     RetryPolicy,
     StepStore,
     StoreSpec,
     cancellation_option,
+    check_store_at_start,
+    check_store_spec,
+    driver_or_put_back,
     log_worker_start,
     new_run_key,
     no_current_job,
@@ -41,11 +53,13 @@ from flexiq_plugins.integration import (
 )
 
 from . import _actor, _config, _verbs
-from ._envelope import RUN_KEY_OPTION, job_info
+from ._envelope import RUN_KEY_OPTION, job_info, run_key_of
 
 __all__ = ["DurableSteps", "InvalidActorOption"]
 
 _message: contextvars.ContextVar[Any] = contextvars.ContextVar("flexiq_dramatiq_message", default=None)
+_handled: contextvars.ContextVar[str | None] = contextvars.ContextVar("flexiq_dramatiq_handled", default=None)
+"""The id of the message whose durable call runs in this worker thread, until the worker is done with it."""
 
 
 class InvalidActorOption(ConfigurationError, MiddlewareError):
@@ -83,17 +97,21 @@ class DurableSteps(Middleware):
         ``max_suspended_seconds`` (the default caps of every run, C34).
 
     Raises:
-      ConfigurationError: an unknown option or unusable value (at
-        construction), or an unusable store (at the first message).
+      ConfigurationError: an unknown option or unusable value, or a store of
+        an unknown scheme or type or without its driver (at construction).
+        A worker reaches the store once as it boots and refuses to start on
+        one it cannot use (C41).
     """
 
     def __init__(self, store: StoreSpec = None, **options: Any) -> None:
-        DurableConfig.from_options(options, where="DurableSteps()")
+        self._config = DurableConfig.from_options(options, where="DurableSteps()")
+        check_store_spec(store)
         self.logger = logging.getLogger("dramatiq_ext.DurableSteps")
         self._store_arg = store
         self._options = options
         self._driver: PerProcess[AttemptDriver] = PerProcess(self._make_driver)
         self._failing: dict[str, Failure] = {}
+        self._stopping = False
         _verbs.install_quiet_skip_filter()
 
     @property
@@ -122,6 +140,15 @@ class DurableSteps(Middleware):
         config = DurableConfig.from_options({**django_options, **self._options}, where="DurableSteps()")
         serializer = _config.step_serializer(dramatiq.get_encoder())
         return AttemptDriver(store, config.with_default_serializer(serializer))
+
+    def before_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        """Reach the store once; a store this worker cannot use stops it with one line (C41)."""
+        self._stopping = False
+        check_store_at_start(self._driver.get, worker="dramatiq worker")
+
+    def before_worker_shutdown(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        """Note the shutdown: an async body it interrupts is put back, not failed (C38)."""
+        self._stopping = True
 
     def after_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
         """Log the one start line: the step store (password hidden) and its schema revision."""
@@ -167,21 +194,42 @@ class DurableSteps(Middleware):
     ) -> None:
         """Forget the current message."""
         _message.set(None)
+        _handled.set(None)
 
     def after_skip_message(self, broker: dramatiq.Broker, message: Any) -> None:
-        """Forget the current message."""
+        """Forget the current message; a durable job skipped before its body ran ends its run (C38)."""
         _message.set(None)
+        ours = _handled.get() == message.message_id
+        _handled.set(None)
+        if ours or not self._is_durable(broker, message):
+            return  # our own skip: a put-back, a duplicate, a dead letter
+        self.driver.framework_ended(run_key_of(message), Ended.FAILED if message.failed else Ended.SKIPPED)
 
     def before_ack(self, broker: dramatiq.Broker, message: Any) -> None:
         """Dramatiq gave up on a failed run: settle it ``failed`` (C26), or enqueue it once more to compensate (C32)."""
+        self._give_up(broker, message)
+
+    def before_nack(self, broker: dramatiq.Broker, message: Any) -> None:
+        """A durable job rejected to the dead-letter queue: its run is ``failed`` before the broker hears (C26, C38)."""
+        if not self._give_up(broker, message) and self._is_durable(broker, message):
+            self.driver.framework_ended(run_key_of(message), Ended.FAILED)
+
+    def _give_up(self, broker: dramatiq.Broker, message: Any) -> bool:
+        """Hand a failure Dramatiq will not retry to the core; return whether this message had one."""
         failure = self._failing.pop(message.message_id, None)
         if failure is None:
-            return
+            return False
         after = self.driver.give_up(failure)
         if after is not None:
             _verbs.enqueue_again(broker, message, failure.run_key, math.ceil(after.delay * 1000))
+        return True
 
-    before_nack = before_ack
+    @staticmethod
+    def _is_durable(broker: dramatiq.Broker, message: Any) -> bool:
+        try:
+            return _actor.is_durable(broker.get_actor(message.actor_name).fn)
+        except ActorNotFound:
+            return False
 
     # ---------------------------------------------------------- the call
     def _call(
@@ -200,9 +248,14 @@ class DurableSteps(Middleware):
             with no_current_job(actor_name):  # called directly, not by a worker: no durable steps
                 return body(*args, **kwargs)
         _message.set(None)  # a direct call from inside the body is a plain call
+        _handled.set(message.message_id)
         body.check()
         job = dataclasses.replace(job_info(message), step_retry=step_retry, cancellation=cancellation)
-        outcome = _actor.execute(self.driver, job, body, args, kwargs)
+        driver = driver_or_put_back(self._driver.get, self._config)
+        if isinstance(driver, AttemptDriver):
+            outcome = _actor.execute(driver, job, body, args, kwargs, stopping=lambda: self._stopping)
+        else:
+            outcome = driver
         if isinstance(outcome, Failure):
             self._failing[message.message_id] = outcome
         return _verbs.apply_outcome(broker, message, job, outcome)

@@ -16,7 +16,11 @@ Outcome              What the actor call does
 
 A skip is raised as :class:`~dramatiq.middleware.SkipMessage`: the worker
 then acknowledges the message, the Retries middleware is not consulted and no
-``on_success`` callback or pipeline fires. The worker logs every skipped
+``on_success`` callback or pipeline fires. A put-back or an acknowledgement
+stores no result either: a ``Results`` backend would otherwise record
+``None`` as the value of a job that is only sleeping (C39), so the delivery
+is marked ``store_results=False`` before it is skipped and a result waiter
+gets the value of the attempt that completes. The worker logs every skipped
 message at WARNING; a sleep logs no warning (C16), so :class:`QuietSkipFilter`
 drops that one record for the skips made here (the way ``RabbitmqBroker``
 filters pika's scary logs).
@@ -32,6 +36,7 @@ from typing import Any, NoReturn
 import dramatiq
 from dramatiq.common import q_name
 from dramatiq.middleware import SkipMessage
+from dramatiq.threading import Interrupt
 from typing_extensions import assert_never
 
 from flexiq_plugins.integration import Ack, Completed, DeadLetter, Failure, JobInfo, Outcome, PutBack, hand_off
@@ -39,6 +44,8 @@ from flexiq_plugins.integration import Ack, Completed, DeadLetter, Failure, JobI
 from ._envelope import RUN_KEY_OPTION
 
 __all__ = ["DeadLettered", "QuietSkipFilter", "apply_outcome", "enqueue_again"]
+
+logger = logging.getLogger("dramatiq_ext.DurableSteps")
 
 
 class DeadLettered(SkipMessage):
@@ -84,11 +91,18 @@ def enqueue_again(broker: dramatiq.Broker, message: Any, run_key: str, delay_ms:
     Held until the broker accepts it (:func:`~flexiq_plugins.integration.hand_off`
     with ``forever``): the current message is not acknowledged before its
     successor is in the broker, so the job is never lost and no retry is
-    counted (C16).
+    counted (C16). A time limit or a shutdown notice raised in the thread
+    while it waits does not end the wait either: it would hand the sleep to
+    the Retries middleware, which must never see one.
     """
     again = message.copy(queue_name=q_name(message.queue_name), options={RUN_KEY_OPTION: run_key})
     what = f"message {message.message_id!r}"
-    hand_off(lambda: broker.enqueue(again, delay=max(delay_ms, 1)), what=what, forever=True)
+    while True:
+        try:
+            hand_off(lambda: broker.enqueue(again, delay=max(delay_ms, 1)), what=what, forever=True)
+            return
+        except Interrupt as exc:
+            logger.warning("%s interrupted the re-enqueue of %s; still holding it (%s)", type(exc).__name__, what, exc)
 
 
 def apply_outcome(broker: dramatiq.Broker, message: Any, job: JobInfo, outcome: Outcome) -> Any:
@@ -98,15 +112,21 @@ def apply_outcome(broker: dramatiq.Broker, message: Any, job: JobInfo, outcome: 
             return value
         case PutBack():
             enqueue_again(broker, message, job.run_key, math.ceil(outcome.delay * 1000))
-            raise _Handled(outcome.reason.value)
+            _skip_without_result(message, outcome.reason.value)
         case Failure(error=error):
             raise error  # Retries decides; the middleware settles the run if it gives up
         case DeadLetter():
             _fail(message, outcome)
         case Ack():
-            raise _Handled(outcome.reason.value)
+            _skip_without_result(message, outcome.reason.value)
         case _:
             assert_never(outcome)
+
+
+def _skip_without_result(message: Any, why: str) -> NoReturn:
+    """Skip this delivery (acknowledged) without a ``Results`` backend storing ``None`` for it (C39)."""
+    message.options["store_results"] = False  # this delivery only: the copy re-enqueued keeps the actor's option
+    raise _Handled(why)
 
 
 def _fail(message: Any, outcome: DeadLetter) -> NoReturn:

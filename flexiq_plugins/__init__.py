@@ -69,11 +69,13 @@ from .errors import (
     StepSignal,
     StepUsageError,
     StoreError,
+    StoreMisconfigured,
     StoreUnavailable,
     SwallowedStepSignal,
     UnknownDeadLetter,
     UnknownRun,
     UnsupportedInEagerMode,
+    WorkerInterrupted,
 )
 from .identity import new_run_key
 from .policies import CancellationPolicy, Compensation, RetryPolicy
@@ -144,11 +146,13 @@ __all__ = [
     "StepStore",
     "StepUsageError",
     "StoreError",
+    "StoreMisconfigured",
     "StoreUnavailable",
     "SwallowedStepSignal",
     "UnknownDeadLetter",
     "UnknownRun",
     "UnsupportedInEagerMode",
+    "WorkerInterrupted",
     "ZlibCodec",
     "__version__",
     "cancel_run",

@@ -8,9 +8,10 @@ and returns exactly one :mod:`~flexiq_plugins.outcomes` value. Every decision
 that does not depend on the framework is made here, once, for every adapter:
 
 - classification of what the body raised, before any retry filter (C28, C29);
-- a store outage is put back after ``store_retry_seconds`` whatever the task's
-  filters say, and counts no retry (C28); it is logged once per outage per
-  process, and its end once;
+- a store outage is put back whatever the task's filters say, and counts no
+  retry (C28); the delay starts at ``store_retry_seconds`` and doubles while
+  the outage lasts, up to ``store_retry_max_seconds``, each longer delay
+  logged, and the outage's end once (C41);
 - a run busy elsewhere is put back for at most ``busy_retry_seconds`` (C24);
 - a sleep is put back for its time left, capped at one hop (C15–C18), and so
   is a step retry (C31);
@@ -39,7 +40,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from . import compensation, outcomes
+from . import cancellation, compensation, outcomes
 from ._store import base
 from ._store.base import (
     EventPoll,
@@ -63,8 +64,11 @@ from .errors import (
     StepRetrySignal,
     StepSignal,
     StoreError,
+    StoreMisconfigured,
     StoreUnavailable,
     SwallowedStepSignal,
+    UnknownRun,
+    UnsupportedInEagerMode,
     classify,
     reason_of,
 )
@@ -76,6 +80,29 @@ from .transactions import CallerConnection, watch_sqlalchemy
 __all__ = ["Attempt", "AttemptDriver", "JobInfo", "default_owner"]
 
 logger = logging.getLogger("flexiq_plugins")
+
+_ENDED_STATUS: dict[outcomes.Ended, base.RunStatus] = {
+    outcomes.Ended.REVOKED: "cancelled",
+    outcomes.Ended.EXPIRED: "cancelled",
+    outcomes.Ended.SKIPPED: "cancelled",
+    outcomes.Ended.TIME_LIMIT: "failed",
+    outcomes.Ended.FAILED: "failed",
+}
+
+_CANCELLING = frozenset({outcomes.Ended.REVOKED, outcomes.Ended.EXPIRED, outcomes.Ended.SKIPPED})
+"""The ends that cancel a run (C34): through :func:`flexiq_plugins.cancellation.cancel`, undos included."""
+
+_ENDED_WHILE: dict[outcomes.Ended, frozenset[str]] = {
+    outcomes.Ended.REVOKED: base.LIVE_STATUSES,
+    outcomes.Ended.EXPIRED: base.LIVE_STATUSES,
+    outcomes.Ended.SKIPPED: base.LIVE_STATUSES,
+    outcomes.Ended.TIME_LIMIT: frozenset({"running", "retrying"}),
+    outcomes.Ended.FAILED: frozenset({"running", "retrying"}),
+}
+"""The statuses each end applies to. A failure the framework acknowledged
+settles only a run its attempt left ``running`` (killed) or ``retrying``: an
+attempt that already handed the failure to the core (``give_up``) left the run
+``failed``, or ``pending`` to run its undos, which it must keep (C32)."""
 
 _FINISH_RETRY_PAUSES = (0.2, 0.5, 1.0)
 
@@ -93,6 +120,9 @@ class JobInfo:
       cancellation(CancellationPolicy | None): the task's or actor's caps
         (``max_run_seconds``, ``max_suspended_seconds``, C34); each cap it
         leaves off is the integration's.
+      eager(bool): the job runs in the caller's process with no broker
+        (Celery's ``task_always_eager``, ``Task.apply``): it cannot be put
+        back, so a sleep fails its run instead of leaving one to resume (C38).
     """
 
     run_key: str
@@ -100,6 +130,7 @@ class JobInfo:
     envelope: JobEnvelope
     step_retry: RetryPolicy | None = None
     cancellation: CancellationPolicy | None = None
+    eager: bool = False
 
 
 def default_owner() -> str:
@@ -107,24 +138,42 @@ def default_owner() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
 
 
-class _OutageLog:
-    """Logs a store outage once when it starts and once when it ends, per process (C28)."""
+class _Outage:
+    """A store outage as this process sees it: its backoff, logged when it starts, grows and ends (C28, C41).
 
-    def __init__(self) -> None:
+    Consecutive put-backs for the store wait ``first`` seconds, then twice as
+    long each time up to ``cap``; the first one of an outage, and each longer
+    wait, is logged (a :class:`StoreMisconfigured` store at ERROR: it will not
+    pass by itself). One job that reaches the store ends the outage.
+
+    Parameters:
+      first(float): the first delay, seconds (``store_retry_seconds``).
+      cap(float): the longest delay, seconds (``store_retry_max_seconds``).
+    """
+
+    def __init__(self, first: float, cap: float) -> None:
         self._lock = threading.Lock()
-        self._down = False
+        self._first = first
+        self._cap = max(cap, first)
+        self._delay = 0.0
 
-    def failed(self, exc: BaseException) -> None:
+    def failed(self, exc: StoreUnavailable) -> float:
+        """Note one more put-back for ``exc``; return its delay, seconds."""
         with self._lock:
-            first, self._down = not self._down, True
-        if first:
-            logger.warning("step store unavailable: %s; jobs are put back until it returns", exc)
+            before = self._delay
+            self._delay = self._first if before == 0.0 else min(before * 2, self._cap)
+            delay = self._delay
+        if delay != before:
+            level = logging.ERROR if isinstance(exc, StoreMisconfigured) else logging.WARNING
+            logger.log(level, "step store unavailable: %s; jobs are put back for %.3g s until it returns", exc, delay)
+        return delay
 
     def ok(self) -> None:
-        if not self._down:
+        """The store answered: the outage (if any) is over."""
+        if self._delay == 0.0:
             return
         with self._lock:
-            was, self._down = self._down, False
+            was, self._delay = self._delay, 0.0
         if was:
             logger.info("step store reachable again")
 
@@ -141,7 +190,7 @@ class AttemptDriver:
         self.store = store
         self.config = config or DurableConfig()
         self.codec = self.config.codec_chain()
-        self._outage = _OutageLog()
+        self._outage = _Outage(self.config.store_retry_seconds, self.config.store_retry_max_seconds)
         watch_sqlalchemy()  # a plain step inside a SQLAlchemy transaction that has written is refused (C42)
 
     # ------------------------------------------------------------ one call
@@ -194,9 +243,14 @@ class AttemptDriver:
         return Attempt(self, job, result)
 
     def store_outage(self, exc: StoreUnavailable) -> outcomes.PutBack:
-        """The outcome of a store outage: put back after ``store_retry_seconds``, no retry counted (C28)."""
-        self._outage.failed(exc)
-        return outcomes.PutBack(outcomes.PutBackReason.STORE_UNAVAILABLE, self.config.store_retry_seconds, str(exc))
+        """The outcome of a store outage: put back, no retry counted (C28, C41).
+
+        The delay starts at ``store_retry_seconds`` and doubles while the
+        outage lasts, up to ``store_retry_max_seconds``; the job stays in the
+        broker whatever the cause, a :class:`StoreMisconfigured` store included.
+        """
+        delay = self._outage.failed(exc)
+        return outcomes.PutBack(outcomes.PutBackReason.STORE_UNAVAILABLE, delay, str(exc))
 
     def _worker_lost(self, job: JobInfo, begun: base.Begun) -> outcomes.Outcome:
         message = (
@@ -211,6 +265,65 @@ class AttemptDriver:
         self.store.finish(begun.claim, "dead", dead_letter=dead)
         logger.error("%s", message)
         return outcomes.DeadLetter(reason, message)
+
+    # ------------------------------------------- when the framework ends a job
+    def framework_ended(self, run_key: str, how: outcomes.Ended) -> str | None:
+        """The framework ended the job of ``run_key`` by itself: settle its run to match (C34, C38).
+
+        A revoke, an expiry or a skip cancels the run through the one
+        cancellation (:func:`flexiq_plugins.cancellation.cancel`): a run no
+        attempt holds ends ``cancelled`` (or, with undos to run, ``pending``
+        until its next delivery runs them: recovery publishes it); an attempt
+        still running stops at its next step. A time limit or a failure the
+        framework acknowledges makes a ``running`` or ``retrying`` run
+        ``failed`` (a run waiting to run its undos keeps waiting, C32),
+        whoever holds its claim (the attempt the framework killed is fenced
+        out). Recovery never re-publishes a run settled so. Call it before the
+        message is acknowledged when the framework lets you. A store error is
+        logged, not raised.
+
+        Returns:
+          str | None: the status the run now has, or ``None`` if it was
+          already terminal (or unknown, or the store failed).
+        """
+        if how in _CANCELLING:
+            return self._cancelled_by_framework(run_key, how)
+        status = _ENDED_STATUS[how]
+        try:
+            applied = self.store.release_run(run_key, status, while_status=_ENDED_WHILE[how])
+        except StoreError:
+            logger.exception("could not settle run %s after its job was %s", run_key, how.value)
+            return None
+        if applied:
+            logger.info("run %s is %s: its job was %s by the framework", run_key, status, how.value)
+        return status if applied else None
+
+    def _cancelled_by_framework(self, run_key: str, how: outcomes.Ended) -> str | None:
+        try:
+            done = cancellation.cancel(self.store, run_key, f"{how.value} by the framework")
+        except UnknownRun:
+            return None
+        except StoreError:
+            logger.exception("could not cancel run %s after its job was %s", run_key, how.value)
+            return None
+        if done.outcome == "finished":
+            return None
+        logger.info("run %s: its job was %s by the framework: %s", run_key, how.value, done.outcome)
+        return done.status
+
+    def worker_stopped(self, run_key: str) -> bool:
+        """The worker shut down and killed the attempt running ``run_key``; its message goes back (C38).
+
+        The run returns to ``pending`` with its claim released, so the
+        redelivered job claims it at once with no takeover counted (C25) and
+        no retry; the interrupted step committed nothing. Applies only while
+        the run is ``running``. A store error is logged, not raised.
+        """
+        try:
+            return self.store.release_run(run_key, "pending", while_status={"running"})
+        except StoreError:
+            logger.exception("could not put run %s back after its worker stopped", run_key)
+            return False
 
     # ------------------------------------------------------ after a Failure
     def settle_failed(self, failure: outcomes.Failure) -> bool:
@@ -381,12 +494,12 @@ class Attempt:
         settled = compensation.settle(self, error)  # a run failed for good undoes its committed steps (C32)
         if isinstance(settled, compensation.Compensated):
             return self._compensated(settled)
-        error = settled
-        if error is None:
-            return self._succeed(value)
+        return self._succeed(value) if settled is None else self._failed(settled)
+
+    def _failed(self, error: BaseException) -> outcomes.Outcome:
         disposition = classify(error)
-        if disposition in (Disposition.SLEEP, Disposition.CANCEL):
-            return self._sleeping(error) if isinstance(error, SleepSignal) else self._cancelled_by(error)
+        if disposition in (Disposition.SLEEP, Disposition.CANCEL, Disposition.INTERRUPTED):
+            return self._ended_early(error)
         if disposition is Disposition.DROP:
             raise error
         if disposition is Disposition.RETRY_ALWAYS:
@@ -397,6 +510,19 @@ class Attempt:
             return self._dead_letter(error)
         self._finish("retrying")
         return outcomes.Failure(error, self.run_key, self.number)
+
+    def _ended_early(self, error: BaseException) -> outcomes.Outcome:
+        """A sleep or wait (C15, C33), a cancellation (C34) or a worker shutdown (C38) ended the attempt."""
+        if isinstance(error, RunCancelled):
+            return self._cancelled_by(error)
+        if isinstance(error, SleepSignal):
+            return self._eager_sleep(error) if self.job.eager else self._sleeping(error)
+        return self._interrupted(error)
+
+    def _interrupted(self, error: BaseException) -> outcomes.Outcome:
+        self._finish("pending")
+        logger.info("job %s (run %s) interrupted by a worker shutdown; it goes back", self.job_id, self.run_key)
+        return outcomes.PutBack(outcomes.PutBackReason.SHUTDOWN, 0.0, str(error))
 
     def _succeed(self, value: Any) -> outcomes.Outcome:
         sequence = self.journal.sequence
@@ -472,6 +598,16 @@ class Attempt:
         self._finish("compensated", dead_letter=record)
         logger.error("job %s (run %s) dead-lettered (%s): %s", self.job_id, self.run_key, failure.reason, done.message)
         return outcomes.DeadLetter(failure.reason, done.message)
+
+    def _eager_sleep(self, signal: SleepSignal) -> outcomes.Outcome:
+        """An eager job cannot be put back: its run fails, so nothing is left to resume (C38)."""
+        error = UnsupportedInEagerMode(
+            f"job {self.job_id} (run {self.run_key}) sleeps at {signal.step_key!r}, which needs its queue: "
+            "eager mode (task_always_eager / Task.apply) cannot put a job back; the run is failed, "
+            "so no worker resumes it later. Run durable tasks that sleep on a worker"
+        )
+        self._finish("failed")
+        return outcomes.Failure(error, self.run_key, self.number)
 
     def _dead_letter(self, error: BaseException) -> outcomes.Outcome:
         reason = reason_of(error)

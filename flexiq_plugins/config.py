@@ -35,7 +35,7 @@ __all__ = ["DurableConfig", "Limits", "StoreSpec", "resolve_store", "resolve_sto
 
 C = TypeVar("C", bound="DurableConfig")
 
-_SECONDS = ("max_hop_seconds", "lease_seconds", "busy_retry_seconds", "store_retry_seconds")
+_SECONDS = ("max_hop_seconds", "lease_seconds", "busy_retry_seconds", "store_retry_seconds", "store_retry_max_seconds")
 _COUNTS = ("step_bytes", "run_bytes", "run_steps")
 
 
@@ -81,6 +81,13 @@ class DurableConfig:
     )
     store_retry_seconds: float = field(
         default=5.0, metadata=_doc("delay before a job that met a store outage runs again, seconds (default 5, C28)")
+    )
+    store_retry_max_seconds: float = field(
+        default=60.0,
+        metadata=_doc(
+            "longest delay of a job put back for a store that stays unreachable, seconds; the delay doubles "
+            "from store_retry_seconds up to it (default 60, C28, C41)"
+        ),
     )
     max_takeovers: int = field(
         default=5, metadata=_doc("claim takeovers from dead workers before 'worker_lost' (default 5, C25)")

@@ -7,13 +7,14 @@ into a retry or, worse, a success (C20). Everything else is an ordinary
 ``Exception`` under :class:`FlexiqError`::
 
     BaseException
-    └── StepSignal                      control flow, never an error (C20)
-        ├── SleepSignal                 the attempt ends; the job comes back later
-        │   ├── StepRetrySignal         a failed step with budget left comes back after its backoff (C31)
-        │   └── EventWaitSignal         ``step.wait_for_event`` waits for its event (C33)
-        ├── RunCancelled                the run is cancelled: on request or over a cap (C34)
-        ├── ReplayStopped               a compensation replay reached a step that never ran (C32)
-        └── StepDivergence              recorded and running step sequences differ (C12)
+    ├── StepSignal                      control flow, never an error (C20)
+    │   ├── SleepSignal                 the attempt ends; the job comes back later
+    │   │   ├── StepRetrySignal         a failed step with budget left comes back after its backoff (C31)
+    │   │   └── EventWaitSignal         ``step.wait_for_event`` waits for its event (C33)
+    │   ├── RunCancelled                the run is cancelled: on request or over a cap (C34)
+    │   ├── ReplayStopped               a compensation replay reached a step that never ran (C32)
+    │   └── StepDivergence              recorded and running step sequences differ (C12)
+    └── WorkerInterrupted               the worker shut down mid-attempt: the job goes back (C38)
     Exception
     └── FlexiqError
         ├── ConfigurationError (ValueError)   a bad store URL, option or codec key
@@ -44,6 +45,7 @@ into a retry or, worse, a success (C20). Everything else is an ordinary
         ├── UnsupportedInEagerMode (RuntimeError)  a sleep or put-back under Celery's eager mode
         ├── StoreError                        anything the step store reports
         │   ├── StoreUnavailable              connection lost, timeout: retryable (C28)
+        │   │   └── StoreMisconfigured (ConfigurationError)  authentication, unknown database, missing directory (C41)
         │   ├── ClaimLost                     another attempt holds the run (C25)
         │   ├── CancelRequested               a notice from the store: the run's cancellation was requested (C34)
         │   ├── CorruptRecord                 a stored row that cannot be read: dead-lettered at once
@@ -111,11 +113,13 @@ __all__ = [
     "StepSignal",
     "StepUsageError",
     "StoreError",
+    "StoreMisconfigured",
     "StoreUnavailable",
     "SwallowedStepSignal",
     "UnknownDeadLetter",
     "UnknownRun",
     "UnsupportedInEagerMode",
+    "WorkerInterrupted",
     "classify",
     "compensates",
     "final_reason",
@@ -223,6 +227,16 @@ class StepDivergence(StepSignal):
 
     Never retried: the job is dead-lettered (C13). The message names the job,
     the position, both sequences and the step that changed.
+    """
+
+
+class WorkerInterrupted(BaseException):
+    """The worker is shutting down and interrupted the attempt (a deploy restarting workers, C38).
+
+    Not an error of the job: an adapter raises it in place of its
+    framework's own shutdown exception (Dramatiq's ``Shutdown``). The attempt
+    commits nothing for the interrupted step, releases its claim, and the job
+    goes back to its queue without counting a retry.
     """
 
 
@@ -432,6 +446,16 @@ class StoreUnavailable(StoreError):
     """
 
 
+class StoreMisconfigured(StoreUnavailable, ConfigurationError):
+    """The store refuses this configuration: authentication, an unknown database, a missing directory (C41).
+
+    Unlike an outage it does not pass by itself. A worker refuses to start on
+    it, with one line naming the cause; a job that meets it later (a password
+    rotated while the worker runs) is put back like an outage, never
+    acknowledged away (C28, C41).
+    """
+
+
 class ClaimLost(StoreError):
     """The attempt's claim on its run was taken over; its writes are refused (C25)."""
 
@@ -512,6 +536,8 @@ class Disposition(enum.Enum):
     """Not a failure: the job comes back at its wake time (C15, C16)."""
     CANCEL = "cancel"
     """The run is cancelled (C34): its compensations run, it ends ``cancelled``; never retried."""
+    INTERRUPTED = "interrupted"
+    """Not a failure: the worker shut down; the job goes back at once, no retry counted (C38)."""
 
 
 _DEAD_LETTER_TYPES: tuple[type[BaseException], ...] = (
@@ -566,17 +592,21 @@ def classify(exc: BaseException) -> Disposition:
     Parameters:
       exc(BaseException): what the task body (or the driver) raised.
     """
-    if isinstance(exc, SleepSignal):
-        return Disposition.SLEEP
-    if isinstance(exc, RunCancelled):
-        return Disposition.CANCEL
-    if isinstance(exc, ClaimLost):
-        return Disposition.DROP
-    if isinstance(exc, StoreUnavailable):
-        return Disposition.RETRY_ALWAYS
+    for kind, disposition in _BY_TYPE:
+        if isinstance(exc, kind):
+            return disposition
     if isinstance(exc, _DEAD_LETTER_TYPES) or final_reason(exc) is not None:
         return Disposition.DEAD_LETTER
     return Disposition.RETRY
+
+
+_BY_TYPE: tuple[tuple[type[BaseException], Disposition], ...] = (
+    (SleepSignal, Disposition.SLEEP),
+    (RunCancelled, Disposition.CANCEL),
+    (WorkerInterrupted, Disposition.INTERRUPTED),
+    (ClaimLost, Disposition.DROP),
+    (StoreUnavailable, Disposition.RETRY_ALWAYS),
+)
 
 
 def reason_of(exc: BaseException) -> str:

@@ -23,13 +23,19 @@ and travels in :attr:`JobInfo.step_retry`; its caps (``max_run_seconds``,
 ``max_suspended_seconds``, C34) are checked with :func:`cancellation_option`
 and travel in :attr:`JobInfo.cancellation`. When the framework gives up on a
 :class:`Failure`, call :meth:`AttemptDriver.give_up`: a run with undos to run
-(C32) comes back as a :class:`PutBack` to re-enqueue.
+(C32) comes back as a :class:`PutBack` to re-enqueue. A store setting is
+checked when the integration is configured (:func:`check_store_spec`) and the
+store is reached once when a worker starts (:func:`check_store_at_start`), so
+a misconfiguration stops the worker with one line instead of failing jobs
+(C41); a job that cannot open its store is put back
+(:func:`driver_or_put_back`), never acknowledged away.
 
 An integration configured in a process calls :func:`register_installation`
 with its app or broker, so :func:`flexiq_plugins.send_event` and
 :func:`flexiq_plugins.cancel_run` called there use its store and wake runs
 through it (C33, C34). When the framework cancels a job itself (a Celery
-``revoke``), the adapter calls :func:`cancel_run`, the one cancellation.
+``revoke``), :meth:`AttemptDriver.framework_ended` calls :func:`cancel_run`,
+the one cancellation.
 """
 
 from __future__ import annotations
@@ -41,22 +47,34 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NoReturn, TypeVar
 
 from ._store.base import JobEnvelope, StepStore
-from ._store.factory import StoreSpec
+from ._store.factory import StoreSpec, check_store_spec
 from .attempt import Attempt, AttemptDriver, JobInfo
 from .codec import CodecChain, FunctionSerializer, Serializer
 from .config import DurableConfig, resolve_store, resolve_store_spec
 from .context import no_current_job
-from .errors import DeadLettered, Disposition, FlexiqError, StepSignal, UnsupportedInEagerMode, classify
+from .errors import (
+    ConfigurationError,
+    DeadLettered,
+    Disposition,
+    FlexiqError,
+    StepSignal,
+    StoreError,
+    StoreUnavailable,
+    UnsupportedInEagerMode,
+    WorkerInterrupted,
+    classify,
+)
 from .identity import new_run_key, run_key_from
 from .operations import CancelResult, cancel_run
-from .outcomes import Ack, AckReason, Completed, DeadLetter, Failure, Outcome, PutBack, PutBackReason
+from .outcomes import Ack, AckReason, Completed, DeadLetter, Ended, Failure, Outcome, PutBack, PutBackReason
 from .policies import CancellationPolicy, RetryPolicy, cancellation_option, retry_policy_option
 from .registry import Adapter, Publisher, ValueReader, register_adapter, register_installation
 
 __all__ = [
+    "EXIT_CONFIGURATION",
     "HAND_OFF_PAUSES",
     "PAYLOAD_OPTION",
     "Ack",
@@ -72,6 +90,7 @@ __all__ = [
     "DeadLettered",
     "Disposition",
     "DurableConfig",
+    "Ended",
     "Failure",
     "FunctionSerializer",
     "JobEnvelope",
@@ -88,10 +107,14 @@ __all__ = [
     "StoreSpec",
     "UnsupportedInEagerMode",
     "ValueReader",
+    "WorkerInterrupted",
     "build_envelope",
     "cancel_run",
     "cancellation_option",
+    "check_store_at_start",
+    "check_store_spec",
     "classify",
+    "driver_or_put_back",
     "envelope_arguments",
     "hand_off",
     "is_json",
@@ -117,6 +140,9 @@ HAND_OFF_PAUSES = (0.2, 0.5, 1.0)
 """Seconds between the tries of a failing hand-off before :func:`hand_off` gives up."""
 
 _HAND_OFF_STEADY_PAUSE = 5.0
+
+EXIT_CONFIGURATION = 78
+"""The exit status of a worker that refuses to start on an unusable store (sysexits' ``EX_CONFIG``, C41)."""
 
 
 # ---------------------------------------------------------------- envelopes
@@ -170,6 +196,59 @@ def envelope_arguments(envelope: JobEnvelope, serializer: Serializer) -> tuple[l
         return list(envelope.args), dict(envelope.kwargs)
     data = serializer.loads(base64.b64decode(payload["data"]))
     return list(data["args"]), dict(data["kwargs"])
+
+
+# ------------------------------------------------------------------- stores
+def check_store_at_start(open_driver: Callable[[], AttemptDriver], *, worker: str) -> None:
+    """Open this process's store and reach it once, as a worker starts (C41).
+
+    A store that cannot be used (an unknown scheme or a missing driver in a
+    setting read only now, a login the database refuses, an unknown
+    database, a SQLite file in a missing directory, a migration that fails)
+    is logged as one CRITICAL line naming the cause, and the worker stops
+    with :data:`EXIT_CONFIGURATION`. A store that is only unreachable
+    (connection refused, a timeout) is logged as one WARNING line: the worker
+    starts, and its jobs are put back until the store returns (C28).
+
+    Parameters:
+      open_driver(Callable[[], AttemptDriver]): the adapter's per-process driver.
+      worker(str): names the worker in the log line, e.g. ``"celery worker"``.
+
+    Raises:
+      SystemExit: with :data:`EXIT_CONFIGURATION`, the store cannot be used.
+    """
+    try:
+        open_driver().store.now()
+    except ConfigurationError as exc:  # StoreMisconfigured included
+        _refuse_to_start(worker, exc)
+    except StoreUnavailable as exc:
+        logger.warning("%s starts without its step store: %s; jobs are put back until it is reachable", worker, exc)
+    except StoreError as exc:
+        _refuse_to_start(worker, exc)
+
+
+def _refuse_to_start(worker: str, exc: Exception) -> NoReturn:
+    logger.critical("%s cannot start: %s", worker, exc)
+    raise SystemExit(EXIT_CONFIGURATION) from None
+
+
+def driver_or_put_back(open_driver: Callable[[], AttemptDriver], config: DurableConfig) -> AttemptDriver | PutBack:
+    """This process's driver, or the put-back of a job whose store cannot be opened (C41).
+
+    A job never meets a :class:`~flexiq_plugins.ConfigurationError` that
+    would fail it and let the framework acknowledge it away: it goes back to
+    the broker for ``store_retry_max_seconds``, with an ERROR line, until the
+    configuration is fixed.
+
+    Parameters:
+      open_driver(Callable[[], AttemptDriver]): the adapter's per-process driver.
+      config(DurableConfig): the adapter's options.
+    """
+    try:
+        return open_driver()
+    except ConfigurationError as exc:
+        logger.error("the step store cannot be opened: %s; the job goes back to its queue", exc)
+        return PutBack(PutBackReason.STORE_UNAVAILABLE, config.store_retry_max_seconds, str(exc))
 
 
 # --------------------------------------------------------------- hand-offs

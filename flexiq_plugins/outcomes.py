@@ -14,7 +14,10 @@ Outcome                   Adapter's verb
 :class:`PutBack`          re-enqueue the same job (same id, same run key) after
                           ``delay`` s, then acknowledge; if the re-enqueue
                           fails, keep the current message in the broker (no
-                          acknowledgement, no retry counted)
+                          acknowledgement, no retry counted). Reason
+                          ``SHUTDOWN``: the worker is going away; a framework
+                          that gives the message of a terminated process back
+                          by itself (Celery) lets the process exit instead
 :class:`Failure`          the framework's own retry policy decides; when it
                           gives up, call :meth:`AttemptDriver.give_up` and
                           re-enqueue the job if it returns a ``PutBack``
@@ -30,7 +33,17 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Ack", "AckReason", "Completed", "DeadLetter", "Failure", "Outcome", "PutBack", "PutBackReason"]
+__all__ = [
+    "Ack",
+    "AckReason",
+    "Completed",
+    "DeadLetter",
+    "Ended",
+    "Failure",
+    "Outcome",
+    "PutBack",
+    "PutBackReason",
+]
 
 
 class PutBackReason(enum.Enum):
@@ -48,6 +61,8 @@ class PutBackReason(enum.Enum):
     """The framework gave up on a run with compensations (C32); the next delivery runs them."""
     WAIT = "wait"
     """The body waits for an event (C33); the job comes back at the wait's deadline, or earlier when it is sent."""
+    SHUTDOWN = "shutdown"
+    """The worker shut down in the middle of the attempt (C38); the job runs again at once."""
 
 
 class AckReason(enum.Enum):
@@ -146,3 +161,27 @@ class Ack:
 
 Outcome = Completed | PutBack | Failure | DeadLetter | Ack
 """Every outcome an attempt can have; adapters ``match`` over it exhaustively."""
+
+
+class Ended(enum.Enum):
+    """How the framework ended a job by itself, as an adapter reports it (C38).
+
+    The adapter reports what happened through
+    :meth:`~flexiq_plugins.integration.AttemptDriver.framework_ended`; the
+    core decides what the run becomes: ``cancelled`` when the framework
+    dropped the job (a revoke, an expiry, a skip), ``failed`` when it gave
+    the job up as failed (a time limit, a failure it acknowledged or
+    rejected). Either way the run is terminal and recovery leaves it alone.
+    """
+
+    REVOKED = "revoked"
+    """Revoked (or terminated) by an operator: Celery ``revoke()``."""
+    EXPIRED = "expired"
+    """Dropped because its message expired: Celery ``expires``."""
+    SKIPPED = "skipped"
+    """Skipped before its body ran, and acknowledged: a Dramatiq middleware's ``SkipMessage``."""
+    TIME_LIMIT = "time_limit"
+    """Killed by the framework's hard time limit, its message acknowledged: Celery ``time_limit``."""
+    FAILED = "failed"
+    """Given up as failed, its message acknowledged or rejected for good: a Dramatiq nack (age limit,
+    retries exhausted), a Celery failure it acknowledges."""

@@ -328,6 +328,58 @@ def test_c1_step_keys_are_exact_strings(store: StepStore) -> None:
     assert [s.step_key for s in store.get_steps(key)] == keys
 
 
+# ------------------------------------------------------------ exact keys
+def look_alikes(base: str) -> list[str]:
+    """Keys equal to ``base`` only under a lenient comparison: trailing space, case, Unicode normal form."""
+    return [f"{base}caf\u00e9", f"{base}caf\u00e9 ", f"{base}CAF\u00c9", f"{base}cafe\u0301"]
+
+
+def test_c40_step_keys_differing_by_trailing_space_case_or_normal_form_are_distinct(store: StepStore) -> None:
+    """C40: step keys that differ only by a trailing space, case, or NFC/NFD form are four steps.
+
+    Each commit is accepted (none is refused as "already committed"), the
+    snapshot of the next attempt holds all four, each with its own value,
+    and each key reads back exactly as written.
+    """
+    key = new_key()
+    claim = claim_run(store, key).claim
+    keys = look_alikes("pay:")
+    for i, step_key in enumerate(keys):
+        store.commit_step(claim, run_row(i, step_key, f"v{i}".encode()))
+    store.finish(claim, "sleeping")
+    snapshot = claim_run(store, key, owner="worker-2").snapshot
+    assert [(r.step_key, r.value) for r in snapshot] == [(k, f"v{i}".encode()) for i, k in enumerate(keys)]
+    assert [s.step_key for s in store.get_steps(key)] == keys
+
+
+def test_c40_run_keys_differing_by_trailing_space_case_or_normal_form_are_distinct_runs(store: StepStore) -> None:
+    """C40: run keys that differ only by a trailing space, case, or NFC/NFD form are four runs.
+
+    The first run finishes; a job carrying each look-alike key is a new run
+    (claimed at attempt 1, never ``Finished`` or ``Busy`` because of the
+    first), and each run reads back under its exact key.
+    """
+    first, *others = look_alikes(new_key())
+    store.finish(claim_run(store, first).claim, "succeeded")
+    for other in others:
+        begun = claim_run(store, other)
+        assert begun.claim.attempt == 1, repr(other)
+    assert store.get_run(first).status == "succeeded"
+    assert {o: store.get_run(o).status for o in others} == dict.fromkeys(others, "running")
+    assert {r.run_key for r in store.list_runs(limit=1000)} >= {first, *others}
+
+
+def test_c40_dead_letters_keep_their_exact_run_key(store: StepStore) -> None:
+    """C40: two runs whose keys differ only by a trailing space each keep their own dead letter."""
+    plain = new_key()
+    padded = plain + " "
+    for run_key in (plain, padded):
+        claim = claim_run(store, run_key, job_id=f"job{run_key}").claim
+        store.finish(claim, "dead", dead_letter=NewDeadLetter(f"job{run_key}", "divergence", run_key))
+    dead = {d.run_key: d.job_id for d in store.list_dead_letters() if d.run_key.strip() == plain}
+    assert dead == {plain: f"job{plain}", padded: f"job{padded}"}
+
+
 # ----------------------------------------------------------------- finish
 def test_c27_finish_with_drop_steps_deletes_the_rows(store: StepStore) -> None:
     """A succeeded run's step rows are dropped and its totals reset; the claim is released (C27, C26)."""
@@ -397,6 +449,51 @@ def test_c28_settle_failed_ignores_a_run_that_moved_on(store: StepStore) -> None
     claim_run(store, key, owner="worker-2")
     assert store.settle_failed(key, attempt=1) is False
     assert store.get_run(key).status == "running"
+
+
+# ------------------------------------------------------------- release_run
+LIVE = ("pending", "running", "sleeping", "retrying")
+
+
+def test_c38_release_run_settles_a_claimed_run_and_fences_its_attempt(store: StepStore) -> None:
+    """C38: ``release_run`` ends a run whose claim is live (the framework killed its worker) and fences the attempt.
+
+    The run is ``failed`` with no owner, lease or wake time; its steps are
+    kept; the old attempt's next write is refused (``ClaimLost``); a new
+    delivery finds the run finished.
+    """
+    key = new_key()
+    claim = claim_run(store, key).claim
+    store.commit_step(claim, run_row(0, "charge#0"))
+    assert store.release_run(key, "failed", while_status=LIVE) is True
+    run = store.get_run(key)
+    assert (run.status, run.owner, run.lease_until, run.wake_at, run.step_count) == ("failed", None, None, None, 1)
+    with pytest.raises(ClaimLost):
+        store.commit_step(claim, run_row(1, "ship#0"))
+    assert store.begin(key, "job-2", ENVELOPE, "worker-2", 30.0) == Finished("failed")
+
+
+def test_c38_release_run_applies_only_from_the_given_statuses(store: StepStore) -> None:
+    """C38: ``release_run`` changes nothing for a run in another status, a terminal one, or an unknown one."""
+    sleeping = new_key()
+    store.finish(claim_run(store, sleeping).claim, "sleeping", wake_at=store.now() + 60)
+    assert store.release_run(sleeping, "pending", while_status={"running"}) is False
+    assert store.get_run(sleeping).status == "sleeping"
+    assert store.release_run(sleeping, "cancelled", while_status=LIVE) is True
+    assert (store.get_run(sleeping).status, store.get_run(sleeping).wake_at) == ("cancelled", None)
+    done = terminal_run(store, "succeeded")
+    assert store.release_run(done, "failed", while_status=LIVE) is False
+    assert store.get_run(done).status == "succeeded"
+    assert store.release_run("no-such-run", "failed", while_status=LIVE) is False
+
+
+def test_c38_a_run_released_to_pending_is_claimed_again_without_a_takeover(store: StepStore) -> None:
+    """C38: a run put back to ``pending`` from ``running`` (its worker shut down) is claimed at once, no takeover."""
+    key = new_key()
+    claim_run(store, key)
+    assert store.release_run(key, "pending", while_status={"running"}) is True
+    begun = claim_run(store, key, owner="worker-2")
+    assert (begun.claim.attempt, begun.takeovers) == (2, 0)
 
 
 # -------------------------------------------------------------- operators

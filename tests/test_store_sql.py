@@ -26,7 +26,8 @@ from flexiq_plugins._store.base import Begun, Busy, Claim, JobEnvelope, NewDeadL
 from flexiq_plugins._store.factory import DEFAULT_STORE_URL, STORE_URL_ENV, open_store
 from flexiq_plugins._store.memory import MemoryStepStore
 from flexiq_plugins._store.sql import SqlStepStore, normalize_url, upgrade_store
-from flexiq_plugins.errors import ClaimLost, ConfigurationError, StoreError, StoreUnavailable
+from flexiq_plugins.errors import ClaimLost, ConfigurationError, StoreError, StoreMisconfigured, StoreUnavailable
+from tests.conftest import MYSQL, POSTGRES, require_service
 
 ENVELOPE = JobEnvelope(task_name="shop.checkout", framework="test", args=[1])
 SQL_BACKENDS = [
@@ -178,12 +179,45 @@ def test_c28_unreachable_server_raises_store_unavailable(url: str) -> None:
     store.close()
 
 
-def test_c28_unopenable_sqlite_file_raises_store_unavailable(tmp_path: Path) -> None:
-    """A SQLite file in a missing directory raises ``StoreUnavailable``, not a SQLAlchemy error (C28)."""
-    store = SqlStepStore(f"sqlite:///{tmp_path / 'missing' / 'steps.db'}")
-    with pytest.raises(StoreUnavailable) as info:
+def test_c41_sqlite_file_in_a_missing_directory_raises_store_misconfigured(tmp_path: Path) -> None:
+    """C28, C41: a SQLite file in a missing directory is ``StoreMisconfigured`` naming the directory.
+
+    Still a ``StoreUnavailable`` (a job that meets it is put back), and no
+    SQLAlchemy error leaks: the original is the ``__cause__``.
+    """
+    missing = tmp_path / "missing"
+    store = SqlStepStore(f"sqlite:///{missing / 'steps.db'}")
+    with pytest.raises(StoreMisconfigured) as info:
         store.begin("run-x", "job", ENVELOPE, "w", 30.0)
+    assert isinstance(info.value, StoreUnavailable)
     assert isinstance(info.value.__cause__, sa.exc.SQLAlchemyError)
+    assert f"its directory {str(missing)!r} does not exist" in str(info.value)
+
+
+REFUSALS = [
+    pytest.param(
+        "postgresql://postgres@127.0.0.1:5432/flexiq_no_such_db", "does not exist", marks=pytest.mark.postgres
+    ),
+    pytest.param("postgresql://flexiq_nobody:s3cret@127.0.0.1:5432/test", "flexiq_nobody", marks=pytest.mark.postgres),
+    pytest.param("mysql://root@127.0.0.1:3306/flexiq_no_such_db", "Unknown database", marks=pytest.mark.mysql),
+    pytest.param("mysql://flexiq_nobody:s3cret@127.0.0.1:3306/test", "Access denied", marks=pytest.mark.mysql),
+]
+
+
+@pytest.mark.parametrize(("url", "cause"), REFUSALS, ids=["pg-database", "pg-login", "mysql-database", "mysql-login"])
+def test_c41_an_unknown_database_or_a_refused_login_raises_store_misconfigured(url: str, cause: str) -> None:
+    """C41: a server that refuses the login or knows no such database raises ``StoreMisconfigured``.
+
+    The message names the cause and hides the password; a plain outage
+    (connection refused) stays a plain ``StoreUnavailable``.
+    """
+    require_service(*(POSTGRES if url.startswith("postgresql") else MYSQL))
+    store = SqlStepStore(url)
+    with pytest.raises(StoreMisconfigured) as info:
+        store.now()
+    assert cause in str(info.value)
+    assert "s3cret" not in str(info.value)
+    store.close()
 
 
 @pytest.mark.postgres

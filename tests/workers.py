@@ -44,6 +44,21 @@ def _tick() -> None:
     """A no-op timer callback (see :func:`celery_thread_worker`)."""
 
 
+def worker_env(env: Mapping[str, str], pythonpath: Path = ROOT) -> dict[str, str]:
+    """This process's environment plus ``env``, with ``pythonpath`` and the project's root first on ``PYTHONPATH``."""
+    paths = [str(pythonpath), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, **env, "PYTHONPATH": os.pathsep.join(paths)}
+
+
+def celery_worker_command(app_module: str, queue: str, concurrency: int) -> list[str]:
+    """``celery -A <app_module> worker`` with the prefork pool on ``queue`` (also its node name)."""
+    return [
+        sys.executable, "-m", "celery", "-A", app_module, "worker",
+        "-P", "prefork", "-c", str(concurrency), "-Q", queue, "--loglevel", "INFO",
+        "--without-gossip", "--without-mingle", "--without-heartbeat", "-n", f"{queue}@%h",
+    ]  # fmt: skip
+
+
 @contextmanager
 def celery_worker_process(
     app_module: str, queue: str, env: Mapping[str, str], log: Path, *, concurrency: int = 2, pythonpath: Path = ROOT
@@ -58,16 +73,8 @@ def celery_worker_process(
       concurrency(int): prefork children.
       pythonpath(Path): a directory put first on the worker's ``PYTHONPATH`` (the project's root by default).
     """
-    full_env = {
-        **os.environ,
-        **env,
-        "PYTHONPATH": os.pathsep.join([str(pythonpath), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    command = [
-        sys.executable, "-m", "celery", "-A", app_module, "worker",
-        "-P", "prefork", "-c", str(concurrency), "-Q", queue, "--loglevel", "INFO",
-        "--without-gossip", "--without-mingle", "--without-heartbeat", "-n", f"{queue}@%h",
-    ]  # fmt: skip
+    full_env = worker_env(env, pythonpath)
+    command = celery_worker_command(app_module, queue, concurrency)
     with log.open("wb") as out:
         proc = subprocess.Popen(command, env=full_env, stdout=out, stderr=subprocess.STDOUT, cwd=str(log.parent))
     try:

@@ -17,7 +17,7 @@ whose own clock is skewed can neither take a live claim nor extend a sleep.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLEANABLE_STATUSES",
+    "LIVE_STATUSES",
     "TERMINAL_STATUSES",
     "AttemptNotDue",
     "AttemptStarted",
@@ -76,6 +77,8 @@ committed steps all ran (C32).
 """
 
 TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "dead", "cancelled", "compensated"})
+LIVE_STATUSES: frozenset[str] = frozenset({"pending", "running", "sleeping", "waiting", "retrying"})
+"""The states a run can still leave: those that are not terminal."""
 CLEANABLE_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "compensated"})
 """Terminal states that :meth:`StepStore.cleanup` may drop; ``dead`` runs stay until purged (C27)."""
 
@@ -630,6 +633,20 @@ class StepStore(abc.ABC):
 
         One transaction; only applies while the run is ``retrying`` at
         ``attempt`` (no newer attempt started). Returns whether it applied.
+        """
+
+    @abc.abstractmethod
+    def release_run(self, run_key: str, status: RunStatus, *, while_status: Collection[str]) -> bool:
+        """Set the run's ``status`` and release its claim, whoever holds it, if its status is one of ``while_status``.
+
+        For the framework's own ends of a job (C38): a run whose job the
+        framework revoked, timed out or gave up is settled ``failed`` or
+        ``cancelled`` from any status that is not terminal; a run whose worker
+        shut down in the middle of a step goes back to ``pending`` from
+        ``running``. One transaction; the claim (owner, lease) and the wake
+        time are cleared, no takeover is counted, steps are kept. A write of
+        the attempt that held the claim is then fenced out (C25). Returns
+        whether it applied (``False`` for an unknown run).
         """
 
     @abc.abstractmethod

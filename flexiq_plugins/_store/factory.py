@@ -19,8 +19,9 @@ from ..errors import ConfigurationError
 from .base import StepStore
 from .memory import MemoryStepStore
 from .sql import ACCEPTED_STORE_FORMS, SqlStepStore
+from .sql.engine import create_engine, normalize_url
 
-__all__ = ["DEFAULT_STORE_URL", "STORE_URL_ENV", "StoreSpec", "open_store"]
+__all__ = ["DEFAULT_STORE_URL", "STORE_URL_ENV", "StoreSpec", "check_store_spec", "open_store"]
 
 StoreSpec = StepStore | URL | Engine | str | None
 """What an integration accepts as ``store=``: a store, a SQLAlchemy engine or URL, or ``None``."""
@@ -62,3 +63,25 @@ def open_store(spec: StoreSpec = None, **kwargs: Any) -> StepStore:
     if isinstance(spec, (str, URL, Engine)):
         return SqlStepStore(spec, **kwargs)
     raise ConfigurationError(f"cannot use {spec!r} as a step store; accepted forms: {ACCEPTED_STORE_FORMS}")
+
+
+def check_store_spec(spec: StoreSpec) -> None:
+    """Check that :func:`open_store` can use ``spec``, without connecting (C41).
+
+    What an integration calls when it is configured, so that a typo in the
+    scheme or a missing driver shows at once, never at the first job. A URL
+    is parsed, given its driver and made into an engine (the driver imported,
+    nothing connected); ``None`` (resolved later) and ready stores or engines
+    pass.
+
+    Raises:
+      ConfigurationError: an unknown scheme or type, an unparsable URL or a
+        missing driver, naming the value and the accepted forms.
+    """
+    if spec is None or isinstance(spec, (StepStore, Engine)):
+        return
+    if isinstance(spec, str) and spec.strip().lower() in _MEMORY_URLS:
+        return
+    if not isinstance(spec, (str, URL)):
+        raise ConfigurationError(f"cannot use {spec!r} as a step store; accepted forms: {ACCEPTED_STORE_FORMS}")
+    create_engine(normalize_url(spec)).dispose()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
 from ..errors import CancelRequested, UnknownDeadLetter, UnknownRun
@@ -333,6 +333,17 @@ class MemoryStepStore(StepStore):
                 return False
             self._runs[run_key] = dataclasses.replace(
                 run, status="cancelled", owner=None, lease_until=None, wake_at=None, updated_at=now
+            )
+            return True
+
+    def release_run(self, run_key: str, status: RunStatus, *, while_status: Collection[str]) -> bool:
+        """See :meth:`StepStore.release_run`."""
+        with self._lock:
+            run = self._runs.get(run_key)
+            if run is None or run.status not in while_status:
+                return False
+            self._runs[run_key] = dataclasses.replace(
+                run, status=status, owner=None, lease_until=None, wake_at=None, updated_at=self.now()
             )
             return True
 

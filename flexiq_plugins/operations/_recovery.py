@@ -102,6 +102,9 @@ def find_stranded(
     - ``pending`` or ``retrying`` not updated for more than ``stale_after``
       (at least ``grace``).
 
+    A run the framework ended by itself (``failed``, ``cancelled``: C38) is
+    terminal and never a candidate.
+
     The decision reads the recorded status, wake time and lease, and the
     run's ``recovered_at``, never the order of two timestamps: a short sleep
     whose ``sleeping`` record landed after its own wake time is overdue all

@@ -86,12 +86,17 @@ def test_c24_same_task_id_delivered_twice_at_once_runs_the_body_once(
 
 
 def wait_queue_empty(app: Celery, timeout: float = 15) -> None:
-    """Wait until ``app``'s worker holds no message (active, reserved or scheduled)."""
+    """Wait until ``app``'s worker holds no message of ``app`` (active, reserved or scheduled).
+
+    ``inspect`` is a broadcast: every worker on the shared Redis answers, so
+    only the tasks of this app (named ``<app>.…``) are looked at.
+    """
     inspect = app.control.inspect(timeout=1)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        pending = [inspect.active(), inspect.reserved(), inspect.scheduled()]
-        if all(not any(v) for p in pending if p for v in p.values()):
+        replies = [inspect.active(), inspect.reserved(), inspect.scheduled()]
+        held = [t for r in replies if r for tasks in r.values() for t in tasks if f"{app.main}." in repr(t)]
+        if not held:
             return
         time.sleep(0.1)
     raise AssertionError("the worker still holds messages")
@@ -192,6 +197,21 @@ def test_c28_install_rejects_unknown_options_and_double_install(sqlite_store: An
     assert celery_ext.runtime_of(app).config.max_hop_seconds == 300  # type: ignore[union-attr]
     with pytest.raises(ConfigurationError, match="already"):
         celery_ext.install(app, store=sqlite_store)
+
+
+@pytest.mark.parametrize("store", ["postgresql//x", "mongodb://h/db", "", 12345, "postgress://u@h/db"], ids=repr)
+def test_c41_install_refuses_a_store_setting_that_can_never_work(store: Any) -> None:
+    """C41: ``install(app, store=…)`` with a malformed URL, an unknown scheme or a non-URL value fails at once.
+
+    Before, the worker booted and every durable job failed with the
+    configuration error and was acknowledged away; now ``install`` raises
+    ``ConfigurationError`` naming the value, and the app is left untouched.
+    """
+    app = Celery("fqt-bad-store", set_as_current=False)
+    with pytest.raises(ConfigurationError) as info:
+        celery_ext.install(app, store=store)
+    assert repr(store) in str(info.value)
+    assert celery_ext.runtime_of(app) is None
 
 
 def test_celery_ext_exports() -> None:

@@ -70,6 +70,7 @@ def register(app: Celery, scenario: Scenario, ledger: Ledger) -> None:
         autoretry_for=(Exception,),
         max_retries=scenario.max_retries,
         default_retry_delay=0,
+        time_limit=scenario.time_limit_seconds,
         **scenario.options,
     )(task)
 

@@ -15,6 +15,8 @@ Observation points, all on the real app:
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from datetime import datetime, timezone
@@ -27,12 +29,12 @@ from celery import signals
 from kombu import Exchange, Queue
 from kombu.exceptions import OperationalError
 
-from celery_ext import RUN_KEY_HEADER, run_key_of
-from flexiq_plugins import operations
+from celery_ext import RUN_KEY_HEADER, run_key_of, runtime_of
+from flexiq_plugins import StepStore, operations
 from flexiq_plugins.integration import HAND_OFF_PAUSES
 from tests.conformance.celery_app import BROKER_URLS, dead_letter_names, make_app
-from tests.conformance.harness import Harness, HarnessConfig, Job, WorkerProcesses
-from tests.workers import celery_thread_worker, celery_worker_process
+from tests.conformance.harness import Harness, HarnessConfig, Job, WorkerExit, WorkerProcesses
+from tests.workers import celery_thread_worker, celery_worker_command, celery_worker_process, worker_env
 
 __all__ = ["CeleryHarness"]
 
@@ -52,6 +54,7 @@ class CeleryHarness(Harness):
         signals.task_postrun.connect(self._on_postrun, weak=False)
         self._redis: Any = redis.Redis.from_url(BROKER_URLS["redis"]) if config.broker == "redis" else None
         self._dead_seen: list[tuple[str, str]] = []
+        self._workers_started = 0
 
     # --------------------------------------------------------------- workers
     @contextmanager
@@ -63,10 +66,24 @@ class CeleryHarness(Harness):
     @contextmanager
     def worker_processes(self) -> Iterator[WorkerProcesses]:
         """``celery -A tests.conformance.celery_app worker -P prefork -c 1`` on the queue."""
-        log = Path(self.config.directory) / "celery-worker.log"
+        self._workers_started += 1
+        log = Path(self.config.directory) / f"celery-worker-{self._workers_started}.log"
         app_module = "tests.conformance.celery_app"
         with celery_worker_process(app_module, self.config.queue, self.config.to_env(), log, concurrency=1) as proc:
             yield _PreforkWorker(proc, log)
+
+    def worker_exit(self, config: HarnessConfig, timeout: float = 60.0) -> WorkerExit:
+        """``celery -A tests.conformance.celery_app worker`` built from ``config``, until it exits."""
+        command = celery_worker_command("tests.conformance.celery_app", config.queue, 1)
+        done = subprocess.run(
+            command,
+            env=worker_env(config.to_env()),
+            capture_output=True,
+            timeout=timeout,
+            cwd=config.directory,
+            check=False,
+        )
+        return WorkerExit(done.returncode, (done.stdout + done.stderr).decode(errors="replace"))
 
     # ------------------------------------------------------------- publishing
     def task_name(self, scenario: str) -> str:
@@ -74,6 +91,9 @@ class CeleryHarness(Harness):
         return f"{self.app.main}.{scenario}"
 
     def _send(self, job: Job) -> None:
+        if job.job_id in self._unstamped:
+            self._send_unstamped(job)
+            return
         self.app.send_task(
             self.task_name(job.scenario),
             args=list(job.args),
@@ -81,9 +101,36 @@ class CeleryHarness(Harness):
             headers={RUN_KEY_HEADER: job.run_key},
         )
 
+    def _send_unstamped(self, job: Job) -> None:
+        """A protocol-2 task message published with kombu, as a client without ``celery_ext`` sends it.
+
+        Built by Celery's own ``as_task_v2`` but published without
+        ``send_task_message``, so no ``before_task_publish`` receiver (the
+        adapter's run-key stamp included) ever sees it: the message carries
+        no ``flexiq_run_key`` header.
+        """
+        message = self.app.amqp.as_task_v2(job.job_id, self.task_name(job.scenario), args=list(job.args), kwargs={})
+        queue = self.app.amqp.queues[self.config.queue]
+        with self.app.producer_or_acquire() as producer:
+            producer.publish(
+                message.body,
+                exchange=queue.exchange,
+                routing_key=queue.routing_key,
+                declare=[queue],
+                headers=message.headers,
+                serializer="json",
+                **message.properties,
+            )
+
     def publishers(self) -> dict[str, operations.Publisher]:
         """``{"celery": …}`` from the installed adapter (``celery_ext.republish``)."""
         return operations.publishers_for(self.app)
+
+    def adapter_store(self) -> StepStore:
+        """The store of ``celery_ext.runtime_of(app)`` in this process."""
+        runtime = runtime_of(self.app)
+        assert runtime is not None
+        return runtime.store
 
     def _send_task_message(self, producer: Any, name: str, message: Any, **options: Any) -> Any:
         headers = {**message.headers, **(options.get("headers") or {})}
@@ -153,3 +200,11 @@ class _PreforkWorker(WorkerProcesses):
     def revive(self) -> None:
         """The parent outlives its child and forks a new one: check it is still there."""
         assert self.proc.poll() is None, self.log.read_text()[-3000:]
+
+    def shut_down(self, *, interrupt: bool) -> None:
+        """SIGQUIT (cold shutdown: the child running a task is terminated) or SIGTERM (warm)."""
+        self.proc.send_signal(signal.SIGQUIT if interrupt else signal.SIGTERM)
+
+    def wait_exit(self, timeout: float = 60.0) -> None:
+        """Wait for the worker to exit."""
+        self.proc.wait(timeout)

@@ -19,6 +19,13 @@ from tests.conformance.harness import HarnessConfig, adapter_options
 from tests.conformance.scenarios import SCENARIOS, Ledger, Scenario
 
 
+def make_plain_broker(config: HarnessConfig, **options: Any) -> dramatiq.Broker:
+    """A broker of ``config``'s kind and namespace with no middleware at all (``options`` go to it)."""
+    if config.broker == "redis":
+        return RedisBroker(host="127.0.0.1", port=6379, namespace=config.namespace, middleware=[], **options)
+    return RabbitmqBroker(host="127.0.0.1", port=5672, heartbeat=0, middleware=[], **options)
+
+
 def make_broker(config: HarnessConfig, *, worker_process: bool = False) -> dramatiq.Broker:
     """A broker of ``config``'s kind with ``DurableSteps`` and every scenario declared on its queue.
 
@@ -56,6 +63,7 @@ def declare(broker: dramatiq.Broker, queue: str, scenario: Scenario, ledger: Led
         scenario.fn(ledger, *args)
 
     actor.__name__ = scenario.name
+    limit = scenario.time_limit_seconds
     dramatiq.actor(
         actor_name=scenario.name,
         queue_name=queue,
@@ -63,6 +71,8 @@ def declare(broker: dramatiq.Broker, queue: str, scenario: Scenario, ledger: Led
         max_retries=scenario.max_retries,
         min_backoff=10,
         max_backoff=50,
+        notify_shutdown=scenario.interruptible,
+        **({"time_limit": int(limit * 1000)} if limit is not None else {}),
         **scenario.options,
     )(actor)
 

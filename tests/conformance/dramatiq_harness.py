@@ -30,11 +30,11 @@ from dramatiq.common import dq_name, xq_name
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import Middleware
 
-from dramatiq_ext import RUN_KEY_OPTION
-from flexiq_plugins import operations
+from dramatiq_ext import RUN_KEY_OPTION, DurableSteps
+from flexiq_plugins import StepStore, operations
 from flexiq_plugins.integration import HAND_OFF_PAUSES
-from tests.conformance.dramatiq_app import make_broker
-from tests.conformance.harness import Harness, HarnessConfig, Job, WorkerProcesses
+from tests.conformance.dramatiq_app import make_broker, make_plain_broker
+from tests.conformance.harness import Harness, HarnessConfig, Job, WorkerExit, WorkerProcesses
 
 __all__ = ["DramatiqHarness"]
 
@@ -77,21 +77,51 @@ class DramatiqHarness(Harness):
         finally:
             workers.stop_all()
 
+    def worker_exit(self, config: HarnessConfig, timeout: float = 60.0) -> WorkerExit:
+        """``dramatiq tests.conformance.dramatiq_app`` built from ``config``, until it exits."""
+        done = subprocess.run(
+            _CliWorkers.command(),
+            env=_CliWorkers.env(config),
+            capture_output=True,
+            timeout=timeout,
+            cwd=ROOT,
+            check=False,
+        )
+        return WorkerExit(done.returncode, (done.stdout + done.stderr).decode(errors="replace"))
+
     # ------------------------------------------------------------- publishing
     def task_name(self, scenario: str) -> str:
         """The actor name: the scenario's own."""
         return scenario
 
     def _send(self, job: Job) -> None:
+        unstamped = job.job_id in self._unstamped
         message: dramatiq.Message[Any] = dramatiq.Message(
             queue_name=self.config.queue,
             actor_name=self.task_name(job.scenario),
             args=job.args,
             kwargs={},
-            options={RUN_KEY_OPTION: job.run_key},
+            options={} if unstamped else {RUN_KEY_OPTION: job.run_key},
             message_id=job.job_id,
         )
-        self.broker.enqueue(message)
+        if unstamped:
+            self._send_without_middleware(message)
+        else:
+            self.broker.enqueue(message)
+
+    def _send_without_middleware(self, message: dramatiq.Message[Any]) -> None:
+        """Enqueue ``message`` on a broker of the same kind with no middleware: a producer without ``DurableSteps``."""
+        plain = make_plain_broker(self.config)
+        try:
+            plain.declare_queue(message.queue_name)
+            plain.enqueue(message)
+        finally:
+            plain.close()
+
+    def adapter_store(self) -> StepStore:
+        """The store of the broker's ``DurableSteps`` middleware in this process."""
+        (middleware,) = [m for m in self.broker.middleware if isinstance(m, DurableSteps)]
+        return middleware.store
 
     def publishers(self) -> dict[str, operations.Publisher]:
         """``{"dramatiq": …}`` from the installed adapter (``dramatiq_ext.republish``)."""
@@ -170,20 +200,37 @@ class _CliWorkers(WorkerProcesses):
         self.log = Path(config.directory) / "dramatiq-worker.log"
         self.procs: list[subprocess.Popen[bytes]] = []
 
-    def start(self) -> None:
-        """Start one CLI."""
-        env = {
+    @staticmethod
+    def command() -> list[str]:
+        """The CLI with one worker process of one thread."""
+        return [
+            sys.executable,
+            "-m",
+            "dramatiq",
+            "tests.conformance.dramatiq_app",
+            "--processes",
+            "1",
+            "--threads",
+            "1",
+        ]
+
+    @staticmethod
+    def env(config: HarnessConfig) -> dict[str, str]:
+        """The CLI's environment: ``config``, the project on ``PYTHONPATH``, a quick restart after a crash."""
+        return {
             **os.environ,
-            **self.config.to_env(),
+            **config.to_env(),
             "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
             "dramatiq_restart_delay": "200",
         }
-        command = [sys.executable, "-m", "dramatiq", "tests.conformance.dramatiq_app", "--processes", "1"]
+
+    def start(self) -> None:
+        """Start one CLI."""
         with self.log.open("ab") as log:
             self.procs.append(
                 subprocess.Popen(
-                    [*command, "--threads", "1"],
-                    env=env,
+                    self.command(),
+                    env=self.env(self.config),
                     cwd=ROOT,
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -194,6 +241,15 @@ class _CliWorkers(WorkerProcesses):
     def revive(self) -> None:
         """Start a new CLI: the killed worker's CLI is shutting down."""
         self.start()
+
+    def shut_down(self, *, interrupt: bool) -> None:
+        """SIGTERM the CLI (it passes it on once); ``notify_shutdown`` actors get ``Shutdown``, others finish."""
+        self.procs[-1].send_signal(signal.SIGTERM)
+
+    def wait_exit(self, timeout: float = 60.0) -> None:
+        """Wait for every CLI to exit."""
+        for proc in self.procs:
+            proc.wait(timeout)
 
     def stop_all(self) -> None:
         """SIGTERM, then SIGKILL, every CLI process group still running."""

@@ -35,12 +35,31 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 from uuid import uuid4
 
-from flexiq_plugins import DeadLetterRecord, RunRecord, SqlStepStore, StepRow, UnknownRun, new_run_key
+from flexiq_plugins import (
+    DeadLetterRecord,
+    RunRecord,
+    SqlStepStore,
+    StepRow,
+    StepStore,
+    StoreUnavailable,
+    UnknownRun,
+    new_run_key,
+)
 from flexiq_plugins.operations import Publisher
 from tests.conformance.scenarios import Ledger
 from tests.polling import wait_for
 
-__all__ = ["CONFIG_ENV", "Fault", "Harness", "HarnessConfig", "Job", "Publish", "WorkerProcesses", "adapter_options"]
+__all__ = [
+    "CONFIG_ENV",
+    "Fault",
+    "Harness",
+    "HarnessConfig",
+    "Job",
+    "Publish",
+    "WorkerExit",
+    "WorkerProcesses",
+    "adapter_options",
+]
 
 CONFIG_ENV = "FLEXIQ_CONFORMANCE"
 """The environment variable a worker process reads its :class:`HarnessConfig` from (JSON)."""
@@ -138,6 +157,19 @@ class Fault:
         return len(self.statuses)
 
 
+@dataclass(frozen=True)
+class WorkerExit:
+    """How a worker process that stopped by itself ended.
+
+    Parameters:
+      returncode(int): its exit status.
+      output(str): everything it wrote (stdout and stderr).
+    """
+
+    returncode: int
+    output: str
+
+
 class WorkerProcesses(abc.ABC):
     """Real worker processes consuming the harness's queue (for crash tests)."""
 
@@ -148,6 +180,20 @@ class WorkerProcesses(abc.ABC):
     @abc.abstractmethod
     def revive(self) -> None:
         """After a kill, make sure a live worker consumes the queue again (start one if none is left)."""
+
+    @abc.abstractmethod
+    def shut_down(self, *, interrupt: bool) -> None:
+        """Ask the workers to shut down as a deploy does, without waiting for them.
+
+        ``interrupt=False`` is the framework's warm shutdown (SIGTERM: running
+        bodies finish); ``interrupt=True`` interrupts the body running now
+        (Celery's cold shutdown, SIGQUIT; Dramatiq's SIGTERM, which raises
+        ``Shutdown`` in actors with ``notify_shutdown``).
+        """
+
+    @abc.abstractmethod
+    def wait_exit(self, timeout: float = 60.0) -> None:
+        """Wait until every worker process has exited (fails after ``timeout`` seconds)."""
 
 
 class Harness(abc.ABC):
@@ -176,6 +222,7 @@ class Harness(abc.ABC):
         self._faults: dict[str, Fault] = {}
         self._published: list[tuple[str, Publish]] = []
         self._deliveries: list[tuple[str, str]] = []
+        self._unstamped: set[str] = set()
 
     # --------------------------------------------------------------- workers
     @abc.abstractmethod
@@ -185,6 +232,10 @@ class Harness(abc.ABC):
     @abc.abstractmethod
     def worker_processes(self) -> AbstractContextManager[WorkerProcesses]:
         """Run a real worker process on the queue for the ``with`` block (stopped at its end)."""
+
+    @abc.abstractmethod
+    def worker_exit(self, config: HarnessConfig, timeout: float = 60.0) -> WorkerExit:
+        """Start a real worker process built from ``config``; wait until it exits by itself (at most ``timeout`` s)."""
 
     # ------------------------------------------------------------- publishing
     def publish(self, scenario: str, *args: Any, run_key: str | None = None) -> Job:
@@ -197,6 +248,38 @@ class Harness(abc.ABC):
         """Publish ``job`` again: the same job id and run key (what a broker redelivery looks like)."""
         self._send_directly(job)
 
+    def publish_unstamped(self, scenario: str, *args: Any) -> Job:
+        """Publish a job of ``scenario`` as a producer without the integration does: no run key on the message.
+
+        Its run key is then its job id (C1 words); the returned :class:`Job`
+        says so. :meth:`publish_duplicate` of it sends the same bare message again.
+        """
+        job_id = str(uuid4())
+        job = Job(scenario, args, job_id, job_id)
+        self._unstamped.add(job_id)
+        self._send_directly(job)
+        return job
+
+    def fail_store_begins(self, run_key: str, count: int) -> None:
+        """Make the adapter's store refuse the next ``count`` claims of ``run_key`` (``StoreUnavailable``)."""
+        store = self.adapter_store()
+        real_begin = store.begin
+        left = [count]
+
+        def begin(key: str, *args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                refuse = key == run_key and left[0] > 0
+                left[0] -= 1 if refuse else 0
+            if refuse:
+                raise StoreUnavailable("injected by the conformance harness: connection refused")
+            return real_begin(key, *args, **kwargs)
+
+        store.begin = begin  # type: ignore[method-assign]
+
+    @abc.abstractmethod
+    def adapter_store(self) -> StepStore:
+        """The store object the adapter's in-thread worker uses in this process."""
+
     @abc.abstractmethod
     def task_name(self, scenario: str) -> str:
         """The task or actor name ``scenario`` is registered under (what envelopes and dead letters record)."""
@@ -207,7 +290,11 @@ class Harness(abc.ABC):
 
     @abc.abstractmethod
     def _send(self, job: Job) -> None:
-        """Publish ``job``'s message: its scenario's task with its args, job id and run key."""
+        """Publish ``job``'s message: its scenario's task with its args, job id and run key.
+
+        A job of :meth:`publish_unstamped` (its id in ``self._unstamped``) is
+        published with no run key at all, by a producer without the integration.
+        """
 
     def _send_directly(self, job: Job) -> None:
         self._local.direct = True
@@ -307,5 +394,6 @@ def adapter_options(config: HarnessConfig) -> Mapping[str, Any]:
         "store": config.store_url,
         "lease_seconds": config.lease_seconds,
         "busy_retry_seconds": config.busy_retry_seconds,
+        "store_retry_seconds": 0.2,  # an injected store outage puts the job back for 0.2 s
         "keep_succeeded_steps": True,  # the tests read the step rows of finished runs
     }

@@ -151,6 +151,11 @@ class Scenario:
       max_retries(int): the framework's retry budget for exceptions from the body
         (Celery: ``autoretry_for=(Exception,)`` with no delay; Dramatiq: ``Retries``
         with a 10-50 ms backoff).
+      time_limit_seconds(float | None): the framework's hard time limit (Celery
+        ``time_limit``, which kills the pool process; Dramatiq ``time_limit``,
+        which raises ``TimeLimitExceeded`` in the body).
+      interruptible(bool): a worker shutdown interrupts the body (Dramatiq
+        ``notify_shutdown``; a Celery cold shutdown always does).
       options(dict[str, Any]): durable options of the task or actor, the same
         names on both frameworks (``max_suspended_seconds`` …).
     """
@@ -158,6 +163,8 @@ class Scenario:
     name: str
     fn: Callable[..., Any]
     max_retries: int = 3
+    time_limit_seconds: float | None = None
+    interruptible: bool = False
     options: dict[str, Any] = field(default_factory=dict)
 
 
@@ -167,11 +174,11 @@ SCENARIOS: dict[str, Scenario] = {}
 def scenario(
     max_retries: int = 3, name: str | None = None, **options: Any
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """Register the decorated function as a scenario (see :class:`Scenario`)."""
+    """Register the decorated function as a scenario (see :class:`Scenario` for ``options``)."""
 
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         key = name or fn.__name__
-        SCENARIOS[key] = Scenario(key, fn, max_retries, dict(options))
+        SCENARIOS[key] = Scenario(key, fn, max_retries, **options)
         return fn
 
     return register
@@ -260,6 +267,41 @@ def hold(ledger: Ledger) -> str:
         return "done"
 
     return current_job.step.run("work", work)
+
+
+scenario(name="hold_interruptible", interruptible=True)(hold)
+
+
+@scenario()
+def charge_hold_nap(ledger: Ledger, pause: float) -> str:
+    """``charge``, then ``work`` blocking until the flag ``release``, a sleep of ``pause`` s, then ``after``."""
+    step = current_job.step
+    step.run("charge", lambda: ledger.call("charge"))
+
+    def work() -> str:
+        ledger.call("work")
+        ledger.wait_flag("release")
+        return "done"
+
+    step.run("work", work)
+    step.sleep(pause)
+    step.run("after", lambda: ledger.call("after"))
+    return "woke"
+
+
+@scenario(max_retries=0, time_limit_seconds=1.5)
+def overrun(ledger: Ledger) -> str:
+    """``charge``, whose body outlives the framework's time limit (it waits for a flag never raised), then ``ship``."""
+    step = current_job.step
+
+    def charge() -> int:
+        n = ledger.call("charge")
+        ledger.wait_flag("never", timeout=120)
+        return n
+
+    step.run("charge", charge)
+    step.run("ship", lambda: ledger.call("ship"))
+    return "shipped"
 
 
 @scenario()
@@ -357,7 +399,7 @@ def charge_nap_ship(ledger: Ledger, pause: float) -> str:
     return "shipped"
 
 
-scenario(name="capped_nap", max_suspended_seconds=1)(charge_nap_ship)
+scenario(name="capped_nap", options={"max_suspended_seconds": 1})(charge_nap_ship)
 
 
 @scenario()

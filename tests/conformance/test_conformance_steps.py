@@ -110,18 +110,24 @@ def test_c7_aware_datetime_decimal_and_uuid_step_values_keep_their_types(harness
     assert seen == [describe(TYPED_VALUES)] * 2
 
 
-def test_c15_c16_a_sleep_whose_re_enqueue_fails_past_the_adapters_retries_stays_in_the_broker(harness: Harness) -> None:
+@pytest.mark.parametrize("scenario", ["nap_without_retries", "nap"])
+def test_c15_c16_a_sleep_whose_re_enqueue_fails_past_the_adapters_retries_stays_in_the_broker(
+    harness: Harness, scenario: str
+) -> None:
     """C15, C16: the broker refuses a sleep's re-enqueue longer than the adapter tries it itself.
 
     Target: the message is kept in the broker, not acknowledged as done, not
     counted as a retry, never handed to the framework's retry policy or
-    dead-letter path (the task allows no retry at all); the store says
-    ``sleeping`` at every refused hand-off; once the broker accepts again the
-    job wakes and finishes, each step body having run once.
+    dead-letter path, whether the task allows no retry at all
+    (``nap_without_retries``: a retry policy would fail it to the dead-letter
+    path) or three (``nap``: the retry policy's own re-enqueue would fail too
+    and the wake-up be lost); the store says ``sleeping`` at every refused
+    hand-off; once the broker accepts again the job wakes and finishes, each
+    step body having run once.
     """
     run_key = new_run_key()
-    outage = harness.refuse_publishes(run_key, harness.publish_tries + 1)
-    harness.publish("nap_without_retries", 0.2, run_key=run_key)
+    outage = harness.refuse_publishes(run_key, harness.publish_tries)  # every try of the adapter's own
+    harness.publish(scenario, 0.2, run_key=run_key)
     wait_for(lambda: _settled(harness, run_key), 30, "the run to finish or leave the broker")
 
     assert harness.broker_dead_letters(run_key) == []
@@ -139,3 +145,43 @@ def _settled(harness: Harness, run_key: str) -> bool:
     """The run finished, or its job reached a dead-letter path (it will not come back by itself)."""
     status = harness.status(run_key)
     return status in ("succeeded", "failed", "dead") or bool(harness.broker_dead_letters(run_key))
+
+
+def test_c36_a_job_published_without_a_run_key_keeps_one_run_key_across_outage_busy_and_sleep(
+    harness: Harness,
+) -> None:
+    """C36: a producer without the integration publishes a job with no run key; it is one run to the end.
+
+    The job's run key is its job id. Its first delivery meets a store outage
+    and is put back; a duplicate (the same bare message) arrives while
+    ``work`` holds the claim and is put back as busy; then the body sleeps
+    and its hop is re-published. Every message the library published for
+    the run carried that run key, so there is one run: ``charge`` ran once
+    under one idempotency key, the attempts are numbered 1 and 2 (the
+    put-backs start no attempt), and the run succeeded.
+    """
+    job = harness.publish_unstamped("charge_hold_nap", 0.2)
+    harness.fail_store_begins(job.run_key, 1)
+    wait_for(lambda: harness.ledger.count(job.run_key, "work") == 1, 30, "the body to hold its claim")
+    harness.publish_duplicate(job)
+    wait_for(lambda: _delayed(harness, job.run_key, busy=True), 30, "the duplicate to be put back")
+    harness.ledger.set_flag(job.run_key, "release")
+    run = harness.wait_status(job.run_key, "succeeded")
+
+    ledger = harness.ledger
+    assert ledger.keys(job.run_key, "charge") == [f"{job.run_key}:charge#0"]
+    assert ledger.keys(job.run_key, "after") == [f"{job.run_key}:after#0"]
+    assert [(a["attempt"], a["job"], a["retries"]) for a in ledger.attempts(job.run_key)] == [
+        (1, job.job_id, 0),
+        (2, job.job_id, 0),
+    ]
+    assert (run.run_key, run.attempt, run.takeovers) == (job.run_key, 2, 0)
+    assert [r.run_key for r in harness.store.list_runs(limit=10_000) if r.job_id == job.job_id] == [job.run_key]
+    delays = [p.delay for p in harness.published(job.run_key)]
+    assert len(delays) >= 3  # the outage put-back, the busy put-back, the sleep's hop: each under the run key
+    assert {p.job_id for p in harness.published(job.run_key)} == {job.job_id}
+
+
+def _delayed(harness: Harness, run_key: str, *, busy: bool) -> bool:
+    """Whether the run's messages include a put-back besides the first (the outage's)."""
+    return len([p for p in harness.published(run_key) if p.delay is not None]) >= (2 if busy else 1)

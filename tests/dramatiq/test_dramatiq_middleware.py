@@ -37,6 +37,15 @@ def test_unknown_option_is_refused_at_construction() -> None:
         DurableSteps(max_hops="5m")
 
 
+@pytest.mark.parametrize("store", ["postgresql//x", "mongodb://h/db", "", 12345, "postgress://u@h/db"], ids=repr)
+def test_c41_a_store_setting_that_can_never_work_is_refused_at_construction(store: Any) -> None:
+    """C41: ``DurableSteps(store=…)`` with a malformed URL, an unknown scheme or a non-URL value fails at once,
+    naming the value, instead of failing every job of every worker."""
+    with pytest.raises(ConfigurationError) as info:
+        DurableSteps(store=store)
+    assert repr(store) in str(info.value)
+
+
 def test_store_is_opened_lazily_from_flexiq_store_url(monkeypatch: pytest.MonkeyPatch, sqlite_url: str) -> None:
     """Construction reads nothing; the first use opens ``FLEXIQ_STORE_URL``'s store."""
     monkeypatch.delenv("FLEXIQ_STORE_URL", raising=False)

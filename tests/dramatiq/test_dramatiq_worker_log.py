@@ -69,10 +69,10 @@ def test_c16_a_worker_logs_one_start_line_and_no_alembic_or_sleep_lines(
         )
         wait_until(lambda: status_of(store, run_key) == "succeeded", timeout=30, what="the nap to finish")
         schema = store.describe().split(" (", 1)[1]  # "tables <prefix>*, schema revision <the newest>)"
+        text = log.read_text()  # the log of a running worker, before the shutdown's own lines
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(20)
-    text = log.read_text().split("Sending signal")[0]  # the log up to the shutdown
     (start,) = [line for line in text.splitlines() if "durable steps in" in line]
     assert "postgres:***@127.0.0.1" in start
     assert start.endswith(f"({schema}")  # the worker's revision: the newest, as the store reads it

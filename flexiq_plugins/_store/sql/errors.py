@@ -10,10 +10,16 @@ original and naming the URL with its password hidden. A missing table is a
 A deadlock or serialization failure the server reports is unavailable too (the
 server rolled the whole transaction back); :func:`is_deadlock` lets the store
 retry it a few times first.
+
+A refusal that will not pass by itself (authentication, an unknown database,
+a SQLite file in a missing directory) is
+:class:`~flexiq_plugins.errors.StoreMisconfigured`: still an unavailability,
+so a job that meets it is put back, but a worker refuses to start on it (C41).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -21,12 +27,16 @@ from typing import Any
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 
-from ...errors import StoreError, StoreUnavailable
+from ...errors import StoreError, StoreMisconfigured, StoreUnavailable
 from .engine import safe_url
 
 __all__ = ["describe", "is_deadlock", "is_missing_table", "translated"]
 
 _DRIVER_MODULES = frozenset({"psycopg", "psycopg2", "pymysql", "MySQLdb", "sqlite3", "alembic"})
+_MYSQL_REFUSALS = frozenset({1044, 1045, 1049, 1698})
+"""MySQL/MariaDB: access denied (to the database, for the user), unknown database."""
+_POSTGRES_REFUSALS = ("password authentication failed", "does not exist", "no pg_hba.conf entry")
+"""libpq's words for a refused login or an unknown role or database, at connection time."""
 _UNAVAILABLE = (
     sa_exc.OperationalError,
     sa_exc.InterfaceError,
@@ -65,6 +75,10 @@ def _translate(exc: BaseException, engine: Engine) -> StoreError:
             f"the step store at {where} has no tables ({detail}): run `flexiq store upgrade` "
             "or open the store with auto_upgrade=True"
         )
+    if _is_refusal(exc, engine):
+        if engine.url.get_backend_name() == "sqlite":
+            detail = f"its directory {os.path.dirname(str(engine.url.database))!r} does not exist"
+        return StoreMisconfigured(f"the step store at {where} cannot be used: {detail}")
     unavailable = isinstance(exc, _UNAVAILABLE) or (isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated)
     if unavailable:
         return StoreUnavailable(f"the step store at {where} is unavailable: {detail}")
@@ -77,6 +91,24 @@ def describe(exc: BaseException) -> str:
     lines = str(origin).strip().splitlines()
     text = lines[0] if lines else type(origin).__name__
     return text[:300]
+
+
+def _is_refusal(exc: BaseException, engine: Engine) -> bool:
+    """A configuration the database refuses for good: login, unknown database, missing SQLite directory (C41)."""
+    if not isinstance(exc, sa_exc.OperationalError):
+        return False
+    origin = exc.orig
+    args: tuple[Any, ...] = getattr(origin, "args", ())
+    backend = engine.url.get_backend_name()
+    if backend in ("mysql", "mariadb"):
+        return bool(args) and args[0] in _MYSQL_REFUSALS
+    if backend == "postgresql":
+        text = str(origin)
+        return "connection failed" in text and any(words in text for words in _POSTGRES_REFUSALS)
+    if backend == "sqlite":
+        database = engine.url.database
+        return bool(database) and database != ":memory:" and not os.path.isdir(os.path.dirname(str(database)) or ".")
+    return False
 
 
 def is_missing_table(exc: BaseException) -> bool:

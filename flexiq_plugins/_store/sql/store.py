@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol, TypeVar
 
@@ -856,6 +856,35 @@ class SqlStepStore(StepStore):
             ended = {"status": "cancelled", "owner": None, "lease_until": None, "wake_at": None, "updated_at": now}
             conn.execute(sa.update(runs).where(runs.c.run_key == run_key).values(**ended))
             return True
+
+        return self._write(work)
+
+    def release_run(self, run_key: str, status: RunStatus, *, while_status: Collection[str]) -> bool:
+        """Set the run's ``status`` and release its claim if its status is one of ``while_status`` (C38).
+
+        One transaction, one conditional ``UPDATE``: the claim and the wake
+        time are cleared, no takeover counted.
+
+        Parameters:
+          run_key(str): the run.
+          status(str): the new status: ``failed``, ``cancelled`` or ``pending``.
+          while_status(Collection[str]): the statuses it applies from.
+
+        Returns:
+          bool: whether it applied.
+
+        Raises:
+          StoreUnavailable: the database cannot be reached.
+        """
+        runs = self._t.runs
+
+        def work(conn: Connection) -> bool:
+            result = conn.execute(
+                sa.update(runs)
+                .where(runs.c.run_key == run_key, runs.c.status.in_(sorted(while_status)))
+                .values(status=status, owner=None, lease_until=None, wake_at=None, updated_at=self._now(conn))
+            )
+            return result.rowcount == 1
 
         return self._write(work)
 

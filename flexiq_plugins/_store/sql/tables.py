@@ -9,9 +9,14 @@ migrations on every backend and asserts that Alembic's autogenerate finds no
 difference. A schema change is therefore a new migration *and* a change here.
 
 Times are ``DOUBLE`` epoch seconds on the database's clock (C23). On MySQL and
-MariaDB the tables are InnoDB in ``utf8mb4`` with the binary collation, so run
-keys and step keys compare exactly as Python strings do, and values are
-``LONGBLOB`` so a 4 MiB step value fits.
+MariaDB the tables are InnoDB in ``utf8mb4`` with the binary collation, and
+values are ``LONGBLOB`` so a 4 MiB step value fits.
+
+Keys (run keys, step keys, a dead letter's run key) are :class:`ExactKey`
+columns, compared byte for byte on every backend (C40). SQLite and PostgreSQL
+compare text exactly already; on MySQL and MariaDB even the binary collation
+``utf8mb4_bin`` is ``PAD SPACE`` (``'x'`` equals ``'x '``), so there a key is
+a ``VARBINARY`` of its UTF-8 bytes, which compares as bytes do.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.dialects import mysql
 
-__all__ = ["DEFAULT_TABLE_PREFIX", "StoreTables", "store_tables"]
+__all__ = ["DEFAULT_TABLE_PREFIX", "ExactKey", "StoreTables", "store_tables"]
 
 DEFAULT_TABLE_PREFIX = "flexiq_"
 
@@ -31,6 +36,48 @@ _MYSQL: dict[str, Any] = {
     for dialect in ("mysql", "mariadb")  # the MariaDB dialect reads only its own prefix
     for option, value in (("engine", "InnoDB"), ("charset", "utf8mb4"), ("collate", "utf8mb4_bin"))
 }
+
+
+_BINARY_KEY_DIALECTS = frozenset({"mysql", "mariadb"})
+_UTF8_MAX_BYTES = 4
+
+
+class ExactKey(sa.types.TypeDecorator[str]):
+    """A key column of at most ``length`` characters that compares byte for byte on every backend (C40).
+
+    ``VARCHAR(length)`` on SQLite and PostgreSQL (whose comparisons are
+    exact); on MySQL and MariaDB a ``VARBINARY`` of the key's UTF-8 bytes
+    (four bytes a character at most), since their ``PAD SPACE`` collations
+    would make ``'rk'`` and ``'rk '`` one key. Python code sees ``str`` either way.
+
+    Parameters:
+      length(int): the most characters a key may have.
+    """
+
+    impl = sa.String
+    cache_ok = True
+
+    def __init__(self, length: int) -> None:
+        super().__init__(length)
+        self.length = length
+
+    def load_dialect_impl(self, dialect: sa.Dialect) -> sa.types.TypeEngine[Any]:
+        """``VARBINARY(4 × length)`` on MySQL/MariaDB, ``VARCHAR(length)`` elsewhere."""
+        if dialect.name in _BINARY_KEY_DIALECTS:
+            return dialect.type_descriptor(mysql.VARBINARY(self.length * _UTF8_MAX_BYTES))
+        return dialect.type_descriptor(sa.String(self.length))
+
+    def process_bind_param(self, value: str | None, dialect: sa.Dialect) -> Any:
+        """A key as the column holds it: UTF-8 bytes on MySQL/MariaDB, else the ``str``."""
+        if value is not None and dialect.name in _BINARY_KEY_DIALECTS:
+            return value.encode("utf-8")
+        return value
+
+    def process_result_value(self, value: Any, dialect: sa.Dialect) -> str | None:
+        """The key as ``str``, decoded from the column's bytes where it holds bytes."""
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            return bytes(value).decode("utf-8")
+        return value  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)
@@ -91,7 +138,7 @@ def _runs(metadata: sa.MetaData, p: str) -> sa.Table:
     return sa.Table(
         f"{p}runs",
         metadata,
-        sa.Column("run_key", sa.String(255), primary_key=True),
+        sa.Column("run_key", ExactKey(255), primary_key=True),
         sa.Column("task_name", sa.String(255), nullable=False),
         sa.Column("framework", sa.String(32), nullable=False),
         sa.Column("queue", sa.String(255), nullable=True),
@@ -108,8 +155,8 @@ def _runs(metadata: sa.MetaData, p: str) -> sa.Table:
         sa.Column("updated_at", _time(), nullable=False),
         sa.Column("wake_at", _time(), nullable=True),
         sa.Column("recovered_at", _time(), nullable=True),
-        sa.Column("wait_topic", sa.String(255), nullable=True),
-        sa.Column("wait_key", sa.String(255), nullable=True),
+        sa.Column("wait_topic", ExactKey(255), nullable=True),
+        sa.Column("wait_key", ExactKey(255), nullable=True),
         sa.Column("cancel_reason", _text(), nullable=True),
         sa.Index(f"ix_{p}runs_status_updated", "status", "updated_at"),
         sa.Index(f"ix_{p}runs_wait", "wait_topic", "wait_key"),
@@ -123,9 +170,9 @@ def _steps(metadata: sa.MetaData, p: str) -> sa.Table:
     return sa.Table(
         f"{p}steps",
         metadata,
-        sa.Column("run_key", sa.String(255), nullable=False),
+        sa.Column("run_key", ExactKey(255), nullable=False),
         sa.Column("position", sa.Integer, nullable=False),
-        sa.Column("step_key", sa.String(400), nullable=False),
+        sa.Column("step_key", ExactKey(400), nullable=False),
         sa.Column("kind", sa.String(16), nullable=False),
         sa.Column("value", _blob(), nullable=True),
         sa.Column("wake_at", _time(), nullable=True),
@@ -145,7 +192,7 @@ def _dead_letters(metadata: sa.MetaData, p: str) -> sa.Table:
         f"{p}dead_letters",
         metadata,
         sa.Column("id", sa.Integer, primary_key=True, autoincrement=True),
-        sa.Column("run_key", sa.String(255), nullable=False),
+        sa.Column("run_key", ExactKey(255), nullable=False),
         sa.Column("job_id", sa.String(255), nullable=False),
         sa.Column("task_name", sa.String(255), nullable=False),
         sa.Column("reason", sa.String(64), nullable=False),
@@ -186,9 +233,9 @@ def _events(metadata: sa.MetaData, p: str) -> sa.Table:
         f"{p}events",
         metadata,
         sa.Column("id", _event_id(), primary_key=True, autoincrement=True),
-        sa.Column("topic", sa.String(255), nullable=False),
-        sa.Column("event_key", sa.String(255), nullable=False),
-        sa.Column("run_key", sa.String(255), nullable=True),
+        sa.Column("topic", ExactKey(255), nullable=False),
+        sa.Column("event_key", ExactKey(255), nullable=False),
+        sa.Column("run_key", ExactKey(255), nullable=True),
         sa.Column("payload", _blob(), nullable=True),
         sa.Column("created_at", _time(), nullable=False),
         sa.Index(f"ix_{p}events_topic_key", "topic", "event_key"),

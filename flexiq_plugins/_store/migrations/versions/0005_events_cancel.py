@@ -1,8 +1,8 @@
 """Events for waiting runs (C33) and cancellation (C34).
 
 Revision ID: 0005
-Revises: 0003
-Create Date: 2025-03-01
+Revises: 0004
+Create Date: 2026-12-03
 
 - ``<prefix>events``: each event sent with ``send_event`` (topic, key, the
   run it was sent to if any, the encoded payload, when). Ids are never
@@ -14,6 +14,8 @@ Create Date: 2025-03-01
 - ``<prefix>steps.event_id``: the event an ``event`` row received: each event
   is received at most once per run.
 
+Topics, event keys and run keys compare byte for byte (C40): on MySQL and
+MariaDB they are ``VARBINARY`` of their UTF-8 bytes, as the keys of 0004.
 Every new column is nullable, so existing rows need no rewrite.
 """
 
@@ -28,7 +30,7 @@ from sqlalchemy.dialects import mysql
 
 # revision identifiers, used by Alembic.
 revision: str = "0005"
-down_revision: str | Sequence[str] | None = "0003"
+down_revision: str | Sequence[str] | None = "0004"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -56,21 +58,28 @@ def _blob() -> sa.types.TypeEngine[bytes]:
     return sa.LargeBinary().with_variant(mysql.LONGBLOB(), "mysql", "mariadb")
 
 
+def _key() -> sa.types.TypeEngine[str]:
+    """A topic, event key or run key of at most 255 characters, compared byte for byte (C40)."""
+    if op.get_bind().dialect.name in ("mysql", "mariadb"):
+        return mysql.VARBINARY(255 * 4)  # type: ignore[return-value]
+    return sa.String(255)
+
+
 def upgrade() -> None:
     """Create ``<prefix>events``; add the wait and cancellation columns of runs and ``steps.event_id``."""
     p = table_prefix()
     with op.batch_alter_table(f"{p}runs") as batch:
-        batch.add_column(sa.Column("wait_topic", sa.String(255), nullable=True))
-        batch.add_column(sa.Column("wait_key", sa.String(255), nullable=True))
+        batch.add_column(sa.Column("wait_topic", _key(), nullable=True))
+        batch.add_column(sa.Column("wait_key", _key(), nullable=True))
         batch.add_column(sa.Column("cancel_reason", _text(), nullable=True))
     op.create_index(f"ix_{p}runs_wait", f"{p}runs", ["wait_topic", "wait_key"])
     op.add_column(f"{p}steps", sa.Column("event_id", sa.BigInteger, nullable=True))
     op.create_table(
         f"{p}events",
         sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), primary_key=True, autoincrement=True),
-        sa.Column("topic", sa.String(255), nullable=False),
-        sa.Column("event_key", sa.String(255), nullable=False),
-        sa.Column("run_key", sa.String(255), nullable=True),
+        sa.Column("topic", _key(), nullable=False),
+        sa.Column("event_key", _key(), nullable=False),
+        sa.Column("run_key", _key(), nullable=True),
         sa.Column("payload", _blob(), nullable=True),
         sa.Column("created_at", _time(), nullable=False),
         sqlite_autoincrement=True,

@@ -1,0 +1,183 @@
+"""A store that cannot be used: checked at configuration and worker start, never a job acked away (C28, C41).
+
+The core decides for every adapter: :func:`check_store_spec` refuses a store
+setting that can never work when the integration is configured;
+:func:`check_store_at_start` stops a worker whose store refuses it for good
+(one CRITICAL line, exit status 78) and lets it start through a mere outage;
+a job that meets either is put back (a :class:`PutBack`), with a delay that
+doubles while the outage lasts, up to ``store_retry_max_seconds``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from flexiq_plugins import (
+    AttemptDriver,
+    ConfigurationError,
+    DurableConfig,
+    JobEnvelope,
+    JobInfo,
+    MemoryStepStore,
+    SqlStepStore,
+    StoreMisconfigured,
+    StoreUnavailable,
+    outcomes,
+)
+from flexiq_plugins.integration import (
+    EXIT_CONFIGURATION,
+    check_store_at_start,
+    check_store_spec,
+    driver_or_put_back,
+)
+
+JOB = JobInfo("run-1", "job-1", JobEnvelope("task", "test"))
+
+UNUSABLE_SETTINGS = [
+    "postgresql//x",
+    "mongodb://h/db",
+    "",
+    12345,
+    "postgress://u@h/db",
+    "mysql+mysqlconnector://root@h/db",
+]  # a driver not installed
+
+
+@pytest.mark.parametrize("spec", UNUSABLE_SETTINGS, ids=repr)
+def test_c41_a_store_setting_that_can_never_work_is_refused_without_connecting(spec: object) -> None:
+    """C41: an unknown scheme, a malformed URL, a non-URL value or a missing driver is a ``ConfigurationError``.
+
+    The message names the value (or the missing package) so the typo is found
+    where it was made, at configuration, never at the first job.
+    """
+    with pytest.raises(ConfigurationError) as info:
+        check_store_spec(spec)  # type: ignore[arg-type]
+    assert repr(spec) in str(info.value) or "needs the package" in str(info.value)
+
+
+@pytest.mark.parametrize("spec", [None, "memory://", "sqlite:///steps.db", "postgresql://u@127.0.0.1:9/db"], ids=repr)
+def test_c41_a_usable_store_setting_passes_without_connecting(spec: object) -> None:
+    """C41: a setting resolved later (``None``), a memory store or a well-formed URL with its driver passes.
+
+    Nothing connects: a server that is down (port 9) is not a configuration error.
+    """
+    check_store_spec(spec)  # type: ignore[arg-type]
+
+
+class RefusingStore(MemoryStepStore):
+    """A memory store whose ``begin`` and ``now`` raise ``error`` while ``down``."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__()
+        self.error = error
+        self.down = True
+
+    def now(self) -> float:
+        if self.down:
+            raise self.error
+        return super().now()
+
+    def begin(self, *args: object, **kwargs: object) -> outcomes.Outcome:  # type: ignore[override]
+        if self.down:
+            raise self.error
+        return super().begin(*args, **kwargs)  # type: ignore[arg-type,return-value]
+
+
+def test_c41_a_worker_refuses_to_start_on_a_store_that_refuses_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """C41: a SQLite store in a missing directory stops the worker: exit status 78 and one CRITICAL line.
+
+    The line names the worker and the cause (the missing directory); nothing
+    else is logged at ERROR or above.
+    """
+    missing = tmp_path / "missing"
+    driver = AttemptDriver(SqlStepStore(f"sqlite:///{missing / 'steps.db'}"))
+    with pytest.raises(SystemExit) as stopped:
+        check_store_at_start(lambda: driver, worker="test worker")
+    assert stopped.value.code == EXIT_CONFIGURATION == 78
+    loud = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.levelno for r in loud] == [logging.CRITICAL]
+    assert "test worker cannot start" in loud[0].getMessage()
+    assert f"its directory {str(missing)!r} does not exist" in loud[0].getMessage()
+
+
+def test_c41_a_worker_refuses_to_start_on_a_setting_read_only_at_start(caplog: pytest.LogCaptureFixture) -> None:
+    """C41: a store opened only at worker start (an environment setting) with an unknown scheme stops the worker."""
+
+    def opens() -> AttemptDriver:
+        raise ConfigurationError("cannot use 'postgress://x' as a step store")
+
+    with pytest.raises(SystemExit) as stopped:
+        check_store_at_start(opens, worker="test worker")
+    assert stopped.value.code == EXIT_CONFIGURATION
+    assert "postgress://x" in caplog.text
+
+
+def test_c28_c41_a_worker_starts_through_a_store_outage_with_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    """C28, C41: a store that is only unreachable is no reason to stop: one WARNING, and the worker starts."""
+    driver = AttemptDriver(RefusingStore(StoreUnavailable("connection refused")))
+    check_store_at_start(lambda: driver, worker="test worker")
+    assert [(r.levelno, "connection refused" in r.getMessage()) for r in caplog.records] == [(logging.WARNING, True)]
+
+
+def test_c41_a_job_that_cannot_open_its_store_is_put_back(caplog: pytest.LogCaptureFixture) -> None:
+    """C41: a job whose store cannot be opened goes back to the broker for ``store_retry_max_seconds``.
+
+    It is a put-back, so no adapter acknowledges it away; the cause is logged at ERROR.
+    """
+
+    def opens() -> AttemptDriver:
+        raise ConfigurationError("the step store needs the package psycopg")
+
+    outcome = driver_or_put_back(opens, DurableConfig(store_retry_max_seconds=42))
+    assert outcome == outcomes.PutBack(
+        outcomes.PutBackReason.STORE_UNAVAILABLE, 42.0, "the step store needs the package psycopg"
+    )
+    assert [r.levelno for r in caplog.records] == [logging.ERROR]
+
+
+def test_c28_c41_put_backs_for_a_store_outage_double_up_to_the_cap_and_are_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """C28, C41: consecutive outage put-backs wait 1, 2, 4, 5, 5 s; the wait starts again at 1 s after the outage.
+
+    Each longer wait is logged once at WARNING (the last two are not); the
+    store's return is logged at INFO.
+    """
+    caplog.set_level(logging.INFO, logger="flexiq_plugins")
+    store = RefusingStore(StoreUnavailable("connection refused"))
+    driver = AttemptDriver(store, DurableConfig(store_retry_seconds=1, store_retry_max_seconds=5))
+    delays = []
+    for _ in range(5):
+        outcome = driver.start(JOB)
+        assert isinstance(outcome, outcomes.PutBack)
+        delays.append(outcome.delay)
+    assert delays == [1.0, 2.0, 4.0, 5.0, 5.0]
+    assert [r.levelno for r in caplog.records] == [logging.WARNING] * 4
+
+    store.down = False
+    assert not isinstance(driver.start(JOB.__class__("run-2", "job-2", JOB.envelope)), outcomes.PutBack)
+    assert caplog.records[-1].getMessage() == "step store reachable again"
+    store.down = True
+    again = driver.start(JOB)
+    assert isinstance(again, outcomes.PutBack)
+    assert again.delay == 1.0
+
+
+def test_c41_a_store_refusing_its_configuration_mid_run_puts_jobs_back_logged_as_errors(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """C41: a refusal met while running (a password rotated) is an outage that will not pass: put back, ERROR lines."""
+    refusal = StoreMisconfigured(
+        "the step store at postgresql://app@db/shop cannot be used: password authentication failed"
+    )
+    driver = AttemptDriver(RefusingStore(refusal))
+    outcome = driver.start(JOB)
+    assert isinstance(outcome, outcomes.PutBack)
+    assert outcome.reason is outcomes.PutBackReason.STORE_UNAVAILABLE
+    assert [r.levelno for r in caplog.records] == [logging.ERROR]
+    assert "password authentication failed" in caplog.text
