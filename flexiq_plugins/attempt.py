@@ -59,6 +59,7 @@ from .errors import (
     StoreMisconfigured,
     StoreUnavailable,
     SwallowedStepSignal,
+    UnknownRun,
     UnsupportedInEagerMode,
     classify,
     reason_of,
@@ -80,17 +81,6 @@ _ENDED_STATUS: dict[outcomes.Ended, base.RunStatus] = {
     outcomes.Ended.FAILED: "failed",
 }
 
-_ENDED_WHILE: dict[outcomes.Ended, frozenset[str]] = {
-    outcomes.Ended.REVOKED: base.LIVE_STATUSES,
-    outcomes.Ended.EXPIRED: base.LIVE_STATUSES,
-    outcomes.Ended.SKIPPED: base.LIVE_STATUSES,
-    outcomes.Ended.TIME_LIMIT: frozenset({"running", "retrying"}),
-    outcomes.Ended.FAILED: frozenset({"running", "retrying"}),
-}
-"""The statuses each end applies to. A failure the framework acknowledged
-settles only a run its attempt left ``running`` (killed) or ``retrying``: an
-attempt that already handed the failure to the core (``give_up``) left the run
-``failed``, or ``pending`` to run its undos, which it must keep (C32)."""
 
 _FINISH_RETRY_PAUSES = (0.2, 0.5, 1.0)
 
@@ -254,10 +244,10 @@ class AttemptDriver:
     def framework_ended(self, run_key: str, how: outcomes.Ended) -> base.RunStatus | None:
         """The framework ended the job of ``run_key`` by itself: settle its run to match (C38).
 
-        A revoke, an expiry or a skip makes the run ``cancelled`` (if it is
-        not terminal yet); a time limit or a failure the framework
-        acknowledges makes a ``running`` or ``retrying`` run ``failed``
-        (a run waiting to run its undos keeps waiting, C32). Applies whoever holds its claim
+        A revoke, an expiry or a skip makes the run ``cancelled``; a time
+        limit or a failure the framework acknowledges makes it ``failed``,
+        except a run waiting to run its undos (C32), which keeps waiting.
+        Applies to a run that is not terminal yet, whoever holds its claim
         (the attempt the framework killed is fenced out); recovery never
         re-publishes it. Call it before the message is acknowledged when the
         framework lets you. A store error is logged, not raised.
@@ -268,13 +258,23 @@ class AttemptDriver:
         """
         status = _ENDED_STATUS[how]
         try:
-            applied = self.store.release_run(run_key, status, while_status=_ENDED_WHILE[how])
+            if status == "failed" and self._compensating(run_key):
+                return None  # the attempt already handed the failure over: its undos run next (C32)
+            applied = self.store.release_run(run_key, status, while_status=base.LIVE_STATUSES)
         except StoreError:
             logger.exception("could not settle run %s after its job was %s", run_key, how.value)
             return None
         if applied:
             logger.info("run %s is %s: its job was %s by the framework", run_key, status, how.value)
         return status if applied else None
+
+    def _compensating(self, run_key: str) -> bool:
+        """Whether the run waits for the delivery that runs its undos (a ``compensation`` row, C32)."""
+        try:
+            run = self.store.get_run(run_key)
+        except UnknownRun:
+            return False
+        return run.status == "pending" and any(s.kind == "compensation" for s in self.store.get_steps(run_key))
 
     def worker_stopped(self, run_key: str) -> bool:
         """The worker shut down and killed the attempt running ``run_key``; its message goes back (C38).
