@@ -92,18 +92,6 @@ _ENDED_STATUS: dict[outcomes.Ended, base.RunStatus] = {
 _CANCELLING = frozenset({outcomes.Ended.REVOKED, outcomes.Ended.EXPIRED, outcomes.Ended.SKIPPED})
 """The ends that cancel a run (C34): through :func:`flexiq_plugins.cancellation.cancel`, undos included."""
 
-_ENDED_WHILE: dict[outcomes.Ended, frozenset[str]] = {
-    outcomes.Ended.REVOKED: base.LIVE_STATUSES,
-    outcomes.Ended.EXPIRED: base.LIVE_STATUSES,
-    outcomes.Ended.SKIPPED: base.LIVE_STATUSES,
-    outcomes.Ended.TIME_LIMIT: frozenset({"running", "retrying"}),
-    outcomes.Ended.FAILED: frozenset({"running", "retrying"}),
-}
-"""The statuses each end applies to. A failure the framework acknowledged
-settles only a run its attempt left ``running`` (killed) or ``retrying``: an
-attempt that already handed the failure to the core (``give_up``) left the run
-``failed``, or ``pending`` to run its undos, which it must keep (C32)."""
-
 _FINISH_RETRY_PAUSES = (0.2, 0.5, 1.0)
 
 
@@ -275,12 +263,12 @@ class AttemptDriver:
         attempt holds ends ``cancelled`` (or, with undos to run, ``pending``
         until its next delivery runs them: recovery publishes it); an attempt
         still running stops at its next step. A time limit or a failure the
-        framework acknowledges makes a ``running`` or ``retrying`` run
-        ``failed`` (a run waiting to run its undos keeps waiting, C32),
-        whoever holds its claim (the attempt the framework killed is fenced
-        out). Recovery never re-publishes a run settled so. Call it before the
-        message is acknowledged when the framework lets you. A store error is
-        logged, not raised.
+        framework acknowledges makes it ``failed``, except a run waiting to run
+        its undos (C32), which keeps waiting; this applies to a run that is not
+        terminal yet, whoever holds its claim (the attempt the framework killed
+        is fenced out). Recovery never re-publishes a run settled so. Call it
+        before the message is acknowledged when the framework lets you. A
+        store error is logged, not raised.
 
         Returns:
           str | None: the status the run now has, or ``None`` if it was
@@ -290,7 +278,9 @@ class AttemptDriver:
             return self._cancelled_by_framework(run_key, how)
         status = _ENDED_STATUS[how]
         try:
-            applied = self.store.release_run(run_key, status, while_status=_ENDED_WHILE[how])
+            if status == "failed" and self._compensating(run_key):
+                return None  # the attempt already handed the failure over: its undos run next (C32)
+            applied = self.store.release_run(run_key, status, while_status=base.LIVE_STATUSES)
         except StoreError:
             logger.exception("could not settle run %s after its job was %s", run_key, how.value)
             return None
@@ -310,6 +300,14 @@ class AttemptDriver:
             return None
         logger.info("run %s: its job was %s by the framework: %s", run_key, how.value, done.outcome)
         return done.status
+
+    def _compensating(self, run_key: str) -> bool:
+        """Whether the run waits for the delivery that runs its undos (a ``compensation`` row, C32)."""
+        try:
+            run = self.store.get_run(run_key)
+        except UnknownRun:
+            return False
+        return run.status == "pending" and any(s.kind == "compensation" for s in self.store.get_steps(run_key))
 
     def worker_stopped(self, run_key: str) -> bool:
         """The worker shut down and killed the attempt running ``run_key``; its message goes back (C38).

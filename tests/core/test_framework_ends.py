@@ -114,3 +114,21 @@ def test_c38_worker_interrupted_is_not_an_error_and_not_retried():
     error = WorkerInterrupted("shutdown")
     assert not isinstance(error, Exception)
     assert classify(error) is Disposition.INTERRUPTED
+
+
+def test_c32_c38_an_acknowledged_failure_does_not_cancel_a_compensation_waiting_to_run(harness):
+    """C32, C38: the framework reports the failure it acknowledged after the attempt handed it over (``give_up``).
+
+    The run waits for the delivery that runs its undos; the late report of the
+    same failure must not settle it ``failed`` and so skip the undos.
+    """
+
+    def body():
+        current_job.step.run("charge", lambda: "ch_1", compensate=lambda charge: None)
+        raise ConnectionError("carrier down")
+
+    failure = harness.run(body)
+    assert isinstance(failure, outcomes.Failure)
+    assert isinstance(harness.driver.give_up(failure), outcomes.PutBack)
+    assert harness.driver.framework_ended(harness.run_key, outcomes.Ended.FAILED) is None
+    assert harness.store.get_run(harness.run_key).status == "pending"
