@@ -88,7 +88,13 @@ def test_c35_concurrent_recovers_publish_each_run_once(
     keys = [f"run-{i:02d}" for i in range(15)]
     for key in keys:
         runs.sleeping(key, pause="50ms", framework="dramatiq")
-    time.sleep(0.6)
+    # Wait until every run is past its wake time plus the grace on the store's
+    # clock, so all four recoverers see the same fifteen candidates.
+    wait_for(
+        lambda: len(list(operations.find_stranded(first, grace=0.5))) == len(keys),
+        30,
+        "all fifteen runs to be overdue",
+    )
     broker = StubBroker()
     broker.declare_queue("orders")  # StubBroker.declare_queue is not thread-safe: two threads could each make it
     stores: list[StepStore] = [first] + [SqlStepStore(url, table_prefix=first.table_prefix) for _ in range(3)]
