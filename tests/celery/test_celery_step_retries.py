@@ -55,9 +55,13 @@ class Worker:
 
         return str(wait_for(status, timeout, f"run {run_key} to finish"))
 
-    def dead_letter_queue(self) -> int:
-        """How many messages the Redis dead-letter queue of the worker's app holds."""
-        return int(redis.Redis.from_url(REDIS_BROKER).llen(f"{self.client.main}.dlq"))
+    def dead_letters_in_queue(self, run_key: str) -> int:
+        """How many messages of ``run_key`` the Redis dead-letter queue of the worker's app holds.
+
+        Counted per run, so another test's dead letter landing meanwhile does not count.
+        """
+        entries = redis.Redis.from_url(REDIS_BROKER).lrange(f"{self.client.main}.dlq", 0, -1)
+        return sum(run_key in entry.decode() for entry in entries)
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +139,6 @@ def test_c32_two_undos_run_once_each_in_reverse_even_when_killed_between_them(wo
     reservation's undo does anything, and the redelivered job replays the body, does not undo the charge
     again, undoes the reservation, and ends the run ``compensated`` with one dead letter."""
     name = label()
-    before = worker.dead_letter_queue()
     _, run_key = worker.publish("saga", name, str(worker.dir))
     pid_file = worker.dir / f"{name}.pid"
     wait_for(pid_file.exists, 60, "the second undo to start")
@@ -145,5 +148,5 @@ def test_c32_two_undos_run_once_each_in_reverse_even_when_killed_between_them(wo
     assert call_order(worker.calls, f"{name}:undo_") == [f"{name}:undo_charge", f"{name}:undo_reserve"]
     assert count_calls(worker.calls, f"{name}:ship") == 1
     assert [d.reason for d in worker.store.list_dead_letters() if d.run_key == run_key] == ["non_retryable"]
-    assert worker.dead_letter_queue() == before + 1
+    assert wait_for(lambda: worker.dead_letters_in_queue(run_key) == 1, 30, "the job in the dead-letter queue")
     assert worker.store.get_run(run_key).takeovers == 1
