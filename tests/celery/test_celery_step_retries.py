@@ -145,5 +145,6 @@ def test_c32_two_undos_run_once_each_in_reverse_even_when_killed_between_them(wo
     assert call_order(worker.calls, f"{name}:undo_") == [f"{name}:undo_charge", f"{name}:undo_reserve"]
     assert count_calls(worker.calls, f"{name}:ship") == 1
     assert [d.reason for d in worker.store.list_dead_letters() if d.run_key == run_key] == ["non_retryable"]
-    assert worker.dead_letter_queue() == before + 1
+    # the job reaches the dead-letter queue just after the store records the run's end: wait for it
+    wait_for(lambda: worker.dead_letter_queue() == before + 1, 30, "the job in the dead-letter queue")
     assert worker.store.get_run(run_key).takeovers == 1
