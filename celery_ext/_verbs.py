@@ -13,6 +13,11 @@ Outcome              What the task does
                      the same task id is re-published once to run them
 ``DeadLetter``       :mod:`celery_ext._deadletter`: never a retry
 ``Ack``              ``Ignore``: acked, the stored result is left as it is
+``Replay``           the run already finished (C37): returns its stored value,
+                     or raises its stored error, from ``__call__``, outside
+                     ``autoretry_for`` (which wraps ``run``) and without
+                     ``self.retry``: Celery's tracer stores the result, acks,
+                     and continues chains, ``link``/``link_error`` and chords
 ===================  ============================================================
 
 The re-published message keeps the headers, the retry count and the routing
@@ -45,6 +50,7 @@ from flexiq_plugins.integration import (
     JobInfo,
     Outcome,
     PutBack,
+    Replay,
     UnsupportedInEagerMode,
     hand_off,
 )
@@ -93,6 +99,11 @@ def act(task: Any, request: Any, runtime: Runtime, job: JobInfo, outcome: Outcom
             _dead_letter(task, request, runtime, outcome)
         case Ack():
             raise HandedBack()  # acknowledge, leave the result backend alone
+        case Replay(error=None, value=value):
+            return value  # the body does not run; Celery stores the value and goes on (C37)
+        case Replay(error=error):
+            assert error is not None
+            raise error  # Celery stores FAILURE and calls link_error; no retry policy sees it (C37)
         case _:
             assert_never(outcome)
 

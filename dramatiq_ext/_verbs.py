@@ -12,6 +12,12 @@ Outcome              What the actor call does
                      up, the middleware settles the run ``failed`` before the ack
 ``DeadLetter``       fails the message (the broker moves it to ``.XQ``) and skips
 ``Ack``              skips (acked)
+``Replay``           the run already finished (C37): returns its stored value
+                     (``Results`` stores it, pipelines go on), or raises its
+                     stored error with this delivery's ``max_retries`` set to 0,
+                     so ``Retries`` fails it at once (``Results`` stores the
+                     error, ``on_failure`` callbacks fire) instead of retrying
+                     a delivery that would only replay it again
 ===================  ============================================================
 
 A skip is raised as :class:`~dramatiq.middleware.SkipMessage`: the worker
@@ -39,7 +45,17 @@ from dramatiq.middleware import SkipMessage
 from dramatiq.threading import Interrupt
 from typing_extensions import assert_never
 
-from flexiq_plugins.integration import Ack, Completed, DeadLetter, Failure, JobInfo, Outcome, PutBack, hand_off
+from flexiq_plugins.integration import (
+    Ack,
+    Completed,
+    DeadLetter,
+    Failure,
+    JobInfo,
+    Outcome,
+    PutBack,
+    Replay,
+    hand_off,
+)
 
 from ._envelope import RUN_KEY_OPTION
 
@@ -119,8 +135,27 @@ def apply_outcome(broker: dramatiq.Broker, message: Any, job: JobInfo, outcome: 
             _fail(message, outcome)
         case Ack():
             _skip_without_result(message, outcome.reason.value)
+        case Replay(error=None, value=value):
+            return value  # the body does not run; Results stores the value, a pipeline goes on (C37)
+        case Replay(error=error):
+            assert error is not None
+            _replay_failure(message, error)
         case _:
             assert_never(outcome)
+
+
+def _replay_failure(message: Any, error: BaseException) -> NoReturn:
+    """Raise a finished run's stored error for this delivery, which Retries then fails at once (C37).
+
+    ``max_retries`` 0 for this delivery only: ``Retries`` fails the message
+    (the broker's dead-letter queue, ``Results`` stores the error,
+    ``on_failure`` and ``on_retry_exhausted`` fire) instead of retrying one
+    that would only replay the error again. An actor with ``retry_when``
+    decides by it instead; each retry then replays the error again, the
+    body never runs.
+    """
+    message.options["max_retries"] = 0
+    raise error
 
 
 def _skip_without_result(message: Any, why: str) -> NoReturn:

@@ -40,7 +40,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from . import cancellation, compensation, outcomes
+from . import cancellation, compensation, outcomes, replays
 from ._store import base
 from ._store.base import (
     EventPoll,
@@ -204,8 +204,9 @@ class AttemptDriver:
 
         One store transaction (C9). Returns a :class:`~flexiq_plugins.outcomes.PutBack`
         while another live claim holds the run (C24) or the store is down
-        (C28), an :class:`~flexiq_plugins.outcomes.Ack` if the run is terminal
-        (C26), a :class:`~flexiq_plugins.outcomes.DeadLetter` (``worker_lost``)
+        (C28), a :class:`~flexiq_plugins.outcomes.Replay` (or, keeping no
+        outcome, an ``Ack``) if the run is terminal (C26, C37, :meth:`replay_finished`),
+        a :class:`~flexiq_plugins.outcomes.DeadLetter` (``worker_lost``)
         past the takeover limit (C25).
 
         Raises:
@@ -220,7 +221,7 @@ class AttemptDriver:
         except StoreUnavailable as exc:
             return self.store_outage(exc)
         if isinstance(result, base.Finished):
-            return outcomes.Ack(outcomes.AckReason.DUPLICATE, result.status)
+            return self.replay_finished(job, result)
         if isinstance(result, base.Busy):
             delay = max(min(self.config.busy_retry_seconds, result.lease_remaining), 0.0)
             return outcomes.PutBack(outcomes.PutBackReason.BUSY, delay, "its run is running elsewhere")
@@ -229,6 +230,24 @@ class AttemptDriver:
         if result.envelope.corrupt:
             return self._dead_at_start(job, result, "corrupt_record", f"run {job.run_key!r}: {result.envelope.corrupt}")
         return Attempt(self, job, result)
+
+    def replay_finished(self, job: JobInfo, finished: base.Finished) -> outcomes.Replay | outcomes.Ack:
+        """The outcome of a job whose run is already finished: replay its stored outcome (C26, C37).
+
+        A duplicate delivery, or a new job published with a finished run's
+        key: the body does not run; the :class:`~flexiq_plugins.outcomes.Replay`
+        carries the value the run returned, or the error it ended with
+        (decoded here with this driver's codec chain). A run that keeps no
+        outcome (it finished before outcomes were kept, or the framework
+        ended it itself: a revoke, a time limit, a failure it acknowledged)
+        is acknowledged as a duplicate, as before.
+        """
+        if finished.outcome is None:
+            logger.debug("job %s: run %s is already %s; acknowledged", job.job_id, job.run_key, finished.status)
+            return outcomes.Ack(outcomes.AckReason.DUPLICATE, finished.status)
+        replayed = replays.load_outcome(finished.outcome, self.codec)
+        logger.info("job %s: run %s is already %s; its outcome is replayed", job.job_id, job.run_key, finished.status)
+        return outcomes.Replay(finished.status, replayed.value, replayed.error)
 
     def store_outage(self, exc: StoreUnavailable) -> outcomes.PutBack:
         """The outcome of a store outage: put back, no retry counted (C28, C41).
@@ -250,7 +269,7 @@ class AttemptDriver:
     def _dead_at_start(self, job: JobInfo, begun: base.Begun, reason: str, message: str) -> outcomes.Outcome:
         """Dead-letter a run just claimed, without running its body (C25, C30)."""
         dead = NewDeadLetter(job.job_id, reason, message)
-        self.store.finish(begun.claim, "dead", dead_letter=dead)
+        self.store.finish(begun.claim, "dead", dead_letter=dead, outcome=replays.dead_letter_outcome(reason, message))
         logger.error("%s", message)
         return outcomes.DeadLetter(reason, message)
 
@@ -506,7 +525,7 @@ class Attempt:
             return self._driver.store_outage(error)
         if disposition is Disposition.DEAD_LETTER:
             return self._dead_letter(error)
-        self._finish("retrying")
+        self._finish("retrying", outcome=replays.error_outcome(error))  # kept when the framework gives up (C37)
         return outcomes.Failure(error, self.run_key, self.number)
 
     def _ended_early(self, error: BaseException) -> outcomes.Outcome:
@@ -534,7 +553,8 @@ class Attempt:
                 ", ".join(r.step_key for r in sequence.recorded),
                 ", ".join(sequence.running),
             )
-        self._finish("succeeded", drop_steps=not self._config.keep_succeeded_steps)
+        outcome = replays.value_outcome(value, self._driver.codec, self._config.limits.step_bytes)
+        self._finish("succeeded", drop_steps=not self._config.keep_succeeded_steps, outcome=outcome)
         return outcomes.Completed(value)
 
     def _sleeping(self, signal: SleepSignal) -> outcomes.Outcome:
@@ -576,7 +596,7 @@ class Attempt:
     def _cancelled(self, reason: str, message: str) -> outcomes.Outcome:
         """The run ends ``cancelled`` with ``reason`` (kept if one was requested before), C34."""
         self._store.request_cancel(self.run_key, reason)
-        self._finish("cancelled")
+        self._finish("cancelled", outcome=replays.cancelled_outcome(reason))
         logger.info("job %s (run %s) cancelled: %s", self.job_id, self.run_key, message)
         return outcomes.Ack(outcomes.AckReason.CANCELLED, message)
 
@@ -590,10 +610,11 @@ class Attempt:
             cancelled = self.journal.cancellation
             return self._cancelled(cancelled.reason if cancelled else failure.message, done.message)
         if failure.origin == "framework":  # the framework already reported the failure
-            self._finish("compensated")
+            self._finish("compensated", outcome=replays.failure_outcome(failure.error_type, failure.message))
             return outcomes.Ack(outcomes.AckReason.COMPENSATED, done.message)
         record = NewDeadLetter(self.job_id, failure.reason, done.message, failure.traceback)
-        self._finish("compensated", dead_letter=record)
+        dead = replays.dead_letter_outcome(failure.reason, done.message)
+        self._finish("compensated", dead_letter=record, outcome=dead)
         logger.error("job %s (run %s) dead-lettered (%s): %s", self.job_id, self.run_key, failure.reason, done.message)
         return outcomes.DeadLetter(failure.reason, done.message)
 
@@ -604,14 +625,14 @@ class Attempt:
             "eager mode (task_always_eager / Task.apply) cannot put a job back; the run is failed, "
             "so no worker resumes it later. Run durable tasks that sleep on a worker"
         )
-        self._finish("failed")
+        self._finish("failed", outcome=replays.error_outcome(error))
         return outcomes.Failure(error, self.run_key, self.number)
 
     def _dead_letter(self, error: BaseException) -> outcomes.Outcome:
         reason = reason_of(error)
         trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
         record = NewDeadLetter(self.job_id, reason, str(error), trace)
-        self._finish("dead", dead_letter=record)
+        self._finish("dead", dead_letter=record, outcome=replays.dead_letter_outcome(reason, str(error)))
         logger.error("job %s (run %s) dead-lettered (%s): %s", self.job_id, self.run_key, reason, error)
         return outcomes.DeadLetter(reason, str(error), error)
 

@@ -55,7 +55,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from . import compensation
+from . import compensation, replays
 from ._store.base import TERMINAL_STATUSES, StepRow, StepStore
 from ._store.claims import lease_remaining
 from .errors import RunCancelled
@@ -116,7 +116,8 @@ def cancel(store: StepStore, run_key: str, reason: str = "") -> CancelResult:
         failure = RunFailure("cancelled", "cancelled", qualified_name(RunCancelled), str(RunCancelled(stated)), "")
         if compensation.begin_compensation(store, run_key, failure, status=run.status, attempt=run.attempt):
             return CancelResult(run_key, "compensating", "pending")
-        if store.settle_cancelled(run_key, status=run.status, attempt=run.attempt):
+        kept = replays.cancelled_outcome(stated)  # a duplicate replays the cancellation (C37)
+        if store.settle_cancelled(run_key, status=run.status, attempt=run.attempt, outcome=kept):
             logger.info("run %s cancelled: %s", run_key, stated)
             return CancelResult(run_key, "cancelled", "cancelled")
     return CancelResult(run_key, "requested", store.get_run(run_key).status)  # whoever holds it now sees it

@@ -426,6 +426,39 @@ class DeadLettered(FlexiqError):
     """
 
 
+class ReplayedError(NonRetryableError):
+    """A finished run's stored error whose class cannot be imported or built here (C37).
+
+    A duplicate delivery of a failed run replays its error: the class is
+    imported by the name the store holds and built with the message; when
+    that fails, this error stands in for it.
+
+    Parameters:
+      message(str): ``"<error type>: <message>"``.
+      error_type(str): the stored qualified class name.
+    """
+
+    def __init__(self, message: str = "", error_type: str = "") -> None:
+        super().__init__(message)
+        self.error_type = error_type
+
+
+class JobCancelled(FlexiqError):
+    """The job's run was cancelled (C34): what a duplicate of a cancelled run raises (C37).
+
+    The first argument is the message, which names the cancellation's reason.
+    """
+
+
+class OutcomeNotKept(FlexiqError):
+    """A finished run's return value was not kept, so a duplicate cannot replay it (C37).
+
+    The value was over the step value cap (``step_bytes``) or could not be
+    encoded by the step serializer; the run itself succeeded. The message
+    says which.
+    """
+
+
 class UnsupportedInEagerMode(FlexiqError, RuntimeError):
     """A durable job asked to be put back on its queue while run eagerly.
 

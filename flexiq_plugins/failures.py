@@ -33,6 +33,7 @@ __all__ = [
     "ErrorText",
     "RunFailure",
     "StepFailure",
+    "build_error",
     "error_text",
     "exhausted_error",
     "load_failure",
@@ -176,16 +177,23 @@ def rebuild_error(error_type: str | None, message: str) -> BaseException | None:
     """
     if error_type is None:
         return None
+    built = build_error(error_type, message)
+    return built if built is not None else NonRetryableError(f"{error_type}: {message}")
+
+
+def build_error(error_type: str, message: str) -> BaseException | None:
+    """The error ``error_type(message)``, its ``Exception`` class imported by name; ``None`` if it cannot be built."""
     cls = _exception_class(error_type)
-    if cls is not None:
-        with contextlib.suppress(Exception):  # the message as its only argument, __init__ not called
-            bare = cls.__new__(cls)
-            bare.args = (message,)
-            if str(bare) == message:
-                return bare
-        with contextlib.suppress(Exception):
-            return cls(message)
-    return NonRetryableError(f"{error_type}: {message}")
+    if cls is None:
+        return None
+    with contextlib.suppress(Exception):  # the message as its only argument, __init__ not called
+        bare = cls.__new__(cls)
+        bare.args = (message,)
+        if str(bare) == message:
+            return bare
+    with contextlib.suppress(Exception):
+        return cls(message)
+    return None
 
 
 def _exception_class(name: str) -> type[BaseException] | None:

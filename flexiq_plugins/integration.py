@@ -69,7 +69,7 @@ from .errors import (
 )
 from .identity import new_run_key, run_key_from
 from .operations import CancelResult, cancel_run
-from .outcomes import Ack, AckReason, Completed, DeadLetter, Ended, Failure, Outcome, PutBack, PutBackReason
+from .outcomes import Ack, AckReason, Completed, DeadLetter, Ended, Failure, Outcome, PutBack, PutBackReason, Replay
 from .policies import CancellationPolicy, RetryPolicy, cancellation_option, retry_policy_option
 from .registry import Adapter, Publisher, ValueReader, register_adapter, register_installation
 
@@ -100,6 +100,7 @@ __all__ = [
     "Publisher",
     "PutBack",
     "PutBackReason",
+    "Replay",
     "RetryPolicy",
     "Serializer",
     "StepSignal",

@@ -24,6 +24,10 @@ Outcome                   Adapter's verb
 :class:`DeadLetter`       no retry: the broker's dead-letter path (the store
                           already records the dead letter)
 :class:`Ack`              acknowledge without running anything more
+:class:`Replay`           the run already finished (a duplicate): hand the
+                          framework its stored outcome as if the body had just
+                          ended: return ``value``, or raise ``error`` past the
+                          framework's retry policy (C37)
 ========================  =====================================================
 """
 
@@ -43,6 +47,7 @@ __all__ = [
     "Outcome",
     "PutBack",
     "PutBackReason",
+    "Replay",
 ]
 
 
@@ -69,7 +74,8 @@ class AckReason(enum.Enum):
     """Why a job is acknowledged without a value."""
 
     DUPLICATE = "duplicate"
-    """The run is already terminal (C26)."""
+    """The run is already terminal and keeps no outcome to replay (C26, C37): it finished before
+    outcomes were kept, or the framework ended it itself."""
     DROPPED = "dropped"
     """This attempt's claim was taken over (C25); its outcome is dropped."""
     COMPENSATED = "compensated"
@@ -159,7 +165,32 @@ class Ack:
     detail: str = ""
 
 
-Outcome = Completed | PutBack | Failure | DeadLetter | Ack
+@dataclass(frozen=True)
+class Replay:
+    """The run already finished: replay its stored outcome, without running the body (C37).
+
+    A duplicate delivery of a finished run (its worker died after the store
+    recorded the end and before the framework did), or a new job published
+    with a finished run's key. The adapter ends the job through the
+    framework's normal path, as if the body had just returned ``value`` or
+    raised ``error``: the result backend stores it, chains, callbacks and
+    pipelines continue. A replayed ``error`` is never retried: retrying
+    would only replay it again.
+
+    Parameters:
+      status(str): the run's terminal status.
+      value(Any): the run's return value (when ``error`` is ``None``).
+      error(BaseException | None): the error to raise: the body's error
+        rebuilt by its class name (C31 rules), a ``DeadLettered``, a
+        ``JobCancelled``, or an ``OutcomeNotKept`` for a value over the cap.
+    """
+
+    status: str
+    value: Any = None
+    error: BaseException | None = None
+
+
+Outcome = Completed | PutBack | Failure | DeadLetter | Ack | Replay
 """Every outcome an attempt can have; adapters ``match`` over it exhaustively."""
 
 

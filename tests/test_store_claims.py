@@ -39,6 +39,7 @@ class Run:
     attempt: int = 0
     takeovers: int = 0
     updated_at: float = 900.0
+    outcome: bytes | None = None
 
 
 def test_a_new_run_is_claimed_as_attempt_one_without_a_takeover() -> None:

@@ -496,6 +496,59 @@ def test_c38_a_run_released_to_pending_is_claimed_again_without_a_takeover(store
     assert (begun.claim.attempt, begun.takeovers) == (2, 0)
 
 
+# ------------------------------------------------------------ C37 outcomes
+@pytest.mark.parametrize("status", ["succeeded", "failed", "dead", "cancelled", "compensated"])
+def test_c37_finish_keeps_the_outcome_with_the_terminal_status_and_begin_hands_it_over(
+    store: StepStore, status: str
+) -> None:
+    """C37: ``finish`` writes the outcome with the terminal status; a later ``begin`` returns it in ``Finished``."""
+    key = new_key()
+    outcome = b"V" + bytes(range(256)) + status.encode()  # opaque bytes, every byte value
+    store.finish(claim_run(store, key).claim, status, outcome=outcome)  # type: ignore[arg-type]
+    assert store.get_run(key).outcome == outcome
+    assert store.begin(key, "job-again", ENVELOPE, "worker-2", 30.0) == Finished(status, outcome)
+
+
+def test_c37_a_four_mib_outcome_round_trips(store: StepStore) -> None:
+    """C37: an outcome as large as the step value cap (4 MiB by default) is kept whole."""
+    key = new_key()
+    outcome = b"V" + os.urandom(4 * 1024 * 1024)
+    store.finish(claim_run(store, key).claim, "succeeded", outcome=outcome)
+    finished = store.begin(key, "job-again", ENVELOPE, "worker-2", 30.0)
+    assert isinstance(finished, Finished)
+    assert finished.outcome == outcome
+
+
+def test_c37_a_run_that_moves_on_does_not_keep_an_old_outcome(store: StepStore) -> None:
+    """C37: a retrying run's outcome is kept when it is settled failed, cleared when a later end writes none."""
+    kept, cleared = new_key(), new_key()
+    store.finish(claim_run(store, kept).claim, "retrying", outcome=b"E1")
+    assert store.settle_failed(kept, 1) is True
+    assert store.begin(kept, "job-2", ENVELOPE, "w", 30.0) == Finished("failed", b"E1")
+    store.finish(claim_run(store, cleared).claim, "retrying", outcome=b"E1")
+    claim_run(store, cleared, owner="worker-2")
+    assert store.release_run(cleared, "failed", while_status=LIVE) is True
+    assert store.begin(cleared, "job-3", ENVELOPE, "w", 30.0) == Finished("failed", None)
+
+
+def test_c37_release_run_and_settle_cancelled_write_the_outcome_with_the_status(store: StepStore) -> None:
+    """C37: the framework's own ends (``release_run``) and a cancellation (``settle_cancelled``) keep an outcome."""
+    released, cancelled = new_key(), new_key()
+    claim_run(store, released)
+    assert store.release_run(released, "cancelled", while_status=LIVE, outcome=b"Ex") is True
+    assert store.get_run(released).outcome == b"Ex"
+    store.finish(claim_run(store, cancelled).claim, "sleeping", wake_at=store.now() + 60)
+    assert store.settle_cancelled(cancelled, status="sleeping", attempt=1, outcome=b"Ec") is True
+    assert store.begin(cancelled, "job-2", ENVELOPE, "w", 30.0) == Finished("cancelled", b"Ec")
+
+
+def test_c37_a_run_that_finished_without_an_outcome_has_none(store: StepStore) -> None:
+    """C37: a run ended without an outcome (as every run did before revision 0006) hands ``None`` over."""
+    key = new_key()
+    store.finish(claim_run(store, key).claim, "succeeded")
+    assert store.begin(key, "job-2", ENVELOPE, "w", 30.0) == Finished("succeeded", None)
+
+
 # -------------------------------------------------------------- operators
 def test_get_run_of_an_unknown_key_raises_unknown_run(store: StepStore) -> None:
     """``get_run`` of an unknown run key raises ``UnknownRun`` (a ``StoreError`` and ``LookupError``)."""

@@ -350,9 +350,15 @@ class Finished:
 
     Parameters:
       status(str): the terminal status.
+      outcome(bytes | None): the run's stored outcome, written with its
+        terminal status (C37): opaque to the store, written and read by
+        :mod:`flexiq_plugins.failures` (``run_outcome`` / ``load_outcome``);
+        ``None`` for a run that keeps none (finished before outcomes were
+        kept, or ended by the framework itself).
     """
 
     status: str
+    outcome: bytes | None = None
 
 
 BeginResult = Begun | Busy | Finished
@@ -400,7 +406,8 @@ class RunRecord:
     (epoch seconds, store clock; both ``None`` otherwise). ``wait_topic`` and
     ``wait_key`` name the event a ``waiting`` run waits for (C33);
     ``cancel_reason`` is a ``cancelled`` run's reason, or a cancellation
-    requested and not yet carried out (C34).
+    requested and not yet carried out (C34). ``outcome`` is a terminal run's
+    stored outcome (C37), opaque bytes (see :class:`Finished`).
     """
 
     run_key: str
@@ -423,6 +430,7 @@ class RunRecord:
     wait_topic: str | None = None
     wait_key: str | None = None
     cancel_reason: str | None = None
+    outcome: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -567,6 +575,7 @@ class StepStore(abc.ABC):
         drop_steps: bool = False,
         dead_letter: NewDeadLetter | None = None,
         wake_at: float | None = None,
+        outcome: bytes | None = None,
     ) -> None:
         """End the attempt: set ``status`` and release the claim.
 
@@ -577,7 +586,10 @@ class StepStore(abc.ABC):
         (C30). ``status`` is one of ``sleeping``, ``retrying``, ``succeeded``,
         ``failed``, ``dead``, ``cancelled``, ``compensated``. ``wake_at`` (epoch seconds) is
         recorded as the run's wake time (``None`` clears it): a ``sleeping``
-        run's, so recovery can decide on it (C35).
+        run's, so recovery can decide on it (C35). ``outcome`` (opaque bytes)
+        is written in the same statement as the status (``None`` clears it): a
+        terminal run's outcome, which :meth:`begin` hands to a duplicate in
+        :class:`Finished` (C37).
         """
 
     @abc.abstractmethod
@@ -636,7 +648,9 @@ class StepStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    def release_run(self, run_key: str, status: RunStatus, *, while_status: Collection[str]) -> bool:
+    def release_run(
+        self, run_key: str, status: RunStatus, *, while_status: Collection[str], outcome: bytes | None = None
+    ) -> bool:
         """Set the run's ``status`` and release its claim, whoever holds it, if its status is one of ``while_status``.
 
         For the framework's own ends of a job (C38): a run whose job the
@@ -644,7 +658,8 @@ class StepStore(abc.ABC):
         ``cancelled`` from any status that is not terminal; a run whose worker
         shut down in the middle of a step goes back to ``pending`` from
         ``running``. One transaction; the claim (owner, lease) and the wake
-        time are cleared, no takeover is counted, steps are kept. A write of
+        time are cleared, ``outcome`` is written with the status (``None``
+        clears it, C37), no takeover is counted, steps are kept. A write of
         the attempt that held the claim is then fenced out (C25). Returns
         whether it applied (``False`` for an unknown run).
         """
@@ -727,14 +742,15 @@ class StepStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    def settle_cancelled(self, run_key: str, *, status: str, attempt: int) -> bool:
+    def settle_cancelled(self, run_key: str, *, status: str, attempt: int, outcome: bytes | None = None) -> bool:
         """End a run that no attempt holds as ``cancelled`` (C34); return whether it applied.
 
         One transaction, a compare-and-set: applies only while the run has
         ``status``, its last attempt is ``attempt`` and no live claim holds
         it (none, or its lease expired). The status becomes ``cancelled``;
-        the claim and the wake time are cleared, so a wake-up message that
-        arrives later finds a finished run and is dropped (C26).
+        the claim and the wake time are cleared, and ``outcome`` is written
+        with the status (C37), so a wake-up message that arrives later finds
+        a finished run and replays it (C26, C37).
         """
 
     # ------------------------------------------------------------ operators

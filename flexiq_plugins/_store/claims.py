@@ -74,6 +74,10 @@ class RunState(Protocol):
     def updated_at(self) -> float:
         """Last change, epoch seconds."""
 
+    @property
+    def outcome(self) -> bytes | None:
+        """A terminal run's stored outcome (C37), opaque bytes."""
+
 
 @dataclass(frozen=True)
 class Granted:
@@ -130,13 +134,13 @@ def decide_claim(run: RunState, *, now: float, owner: str, lease_seconds: float)
       lease_seconds(float): the new lease, in seconds.
 
     Returns:
-      Finished | Busy | Granted: :class:`Finished` for a terminal run;
+      Finished | Busy | Granted: :class:`Finished` for a terminal run, with its outcome (C37);
       :class:`Busy` (seconds left) while a held claim's lease is live;
       otherwise :class:`Granted` with ``attempt + 1``, a lease to ``now +
       lease_seconds`` and ``takeovers + 1`` if the previous claim was still held.
     """
     if run.status in TERMINAL_STATUSES:
-        return Finished(run.status)
+        return Finished(run.status, run.outcome)
     held = run.owner is not None and run.lease_until is not None
     remaining = lease_remaining(run.lease_until, now)
     if held and remaining is not None:

@@ -225,12 +225,14 @@ class MemoryStepStore(StepStore):
         drop_steps: bool = False,
         dead_letter: NewDeadLetter | None = None,
         wake_at: float | None = None,
+        outcome: bytes | None = None,
     ) -> None:
         """See :meth:`StepStore.finish`."""
         with self._lock:
             run = self._fenced(claim)
             now = self.now()
-            run = dataclasses.replace(run, status=status, owner=None, lease_until=None, updated_at=now, wake_at=wake_at)
+            run = dataclasses.replace(run, status=status, owner=None, lease_until=None, updated_at=now)
+            run = dataclasses.replace(run, wake_at=wake_at, outcome=outcome)
             if drop_steps:
                 self._steps.pop(claim.run_key, None)
                 self._attempts.pop(claim.run_key, None)
@@ -324,7 +326,7 @@ class MemoryStepStore(StepStore):
                 self._runs[run_key] = run
             return run
 
-    def settle_cancelled(self, run_key: str, *, status: str, attempt: int) -> bool:
+    def settle_cancelled(self, run_key: str, *, status: str, attempt: int, outcome: bytes | None = None) -> bool:
         """See :meth:`StepStore.settle_cancelled`."""
         with self._lock:
             run = self._runs.get(run_key)
@@ -332,19 +334,20 @@ class MemoryStepStore(StepStore):
             if run is None or not may_settle_cancelled(run, status=status, attempt=attempt, now=now):
                 return False
             self._runs[run_key] = dataclasses.replace(
-                run, status="cancelled", owner=None, lease_until=None, wake_at=None, updated_at=now
+                run, status="cancelled", owner=None, lease_until=None, wake_at=None, updated_at=now, outcome=outcome
             )
             return True
 
-    def release_run(self, run_key: str, status: RunStatus, *, while_status: Collection[str]) -> bool:
+    def release_run(
+        self, run_key: str, status: RunStatus, *, while_status: Collection[str], outcome: bytes | None = None
+    ) -> bool:
         """See :meth:`StepStore.release_run`."""
         with self._lock:
             run = self._runs.get(run_key)
             if run is None or run.status not in while_status:
                 return False
-            self._runs[run_key] = dataclasses.replace(
-                run, status=status, owner=None, lease_until=None, wake_at=None, updated_at=self.now()
-            )
+            run = dataclasses.replace(run, status=status, owner=None, lease_until=None, wake_at=None)
+            self._runs[run_key] = dataclasses.replace(run, updated_at=self.now(), outcome=outcome)
             return True
 
     # ------------------------------------------------------------ operators

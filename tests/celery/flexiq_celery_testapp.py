@@ -19,6 +19,7 @@ from typing import Any
 from celery import Celery, Task, shared_task
 
 import celery_ext
+from celery_ext import DurableTask
 from flexiq_plugins import NonRetryableError, RetryPolicy, SqlStepStore, current_job
 
 REDIS_BACKEND = "redis://127.0.0.1:6379/13"
@@ -82,6 +83,27 @@ class CountingBase(Task):  # type: ignore[misc]
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         result = super().__call__(*args, **kwargs)
         return {"wrapped": result}
+
+
+class DiesAfterTheRunEnds(DurableTask):  # type: ignore[misc]
+    """Kills its worker process once, after the core recorded the run's end and before Celery stores the result (C37).
+
+    The attempt (``DurableTask.__call__``) has committed the run ``succeeded``
+    or ``failed`` when it returns or raises; Celery's tracer has not yet
+    published the chain's next task, called the ``link`` callbacks or stored
+    the result. A job given ``die_once=<path>`` makes the process exit there
+    the first time (``os._exit``, as a SIGKILL would: nothing more runs), and
+    writes ``<path>`` so the redelivery does not die again.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            marker = kwargs.get("die_once")
+            if marker and not self.request.called_directly and not Path(marker).exists():
+                Path(marker).write_text(str(os.getpid()))
+                os._exit(137)
 
 
 def register_tasks(app: Celery, calls: str) -> None:
@@ -185,6 +207,30 @@ def register_tasks(app: Celery, calls: str) -> None:
         return step.run("b", lambda: a + 1)
 
     register_failure_tasks(app, calls)
+    register_replay_tasks(app, calls)
+
+
+def register_replay_tasks(app: Celery, calls: str) -> None:
+    """Tasks of the C37 tests: a finished run's outcome replayed to a duplicate, its body never run again."""
+
+    @app.task(name=f"{app.main}.c37_total", base=DiesAfterTheRunEnds)
+    def c37_total(label: str, x: int, die_once: str = "") -> int:
+        record_call(calls, f"{label}:body")
+        return int(current_job.step.run("add", lambda: x + 1))
+
+    @app.task(name=f"{app.main}.c37_declines", base=DiesAfterTheRunEnds)
+    def c37_declines(label: str, die_once: str = "") -> int:
+        record_call(calls, f"{label}:body")
+        current_job.step.run("reserve", lambda: "r-1")
+        raise ValueError(f"card declined for {label}")
+
+    @app.task(name=f"{app.main}.c37_linked")
+    def c37_linked(value: Any, label: str) -> None:
+        record_call(calls, f"{label}:linked:{value}")
+
+    @app.task(name=f"{app.main}.c37_errback")
+    def c37_errback(request: Any, exc: BaseException, traceback: Any, label: str) -> None:
+        record_call(calls, f"{label}:errback:{type(exc).__name__}:{exc}")
 
 
 def register_failure_tasks(app: Celery, calls: str) -> None:

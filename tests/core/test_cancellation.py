@@ -12,9 +12,16 @@ from typing import Any
 
 import pytest
 
-from flexiq_plugins import CancellationPolicy, ConfigurationError, DurableConfig, RunCancelled, current_job
+from flexiq_plugins import (
+    CancellationPolicy,
+    ConfigurationError,
+    DurableConfig,
+    JobCancelled,
+    RunCancelled,
+    current_job,
+)
 from flexiq_plugins.operations import cancel_run, find_stranded
-from flexiq_plugins.outcomes import Ack, AckReason, PutBack, PutBackReason
+from flexiq_plugins.outcomes import PutBack, PutBackReason, Replay
 from flexiq_plugins.testing import DurableRun
 
 
@@ -58,7 +65,11 @@ def test_c34_cancelling_a_sleeping_run_without_undos_ends_it_at_once_and_drops_i
     assert (run.status, run.record.cancel_reason) == ("cancelled", "the customer changed their mind")
     run.wake()
     woken = run.attempt()
-    assert woken.outcome == Ack(AckReason.DUPLICATE, "cancelled")
+    assert isinstance(woken.outcome, Replay)  # the wake-up replays the cancellation (C37)
+    assert (woken.outcome.status, str(woken.outcome.error)) == (
+        "cancelled",
+        "the run was cancelled: the customer changed their mind",
+    )
     assert shop.log == ["charge"]
 
 
@@ -139,7 +150,9 @@ def test_c34_cancelling_a_waiting_run_ends_it_and_a_later_event_runs_nothing() -
     sent = run.send_event("payment", "o-1", "paid")
     assert sent.left == []
     assert sent.woken == []
-    assert run.attempt().outcome == Ack(AckReason.DUPLICATE, "cancelled")
+    replayed = run.attempt().outcome
+    assert isinstance(replayed, Replay)
+    assert (replayed.status, type(replayed.error)) == ("cancelled", JobCancelled)
     assert shop.log == []
 
 

@@ -16,6 +16,7 @@ from flexiq_plugins import (
     Attempt,
     AttemptDriver,
     ClaimLost,
+    DeadLettered,
     DurableConfig,
     JobEnvelope,
     JobInfo,
@@ -85,10 +86,10 @@ def test_c24_second_delivery_under_a_live_claim_is_busy_and_runs_nothing(make_ha
     assert (run.owner, run.attempt) == ("w1", 1)
 
 
-def test_c24_duplicate_after_the_run_succeeded_is_acknowledged_without_running(harness):
-    """Once the run succeeded, a duplicate delivery gets Duplicate('succeeded') and no attempt."""
+def test_c24_c37_duplicate_after_the_run_succeeded_replays_its_value_without_running(harness):
+    """Once the run succeeded, a duplicate delivery gets Replay('succeeded', value) and no attempt."""
     assert harness.run(lambda: "done") == outcomes.Completed("done")
-    assert harness.driver.start(harness.job()) == outcomes.Ack(outcomes.AckReason.DUPLICATE, "succeeded")
+    assert harness.driver.start(harness.job()) == outcomes.Replay("succeeded", "done")
 
 
 # -------------------------------------------------------------- C25 takeover
@@ -188,7 +189,10 @@ def test_c25_takeovers_beyond_the_limit_dead_letter_with_worker_lost(make_harnes
     (letter,) = harness.store.list_dead_letters()
     assert letter.reason == "worker_lost"
     assert harness.store.get_run(harness.run_key).status == "dead"
-    assert harness.driver.start(harness.job(), owner="w4") == outcomes.Ack(outcomes.AckReason.DUPLICATE, "dead")
+    replay = harness.driver.start(harness.job(), owner="w4")
+    assert isinstance(replay, outcomes.Replay)
+    assert (replay.status, type(replay.error)) == ("dead", DeadLettered)
+    assert str(replay.error).startswith("worker_lost: ")
 
 
 def test_c25_worker_lost_run_runs_again_after_a_dead_letter_retry(make_harness, clock):
@@ -216,8 +220,8 @@ def test_c25_default_takeover_limit_is_five(harness, clock):
 
 # --------------------------------------------------------------- C26 terminal
 @pytest.mark.parametrize("status", ["succeeded", "dead", "failed"])
-def test_c26_terminal_run_is_a_duplicate_and_the_body_is_not_called(harness, status):
-    """A redelivered job of a succeeded, dead-lettered or failed run is Duplicate; no attempt, no body."""
+def test_c26_c37_terminal_run_is_a_duplicate_replayed_and_the_body_is_not_called(harness, status):
+    """A redelivered job of a succeeded, dead-lettered or failed run replays its outcome; no attempt, no body."""
     if status == "succeeded":
         harness.run(lambda: "ok")
     elif status == "dead":
@@ -229,9 +233,10 @@ def test_c26_terminal_run_is_a_duplicate_and_the_body_is_not_called(harness, sta
     assert harness.store.get_run(harness.run_key).status == status
 
     again = harness.driver.start(harness.job("job-redelivered"))
-    assert again == outcomes.Ack(
-        outcomes.AckReason.DUPLICATE, status
-    )  # an outcome, not an Attempt: there is no body to call
+    assert isinstance(again, outcomes.Replay)  # an outcome, not an Attempt: there is no body to call
+    expected = {"succeeded": type(None), "dead": DeadLettered, "failed": ZeroDivisionError}
+    value = "ok" if status == "succeeded" else None
+    assert (again.status, again.value, type(again.error)) == (status, value, expected[status])
     assert harness.store.get_run(harness.run_key).attempt == 1
 
 

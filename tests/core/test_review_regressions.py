@@ -62,11 +62,13 @@ class _BlippingStore(MemoryStepStore):
         *,
         drop_steps: bool = False,
         dead_letter: NewDeadLetter | None = None,
+        wake_at: float | None = None,
+        outcome: bytes | None = None,
     ) -> None:
         if self.failures:
             self.failures -= 1
             raise StoreUnavailable("blip")
-        super().finish(claim, status, drop_steps=drop_steps, dead_letter=dead_letter)
+        super().finish(claim, status, drop_steps=drop_steps, dead_letter=dead_letter, wake_at=wake_at, outcome=outcome)
 
 
 def test_c25_a_store_blip_while_ending_the_attempt_still_releases_the_claim():

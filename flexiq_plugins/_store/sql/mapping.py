@@ -145,6 +145,7 @@ def run_record(r: sa.Row[Any]) -> RunRecord:
         wait_topic=r.wait_topic,
         wait_key=r.wait_key,
         cancel_reason=r.cancel_reason,
+        outcome=r.outcome,
     )
 
 

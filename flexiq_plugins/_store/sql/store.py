@@ -614,8 +614,9 @@ class SqlStepStore(StepStore):
         drop_steps: bool = False,
         dead_letter: NewDeadLetter | None = None,
         wake_at: float | None = None,
+        outcome: bytes | None = None,
     ) -> None:
-        """End the attempt: set ``status`` and release the claim (C26, C27, C30).
+        """End the attempt: set ``status`` and release the claim (C26, C27, C30, C37).
 
         One transaction, fenced on the claim.
 
@@ -627,6 +628,8 @@ class SqlStepStore(StepStore):
           dead_letter(NewDeadLetter | None): record a dead letter carrying the
             run's envelope (C30).
           wake_at(float | None): the run's wake time when ``sleeping``, epoch seconds (C35).
+          outcome(bytes | None): the run's outcome, written in the same
+            ``UPDATE`` as the status (C37); ``None`` clears it.
 
         Raises:
           ClaimLost: another attempt holds the run (C25); nothing was written.
@@ -641,6 +644,7 @@ class SqlStepStore(StepStore):
                 "lease_until": None,
                 "updated_at": now,
                 "wake_at": wake_at,
+                "outcome": outcome,
             }
             if drop_steps:
                 values.update(step_count=0, step_bytes=0)
@@ -832,13 +836,14 @@ class SqlStepStore(StepStore):
 
         return self._write(work)
 
-    def settle_cancelled(self, run_key: str, *, status: str, attempt: int) -> bool:
+    def settle_cancelled(self, run_key: str, *, status: str, attempt: int, outcome: bytes | None = None) -> bool:
         """End a run no attempt holds as ``cancelled`` (C34): a compare-and-set on its locked row.
 
         Parameters:
           run_key(str): the run.
           status(str): the status it must still have.
           attempt(int): the attempt it must still be at.
+          outcome(bytes | None): the run's outcome, written with the status (C37).
 
         Returns:
           bool: whether it applied.
@@ -854,21 +859,24 @@ class SqlStepStore(StepStore):
             if run is None or not may_settle_cancelled(run, status=status, attempt=attempt, now=now):
                 return False
             ended = {"status": "cancelled", "owner": None, "lease_until": None, "wake_at": None, "updated_at": now}
-            conn.execute(sa.update(runs).where(runs.c.run_key == run_key).values(**ended))
+            conn.execute(sa.update(runs).where(runs.c.run_key == run_key).values(**ended, outcome=outcome))
             return True
 
         return self._write(work)
 
-    def release_run(self, run_key: str, status: RunStatus, *, while_status: Collection[str]) -> bool:
+    def release_run(
+        self, run_key: str, status: RunStatus, *, while_status: Collection[str], outcome: bytes | None = None
+    ) -> bool:
         """Set the run's ``status`` and release its claim if its status is one of ``while_status`` (C38).
 
         One transaction, one conditional ``UPDATE``: the claim and the wake
-        time are cleared, no takeover counted.
+        time are cleared, ``outcome`` is written (C37), no takeover counted.
 
         Parameters:
           run_key(str): the run.
           status(str): the new status: ``failed``, ``cancelled`` or ``pending``.
           while_status(Collection[str]): the statuses it applies from.
+          outcome(bytes | None): the run's outcome, written with the status (``None`` clears it).
 
         Returns:
           bool: whether it applied.
@@ -882,7 +890,8 @@ class SqlStepStore(StepStore):
             result = conn.execute(
                 sa.update(runs)
                 .where(runs.c.run_key == run_key, runs.c.status.in_(sorted(while_status)))
-                .values(status=status, owner=None, lease_until=None, wake_at=None, updated_at=self._now(conn))
+                .values(status=status, owner=None, lease_until=None, wake_at=None, outcome=outcome)
+                .values(updated_at=self._now(conn))
             )
             return result.rowcount == 1
 

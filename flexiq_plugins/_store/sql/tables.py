@@ -158,6 +158,7 @@ def _runs(metadata: sa.MetaData, p: str) -> sa.Table:
         sa.Column("wait_topic", ExactKey(255), nullable=True),
         sa.Column("wait_key", ExactKey(255), nullable=True),
         sa.Column("cancel_reason", _text(), nullable=True),
+        sa.Column("outcome", _blob(), nullable=True),
         sa.Index(f"ix_{p}runs_status_updated", "status", "updated_at"),
         sa.Index(f"ix_{p}runs_wait", "wait_topic", "wait_key"),
         sa.Index(f"ix_{p}runs_updated", "updated_at"),

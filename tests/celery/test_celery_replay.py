@@ -1,0 +1,145 @@
+"""A duplicate of a finished run replays its outcome through Celery's own path (C37).
+
+The worker process dies (``os._exit``, as a SIGKILL: nothing more runs in
+it) after the store recorded the run's end and before Celery stored the
+result, published the chain's next task or called the ``link`` callbacks
+(see ``DiesAfterTheRunEnds`` in ``flexiq_celery_testapp``). With
+``acks_late`` and ``reject_on_worker_lost`` Celery delivers the message
+again; the run is finished, so the body does not run: the stored value (or
+error) is handed to Celery's tracer, which stores it, continues the chain
+and calls the callbacks. A new job published with a finished run's key
+gets the same replay.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+import pytest
+from celery import states
+from conftest import delete_queues, in_process_worker, wait_for, worker_process
+from flexiq_celery_testapp import count_calls, make_app
+
+from celery_ext import RUN_KEY_HEADER
+from flexiq_plugins import SqlStepStore
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+
+def _env(broker: str, store_url: str, calls: str, queue: str) -> dict[str, str]:
+    return {
+        "FLEXIQ_TEST_BROKER": broker,
+        "FLEXIQ_TEST_STORE": store_url,
+        "FLEXIQ_TEST_CALLS": calls,
+        "FLEXIQ_TEST_QUEUE": queue,
+    }
+
+
+def _killed_once(marker: Path, log: Path) -> bool:
+    """Whether the worker process died after the run ended (the marker was written, Celery saw the loss)."""
+    return marker.exists() and b"WorkerLostError" in log.read_bytes()
+
+
+def test_c37_celery_a_worker_killed_after_the_run_succeeded_the_redelivery_continues_the_chain(
+    redis_broker: str, tmp_path: Path
+) -> None:
+    """C37: killed after ``succeeded`` was recorded; the redelivery replays 21: the chain and ``link`` go on.
+
+    ``AsyncResult`` of the first task gets 21 (it stayed PENDING forever
+    before), the chain's next task doubles it to 42, the ``link`` callback
+    runs once with 21, and the body ran exactly once.
+    """
+    queue, label = f"fqr{uuid4().hex[:8]}", "ok"
+    calls, marker, log = str(tmp_path / "calls.db"), tmp_path / "died", tmp_path / "worker.log"
+    store_url = f"sqlite:///{tmp_path / 'steps.db'}"
+    client = make_app(queue, redis_broker, store_url, calls)
+    total, double, linked = (client.tasks[f"{queue}.{n}"] for n in ("c37_total", "plain", "c37_linked"))
+    try:
+        with worker_process(_env(redis_broker, store_url, calls, queue), log, concurrency=1):
+            first = total.s(label, 20, die_once=str(marker))
+            first.link(linked.s(label))
+            result = (first | double.s()).apply_async()
+            assert result.get(timeout=90) == 42
+            assert result.parent.get(timeout=10) == 21
+            wait_for(lambda: count_calls(calls, f"{label}:linked:21") == 1, 30, "the link callback")
+            assert _killed_once(marker, log), log.read_text()[-3000:]
+    finally:
+        delete_queues(client, [queue])
+    assert count_calls(calls, f"{label}:body") == 1
+    store = SqlStepStore(store_url)
+    (run,) = store.list_runs(task_name=f"{queue}.c37_total")
+    assert (run.status, run.attempt) == ("succeeded", 1)  # the replay claimed nothing
+    store.close()
+
+
+def test_c37_celery_a_worker_killed_after_the_run_failed_the_redelivery_replays_the_error(
+    redis_broker: str, tmp_path: Path
+) -> None:
+    """C37: killed after ``failed`` was recorded; the redelivery raises the stored ``ValueError`` again.
+
+    Celery stores FAILURE with the same error type and message, the
+    ``link_error`` callback runs, no retry is published, and the body ran once.
+    """
+    queue, label = f"fqr{uuid4().hex[:8]}", "ko"
+    calls, marker, log = str(tmp_path / "calls.db"), tmp_path / "died", tmp_path / "worker.log"
+    store_url = f"sqlite:///{tmp_path / 'steps.db'}"
+    client = make_app(queue, redis_broker, store_url, calls)
+    declines, errback = client.tasks[f"{queue}.c37_declines"], client.tasks[f"{queue}.c37_errback"]
+    try:
+        with worker_process(_env(redis_broker, store_url, calls, queue), log, concurrency=1):
+            result = declines.apply_async((label,), {"die_once": str(marker)}, link_error=errback.s(label))
+            with pytest.raises(ValueError, match=f"card declined for {label}"):
+                result.get(timeout=90)
+            assert result.state == states.FAILURE
+            errback_call = f"{label}:errback:ValueError:card declined for {label}"
+            wait_for(lambda: count_calls(calls, errback_call) == 1, 30, "the link_error callback")
+            assert _killed_once(marker, log), log.read_text()[-3000:]
+    finally:
+        delete_queues(client, [queue])
+    assert count_calls(calls, f"{label}:body") == 1
+    store = SqlStepStore(store_url)
+    (run,) = store.list_runs(task_name=f"{queue}.c37_declines")
+    assert (run.status, run.attempt) == ("failed", 1)
+    store.close()
+
+
+def test_c37_celery_a_new_job_with_a_finished_runs_key_gets_its_value_without_running(
+    redis_broker: str, sqlite_store: Any, make_celery_app: Any, calls: str
+) -> None:
+    """C37: a second task (new task id) published with a succeeded run's key: ``.get()`` returns the stored value.
+
+    It used to be acknowledged without a result, so ``.get()`` blocked
+    forever. The body ran once; the second task's own result is SUCCESS.
+    """
+    app = make_celery_app(redis_broker, sqlite_store)
+    total = app.tasks[f"{app.main}.c37_total"]
+    run_key = f"order-{uuid4().hex[:8]}"
+    with in_process_worker(app):
+        first = total.apply_async(("new", 6), headers={RUN_KEY_HEADER: run_key})
+        assert first.get(timeout=30) == 7
+        second = total.apply_async(("new", 100), headers={RUN_KEY_HEADER: run_key})
+        assert second.id != first.id
+        assert second.get(timeout=30) == 7  # the run's value, not a new body's
+        assert second.state == states.SUCCESS
+    assert count_calls(calls, "new:body") == 1
+    assert sqlite_store.get_run(run_key).attempt == 1
+
+
+def test_c37_celery_a_new_job_with_a_failed_runs_key_raises_its_error_without_retrying(
+    redis_broker: str, sqlite_store: Any, make_celery_app: Any, calls: str
+) -> None:
+    """C37: a new job with a failed run's key: ``.get()`` raises the stored error; the body ran once."""
+    app = make_celery_app(redis_broker, sqlite_store)
+    declines = app.tasks[f"{app.main}.c37_declines"]
+    run_key = f"order-{uuid4().hex[:8]}"
+    with in_process_worker(app):
+        first = declines.apply_async(("again",), headers={RUN_KEY_HEADER: run_key})
+        with pytest.raises(ValueError, match="card declined for again"):
+            first.get(timeout=30)
+        second = declines.apply_async(("again",), headers={RUN_KEY_HEADER: run_key})
+        with pytest.raises(ValueError, match="card declined for again"):
+            second.get(timeout=30)
+    assert count_calls(calls, "again:body") == 1
+    assert sqlite_store.get_run(run_key).status == "failed"
