@@ -164,4 +164,7 @@ def _run_attempt(
         raise handed_on[0]
     if exiting:
         raise exiting[0]  # the process goes on exiting; Celery gives the unfinished message back (C38)
-    return act(task, request, runtime, job, outcome)
+    try:
+        return act(task, request, runtime, job, outcome)
+    finally:
+        del outcome  # an error raised from here must not hold its outcome through this frame (no cycle)

@@ -81,20 +81,35 @@ def install_quiet_ignored_filter() -> None:
 
 
 def act(task: Any, request: Any, runtime: Runtime, job: JobInfo, outcome: Outcome) -> Any:
-    """Carry out ``outcome`` for the job ``request`` of ``task``; return the task's value or raise."""
-    match outcome:
-        case Completed(value=value):
-            return value
-        case PutBack():
-            _put_back(task, request, job, outcome)
-        case Failure():
-            _failure(task, request, runtime, job, outcome)
-        case DeadLetter():
-            _dead_letter(task, request, runtime, outcome)
-        case Ack():
-            raise HandedBack()  # acknowledge, leave the result backend alone
-        case _:
-            assert_never(outcome)
+    """Carry out ``outcome`` for the job ``request`` of ``task``; return the task's value or raise.
+
+    An error raised from here leaves no frame of it holding the outcome or the
+    error: the traceback keeps its frames, so that would be a reference cycle
+    keeping the error and the body's locals until a cyclic collection.
+    """
+    try:
+        return _act(task, request, runtime, job, outcome)
+    finally:
+        del outcome
+
+
+def _act(task: Any, request: Any, runtime: Runtime, job: JobInfo, outcome: Outcome) -> Any:
+    try:
+        match outcome:
+            case Completed(value=value):
+                return value
+            case PutBack():
+                _put_back(task, request, job, outcome)
+            case Failure():
+                _failure(task, request, runtime, job, outcome)
+            case DeadLetter():
+                _dead_letter(task, request, runtime, outcome)
+            case Ack():
+                raise HandedBack()  # acknowledge, leave the result backend alone
+            case _:
+                assert_never(outcome)
+    finally:
+        del outcome
 
 
 def _put_back(task: Any, request: Any, job: JobInfo, outcome: PutBack) -> NoReturn:
@@ -124,18 +139,30 @@ def _republish(task: Any, request: Any, job: JobInfo, outcome: PutBack) -> None:
 
 def _failure(task: Any, request: Any, runtime: Runtime, job: JobInfo, outcome: Failure) -> NoReturn:
     error = outcome.error
+    try:
+        _settle_failure(task, request, runtime, job, outcome)
+    finally:
+        del outcome
+    try:
+        raise error
+    finally:
+        del error  # the traceback keeps this frame: it must not keep the error (no cycle)
+
+
+def _settle_failure(task: Any, request: Any, runtime: Runtime, job: JobInfo, outcome: Failure) -> None:
+    """What Celery's failure needs before it is raised: the run settled, or re-published to compensate."""
+    error = outcome.error
     if isinstance(error, Retry) or (isinstance(error, Reject) and error.requeue):
-        raise error  # a user's self.retry() already published one; or the message goes back
+        return  # a user's self.retry() already published one; or the message goes back
     if not isinstance(error, Exception):
-        raise error  # SystemExit, KeyboardInterrupt: the worker stops; the message is redelivered
+        return  # SystemExit, KeyboardInterrupt: the worker stops; the message is redelivered
     driver: AttemptDriver = runtime.driver()
     if request.is_eager:  # no broker to come back through: no compensation (C38)
         driver.settle_failed(outcome)
-        raise error
+        return
     after = driver.give_up(outcome)  # Celery will not retry: failed, or compensated next (C26, C32)
     if after is not None:
         _republish(task, request, job, after)
-    raise error
 
 
 def _dead_letter(task: Any, request: Any, runtime: Runtime, outcome: DeadLetter) -> NoReturn:

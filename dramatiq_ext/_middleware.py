@@ -258,7 +258,10 @@ class DurableSteps(Middleware):
             outcome = driver
         if isinstance(outcome, Failure):
             self._failing[message.message_id] = outcome
-        return _verbs.apply_outcome(broker, message, job, outcome)
+        try:
+            return _verbs.apply_outcome(broker, message, job, outcome)
+        finally:
+            del outcome  # the error raised holds this frame: it must not hold the error back (no cycle)
 
 
 def _step_retry(actor: dramatiq.Actor[Any, Any]) -> RetryPolicy | None:

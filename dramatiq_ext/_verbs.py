@@ -107,20 +107,46 @@ def enqueue_again(broker: dramatiq.Broker, message: Any, run_key: str, delay_ms:
 
 def apply_outcome(broker: dramatiq.Broker, message: Any, job: JobInfo, outcome: Outcome) -> Any:
     """Do the broker's part of ``outcome``; return the actor's value or raise."""
-    match outcome:
-        case Completed(value=value):
-            return value
-        case PutBack():
-            enqueue_again(broker, message, job.run_key, math.ceil(outcome.delay * 1000))
-            _skip_without_result(message, outcome.reason.value)
-        case Failure(error=error):
-            raise error  # Retries decides; the middleware settles the run if it gives up
-        case DeadLetter():
-            _fail(message, outcome)
-        case Ack():
-            _skip_without_result(message, outcome.reason.value)
-        case _:
-            assert_never(outcome)
+    try:
+        return _apply(broker, message, job, outcome)
+    finally:
+        del outcome  # an error raised from here must not hold it through this frame (issue 16)
+
+
+def _apply(broker: dramatiq.Broker, message: Any, job: JobInfo, outcome: Outcome) -> Any:
+    try:
+        match outcome:
+            case Completed(value=value):
+                return value
+            case PutBack():
+                enqueue_again(broker, message, job.run_key, math.ceil(outcome.delay * 1000))
+                _skip_without_result(message, outcome.reason.value)
+            case Failure():
+                _reraise(outcome)  # Retries decides; the middleware settles the run if it gives up
+            case DeadLetter():
+                _fail(message, outcome)
+            case Ack():
+                _skip_without_result(message, outcome.reason.value)
+            case _:
+                assert_never(outcome)
+    finally:
+        del outcome
+
+
+def _reraise(failure: Failure) -> NoReturn:
+    """Raise ``failure``'s error with no frame of this call holding it: no reference cycle (issue 16).
+
+    The traceback of the error raised keeps every frame it passes through;
+    a frame still referencing the outcome (and so the error) would keep the
+    error, its traceback, and the actor's locals alive until a cyclic
+    garbage collection. Dramatiq frees them at once; so must a durable actor.
+    """
+    error = failure.error
+    del failure
+    try:
+        raise error
+    finally:
+        del error
 
 
 def _skip_without_result(message: Any, why: str) -> NoReturn:
