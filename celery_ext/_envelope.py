@@ -20,6 +20,7 @@ from flexiq_plugins.integration import (
     cancellation_option,
     envelope_arguments,
     is_json,
+    new_run_key,
     retry_policy_option,
     run_key_from,
 )
@@ -54,13 +55,27 @@ def job_info(task: Any, request: Any) -> JobInfo:
         where=f"task {task.name!r}",
     )
     return JobInfo(
-        run_key=run_key_of(request),
+        run_key=_eager_run_key(request) if request.is_eager else run_key_of(request),
         job_id=str(request.id),
         envelope=_envelope(task, request),
         step_retry=step_retry,
         cancellation=caps,
         eager=bool(request.is_eager),
     )
+
+
+def _eager_run_key(request: Any) -> str:
+    """The run key of an eager job (``task_always_eager``, ``Task.apply``): its own run, unless one is carried.
+
+    An eager job is never delivered again, so nothing would ever find its run
+    by its task id; and Celery runs every task of an eagerly applied, frozen
+    chain under the chain's one task id. A run key must name one job of one
+    task (C1), so an eager job without a ``flexiq_run_key`` header gets a new
+    one: tasks run under one id never share a run. An eager retry carries
+    the key of the run it retries (:meth:`DurableTask.retry`).
+    """
+    carried = getattr(request, RUN_KEY_HEADER, None) or (request.headers or {}).get(RUN_KEY_HEADER)
+    return run_key_of(request) if carried else new_run_key()
 
 
 def _envelope(task: Any, request: Any) -> JobEnvelope:

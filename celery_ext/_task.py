@@ -34,6 +34,7 @@ from billiard.common import terminate_handler_fired
 from celery import Task
 from celery.exceptions import Ignore
 
+from flexiq_plugins import current_job
 from flexiq_plugins.integration import (
     Completed,
     Disposition,
@@ -45,6 +46,7 @@ from flexiq_plugins.integration import (
 )
 
 from ._envelope import job_info
+from ._options import RUN_KEY_HEADER
 from ._runtime import Runtime, runtime_of
 from ._verbs import act
 
@@ -122,6 +124,13 @@ class DurableTask(Task):  # type: ignore[misc]
         pending = exc if exc is not None else sys.exc_info()[1]
         if pending is not None and (isinstance(pending, StepSignal) or classify(pending) in _NEVER_RETRIED):
             raise pending
+        job = current_job.get()
+        if job is not None and self.request.is_eager:  # Celery applies the retry at once: it is the same run (C11)
+            options["headers"] = {
+                **(self.request.headers or {}),
+                **options.get("headers", {}),
+                RUN_KEY_HEADER: job.run_key,
+            }
         return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
 
     def _flexiq_body(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from celery import Celery
+from celery import Celery, chain
 from celery.signals import task_failure
 from conftest import in_process_worker, wait_for
 
@@ -67,3 +67,57 @@ def test_c26_a_failed_attempt_leaves_no_frame_of_the_integration_holding_its_exc
     finally:
         task_failure.disconnect(failed)
     assert seen == [[]]
+
+
+@pytest.mark.parametrize("how", ["apply", "task_always_eager"])
+@pytest.mark.parametrize("steps", [False, True], ids=["no_step", "step"])
+def test_c1_an_eager_frozen_chain_runs_every_task_as_plain_celery(
+    redis_broker: str, sqlite_store: Any, make_celery_app: Any, how: str, steps: bool
+) -> None:
+    """C1: Celery runs every task of an eagerly applied, frozen chain under the chain's task id; each one is
+    still a job of its own task (never taken for a duplicate of the one before): the chain returns the value
+    plain Celery returns, the same task twice in a row included."""
+    app: Celery = make_celery_app(redis_broker, sqlite_store)
+    app.conf.task_always_eager = how == "task_always_eager"
+    app.conf.task_eager_propagates = True
+
+    @app.task(name=f"{app.main}.add")
+    def add(x: int, y: int) -> int:
+        return current_job.step.run("add", lambda: x + y) if steps else x + y
+
+    @app.task(name=f"{app.main}.double")
+    def double(x: int) -> int:
+        return current_job.step.run("double", lambda: 2 * x) if steps else 2 * x
+
+    @app.task(name=f"{app.main}.plain_add", durable=False)
+    def plain_add(x: int, y: int) -> int:
+        return x + y
+
+    @app.task(name=f"{app.main}.plain_double", durable=False)
+    def plain_double(x: int) -> int:
+        return 2 * x
+
+    for plus, times in ((add, double), (plain_add, plain_double)):
+        sig = chain(plus.s(1, 2), plus.s(3), times.s())
+        sig.freeze()
+        result = sig.apply() if how == "apply" else sig.apply_async()
+        assert result.get(timeout=10) == 12, plus.name
+
+
+def test_c11_an_eager_retry_replays_the_steps_of_the_run_it_retries(
+    redis_broker: str, sqlite_store: Any, make_celery_app: Any
+) -> None:
+    """C11: ``self.retry()`` under ``Task.apply()`` runs the retry eagerly in the same run: the step that
+    committed before the retry is replayed, not run again."""
+    app: Celery = make_celery_app(redis_broker, sqlite_store)
+    charges: list[int] = []
+
+    @app.task(bind=True, name=f"{app.main}.flaky", max_retries=2)
+    def flaky(self: Any) -> int:
+        charge = current_job.step.run("charge", lambda: charges.append(1) or len(charges))
+        if self.request.retries == 0:
+            raise self.retry(countdown=0, exc=ConnectionError("down"))
+        return charge
+
+    assert flaky.apply().get() == 1
+    assert charges == [1]
