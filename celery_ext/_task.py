@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextvars import ContextVar
 from typing import Any
 
 from billiard.common import terminate_handler_fired
@@ -56,6 +57,9 @@ ACK_DEFAULTS = ("acks_late", "reject_on_worker_lost")
 """Task attributes turned on for durable tasks unless the task sets them (C26)."""
 
 _NEVER_RETRIED = (Disposition.DEAD_LETTER, Disposition.SLEEP)
+
+_in_body: ContextVar[Any] = ContextVar("flexiq_celery_in_body", default=None)
+"""The request whose durable body runs in this context: a call of the task under it is a plain call."""
 
 
 class DurableTask(Task):  # type: ignore[misc]
@@ -99,7 +103,9 @@ class DurableTask(Task):  # type: ignore[misc]
         runtime = runtime_of(self.app) if self.durable else None
         if runtime is None:
             return self._flexiq_body(args, kwargs)
-        if request.called_directly:  # task(...) as a plain function: no durable job, not even an outer one
+        if request.called_directly or _in_body.get() is request:
+            # task(...) as a plain function, also inside its own body (Celery's request is then the outer
+            # job's): no durable job of its own, not even the outer one; the outer attempt is untouched
             with no_current_job(self.name):
                 return self._flexiq_body(args, kwargs)
         return _run_attempt(self, runtime, request, args, kwargs)
@@ -157,6 +163,7 @@ def _run_attempt(
     exiting: list[SystemExit] = []
 
     def body() -> Any:
+        token = _in_body.set(request)
         try:
             return task._flexiq_body(args, kwargs)
         except Ignore as exc:  # self.replace() and friends: the job is handed on, the run is done
@@ -167,6 +174,8 @@ def _run_attempt(
                 raise  # the body's own sys.exit()
             exiting.append(exc)  # the pool terminates this process: a cold shutdown, a revoke, a time limit
             raise WorkerInterrupted(f"the worker process {os.getpid()} is being terminated") from exc
+        finally:
+            _in_body.reset(token)
 
     outcome = runtime.driver().run_job(job, body) if request.is_eager else runtime.run_job(job, body)
     if handed_on and isinstance(outcome, Completed):

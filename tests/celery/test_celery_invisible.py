@@ -121,3 +121,31 @@ def test_c11_an_eager_retry_replays_the_steps_of_the_run_it_retries(
 
     assert flaky.apply().get() == 1
     assert charges == [1]
+
+
+@pytest.mark.parametrize("steps", [False, True], ids=["no_step", "step"])
+def test_c10_a_durable_task_calling_itself_directly_is_a_plain_call(
+    redis_broker: str, sqlite_store: Any, make_celery_app: Any, steps: bool
+) -> None:
+    """C10: calling a durable task object as a function inside its own body runs the body in-process, as in
+    plain Celery: no second attempt, the outer attempt's claim and outcome untouched; the inner call has no
+    ``current_job`` of its own. ``countdown.delay(3).get()`` is 3, and the run is ``succeeded``."""
+    app: Celery = make_celery_app(redis_broker, sqlite_store)
+    inner_jobs: list[bool] = []
+
+    @app.task(name=f"{app.main}.countdown")
+    def countdown(n: int) -> int:
+        if n == 0:
+            inner_jobs.append(bool(current_job))
+            return 0
+        if steps and not inner_jobs and bool(current_job):
+            current_job.step.run("outer", lambda: n)
+        return 1 + countdown(n - 1)
+
+    with in_process_worker(app):
+        result = countdown.delay(3)
+        assert result.get(timeout=20) == 3
+    assert result.state == "SUCCESS"
+    assert inner_jobs == [False]
+    if steps:
+        assert [r.status for r in sqlite_store.list_runs()] == ["succeeded"]

@@ -120,3 +120,35 @@ def test_c26_a_failed_async_attempt_frees_its_exception_without_the_cyclic_colle
     start_worker(broker)
     fails.send()
     wait_until(lambda: _all_dead(refs, 2), timeout=15, what="the failed attempt's exception and local to be freed")
+
+
+@pytest.mark.parametrize("steps", [False, True], ids=["no_step", "step"])
+def test_c10_a_durable_actor_calling_itself_directly_is_a_plain_call(
+    broker: dramatiq.Broker,
+    queue: str,
+    sqlite_store: StepStore,
+    start_worker: Callable[..., dramatiq.Worker],
+    steps: bool,
+) -> None:
+    """C10: an actor calling itself as a function inside its body runs the body in-process, as plain Dramatiq
+    does: the inner call has no ``current_job``, the outer attempt completes with the value."""
+    broker.add_middleware(DurableSteps(store=sqlite_store), before=Retries)
+    seen: list[Any] = []
+
+    @dramatiq.actor(broker=broker, queue_name=queue, max_retries=0)
+    def countdown(n: int, outer: bool = True) -> int:
+        if n == 0:
+            seen.append(("inner job", bool(current_job)))
+            return 0
+        if steps and outer:
+            current_job.step.run("outer", lambda: n)
+        value = 1 + countdown(n - 1, outer=False)
+        if outer:
+            seen.append(("value", value))
+        return value
+
+    start_worker(broker)
+    countdown.send(3)
+    wait_until(lambda: ("value", 3) in seen, timeout=15, what="the outer call to return 3")
+    assert seen == [("inner job", False), ("value", 3)]
+    wait_until(lambda: [r.status for r in sqlite_store.list_runs()] == ["succeeded"], what="the run to succeed")
