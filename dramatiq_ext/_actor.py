@@ -117,7 +117,7 @@ def execute(
     except BaseException as exc:
         if concluded and isinstance(concluded[0], PutBack):
             return concluded[0]  # the worker shut down: the attempt put its job back on the loop
-        return Failure(exc, started.run_key, started.number)
+        return Failure(exc, started.run_key, started.number or 0, claimed=started.claimed)
 
 
 def _interruptible(fn: Callable[..., Any]) -> Callable[..., Any]:
