@@ -25,7 +25,7 @@ from flexiq_plugins.integration import (
     run_key_from,
 )
 
-from ._options import RUN_KEY_HEADER, kombu_serializer
+from ._options import RESUME_HEADER, RUN_KEY_HEADER, kombu_serializer
 
 __all__ = ["job_info", "republish", "run_key_of"]
 
@@ -61,6 +61,7 @@ def job_info(task: Any, request: Any) -> JobInfo:
         step_retry=step_retry,
         cancellation=caps,
         eager=bool(request.is_eager),
+        lazy=not _header(request, RESUME_HEADER),
     )
 
 
@@ -74,8 +75,12 @@ def _eager_run_key(request: Any) -> str:
     one: tasks run under one id never share a run. An eager retry carries
     the key of the run it retries (:meth:`DurableTask.retry`).
     """
-    carried = getattr(request, RUN_KEY_HEADER, None) or (request.headers or {}).get(RUN_KEY_HEADER)
-    return run_key_of(request) if carried else new_run_key()
+    return run_key_of(request) if _header(request, RUN_KEY_HEADER) else new_run_key()
+
+
+def _header(request: Any, name: str) -> Any:
+    """A custom header of ``request`` (Celery makes them request attributes; eager ones stay in ``headers``)."""
+    return getattr(request, name, None) or (request.headers or {}).get(name)
 
 
 def _envelope(task: Any, request: Any) -> JobEnvelope:
@@ -99,7 +104,7 @@ def _envelope(task: Any, request: Any) -> JobEnvelope:
 
 
 def _json_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in headers.items() if k != RUN_KEY_HEADER and is_json(v)}
+    return {k: v for k, v in headers.items() if k not in (RUN_KEY_HEADER, RESUME_HEADER) and is_json(v)}
 
 
 def republish(
@@ -134,7 +139,7 @@ def republish(
 
     options = dict(envelope.options)
     args, kwargs = envelope_arguments(envelope, _payload_serializer(options))
-    headers = {**dict(options.get("headers") or {}), RUN_KEY_HEADER: run_key}
+    headers = {**dict(options.get("headers") or {}), RUN_KEY_HEADER: run_key, RESUME_HEADER: True}
     route: dict[str, Any] = {}
     if options.get("exchange"):
         route = {"exchange": options["exchange"], "routing_key": options.get("routing_key")}

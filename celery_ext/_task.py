@@ -47,7 +47,7 @@ from flexiq_plugins.integration import (
 )
 
 from ._envelope import job_info
-from ._options import RUN_KEY_HEADER
+from ._options import RESUME_HEADER, RUN_KEY_HEADER
 from ._runtime import Runtime, runtime_of
 from ._verbs import act
 
@@ -130,13 +130,7 @@ class DurableTask(Task):  # type: ignore[misc]
         pending = exc if exc is not None else sys.exc_info()[1]
         if pending is not None and (isinstance(pending, StepSignal) or classify(pending) in _NEVER_RETRIED):
             raise pending
-        job = current_job.get()
-        if job is not None and self.request.is_eager:  # Celery applies the retry at once: it is the same run (C11)
-            options["headers"] = {
-                **(self.request.headers or {}),
-                **options.get("headers", {}),
-                RUN_KEY_HEADER: job.run_key,
-            }
+        options = _retry_options(self.request, options)
         return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
 
     def _flexiq_body(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -144,6 +138,23 @@ class DurableTask(Task):  # type: ignore[misc]
         if _next_call_is_celerys(type(self)):
             return self.run(*args, **kwargs)
         return super().__call__(*args, **kwargs)
+
+
+def _retry_options(request: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """The retry's options: it carries the run key, and resumes the run if this attempt claimed it (C11, C23).
+
+    An eager retry is applied at once under the same task id but would get a
+    run of its own (:func:`celery_ext._envelope.job_info`): it carries the
+    run key. A retry of an attempt that claimed its run claims before its
+    body runs, so the run is settled however the retry ends.
+    """
+    job = current_job.get()
+    if job is None or not (request.is_eager or job.claimed):
+        return options
+    headers = {**(request.headers or {}), **(options.get("headers") or {}), RUN_KEY_HEADER: job.run_key}
+    if job.claimed:
+        headers[RESUME_HEADER] = True
+    return {**options, "headers": headers}
 
 
 def _next_call_is_celerys(cls: type) -> bool:

@@ -53,7 +53,7 @@ from flexiq_plugins.integration import (
 )
 
 from . import _actor, _config, _verbs
-from ._envelope import RUN_KEY_OPTION, job_info, run_key_of
+from ._envelope import RESUME_OPTION, RUN_KEY_OPTION, job_info, run_key_of
 
 __all__ = ["DurableSteps", "InvalidActorOption"]
 
@@ -181,9 +181,11 @@ class DurableSteps(Middleware):
 
     # ------------------------------------------------------------ messages
     def before_enqueue(self, broker: dramatiq.Broker, message: Any, delay: int | None) -> None:
-        """Stamp a run key unless the message has one; note that a failed attempt is being retried."""
+        """Stamp a run key unless the message has one; a retry of an attempt that claimed its run resumes it."""
         message.options.setdefault(RUN_KEY_OPTION, new_run_key())
-        self._failing.pop(message.message_id, None)
+        failure = self._failing.pop(message.message_id, None)
+        if failure is not None and failure.claimed:
+            message.options[RESUME_OPTION] = True  # the retry continues a run: it claims first (C23)
 
     def before_process_message(self, broker: dramatiq.Broker, message: Any) -> None:
         """Remember the message for the actor call that follows in this thread."""

@@ -41,7 +41,7 @@ from typing_extensions import assert_never
 
 from flexiq_plugins.integration import Ack, Completed, DeadLetter, Failure, JobInfo, Outcome, PutBack, hand_off
 
-from ._envelope import RUN_KEY_OPTION
+from ._envelope import RESUME_OPTION, RUN_KEY_OPTION
 
 __all__ = ["DeadLettered", "QuietSkipFilter", "apply_outcome", "enqueue_again"]
 
@@ -95,7 +95,7 @@ def enqueue_again(broker: dramatiq.Broker, message: Any, run_key: str, delay_ms:
     while it waits does not end the wait either: it would hand the sleep to
     the Retries middleware, which must never see one.
     """
-    again = message.copy(queue_name=q_name(message.queue_name), options={RUN_KEY_OPTION: run_key})
+    again = message.copy(queue_name=q_name(message.queue_name), options={RUN_KEY_OPTION: run_key, RESUME_OPTION: True})
     what = f"message {message.message_id!r}"
     while True:
         try:

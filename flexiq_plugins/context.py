@@ -335,6 +335,11 @@ class JobContext:
         self._attempt = attempt
         self._step = None if journal is None else StepContext(journal, run_key)
 
+    @property
+    def claimed(self) -> bool:
+        """Whether this attempt has claimed its run (its body used ``step`` or ``attempt``), C23."""
+        return self._step is not None
+
     def bind(self, attempt: int, journal: StepJournal) -> None:
         """The run is claimed: this is attempt ``attempt``, its steps go to ``journal``."""
         self._attempt = attempt

@@ -151,4 +151,56 @@ def test_c10_a_durable_actor_calling_itself_directly_is_a_plain_call(
     countdown.send(3)
     wait_until(lambda: ("value", 3) in seen, timeout=15, what="the outer call to return 3")
     assert seen == [("inner job", False), ("value", 3)]
-    wait_until(lambda: [r.status for r in sqlite_store.list_runs()] == ["succeeded"], what="the run to succeed")
+    if steps:
+        wait_until(lambda: [r.status for r in sqlite_store.list_runs()] == ["succeeded"], what="the run to succeed")
+    else:
+        assert sqlite_store.list_runs() == []  # no step, no claim, no run (C23)
+
+
+def test_c23_an_actor_that_takes_no_step_runs_without_its_store(
+    broker: dramatiq.Broker, queue: str, start_worker: Callable[..., dramatiq.Worker]
+) -> None:
+    """C23: an actor that takes no step never claims a run: it runs, fails and is retried by Dramatiq's own
+    Retries exactly as without the middleware, even with its step store unreachable (a closed port)."""
+    broker.add_middleware(DurableSteps(store="postgresql+psycopg://postgres@127.0.0.1:9/none"), before=Retries)
+    calls: list[int] = []
+
+    @dramatiq.actor(broker=broker, queue_name=queue, max_retries=2, min_backoff=1, max_backoff=1)
+    def flaky(n: int) -> None:
+        calls.append(n)
+        if len(calls) < 3:
+            raise ValueError("not yet")
+
+    start_worker(broker)
+    flaky.send(7)
+    wait_until(lambda: len(calls) == 3, timeout=15, what="two retries by Dramatiq's Retries")
+    assert calls == [7, 7, 7]
+
+
+def test_c23_a_step_less_actor_leaves_no_run_and_a_stepping_one_does(
+    broker: dramatiq.Broker, queue: str, sqlite_store: StepStore, start_worker: Callable[..., dramatiq.Worker]
+) -> None:
+    """C23: only a job that took a step has a run in the store; a failure of a step-less job is Dramatiq's:
+    dead-lettered by the broker when its retries are spent, no run, no dead letter of the library's."""
+    broker.add_middleware(DurableSteps(store=sqlite_store), before=Retries)
+    done: list[str] = []
+
+    @dramatiq.actor(broker=broker, queue_name=queue, max_retries=0)
+    def plain(fail: bool) -> None:
+        done.append("plain")
+        if fail:
+            raise ValueError("boom")
+
+    @dramatiq.actor(broker=broker, queue_name=queue, max_retries=0)
+    def stepping() -> None:
+        current_job.step.run("one", lambda: 1)
+        done.append("stepping")
+
+    start_worker(broker)
+    plain.send(False)
+    plain.send(True)
+    stepping.send()
+    wait_until(lambda: len(done) == 3, timeout=15, what="the three jobs")
+    wait_until(lambda: [r.status for r in sqlite_store.list_runs()] == ["succeeded"], what="one run, succeeded")
+    assert [r.task_name for r in sqlite_store.list_runs()] == ["stepping"]
+    assert sqlite_store.list_dead_letters() == []
