@@ -149,3 +149,49 @@ def test_c10_a_durable_task_calling_itself_directly_is_a_plain_call(
     assert inner_jobs == [False]
     if steps:
         assert [r.status for r in sqlite_store.list_runs()] == ["succeeded"]
+
+
+def test_c23_a_task_that_takes_no_step_runs_without_its_store(redis_broker: str, make_celery_app: Any) -> None:
+    """C23: a task that takes no step never claims a run: it succeeds, and fails and is retried by Celery's own
+    policy, as without the integration, even with its step store unreachable (a closed port)."""
+    app: Celery = make_celery_app(redis_broker, "postgresql+psycopg://postgres@127.0.0.1:9/none")
+    calls: list[int] = []
+
+    @app.task(bind=True, name=f"{app.main}.flaky", autoretry_for=(ValueError,), max_retries=2, default_retry_delay=0)
+    def flaky(self: Any, n: int) -> dict[str, int]:
+        calls.append(n)
+        if self.request.retries < 2:
+            raise ValueError("not yet")
+        return {"n": n, "retries": self.request.retries}
+
+    @app.task(name=f"{app.main}.ok")
+    def ok(x: int) -> int:
+        return x + 1
+
+    with in_process_worker(app):
+        assert ok.delay(1).get(timeout=20) == 2
+        assert flaky.delay(7).get(timeout=20) == {"n": 7, "retries": 2}
+    assert calls == [7, 7, 7]
+
+
+def test_c23_only_a_task_that_took_a_step_has_a_run(redis_broker: str, sqlite_store: Any, make_celery_app: Any) -> None:
+    """C23: a step-less task leaves no run (not even when it fails); a task that took a step has its run."""
+    app: Celery = make_celery_app(redis_broker, sqlite_store)
+
+    @app.task(name=f"{app.main}.no_step")
+    def plain(fail: bool) -> str:
+        if fail:
+            raise ValueError("boom")
+        return "plain"
+
+    @app.task(name=f"{app.main}.stepping")
+    def stepping() -> int:
+        return current_job.step.run("one", lambda: 1)
+
+    with in_process_worker(app):
+        assert plain.delay(False).get(timeout=20) == "plain"
+        with pytest.raises(ValueError, match="boom"):
+            plain.delay(True).get(timeout=20)
+        assert stepping.delay().get(timeout=20) == 1
+    assert [(r.task_name, r.status) for r in sqlite_store.list_runs()] == [(f"{app.main}.stepping", "succeeded")]
+    assert sqlite_store.list_dead_letters() == []
