@@ -57,7 +57,8 @@ def job_info(task: Any, request: Any) -> JobInfo:
     return JobInfo(
         run_key=_eager_run_key(request) if request.is_eager else run_key_of(request),
         job_id=str(request.id),
-        envelope=_envelope(task, request),
+        envelope=lambda: _envelope(task, request),  # built when the run is claimed (its first step, C23)
+        task_name=str(request.task or task.name),
         step_retry=step_retry,
         cancellation=caps,
         eager=bool(request.is_eager),

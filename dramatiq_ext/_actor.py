@@ -41,6 +41,7 @@ class Body:
         wrapped = getattr(fn, "__wrapped__", None)
         self.is_async = not inspect.iscoroutinefunction(fn) and inspect.iscoroutinefunction(wrapped)
         self.target: Callable[..., Any] = wrapped if self.is_async else fn  # type: ignore[assignment]
+        self.interruptible = _interruptible(self.target)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the function as Dramatiq would, without durable steps."""
@@ -103,7 +104,7 @@ def execute(
     if not isinstance(started, Attempt):
         return started
     if not body.is_async:
-        return started.run(_interruptible(body.target), *args, **kwargs)
+        return started.run(body.interruptible, *args, **kwargs)
     loop = get_event_loop_thread()
     assert loop is not None, "Body.check() was not called"
     concluded: list[Outcome] = []

@@ -53,22 +53,33 @@ def run_key_of(message: Any) -> str:
     return run_key_from(message.options.get(RUN_KEY_OPTION), str(message.message_id), where=f"{RUN_KEY_OPTION} option")
 
 
-def job_info(message: Any) -> JobInfo:
-    """Describe a Dramatiq message (or proxy) for the attempt driver.
+def job_info(message: Any, **fields: Any) -> JobInfo:
+    """Describe a Dramatiq message (or proxy) for the attempt driver; ``fields`` are more :class:`JobInfo` fields.
 
     Arguments that are not JSON (a ``PickleEncoder`` broker sending a
-    ``datetime``) are kept encoded with the broker's encoder (C35).
+    ``datetime``) are kept encoded with the broker's encoder (C35). The
+    envelope is built only when the run is claimed (its first step, C23).
     """
-    envelope = build_envelope(
-        message.actor_name,
-        "dramatiq",
-        queue=q_name(message.queue_name),
-        args=message.args,
-        kwargs=message.kwargs,
-        options=_job_options(message.options),
-        serializer=encoder_serializer(dramatiq.get_encoder()),
+
+    def envelope() -> JobEnvelope:
+        return build_envelope(
+            message.actor_name,
+            "dramatiq",
+            queue=q_name(message.queue_name),
+            args=message.args,
+            kwargs=message.kwargs,
+            options=_job_options(message.options),
+            serializer=encoder_serializer(dramatiq.get_encoder()),
+        )
+
+    return JobInfo(
+        run_key_of(message),
+        message.message_id,
+        envelope,
+        lazy=first_delivery(message),
+        task_name=message.actor_name,
+        **fields,
     )
-    return JobInfo(run_key_of(message), message.message_id, envelope, lazy=first_delivery(message))
 
 
 def first_delivery(message: Any) -> bool:

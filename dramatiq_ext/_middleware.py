@@ -20,7 +20,6 @@ any other message rejected to the dead-letter queue (``nack``) makes it
 from __future__ import annotations
 
 import contextvars
-import dataclasses
 import logging
 import math
 from typing import Any
@@ -252,7 +251,7 @@ class DurableSteps(Middleware):
         _message.set(None)  # a direct call from inside the body is a plain call
         _handled.set(message.message_id)
         body.check()
-        job = dataclasses.replace(job_info(message), step_retry=step_retry, cancellation=cancellation)
+        job = job_info(message, step_retry=step_retry, cancellation=cancellation)
         driver = driver_or_put_back(self._driver.get, self._config)
         if isinstance(driver, AttemptDriver):
             outcome = _actor.execute(driver, job, body, args, kwargs, stopping=lambda: self._stopping)

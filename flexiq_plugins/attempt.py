@@ -29,6 +29,7 @@ gives it a writer fenced on the attempt's claim.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -103,7 +104,9 @@ class JobInfo:
     Parameters:
       run_key(str): the run key the message carries (or its job id, C1 words).
       job_id(str): the framework's job id.
-      envelope(JobEnvelope): what re-publishes the job (C35).
+      envelope(JobEnvelope | Callable[[], JobEnvelope]): what re-publishes the
+        job (C35); or a function that builds it, called once, when the run is
+        claimed (a job that takes no step never builds it).
       step_retry(RetryPolicy | None): the task's or actor's default budget for
         its steps (its ``step_retry`` option, C31); ``None``: the integration's.
       cancellation(CancellationPolicy | None): the task's or actor's caps
@@ -118,15 +121,28 @@ class JobInfo:
         delivery, which cannot continue a run; a delivery that may (a retry,
         a put-back, a redelivery, a re-publish) claims before the body, so
         its run is settled however the body ends.
+      task_name(str | None): the task or actor name; ``None``: the envelope's.
     """
 
     run_key: str
     job_id: str
-    envelope: JobEnvelope
+    envelope: JobEnvelope | Callable[[], JobEnvelope]
     step_retry: RetryPolicy | None = None
     cancellation: CancellationPolicy | None = None
     eager: bool = False
     lazy: bool = False
+    task_name: str | None = None
+
+    @functools.cached_property
+    def job_envelope(self) -> JobEnvelope:
+        """The envelope, built now if it was given as a function (once)."""
+        envelope = self.envelope
+        return envelope if isinstance(envelope, JobEnvelope) else envelope()
+
+    @property
+    def name(self) -> str:
+        """The task or actor name."""
+        return self.task_name if self.task_name is not None else self.job_envelope.task_name
 
 
 def default_owner() -> str:
@@ -231,7 +247,7 @@ class AttemptDriver:
         """Claim ``job``'s run (C23): the claim, or the outcome that ends the attempt without a body (C24–C28)."""
         try:
             result = self.store.begin(
-                job.run_key, job.job_id, job.envelope, owner or default_owner(), self.config.lease_seconds
+                job.run_key, job.job_id, job.job_envelope, owner or default_owner(), self.config.lease_seconds
             )
             self._outage.ok()
         except StoreUnavailable as exc:
@@ -420,7 +436,7 @@ class Attempt:
         self.job = job
         self.run_key = job.run_key
         self.job_id = job.job_id
-        self.task_name = job.envelope.task_name
+        self.task_name = job.name
         self.claim: base.Claim | None = None
         self.number: int | None = None
         self.journal: StepJournal = None  # type: ignore[assignment]  # set by _take, before any step runs
@@ -522,24 +538,36 @@ class Attempt:
     @contextlib.contextmanager
     def activate(self) -> Iterator[JobContext]:
         """Set ``current_job`` and keep the lease alive for the ``with`` block (from the claim on, if lazy)."""
+        tokens = self._enter()
+        try:
+            yield self.context
+        finally:
+            self._leave(tokens)
+
+    def _enter(self) -> tuple[Any, Any]:
         if self._lease is not None:
             self._lease.start()
         self._active = True
+        return self.context.enter()
+
+    def _leave(self, tokens: tuple[Any, Any]) -> None:
         try:
-            with self.context.activate() as job:
-                yield job
-        finally:
             self._active = False
             if self.journal is not None:
                 self.journal.close_transactions()  # before the lease stops: a left-open one would hold it (C42)
             if self._lease is not None:
                 self._lease.stop()
+        finally:
+            self.context.leave(tokens)
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> outcomes.Outcome:
         """Run ``fn(*args, **kwargs)`` as the task body and return its outcome."""
         try:
-            with self.activate():
+            tokens = self._enter()  # what ``activate`` does, without a generator per job (issue 16)
+            try:
                 value = fn(*args, **kwargs)
+            finally:
+                self._leave(tokens)
         except BaseException as exc:
             return self.conclude(error=exc)
         return self.conclude(value=value)
@@ -547,8 +575,11 @@ class Attempt:
     async def arun(self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> outcomes.Outcome:
         """Await ``fn(*args, **kwargs)`` as the task body and return its outcome."""
         try:
-            with self.activate():
+            tokens = self._enter()
+            try:
                 value = await fn(*args, **kwargs)
+            finally:
+                self._leave(tokens)
         except BaseException as exc:
             return self.conclude(error=exc)
         return self.conclude(value=value)

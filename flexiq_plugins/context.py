@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Awaitable, Callable, Iterator
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
 
@@ -23,7 +23,17 @@ from .errors import InvalidStepBody, InvalidStepName, InvalidWakeTime, NoCurrent
 from .identity import validate_name
 from .policies import Compensation, RetryPolicy
 from .step_run import StepRunVerb, compensation_of, retry_of
-from .steps import SleepVerb, StepJournal, TransactionVerb, adrive, current_step_key, drive, outside_steps
+from .steps import (
+    SleepVerb,
+    StepJournal,
+    TransactionVerb,
+    adrive,
+    back_in_steps,
+    current_step_key,
+    drive,
+    leave_steps,
+    outside_steps,
+)
 from .transactions import caller_transaction
 from .waits import EventVerb, WaitVerb, event_step, validate_event_field
 
@@ -376,12 +386,20 @@ class JobContext:
         A job started inside another job's step body (a nested task call) does
         not see the outer step: its ``idempotency_key`` is its own (C10).
         """
-        token = _job.set(self)
+        tokens = self.enter()
         try:
-            with outside_steps():
-                yield self
+            yield self
         finally:
-            _job.reset(token)
+            self.leave(tokens)
+
+    def enter(self) -> tuple[Token[JobContext | None], Token[str | None]]:
+        """Make this the current job, outside any step, until :meth:`leave` with the tokens returned."""
+        return _job.set(self), leave_steps()
+
+    def leave(self, tokens: tuple[Token[JobContext | None], Token[str | None]]) -> None:
+        """Undo :meth:`enter`."""
+        back_in_steps(tokens[1])
+        _job.reset(tokens[0])
 
 
 class _CurrentJob:
