@@ -7,9 +7,9 @@ cost about what it costs without the integration. In one process run, with
 interleaved rounds (plain, durable, plain, durable …) so drift hits both
 alike, it times per message:
 
-- Dramatiq, StubBroker and an in-process worker: a no-op actor and an
-  always-failing actor (``max_retries=0``), with ``DurableSteps`` on a SQLite
-  store and without it;
+- Dramatiq, StubBroker (and Redis, when reachable) and an in-process
+  worker: a no-op actor and an always-failing actor (``max_retries=0``),
+  with ``DurableSteps`` on a SQLite store and without it;
 - Celery, eager (``Task.apply``): a no-op task, durable and ``durable=False``;
 - Celery, a real in-process worker (threads pool) on Redis, when reachable:
   a no-op task, durable and ``durable=False``.
@@ -40,9 +40,13 @@ Timer = Callable[[int], float]
 
 # ------------------------------------------------------------------ Dramatiq
 @contextmanager
-def dramatiq_pair(store_url: str) -> Iterator[dict[str, Timer]]:
-    """Timers for a no-op and a failing actor, on a plain StubBroker and one with ``DurableSteps``."""
+def dramatiq_pair(store_url: str, redis_url: str | None = None) -> Iterator[dict[str, Timer]]:
+    """Timers for a no-op and a failing actor, on a plain broker and one with ``DurableSteps``.
+
+    The brokers are StubBrokers, or RedisBrokers on ``redis_url``.
+    """
     import dramatiq
+    from dramatiq.brokers.redis import RedisBroker
     from dramatiq.brokers.stub import StubBroker
     from dramatiq.middleware import Retries
 
@@ -51,8 +55,9 @@ def dramatiq_pair(store_url: str) -> Iterator[dict[str, Timer]]:
     logging.getLogger("dramatiq").setLevel(logging.CRITICAL)  # the failing actor's tracebacks
     timers: dict[str, Timer] = {}
     workers = []
+    namespace = f"bench-{uuid.uuid4().hex[:8]}"
     for kind in ("plain", "durable"):
-        broker = StubBroker()
+        broker: Any = StubBroker() if redis_url is None else RedisBroker(url=redis_url, namespace=f"{namespace}-{kind}")
         if kind == "durable":
             broker.add_middleware(DurableSteps(store=store_url), before=Retries)
         broker.emit_after("process_boot")
@@ -66,7 +71,7 @@ def dramatiq_pair(store_url: str) -> Iterator[dict[str, Timer]]:
         def fails() -> None:
             raise ValueError("always")
 
-        worker = dramatiq.Worker(broker, worker_threads=1, worker_timeout=5)
+        worker = dramatiq.Worker(broker, worker_threads=1, worker_timeout=5 if redis_url is None else 1)
         worker.start()
         workers.append(worker)
         timers[f"dramatiq no-op ({kind})"] = _dramatiq_timer(broker, worker, queue, noop)
@@ -76,14 +81,24 @@ def dramatiq_pair(store_url: str) -> Iterator[dict[str, Timer]]:
     finally:
         for worker in workers:
             worker.stop()
+            if redis_url is not None:
+                client = worker.broker.client
+                keys = list(client.scan_iter(f"{namespace}*"))
+                if keys:
+                    client.delete(*keys)
 
 
 def _dramatiq_timer(broker: Any, worker: Any, queue: str, actor: Any) -> Timer:
+    from dramatiq.brokers.stub import StubBroker
+
     def run(n: int) -> float:
         started = time.perf_counter()
         for _ in range(n):
             actor.send()
-        broker.join(queue, fail_fast=False)
+        if isinstance(broker, StubBroker):
+            broker.join(queue, fail_fast=False)
+        else:
+            broker.join(queue, interval=1)
         worker.join()
         return time.perf_counter() - started
 
@@ -212,6 +227,8 @@ def main() -> None:
             report("Dramatiq, StubBroker, SQLite store", measure(timers, args.rounds, args.messages))
         report("Celery, eager Task.apply, SQLite store", measure(celery_eager(store_url), args.rounds, args.messages))
         if _reachable(args.redis):
+            with dramatiq_pair(store_url, args.redis) as timers:
+                report("Dramatiq, Redis broker, SQLite store", measure(timers, args.rounds, args.messages))
             with celery_worker(store_url, args.redis) as timers:
                 report("Celery, threads worker on Redis, SQLite store", measure(timers, args.rounds, args.messages))
         else:

@@ -46,6 +46,7 @@ from flexiq_plugins.integration import (
     Outcome,
     PutBack,
     UnsupportedInEagerMode,
+    body_traceback,
     hand_off,
 )
 
@@ -138,7 +139,7 @@ def _republish(task: Any, request: Any, job: JobInfo, outcome: PutBack) -> None:
 
 
 def _failure(task: Any, request: Any, runtime: Runtime, job: JobInfo, outcome: Failure) -> NoReturn:
-    error = outcome.error
+    error = body_traceback(outcome.error)  # Celery formats the traceback the body's error would have had
     try:
         _settle_failure(task, request, runtime, job, outcome)
     finally:

@@ -20,6 +20,7 @@ any other message rejected to the dead-letter queue (``nack``) makes it
 from __future__ import annotations
 
 import contextvars
+import functools
 import logging
 import math
 from typing import Any
@@ -39,6 +40,7 @@ from flexiq_plugins.integration import (
     RetryPolicy,
     StepStore,
     StoreSpec,
+    body_traceback,
     cancellation_option,
     check_store_at_start,
     check_store_spec,
@@ -171,12 +173,8 @@ class DurableSteps(Middleware):
             return
         name = actor.actor_name
         policy, caps = _step_retry(actor), _caps(actor)
-        actor.fn = _actor.wrap(
-            actor.fn,
-            lambda body, args, kwargs: self._call(
-                broker, name, body, args, kwargs, step_retry=policy, cancellation=caps
-            ),
-        )
+        call = functools.partial(self._call, broker, name, step_retry=policy, cancellation=caps)
+        actor.fn = _actor.wrap(actor.fn, call)
 
     # ------------------------------------------------------------ messages
     def before_enqueue(self, broker: dramatiq.Broker, message: Any, delay: int | None) -> None:
@@ -257,12 +255,18 @@ class DurableSteps(Middleware):
             outcome = _actor.execute(driver, job, body, args, kwargs, stopping=lambda: self._stopping)
         else:
             outcome = driver
-        if isinstance(outcome, Failure):
+        if isinstance(outcome, Failure):  # Retries decides; the middleware settles the run if it gives up
             self._failing[message.message_id] = outcome
+            error = body_traceback(outcome.error)
+            del outcome  # the error raised holds this frame: it must not hold the error back (no cycle)
+            try:
+                raise error
+            finally:
+                del error
         try:
             return _verbs.apply_outcome(broker, message, job, outcome)
         finally:
-            del outcome  # the error raised holds this frame: it must not hold the error back (no cycle)
+            del outcome
 
 
 def _step_retry(actor: dramatiq.Actor[Any, Any]) -> RetryPolicy | None:
