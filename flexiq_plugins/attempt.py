@@ -333,7 +333,10 @@ class AttemptDriver:
             return self._cancelled_by_framework(run_key, how)
         status = _ENDED_STATUS[how]
         try:
-            if status == "failed" and self._compensating(run_key):
+            run = self._run_or_none(run_key)
+            if run is None:
+                return None  # never claimed (a job that took no step, C23): nothing to settle
+            if status == "failed" and self._compensating(run):
                 return None  # the attempt already handed the failure over: its undos run next (C32)
             applied = self.store.release_run(run_key, status, while_status=base.LIVE_STATUSES)
         except StoreError:
@@ -356,13 +359,15 @@ class AttemptDriver:
         logger.info("run %s: its job was %s by the framework: %s", run_key, how.value, done.outcome)
         return done.status
 
-    def _compensating(self, run_key: str) -> bool:
-        """Whether the run waits for the delivery that runs its undos (a ``compensation`` row, C32)."""
+    def _run_or_none(self, run_key: str) -> base.RunRecord | None:
         try:
-            run = self.store.get_run(run_key)
+            return self.store.get_run(run_key)
         except UnknownRun:
-            return False
-        return run.status == "pending" and any(s.kind == "compensation" for s in self.store.get_steps(run_key))
+            return None
+
+    def _compensating(self, run: base.RunRecord) -> bool:
+        """Whether the run waits for the delivery that runs its undos (a ``compensation`` row, C32)."""
+        return run.status == "pending" and any(s.kind == "compensation" for s in self.store.get_steps(run.run_key))
 
     def worker_stopped(self, run_key: str) -> bool:
         """The worker shut down and killed the attempt running ``run_key``; its message goes back (C38).
