@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from celery import Celery, chain
+from celery import Celery, chain, chord, group
 from celery.signals import task_failure
 from conftest import in_process_worker, wait_for
 
@@ -195,3 +195,74 @@ def test_c23_only_a_task_that_took_a_step_has_a_run(redis_broker: str, sqlite_st
         assert stepping.delay().get(timeout=20) == 1
     assert [(r.task_name, r.status) for r in sqlite_store.list_runs()] == [(f"{app.main}.stepping", "succeeded")]
     assert sqlite_store.list_dead_letters() == []
+
+
+@pytest.mark.parametrize("steps", [False, True], ids=["no_step", "step"])
+def test_c26_celery_canvas_works_for_durable_tasks(
+    redis_broker: str, sqlite_store: Any, make_celery_app: Any, steps: bool
+) -> None:
+    """C26: chains, groups, chords, ``link`` and ``link_error``, ``retry`` with a countdown, ``replace``,
+    ``revoke`` and result states behave for durable tasks, with and without steps, as in plain Celery."""
+    app: Celery = make_celery_app(redis_broker, sqlite_store)
+    errors: list[str] = []
+
+    def stepped(name: str, value: Any) -> Any:
+        return current_job.step.run(name, lambda: value) if steps else value
+
+    @app.task(name=f"{app.main}.add")
+    def add(x: int, y: int) -> int:
+        return int(stepped("add", x + y))
+
+    @app.task(name=f"{app.main}.double")
+    def double(x: int) -> int:
+        return int(stepped("double", 2 * x))
+
+    @app.task(name=f"{app.main}.total")
+    def total(values: list[int]) -> int:
+        return int(stepped("total", sum(values)))
+
+    @app.task(name=f"{app.main}.fails")
+    def fails() -> None:
+        stepped("before", 1)
+        raise KeyError("nope")
+
+    @app.task(name=f"{app.main}.on_error")
+    def on_error(what: str) -> None:
+        errors.append(what)
+
+    @app.task(bind=True, name=f"{app.main}.retrying", max_retries=3)
+    def retrying(self: Any) -> int:
+        stepped("before", 1)
+        if self.request.retries < 2:
+            raise self.retry(countdown=0.1)
+        return int(self.request.retries)
+
+    @app.task(bind=True, name=f"{app.main}.replaced")
+    def replaced(self: Any, x: int) -> Any:
+        stepped("before", 1)
+        raise self.replace(double.s(x))
+
+    with in_process_worker(app, pool="threads", concurrency=2):
+        assert chain(add.s(1, 2), add.s(3), double.s()).delay().get(timeout=20) == 12
+        assert group(add.s(i, i) for i in range(3)).delay().get(timeout=20) == [0, 2, 4]
+        assert chord(add.s(i, i) for i in range(3))(total.s()).get(timeout=20) == 6
+        linked = double.s()
+        linked.freeze()
+        add.apply_async((1, 1), link=linked)
+        assert app.AsyncResult(linked.id).get(timeout=20) == 4
+        failed = fails.apply_async(link_error=on_error.si("fails"))
+        with pytest.raises(KeyError):
+            failed.get(timeout=20)
+        assert failed.state == "FAILURE"
+        wait_for(lambda: errors == ["fails"], timeout=20, what="the link_error callback")
+        assert retrying.delay().get(timeout=20) == 2
+        assert replaced.delay(5).get(timeout=20) == 10
+        later = add.apply_async((1, 1), countdown=30)
+        later.revoke()
+        wait_for(lambda: later.state == "REVOKED", timeout=20, what="the revoke")
+    runs = {r.task_name.rsplit(".", 1)[1]: r.status for r in sqlite_store.list_runs()}
+    if steps:
+        assert runs["replaced"] == "succeeded"
+        assert runs["fails"] == "failed"
+    else:
+        assert runs == {}
