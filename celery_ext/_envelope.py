@@ -62,7 +62,7 @@ def job_info(task: Any, request: Any) -> JobInfo:
         step_retry=step_retry,
         cancellation=caps,
         eager=bool(request.is_eager),
-        lazy=not _header(request, RESUME_HEADER),
+        lazy=not _may_continue(request),
     )
 
 
@@ -77,6 +77,17 @@ def _eager_run_key(request: Any) -> str:
     the key of the run it retries (:meth:`DurableTask.retry`).
     """
     return run_key_of(request) if _header(request, RUN_KEY_HEADER) else new_run_key()
+
+
+def _may_continue(request: Any) -> bool:
+    """Whether the job may continue a run, so it claims before its body (C23, C24).
+
+    A put-back, a re-publish or a retry of an attempt that claimed carries
+    ``flexiq_resume``; a message the broker delivers again (a worker died, a
+    visibility timeout) is ``redelivered``. Any other job claims at its
+    first step.
+    """
+    return bool(_header(request, RESUME_HEADER) or (request.delivery_info or {}).get("redelivered"))
 
 
 def _header(request: Any, name: str) -> Any:

@@ -266,3 +266,32 @@ def test_c26_celery_canvas_works_for_durable_tasks(
         assert runs["fails"] == "failed"
     else:
         assert runs == {}
+
+
+@pytest.mark.parametrize(
+    ("delivery", "headers", "lazy"),
+    [
+        ({}, {}, True),
+        ({"redelivered": True}, {}, False),
+        ({}, {"flexiq_resume": True}, False),
+    ],
+    ids=["first", "redelivered", "resumed"],
+)
+def test_c24_a_delivery_that_may_continue_a_run_claims_before_its_body(  # noqa: PLR0917
+    redis_broker: str,
+    sqlite_store: Any,
+    make_celery_app: Any,
+    delivery: dict[str, Any],
+    headers: dict[str, Any],
+    lazy: bool,
+) -> None:
+    """C23, C24: a first delivery claims at its first step; a redelivered message (a worker died, a visibility
+    timeout) or a put-back / re-published / retried one (``flexiq_resume``) claims before its body runs."""
+    from celery.app.task import Context
+
+    from celery_ext._envelope import job_info
+
+    app: Celery = make_celery_app(redis_broker, sqlite_store)
+    task = app.tasks[f"{app.main}.plain"]
+    request = Context(id="t-1", task=task.name, args=[1], kwargs={}, delivery_info=delivery, headers=headers)
+    assert job_info(task, request).lazy is lazy
