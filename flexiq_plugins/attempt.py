@@ -3,8 +3,10 @@
 An adapter turns a framework message into a :class:`JobInfo` and hands it,
 with the task body, to :meth:`AttemptDriver.run_job` (or ``arun_job`` for an
 ``async def`` body). The driver claims the run and reads its snapshot in one
-transaction, runs the body with ``current_job`` set, commits the run's state,
-and returns exactly one :mod:`~flexiq_plugins.outcomes` value. Every decision
+transaction (before the body, or, for a ``lazy`` job, at the body's first
+step: a body that takes no step does no store I/O), runs the body with
+``current_job`` set, commits the run's state (if it claimed one), and returns
+exactly one :mod:`~flexiq_plugins.outcomes` value. Every decision
 that does not depend on the framework is made here, once, for every adapter:
 
 - classification of what the body raised, before any retry filter (C28, C29);
