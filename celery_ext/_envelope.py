@@ -9,6 +9,7 @@ cannot take (``pickle`` apps) are kept encoded with the app's task serializer
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,7 +21,6 @@ from flexiq_plugins.integration import (
     cancellation_option,
     envelope_arguments,
     is_json,
-    new_run_key,
     retry_policy_option,
     run_key_from,
 )
@@ -73,10 +73,13 @@ def _eager_run_key(request: Any) -> str:
     by its task id; and Celery runs every task of an eagerly applied, frozen
     chain under the chain's one task id. A run key must name one job of one
     task (C1), so an eager job without a ``flexiq_run_key`` header gets a new
-    one: tasks run under one id never share a run. An eager retry carries
-    the key of the run it retries (:meth:`DurableTask.retry`).
+    one, its task id and a random suffix (``<task id>.<12 hex digits>``):
+    tasks run under one id never share a run. An eager retry carries the key
+    of the run it retries (:meth:`DurableTask.retry`).
     """
-    return run_key_of(request) if _header(request, RUN_KEY_HEADER) else new_run_key()
+    if _header(request, RUN_KEY_HEADER):
+        return run_key_of(request)
+    return f"{request.id}.{secrets.token_hex(6)}"
 
 
 def _may_continue(request: Any) -> bool:

@@ -26,6 +26,7 @@ receiver.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from contextvars import ContextVar
@@ -135,7 +136,7 @@ class DurableTask(Task):  # type: ignore[misc]
 
     def _flexiq_body(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Call the body as Celery would have without this class."""
-        if _next_call_is_celerys(type(self)):
+        if _next_call_is_celerys(type(self)):  # type: ignore[arg-type]  # classes are hashable
             return self.run(*args, **kwargs)
         return super().__call__(*args, **kwargs)
 
@@ -157,6 +158,7 @@ def _retry_options(request: Any, options: dict[str, Any]) -> dict[str, Any]:
     return {**options, "headers": headers}
 
 
+@functools.cache
 def _next_call_is_celerys(cls: type) -> bool:
     """Whether the ``__call__`` after :class:`DurableTask` in ``cls``'s MRO is Celery's own."""
     mro = cls.__mro__
