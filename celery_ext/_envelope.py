@@ -9,6 +9,7 @@ cannot take (``pickle`` apps) are kept encoded with the app's task serializer
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,7 +25,7 @@ from flexiq_plugins.integration import (
     run_key_from,
 )
 
-from ._options import RUN_KEY_HEADER, kombu_serializer
+from ._options import RESUME_HEADER, RUN_KEY_HEADER, kombu_serializer
 
 __all__ = ["job_info", "republish", "run_key_of"]
 
@@ -54,13 +55,47 @@ def job_info(task: Any, request: Any) -> JobInfo:
         where=f"task {task.name!r}",
     )
     return JobInfo(
-        run_key=run_key_of(request),
+        run_key=_eager_run_key(request) if request.is_eager else run_key_of(request),
         job_id=str(request.id),
-        envelope=_envelope(task, request),
+        envelope=lambda: _envelope(task, request),  # built when the run is claimed (its first step, C23)
+        task_name=str(request.task or task.name),
         step_retry=step_retry,
         cancellation=caps,
         eager=bool(request.is_eager),
+        lazy=not _may_continue(request),
     )
+
+
+def _eager_run_key(request: Any) -> str:
+    """The run key of an eager job (``task_always_eager``, ``Task.apply``): its own run, unless one is carried.
+
+    An eager job is never delivered again, so nothing would ever find its run
+    by its task id; and Celery runs every task of an eagerly applied, frozen
+    chain under the chain's one task id. A run key must name one job of one
+    task (C1), so an eager job without a ``flexiq_run_key`` header gets a new
+    one, its task id and a random suffix (``<task id>.<12 hex digits>``):
+    tasks run under one id never share a run. An eager retry carries the key
+    of the run it retries (:meth:`DurableTask.retry`).
+    """
+    if _header(request, RUN_KEY_HEADER):
+        return run_key_of(request)
+    return f"{request.id}.{secrets.token_hex(6)}"
+
+
+def _may_continue(request: Any) -> bool:
+    """Whether the job may continue a run, so it claims before its body (C23, C24).
+
+    A put-back, a re-publish or a retry of an attempt that claimed carries
+    ``flexiq_resume``; a message the broker delivers again (a worker died, a
+    visibility timeout) is ``redelivered``. Any other job claims at its
+    first step.
+    """
+    return bool(_header(request, RESUME_HEADER) or (request.delivery_info or {}).get("redelivered"))
+
+
+def _header(request: Any, name: str) -> Any:
+    """A custom header of ``request`` (Celery makes them request attributes; eager ones stay in ``headers``)."""
+    return getattr(request, name, None) or (request.headers or {}).get(name)
 
 
 def _envelope(task: Any, request: Any) -> JobEnvelope:
@@ -84,7 +119,7 @@ def _envelope(task: Any, request: Any) -> JobEnvelope:
 
 
 def _json_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in headers.items() if k != RUN_KEY_HEADER and is_json(v)}
+    return {k: v for k, v in headers.items() if k not in (RUN_KEY_HEADER, RESUME_HEADER) and is_json(v)}
 
 
 def republish(
@@ -119,7 +154,7 @@ def republish(
 
     options = dict(envelope.options)
     args, kwargs = envelope_arguments(envelope, _payload_serializer(options))
-    headers = {**dict(options.get("headers") or {}), RUN_KEY_HEADER: run_key}
+    headers = {**dict(options.get("headers") or {}), RUN_KEY_HEADER: run_key, RESUME_HEADER: True}
     route: dict[str, Any] = {}
     if options.get("exchange"):
         route = {"exchange": options["exchange"], "routing_key": options.get("routing_key")}

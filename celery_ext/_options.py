@@ -19,6 +19,7 @@ from flexiq_plugins.integration import DurableConfig, FunctionSerializer, Serial
 
 __all__ = [
     "DEFAULT_DEAD_LETTER_QUEUE",
+    "RESUME_HEADER",
     "RUN_KEY_HEADER",
     "CeleryConfig",
     "DeadLetterPath",
@@ -28,6 +29,10 @@ __all__ = [
 
 RUN_KEY_HEADER = "flexiq_run_key"
 """The message header carrying the run key (stamped at publish)."""
+
+RESUME_HEADER = "flexiq_resume"
+"""The message header of a delivery that may continue a run (a put-back, a re-publish, a retry of an
+attempt that claimed): it claims its run before the body runs (C23)."""
 
 DEFAULT_DEAD_LETTER_QUEUE = "flexiq.dead_letter"
 """Where dead letters are published on brokers without a native dead-letter path (Redis)."""

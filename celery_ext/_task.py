@@ -26,14 +26,17 @@ receiver.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
+from contextvars import ContextVar
 from typing import Any
 
 from billiard.common import terminate_handler_fired
 from celery import Task
 from celery.exceptions import Ignore
 
+from flexiq_plugins import current_job
 from flexiq_plugins.integration import (
     Completed,
     Disposition,
@@ -45,6 +48,7 @@ from flexiq_plugins.integration import (
 )
 
 from ._envelope import job_info
+from ._options import RESUME_HEADER, RUN_KEY_HEADER
 from ._runtime import Runtime, runtime_of
 from ._verbs import act
 
@@ -54,6 +58,9 @@ ACK_DEFAULTS = ("acks_late", "reject_on_worker_lost")
 """Task attributes turned on for durable tasks unless the task sets them (C26)."""
 
 _NEVER_RETRIED = (Disposition.DEAD_LETTER, Disposition.SLEEP)
+
+_in_body: ContextVar[Any] = ContextVar("flexiq_celery_in_body", default=None)
+"""The request whose durable body runs in this context: a call of the task under it is a plain call."""
 
 
 class DurableTask(Task):  # type: ignore[misc]
@@ -97,7 +104,9 @@ class DurableTask(Task):  # type: ignore[misc]
         runtime = runtime_of(self.app) if self.durable else None
         if runtime is None:
             return self._flexiq_body(args, kwargs)
-        if request.called_directly:  # task(...) as a plain function: no durable job, not even an outer one
+        if request.called_directly or _in_body.get() is request:
+            # task(...) as a plain function, also inside its own body (Celery's request is then the outer
+            # job's): no durable job of its own, not even the outer one; the outer attempt is untouched
             with no_current_job(self.name):
                 return self._flexiq_body(args, kwargs)
         return _run_attempt(self, runtime, request, args, kwargs)
@@ -122,15 +131,34 @@ class DurableTask(Task):  # type: ignore[misc]
         pending = exc if exc is not None else sys.exc_info()[1]
         if pending is not None and (isinstance(pending, StepSignal) or classify(pending) in _NEVER_RETRIED):
             raise pending
+        options = _retry_options(self.request, options)
         return super().retry(args, kwargs, exc, throw, eta, countdown, max_retries, **options)
 
     def _flexiq_body(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """Call the body as Celery would have without this class."""
-        if _next_call_is_celerys(type(self)):
+        if _next_call_is_celerys(type(self)):  # type: ignore[arg-type]  # classes are hashable
             return self.run(*args, **kwargs)
         return super().__call__(*args, **kwargs)
 
 
+def _retry_options(request: Any, options: dict[str, Any]) -> dict[str, Any]:
+    """The retry's options: it carries the run key, and resumes the run if this attempt claimed it (C11, C23).
+
+    An eager retry is applied at once under the same task id but would get a
+    run of its own (:func:`celery_ext._envelope.job_info`): it carries the
+    run key. A retry of an attempt that claimed its run claims before its
+    body runs, so the run is settled however the retry ends.
+    """
+    job = current_job.get()
+    if job is None or not (request.is_eager or job.claimed):
+        return options
+    headers = {**(request.headers or {}), **(options.get("headers") or {}), RUN_KEY_HEADER: job.run_key}
+    if job.claimed:
+        headers[RESUME_HEADER] = True
+    return {**options, "headers": headers}
+
+
+@functools.cache
 def _next_call_is_celerys(cls: type) -> bool:
     """Whether the ``__call__`` after :class:`DurableTask` in ``cls``'s MRO is Celery's own."""
     mro = cls.__mro__
@@ -148,6 +176,7 @@ def _run_attempt(
     exiting: list[SystemExit] = []
 
     def body() -> Any:
+        token = _in_body.set(request)
         try:
             return task._flexiq_body(args, kwargs)
         except Ignore as exc:  # self.replace() and friends: the job is handed on, the run is done
@@ -158,10 +187,15 @@ def _run_attempt(
                 raise  # the body's own sys.exit()
             exiting.append(exc)  # the pool terminates this process: a cold shutdown, a revoke, a time limit
             raise WorkerInterrupted(f"the worker process {os.getpid()} is being terminated") from exc
+        finally:
+            _in_body.reset(token)
 
     outcome = runtime.driver().run_job(job, body) if request.is_eager else runtime.run_job(job, body)
     if handed_on and isinstance(outcome, Completed):
         raise handed_on[0]
     if exiting:
         raise exiting[0]  # the process goes on exiting; Celery gives the unfinished message back (C38)
-    return act(task, request, runtime, job, outcome)
+    try:
+        return act(task, request, runtime, job, outcome)
+    finally:
+        del outcome  # an error raised from here must not hold its outcome through this frame (no cycle)

@@ -52,11 +52,12 @@ from flexiq_plugins.integration import (
     PutBack,
     Replay,
     UnsupportedInEagerMode,
+    body_traceback,
     hand_off,
 )
 
 from ._deadletter import dead_letter_error, publish_dead_letter
-from ._options import RUN_KEY_HEADER
+from ._options import RESUME_HEADER, RUN_KEY_HEADER
 from ._runtime import Runtime
 
 __all__ = ["HandedBack", "QuietIgnoredFilter", "act", "install_quiet_ignored_filter"]
@@ -87,25 +88,50 @@ def install_quiet_ignored_filter() -> None:
 
 
 def act(task: Any, request: Any, runtime: Runtime, job: JobInfo, outcome: Outcome) -> Any:
-    """Carry out ``outcome`` for the job ``request`` of ``task``; return the task's value or raise."""
-    match outcome:
-        case Completed(value=value):
-            return value
-        case PutBack():
-            _put_back(task, request, job, outcome)
-        case Failure():
-            _failure(task, request, runtime, job, outcome)
-        case DeadLetter():
-            _dead_letter(task, request, runtime, outcome)
-        case Ack():
-            raise HandedBack()  # acknowledge, leave the result backend alone
-        case Replay(error=None, value=value):
-            return value  # the body does not run; Celery stores the value and goes on (C37)
-        case Replay(error=error):
-            assert error is not None
-            raise error  # Celery stores FAILURE and calls link_error; no retry policy sees it (C37)
-        case _:
-            assert_never(outcome)
+    """Carry out ``outcome`` for the job ``request`` of ``task``; return the task's value or raise.
+
+    An error raised from here leaves no frame of it holding the outcome or the
+    error: the traceback keeps its frames, so that would be a reference cycle
+    keeping the error and the body's locals until a cyclic collection.
+    """
+    try:
+        return _act(task, request, runtime, job, outcome)
+    finally:
+        del outcome
+
+
+def _act(task: Any, request: Any, runtime: Runtime, job: JobInfo, outcome: Outcome) -> Any:
+    try:
+        match outcome:
+            case Completed(value=value):
+                return value
+            case PutBack():
+                _put_back(task, request, job, outcome)
+            case Failure():
+                _failure(task, request, runtime, job, outcome)
+            case DeadLetter():
+                _dead_letter(task, request, runtime, outcome)
+            case Ack():
+                raise HandedBack()  # acknowledge, leave the result backend alone
+            case Replay(error=None, value=value):
+                return value  # the body does not run; Celery stores the value and goes on (C37)
+            case Replay():
+                _raise_replayed(outcome)  # Celery stores FAILURE and calls link_error; no retry policy sees it
+            case _:
+                assert_never(outcome)
+    finally:
+        del outcome
+
+
+def _raise_replayed(replay: Replay) -> NoReturn:
+    """Raise a finished run's stored error (C37) with no frame of this call holding it (issue 16)."""
+    error = replay.error
+    del replay
+    assert error is not None
+    try:
+        raise error
+    finally:
+        del error
 
 
 def _put_back(task: Any, request: Any, job: JobInfo, outcome: PutBack) -> NoReturn:
@@ -121,7 +147,7 @@ def _republish(task: Any, request: Any, job: JobInfo, outcome: PutBack) -> None:
             f"job {request.id} of {task.name!r} must go back to its queue for {outcome.delay:.3f} s ({why}), "
             "which eager mode (task_always_eager / Task.apply) cannot do; run durable tasks that sleep on a worker"
         )
-    headers = {**(request.headers or {}), RUN_KEY_HEADER: job.run_key}
+    headers = {**(request.headers or {}), RUN_KEY_HEADER: job.run_key, RESUME_HEADER: True}
     # expires=None: a job that started before its expiry is not killed by it while it sleeps
     signature = task.signature_from_request(
         request, countdown=outcome.delay, retries=request.retries, expires=None, headers=headers
@@ -134,19 +160,31 @@ def _republish(task: Any, request: Any, job: JobInfo, outcome: PutBack) -> None:
 
 
 def _failure(task: Any, request: Any, runtime: Runtime, job: JobInfo, outcome: Failure) -> NoReturn:
+    error = body_traceback(outcome.error)  # Celery formats the traceback the body's error would have had
+    try:
+        _settle_failure(task, request, runtime, job, outcome)
+    finally:
+        del outcome
+    try:
+        raise error
+    finally:
+        del error  # the traceback keeps this frame: it must not keep the error (no cycle)
+
+
+def _settle_failure(task: Any, request: Any, runtime: Runtime, job: JobInfo, outcome: Failure) -> None:
+    """What Celery's failure needs before it is raised: the run settled, or re-published to compensate."""
     error = outcome.error
     if isinstance(error, Retry) or (isinstance(error, Reject) and error.requeue):
-        raise error  # a user's self.retry() already published one; or the message goes back
+        return  # a user's self.retry() already published one; or the message goes back
     if not isinstance(error, Exception):
-        raise error  # SystemExit, KeyboardInterrupt: the worker stops; the message is redelivered
+        return  # SystemExit, KeyboardInterrupt: the worker stops; the message is redelivered
     driver: AttemptDriver = runtime.driver()
     if request.is_eager:  # no broker to come back through: no compensation (C38)
         driver.settle_failed(outcome)
-        raise error
+        return
     after = driver.give_up(outcome)  # Celery will not retry: failed, or compensated next (C26, C32)
     if after is not None:
         _republish(task, request, job, after)
-    raise error
 
 
 def _dead_letter(task: Any, request: Any, runtime: Runtime, outcome: DeadLetter) -> NoReturn:

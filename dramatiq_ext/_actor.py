@@ -41,6 +41,7 @@ class Body:
         wrapped = getattr(fn, "__wrapped__", None)
         self.is_async = not inspect.iscoroutinefunction(fn) and inspect.iscoroutinefunction(wrapped)
         self.target: Callable[..., Any] = wrapped if self.is_async else fn  # type: ignore[assignment]
+        self.interruptible = _interruptible(self.target)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Call the function as Dramatiq would, without durable steps."""
@@ -103,7 +104,7 @@ def execute(
     if not isinstance(started, Attempt):
         return started
     if not body.is_async:
-        return started.run(_interruptible(body.target), *args, **kwargs)
+        return started.run(body.interruptible, *args, **kwargs)
     loop = get_event_loop_thread()
     assert loop is not None, "Body.check() was not called"
     concluded: list[Outcome] = []
@@ -117,7 +118,7 @@ def execute(
     except BaseException as exc:
         if concluded and isinstance(concluded[0], PutBack):
             return concluded[0]  # the worker shut down: the attempt put its job back on the loop
-        return Failure(exc, started.run_key, started.number)
+        return Failure(exc, started.run_key, started.number or 0, claimed=started.claimed)
 
 
 def _interruptible(fn: Callable[..., Any]) -> Callable[..., Any]:

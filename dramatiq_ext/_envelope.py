@@ -31,12 +31,17 @@ from flexiq_plugins.integration import (
 
 from ._config import encoder_serializer
 
-__all__ = ["RUN_KEY_OPTION", "job_info", "republish", "run_key_of"]
+__all__ = ["RESUME_OPTION", "RUN_KEY_OPTION", "first_delivery", "job_info", "republish", "run_key_of"]
 
 RUN_KEY_OPTION = "flexiq_run_key"
 """The message option that carries the run key."""
 
-_DELIVERY_OPTIONS = frozenset({"eta", "redis_message_id", "retries", "traceback", "requeue_timestamp", RUN_KEY_OPTION})
+RESUME_OPTION = "flexiq_resume"
+"""The message option marking a delivery that may continue a run (a put-back, a re-publish): it claims first."""
+
+_DELIVERY_OPTIONS = frozenset(
+    {"eta", "redis_message_id", "retries", "traceback", "requeue_timestamp", RUN_KEY_OPTION, RESUME_OPTION}
+)
 
 
 def run_key_of(message: Any) -> str:
@@ -48,22 +53,45 @@ def run_key_of(message: Any) -> str:
     return run_key_from(message.options.get(RUN_KEY_OPTION), str(message.message_id), where=f"{RUN_KEY_OPTION} option")
 
 
-def job_info(message: Any) -> JobInfo:
-    """Describe a Dramatiq message (or proxy) for the attempt driver.
+def job_info(message: Any, **fields: Any) -> JobInfo:
+    """Describe a Dramatiq message (or proxy) for the attempt driver; ``fields`` are more :class:`JobInfo` fields.
 
     Arguments that are not JSON (a ``PickleEncoder`` broker sending a
-    ``datetime``) are kept encoded with the broker's encoder (C35).
+    ``datetime``) are kept encoded with the broker's encoder (C35). The
+    envelope is built only when the run is claimed (its first step, C23).
     """
-    envelope = build_envelope(
-        message.actor_name,
-        "dramatiq",
-        queue=q_name(message.queue_name),
-        args=message.args,
-        kwargs=message.kwargs,
-        options=_job_options(message.options),
-        serializer=encoder_serializer(dramatiq.get_encoder()),
+
+    def envelope() -> JobEnvelope:
+        return build_envelope(
+            message.actor_name,
+            "dramatiq",
+            queue=q_name(message.queue_name),
+            args=message.args,
+            kwargs=message.kwargs,
+            options=_job_options(message.options),
+            serializer=encoder_serializer(dramatiq.get_encoder()),
+        )
+
+    return JobInfo(
+        run_key_of(message),
+        message.message_id,
+        envelope,
+        lazy=first_delivery(message),
+        task_name=message.actor_name,
+        **fields,
     )
-    return JobInfo(run_key_of(message), message.message_id, envelope)
+
+
+def first_delivery(message: Any) -> bool:
+    """Whether ``message`` cannot continue a run, so its claim can wait for its first step (C23).
+
+    A put-back, a re-publish, and a retry of an attempt that claimed its run
+    carry ``flexiq_resume``: they may continue a run, so they claim before
+    the body runs and their run is settled however the body ends. Any other
+    delivery claims at its body's first step; one that takes no step does
+    no store I/O at all.
+    """
+    return not message.options.get(RESUME_OPTION)
 
 
 def _job_options(options: Mapping[str, Any]) -> dict[str, Any]:
@@ -109,7 +137,7 @@ def republish(
         actor_name=envelope.task_name,
         args=tuple(args),
         kwargs=kwargs,
-        options={**options, RUN_KEY_OPTION: run_key},
+        options={**options, RUN_KEY_OPTION: run_key, RESUME_OPTION: True},
         message_id=message_id or generate_unique_id(),
     )
     return broker.enqueue(message, delay=delay_ms)

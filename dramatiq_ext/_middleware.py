@@ -20,7 +20,7 @@ any other message rejected to the dead-letter queue (``nack``) makes it
 from __future__ import annotations
 
 import contextvars
-import dataclasses
+import functools
 import logging
 import math
 from typing import Any
@@ -40,6 +40,7 @@ from flexiq_plugins.integration import (
     RetryPolicy,
     StepStore,
     StoreSpec,
+    body_traceback,
     cancellation_option,
     check_store_at_start,
     check_store_spec,
@@ -53,7 +54,7 @@ from flexiq_plugins.integration import (
 )
 
 from . import _actor, _config, _verbs
-from ._envelope import RUN_KEY_OPTION, job_info, run_key_of
+from ._envelope import RESUME_OPTION, RUN_KEY_OPTION, job_info, run_key_of
 
 __all__ = ["DurableSteps", "InvalidActorOption"]
 
@@ -172,18 +173,16 @@ class DurableSteps(Middleware):
             return
         name = actor.actor_name
         policy, caps = _step_retry(actor), _caps(actor)
-        actor.fn = _actor.wrap(
-            actor.fn,
-            lambda body, args, kwargs: self._call(
-                broker, name, body, args, kwargs, step_retry=policy, cancellation=caps
-            ),
-        )
+        call = functools.partial(self._call, broker, name, step_retry=policy, cancellation=caps)
+        actor.fn = _actor.wrap(actor.fn, call)
 
     # ------------------------------------------------------------ messages
     def before_enqueue(self, broker: dramatiq.Broker, message: Any, delay: int | None) -> None:
-        """Stamp a run key unless the message has one; note that a failed attempt is being retried."""
+        """Stamp a run key unless the message has one; a retry of an attempt that claimed its run resumes it."""
         message.options.setdefault(RUN_KEY_OPTION, new_run_key())
-        self._failing.pop(message.message_id, None)
+        failure = self._failing.pop(message.message_id, None)
+        if failure is not None and failure.claimed:
+            message.options[RESUME_OPTION] = True  # the retry continues a run: it claims first (C23)
 
     def before_process_message(self, broker: dramatiq.Broker, message: Any) -> None:
         """Remember the message for the actor call that follows in this thread."""
@@ -250,15 +249,24 @@ class DurableSteps(Middleware):
         _message.set(None)  # a direct call from inside the body is a plain call
         _handled.set(message.message_id)
         body.check()
-        job = dataclasses.replace(job_info(message), step_retry=step_retry, cancellation=cancellation)
+        job = job_info(message, step_retry=step_retry, cancellation=cancellation)
         driver = driver_or_put_back(self._driver.get, self._config)
         if isinstance(driver, AttemptDriver):
             outcome = _actor.execute(driver, job, body, args, kwargs, stopping=lambda: self._stopping)
         else:
             outcome = driver
-        if isinstance(outcome, Failure):
+        if isinstance(outcome, Failure):  # Retries decides; the middleware settles the run if it gives up
             self._failing[message.message_id] = outcome
-        return _verbs.apply_outcome(broker, message, job, outcome)
+            error = body_traceback(outcome.error)
+            del outcome  # the error raised holds this frame: it must not hold the error back (no cycle)
+            try:
+                raise error
+            finally:
+                del error
+        try:
+            return _verbs.apply_outcome(broker, message, job, outcome)
+        finally:
+            del outcome
 
 
 def _step_retry(actor: dramatiq.Actor[Any, Any]) -> RetryPolicy | None:

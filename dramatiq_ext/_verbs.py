@@ -57,7 +57,7 @@ from flexiq_plugins.integration import (
     hand_off,
 )
 
-from ._envelope import RUN_KEY_OPTION
+from ._envelope import RESUME_OPTION, RUN_KEY_OPTION
 
 __all__ = ["DeadLettered", "QuietSkipFilter", "apply_outcome", "enqueue_again"]
 
@@ -111,7 +111,7 @@ def enqueue_again(broker: dramatiq.Broker, message: Any, run_key: str, delay_ms:
     while it waits does not end the wait either: it would hand the sleep to
     the Retries middleware, which must never see one.
     """
-    again = message.copy(queue_name=q_name(message.queue_name), options={RUN_KEY_OPTION: run_key})
+    again = message.copy(queue_name=q_name(message.queue_name), options={RUN_KEY_OPTION: run_key, RESUME_OPTION: True})
     what = f"message {message.message_id!r}"
     while True:
         try:
@@ -123,28 +123,53 @@ def enqueue_again(broker: dramatiq.Broker, message: Any, run_key: str, delay_ms:
 
 def apply_outcome(broker: dramatiq.Broker, message: Any, job: JobInfo, outcome: Outcome) -> Any:
     """Do the broker's part of ``outcome``; return the actor's value or raise."""
-    match outcome:
-        case Completed(value=value):
-            return value
-        case PutBack():
-            enqueue_again(broker, message, job.run_key, math.ceil(outcome.delay * 1000))
-            _skip_without_result(message, outcome.reason.value)
-        case Failure(error=error):
-            raise error  # Retries decides; the middleware settles the run if it gives up
-        case DeadLetter():
-            _fail(message, outcome)
-        case Ack():
-            _skip_without_result(message, outcome.reason.value)
-        case Replay(error=None, value=value):
-            return value  # the body does not run; Results stores the value, a pipeline goes on (C37)
-        case Replay(error=error):
-            assert error is not None
-            _replay_failure(message, error)
-        case _:
-            assert_never(outcome)
+    try:
+        return _apply(broker, message, job, outcome)
+    finally:
+        del outcome  # an error raised from here must not hold it through this frame (issue 16)
 
 
-def _replay_failure(message: Any, error: BaseException) -> NoReturn:
+def _apply(broker: dramatiq.Broker, message: Any, job: JobInfo, outcome: Outcome) -> Any:
+    try:
+        match outcome:
+            case Completed(value=value):
+                return value
+            case PutBack():
+                enqueue_again(broker, message, job.run_key, math.ceil(outcome.delay * 1000))
+                _skip_without_result(message, outcome.reason.value)
+            case Failure():
+                _reraise(outcome)  # Retries decides; the middleware settles the run if it gives up
+            case DeadLetter():
+                _fail(message, outcome)
+            case Ack():
+                _skip_without_result(message, outcome.reason.value)
+            case Replay(error=None, value=value):
+                return value  # the body does not run; Results stores the value, a pipeline goes on (C37)
+            case Replay():
+                _replay_failure(message, outcome)
+            case _:
+                assert_never(outcome)
+    finally:
+        del outcome
+
+
+def _reraise(failure: Failure) -> NoReturn:
+    """Raise ``failure``'s error with no frame of this call holding it: no reference cycle (issue 16).
+
+    The traceback of the error raised keeps every frame it passes through;
+    a frame still referencing the outcome (and so the error) would keep the
+    error, its traceback, and the actor's locals alive until a cyclic
+    garbage collection. Dramatiq frees them at once; so must a durable actor.
+    """
+    error = failure.error
+    del failure
+    try:
+        raise error
+    finally:
+        del error
+
+
+def _replay_failure(message: Any, replay: Replay) -> NoReturn:
     """Raise a finished run's stored error for this delivery, which Retries then fails at once (C37).
 
     ``max_retries`` 0 for this delivery only: ``Retries`` fails the message
@@ -155,7 +180,13 @@ def _replay_failure(message: Any, error: BaseException) -> NoReturn:
     body never runs.
     """
     message.options["max_retries"] = 0
-    raise error
+    error = replay.error
+    del replay  # no frame of this call holds the error once raised (issue 16)
+    assert error is not None
+    try:
+        raise error
+    finally:
+        del error
 
 
 def _skip_without_result(message: Any, why: str) -> NoReturn:

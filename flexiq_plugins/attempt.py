@@ -3,8 +3,10 @@
 An adapter turns a framework message into a :class:`JobInfo` and hands it,
 with the task body, to :meth:`AttemptDriver.run_job` (or ``arun_job`` for an
 ``async def`` body). The driver claims the run and reads its snapshot in one
-transaction, runs the body with ``current_job`` set, commits the run's state,
-and returns exactly one :mod:`~flexiq_plugins.outcomes` value. Every decision
+transaction (before the body, or, for a ``lazy`` job, at the body's first
+step: a body that takes no step does no store I/O), runs the body with
+``current_job`` set, commits the run's state (if it claimed one), and returns
+exactly one :mod:`~flexiq_plugins.outcomes` value. Every decision
 that does not depend on the framework is made here, once, for every adapter:
 
 - classification of what the body raised, before any retry filter (C28, C29);
@@ -29,6 +31,7 @@ gives it a writer fenced on the attempt's claim.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -57,6 +60,7 @@ from .config import DurableConfig
 from .context import JobContext
 from .errors import (
     ClaimLost,
+    ClaimRefused,
     Disposition,
     EventWaitSignal,
     RunCancelled,
@@ -102,7 +106,9 @@ class JobInfo:
     Parameters:
       run_key(str): the run key the message carries (or its job id, C1 words).
       job_id(str): the framework's job id.
-      envelope(JobEnvelope): what re-publishes the job (C35).
+      envelope(JobEnvelope | Callable[[], JobEnvelope]): what re-publishes the
+        job (C35); or a function that builds it, called once, when the run is
+        claimed (a job that takes no step never builds it).
       step_retry(RetryPolicy | None): the task's or actor's default budget for
         its steps (its ``step_retry`` option, C31); ``None``: the integration's.
       cancellation(CancellationPolicy | None): the task's or actor's caps
@@ -111,14 +117,34 @@ class JobInfo:
       eager(bool): the job runs in the caller's process with no broker
         (Celery's ``task_always_eager``, ``Task.apply``): it cannot be put
         back, so a sleep fails its run instead of leaving one to resume (C38).
+      lazy(bool): claim the run at the body's first use of ``current_job.step``
+        (or ``current_job.attempt``) instead of before the body: a body that
+        takes no step does no store I/O at all. Adapters set it for a first
+        delivery, which cannot continue a run; a delivery that may (a retry,
+        a put-back, a redelivery, a re-publish) claims before the body, so
+        its run is settled however the body ends.
+      task_name(str | None): the task or actor name; ``None``: the envelope's.
     """
 
     run_key: str
     job_id: str
-    envelope: JobEnvelope
+    envelope: JobEnvelope | Callable[[], JobEnvelope]
     step_retry: RetryPolicy | None = None
     cancellation: CancellationPolicy | None = None
     eager: bool = False
+    lazy: bool = False
+    task_name: str | None = None
+
+    @functools.cached_property
+    def job_envelope(self) -> JobEnvelope:
+        """The envelope, built now if it was given as a function (once)."""
+        envelope = self.envelope
+        return envelope if isinstance(envelope, JobEnvelope) else envelope()
+
+    @property
+    def name(self) -> str:
+        """The task or actor name."""
+        return self.task_name if self.task_name is not None else self.job_envelope.task_name
 
 
 def default_owner() -> str:
@@ -207,15 +233,24 @@ class AttemptDriver:
         (C28), a :class:`~flexiq_plugins.outcomes.Replay` (or, keeping no
         outcome, an ``Ack``) if the run is terminal (C26, C37, :meth:`replay_finished`),
         a :class:`~flexiq_plugins.outcomes.DeadLetter` (``worker_lost``)
-        past the takeover limit (C25).
+        past the takeover limit (C25). A ``lazy`` job claims nothing now: its
+        :class:`Attempt` claims at the body's first step, and any of those
+        outcomes then ends the attempt from there (:class:`ClaimRefused`).
 
         Raises:
           InvalidRunKey: the run key is not a ``str`` of 1 to 255 characters.
         """
         check_run_key(job.run_key)
+        if job.lazy:
+            return Attempt(self, job, None, owner=owner)
+        claimed = self.claim(job, owner)
+        return Attempt(self, job, claimed, owner=owner) if isinstance(claimed, base.Begun) else claimed
+
+    def claim(self, job: JobInfo, owner: str | None = None) -> base.Begun | outcomes.Outcome:
+        """Claim ``job``'s run (C23): the claim, or the outcome that ends the attempt without a body (C24–C28)."""
         try:
             result = self.store.begin(
-                job.run_key, job.job_id, job.envelope, owner or default_owner(), self.config.lease_seconds
+                job.run_key, job.job_id, job.job_envelope, owner or default_owner(), self.config.lease_seconds
             )
             self._outage.ok()
         except StoreUnavailable as exc:
@@ -229,7 +264,29 @@ class AttemptDriver:
             return self._worker_lost(job, result)
         if result.envelope.corrupt:
             return self._dead_at_start(job, result, "corrupt_record", f"run {job.run_key!r}: {result.envelope.corrupt}")
-        return Attempt(self, job, result)
+        return result
+
+    def ended_unclaimed(self, job: JobInfo, value: Any = None, error: BaseException | None = None) -> outcomes.Outcome:
+        """The outcome of an attempt that ended without claiming its run: its body took no step.
+
+        The one place that decides what such an attempt is (issue 16); today
+        no run exists for it, so nothing is written: a value is
+        :class:`~flexiq_plugins.outcomes.Completed`, a worker shutdown puts
+        the job back (C38), any other error is a ``Failure`` with
+        ``claimed=False``, left to the framework's own retry policy as
+        without the integration (no dead letter of the library's, C29/C30
+        apply to runs only).
+
+        Parameters:
+          job(JobInfo): the job.
+          value(Any): what the body returned.
+          error(BaseException | None): what it raised.
+        """
+        if error is None:
+            return outcomes.Completed(value)
+        if classify(error) is Disposition.INTERRUPTED:
+            return outcomes.PutBack(outcomes.PutBackReason.SHUTDOWN, 0.0, str(error))
+        return outcomes.Failure(error, job.run_key, 0, claimed=False)
 
     def replay_finished(self, job: JobInfo, finished: base.Finished) -> outcomes.Replay | outcomes.Ack:
         """The outcome of a job whose run is already finished: replay its stored outcome (C26, C37).
@@ -297,7 +354,10 @@ class AttemptDriver:
             return self._cancelled_by_framework(run_key, how)
         status = _ENDED_STATUS[how]
         try:
-            if status == "failed" and self._compensating(run_key):
+            run = self._run_or_none(run_key)
+            if run is None:
+                return None  # never claimed (a job that took no step, C23): nothing to settle
+            if status == "failed" and self._compensating(run):
                 return None  # the attempt already handed the failure over: its undos run next (C32)
             applied = self.store.release_run(run_key, status, while_status=base.LIVE_STATUSES)
         except StoreError:
@@ -320,13 +380,15 @@ class AttemptDriver:
         logger.info("run %s: its job was %s by the framework: %s", run_key, how.value, done.outcome)
         return done.status
 
-    def _compensating(self, run_key: str) -> bool:
-        """Whether the run waits for the delivery that runs its undos (a ``compensation`` row, C32)."""
+    def _run_or_none(self, run_key: str) -> base.RunRecord | None:
         try:
-            run = self.store.get_run(run_key)
+            return self.store.get_run(run_key)
         except UnknownRun:
-            return False
-        return run.status == "pending" and any(s.kind == "compensation" for s in self.store.get_steps(run_key))
+            return None
+
+    def _compensating(self, run: base.RunRecord) -> bool:
+        """Whether the run waits for the delivery that runs its undos (a ``compensation`` row, C32)."""
+        return run.status == "pending" and any(s.kind == "compensation" for s in self.store.get_steps(run.run_key))
 
     def worker_stopped(self, run_key: str) -> bool:
         """The worker shut down and killed the attempt running ``run_key``; its message goes back (C38).
@@ -350,6 +412,8 @@ class AttemptDriver:
         is still ``retrying`` at that attempt; returns whether it applied. A
         store error is logged, not raised.
         """
+        if not failure.claimed:
+            return False  # no run was claimed: nothing to settle (ended_unclaimed)
         try:
             return self.store.settle_failed(failure.run_key, failure.attempt)
         except StoreError:
@@ -367,6 +431,8 @@ class AttemptDriver:
         run is settled ``failed`` and ``None`` is returned. A store error is
         logged, not raised.
         """
+        if not failure.claimed:
+            return None  # no run was claimed: no step to undo, nothing to settle (ended_unclaimed)
         try:
             if compensation.start_after_failure(self.store, failure.run_key, failure.attempt, failure.error):
                 return outcomes.PutBack(outcomes.PutBackReason.COMPENSATE, 0.0, "its compensations run next")
@@ -381,28 +447,79 @@ class Attempt:
 
     Created by :meth:`AttemptDriver.start`. Use :meth:`run` / :meth:`arun`, or
     :meth:`activate` + :meth:`conclude` when the framework calls the body itself.
+    An attempt of a ``lazy`` job claims its run at the body's first use of
+    ``current_job.step`` (:meth:`claim_now`); until then :attr:`claim`,
+    :attr:`number` and :attr:`journal` are ``None``.
     """
 
-    def __init__(self, driver: AttemptDriver, job: JobInfo, begun: base.Begun) -> None:
+    def __init__(
+        self, driver: AttemptDriver, job: JobInfo, begun: base.Begun | None, *, owner: str | None = None
+    ) -> None:
         self._driver = driver
         self._store = driver.store
         self._config = driver.config
+        self._owner = owner
         self.job = job
-        self.claim = begun.claim
         self.run_key = job.run_key
         self.job_id = job.job_id
-        self.number = begun.claim.attempt
-        self.task_name = job.envelope.task_name
+        self.task_name = job.name
+        self.claim: base.Claim | None = None
+        self.number: int | None = None
+        self.journal: StepJournal = None  # type: ignore[assignment]  # set by _take, before any step runs
+        self._refused: outcomes.Outcome | None = None
+        self._claiming = threading.Lock()
+        self._active = False
+        self._lease: _LeaseKeeper | None = None
+        self.context = JobContext(self.run_key, self.job_id, None, self.task_name, None, claim=self.claim_now)
+        if begun is not None:
+            self._take(begun)
+
+    @property
+    def claimed(self) -> bool:
+        """Whether this attempt holds (or held) its run's claim."""
+        return self.claim is not None
+
+    def _take(self, begun: base.Begun) -> None:
+        """Hold the claim ``begun``: the journal, the caps and the lease of the run (C23, C34)."""
         self._clock_offset = begun.now - time.time()
         self._local_clock = self._store.local_clock()
-        label = f"job {job.job_id} (run {job.run_key})"
-        step_retry = job.step_retry or self._config.step_retry
+        label = f"job {self.job_id} (run {self.run_key})"
+        step_retry = self.job.step_retry or self._config.step_retry
         self.journal = StepJournal(
-            begun.snapshot, label, self, driver.codec, self._config.limits, step_retry=step_retry
+            begun.snapshot, label, self, self._driver.codec, self._config.limits, step_retry=step_retry
         )
         self._caps = self._arm_caps(begun)
-        self._lease = _LeaseKeeper(self._store, self.claim, self._config.lease_seconds)
-        self.context = JobContext(self.run_key, self.job_id, self.number, self.task_name, self.journal)
+        self._lease = _LeaseKeeper(self._store, begun.claim, self._config.lease_seconds)
+        self.number = begun.claim.attempt
+        self.claim = begun.claim
+        self.context.bind(self.number, self.journal)
+
+    def _held(self) -> base.Claim:
+        """The claim this attempt holds; every store write of a step is fenced on it (C9, C25)."""
+        claim = self.claim
+        assert claim is not None, "a step ran before its attempt claimed the run"
+        return claim
+
+    def claim_now(self) -> None:
+        """Claim the run now, if not yet: called at the body's first use of ``current_job.step`` (C23).
+
+        Raises:
+          ClaimRefused: the claim ended the attempt (the run is busy, finished,
+            past its takeover limit, or the store is unavailable); the outcome
+            that ends it is kept, and the attempt concludes with it.
+        """
+        with self._claiming:
+            if self.claim is not None:
+                return
+            if self._refused is None:
+                claimed = self._driver.claim(self.job, self._owner)
+                if isinstance(claimed, base.Begun):
+                    self._take(claimed)
+                    if self._active:
+                        self._lease.start()  # type: ignore[union-attr]
+                    return
+                self._refused = claimed
+            raise ClaimRefused(f"job {self.job_id} (run {self.run_key}) could not claim its run: {self._refused}")
 
     def _arm_caps(self, begun: base.Begun) -> RunCaps:
         """The run's caps (C34); a run whose cancellation was requested, or that is over a cap, is cancelled now."""
@@ -425,41 +542,58 @@ class Attempt:
 
     def commit_step(self, row: StepRow) -> StepRow:
         """Commit one step row, fenced on this attempt's claim (C9, C25)."""
-        return self._store.commit_step(self.claim, row)
+        return self._store.commit_step(self._held(), row)
 
     def begin_step_attempt(self, step_key: str, max_attempts: int) -> StepAttemptBegin:
         """Journal a step attempt before its body runs, fenced on this attempt's claim (C25, C31)."""
-        return self._store.begin_step_attempt(self.claim, step_key, max_attempts)
+        return self._store.begin_step_attempt(self._held(), step_key, max_attempts)
 
     def fail_step_attempt(self, failure: StepAttemptFailure, row: StepRow | None = None) -> StepAttemptFailed:
         """Record a failed step attempt (and commit ``row``), fenced on this attempt's claim (C25, C31)."""
-        return self._store.fail_step_attempt(self.claim, failure, row=row)
+        return self._store.fail_step_attempt(self._held(), failure, row=row)
 
     def poll_event(self, topic: str, key: str, deadline: float | None) -> EventPoll:
         """Look for the event a waiting step can receive, fenced on this attempt's claim (C25, C33)."""
-        return self._store.poll_event(self.claim, topic, key, deadline)
+        return self._store.poll_event(self._held(), topic, key, deadline)
 
     def commit_step_on(self, connection: CallerConnection, row: StepRow) -> StepRow:
         """Write one step row in the caller's transaction on ``connection``, fenced on the claim (C42)."""
-        return self._store.commit_step_on(connection, self.claim, row)
+        return self._store.commit_step_on(connection, self._held(), row)
 
     # ------------------------------------------------------- running the body
     @contextlib.contextmanager
     def activate(self) -> Iterator[JobContext]:
-        """Set ``current_job`` and keep the lease alive for the ``with`` block."""
-        self._lease.start()
+        """Set ``current_job`` and keep the lease alive for the ``with`` block (from the claim on, if lazy)."""
+        tokens = self._enter()
         try:
-            with self.context.activate() as job:
-                yield job
+            yield self.context
         finally:
-            self.journal.close_transactions()  # before the lease stops: a left-open one would hold it (C42)
-            self._lease.stop()
+            self._leave(tokens)
+
+    def _enter(self) -> tuple[Any, Any]:
+        if self._lease is not None:
+            self._lease.start()
+        self._active = True
+        return self.context.enter()
+
+    def _leave(self, tokens: tuple[Any, Any]) -> None:
+        try:
+            self._active = False
+            if self.journal is not None:
+                self.journal.close_transactions()  # before the lease stops: a left-open one would hold it (C42)
+            if self._lease is not None:
+                self._lease.stop()
+        finally:
+            self.context.leave(tokens)
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> outcomes.Outcome:
         """Run ``fn(*args, **kwargs)`` as the task body and return its outcome."""
         try:
-            with self.activate():
+            tokens = self._enter()  # what ``activate`` does, without a generator per job (issue 16)
+            try:
                 value = fn(*args, **kwargs)
+            finally:
+                self._leave(tokens)
         except BaseException as exc:
             return self.conclude(error=exc)
         return self.conclude(value=value)
@@ -467,8 +601,11 @@ class Attempt:
     async def arun(self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> outcomes.Outcome:
         """Await ``fn(*args, **kwargs)`` as the task body and return its outcome."""
         try:
-            with self.activate():
+            tokens = self._enter()
+            try:
                 value = await fn(*args, **kwargs)
+            finally:
+                self._leave(tokens)
         except BaseException as exc:
             return self.conclude(error=exc)
         return self.conclude(value=value)
@@ -481,6 +618,11 @@ class Attempt:
           value(Any): the body's return value, when it returned.
           error(BaseException | None): what it raised, when it raised.
         """
+        if self._refused is not None:  # the lazy claim found the run busy, finished or dead (C24–C28)
+            return self._refused
+        if self.claim is None:
+            return self._driver.ended_unclaimed(self.job, value, error)
+        assert self._lease is not None
         self._lease.stop()
         try:
             return self._settle(value, self._effective_error(error))
@@ -526,7 +668,7 @@ class Attempt:
         if disposition is Disposition.DEAD_LETTER:
             return self._dead_letter(error)
         self._finish("retrying", outcome=replays.error_outcome(error))  # kept when the framework gives up (C37)
-        return outcomes.Failure(error, self.run_key, self.number)
+        return outcomes.Failure(error, self.run_key, self.number or 0)
 
     def _ended_early(self, error: BaseException) -> outcomes.Outcome:
         """A sleep or wait (C15, C33), a cancellation (C34) or a worker shutdown (C38) ended the attempt."""
@@ -626,7 +768,7 @@ class Attempt:
             "so no worker resumes it later. Run durable tasks that sleep on a worker"
         )
         self._finish("failed", outcome=replays.error_outcome(error))
-        return outcomes.Failure(error, self.run_key, self.number)
+        return outcomes.Failure(error, self.run_key, self.number or 0)
 
     def _dead_letter(self, error: BaseException) -> outcomes.Outcome:
         reason = reason_of(error)
@@ -645,12 +787,12 @@ class Attempt:
         """
         for pause in _FINISH_RETRY_PAUSES:
             try:
-                self._store.finish(self.claim, status, **kwargs)
+                self._store.finish(self._held(), status, **kwargs)
                 return
             except StoreUnavailable:
                 logger.debug("run %s: store unavailable while ending the attempt; trying again", self.run_key)
                 time.sleep(pause)
-        self._store.finish(self.claim, status, **kwargs)
+        self._store.finish(self._held(), status, **kwargs)
 
 
 def _caused_by(error: BaseException | None, cause: BaseException) -> bool:

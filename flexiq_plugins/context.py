@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from collections.abc import Awaitable, Callable, Iterator
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
 
@@ -23,7 +23,17 @@ from .errors import InvalidStepBody, InvalidStepName, InvalidWakeTime, NoCurrent
 from .identity import validate_name
 from .policies import Compensation, RetryPolicy
 from .step_run import StepRunVerb, compensation_of, retry_of
-from .steps import SleepVerb, StepJournal, TransactionVerb, adrive, current_step_key, drive, outside_steps
+from .steps import (
+    SleepVerb,
+    StepJournal,
+    TransactionVerb,
+    adrive,
+    back_in_steps,
+    current_step_key,
+    drive,
+    leave_steps,
+    outside_steps,
+)
 from .transactions import caller_transaction
 from .waits import EventVerb, WaitVerb, event_step, validate_event_field
 
@@ -308,14 +318,66 @@ class JobContext:
       attempt(int): this attempt's number, 1 for the first.
       task_name(str): the task or actor name.
       step(StepContext): the step API.
+
+    Parameters:
+      run_key(str), job_id(str), task_name(str): as the attributes.
+      attempt(int | None): the attempt's number; ``None`` until the run is claimed.
+      journal(StepJournal | None): the attempt's step journal; ``None`` until the run is claimed.
+      claim(Callable[[], None] | None): claims the run, called at the first read of
+        :attr:`step` or :attr:`attempt` while there is no journal (a lazy claim); it
+        calls :meth:`bind`, or raises :class:`~flexiq_plugins.errors.ClaimRefused`.
     """
 
-    def __init__(self, run_key: str, job_id: str, attempt: int, task_name: str, journal: StepJournal) -> None:
+    def __init__(
+        self,
+        run_key: str,
+        job_id: str,
+        attempt: int | None,
+        task_name: str,
+        journal: StepJournal | None,
+        *,
+        claim: Callable[[], None] | None = None,
+    ) -> None:
         self.run_key = run_key
         self.job_id = job_id
-        self.attempt = attempt
         self.task_name = task_name
-        self.step = StepContext(journal, run_key)
+        self._claim = claim
+        self._attempt = attempt
+        self._step = None if journal is None else StepContext(journal, run_key)
+
+    @property
+    def claimed(self) -> bool:
+        """Whether this attempt has claimed its run (its body used ``step`` or ``attempt``), C23."""
+        return self._step is not None
+
+    def bind(self, attempt: int, journal: StepJournal) -> None:
+        """The run is claimed: this is attempt ``attempt``, its steps go to ``journal``."""
+        self._attempt = attempt
+        self._step = StepContext(journal, self.run_key)
+
+    def _claimed(self) -> None:
+        if self._step is None and self._claim is not None:
+            self._claim()
+        if self._step is None:
+            raise RuntimeError(f"job {self.job_id} (run {self.run_key}) has no claim on its run")
+
+    @property
+    def step(self) -> StepContext:
+        """The step API; the first read claims the run of a lazy attempt."""
+        step = self._step
+        if step is None:
+            self._claimed()
+            step = self._step
+            assert step is not None
+        return step
+
+    @property
+    def attempt(self) -> int:
+        """This attempt's number, 1 for the first; the first read claims the run of a lazy attempt."""
+        if self._attempt is None:
+            self._claimed()
+        assert self._attempt is not None
+        return self._attempt
 
     @contextlib.contextmanager
     def activate(self) -> Iterator[JobContext]:
@@ -324,12 +386,20 @@ class JobContext:
         A job started inside another job's step body (a nested task call) does
         not see the outer step: its ``idempotency_key`` is its own (C10).
         """
-        token = _job.set(self)
+        tokens = self.enter()
         try:
-            with outside_steps():
-                yield self
+            yield self
         finally:
-            _job.reset(token)
+            self.leave(tokens)
+
+    def enter(self) -> tuple[Token[JobContext | None], Token[str | None]]:
+        """Make this the current job, outside any step, until :meth:`leave` with the tokens returned."""
+        return _job.set(self), leave_steps()
+
+    def leave(self, tokens: tuple[Token[JobContext | None], Token[str | None]]) -> None:
+        """Undo :meth:`enter`."""
+        back_in_steps(tokens[1])
+        _job.reset(tokens[0])
 
 
 class _CurrentJob:

@@ -77,6 +77,7 @@ __all__ = [
     "CancelRequested",
     "ConcurrentStep",
     "AlreadyRetried",
+    "ClaimRefused",
     "ConfigurationError",
     "CorruptRecord",
     "DeadLettered",
@@ -210,6 +211,18 @@ class RunCancelled(StepSignal):
     def __init__(self, reason: str) -> None:
         super().__init__(f"the run is cancelled: {reason}")
         self.reason = reason
+
+
+class ClaimRefused(StepSignal):
+    """The first step of an attempt could not claim its run: the body unwinds, the attempt ends at once.
+
+    A job claims its run lazily, at its first use of ``current_job.step`` (or
+    ``current_job.attempt``); when that claim finds the run held by another
+    live claim (C24), already finished (C26, a duplicate), past its takeover
+    limit (C25) or the store unavailable (C28), this signal unwinds the body
+    and the attempt ends exactly as if the claim had been refused before the
+    body ran. Never an error; never caught by a task's ``except Exception``.
+    """
 
 
 class ReplayStopped(StepSignal):

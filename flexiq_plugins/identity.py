@@ -15,7 +15,7 @@ recorded sequence, unkeyed ones by their position among the unkeyed steps.
 
 from __future__ import annotations
 
-import unicodedata
+import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -93,8 +93,12 @@ def _utf8_size(text: str) -> int:
         return -1
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+"""The characters of Unicode category ``Cc`` (C0, DEL and C1 controls)."""
+
+
 def _has_control(text: str) -> bool:
-    return any(unicodedata.category(ch) == "Cc" for ch in text)
+    return _CONTROL.search(text) is not None
 
 
 def _short(text: str) -> str:

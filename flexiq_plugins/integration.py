@@ -109,6 +109,7 @@ __all__ = [
     "UnsupportedInEagerMode",
     "ValueReader",
     "WorkerInterrupted",
+    "body_traceback",
     "build_envelope",
     "cancel_run",
     "cancellation_option",
@@ -197,6 +198,31 @@ def envelope_arguments(envelope: JobEnvelope, serializer: Serializer) -> tuple[l
         return list(envelope.args), dict(envelope.kwargs)
     data = serializer.loads(base64.b64decode(payload["data"]))
     return list(data["args"]), dict(data["kwargs"])
+
+
+# -------------------------------------------------------------- tracebacks
+_OWN_MODULES = ("flexiq_plugins.", "celery_ext.", "dramatiq_ext.")
+
+
+def body_traceback(error: BaseException) -> BaseException:
+    """``error`` with the integration's frames dropped from the top of its traceback; returns ``error``.
+
+    A body's error is caught by the attempt; its traceback then starts with
+    the attempt's and the adapter's frames before the body's. An adapter
+    re-raising it for the framework drops them, so the framework logs and
+    formats (Dramatiq's Retries formats every retried traceback) what it
+    would without the integration: the body's frames and below (issue 16).
+    """
+    tb = error.__traceback__
+    while (
+        tb is not None and tb.tb_next is not None and tb.tb_frame.f_globals.get("__name__", "").startswith(_OWN_MODULES)
+    ):
+        tb = tb.tb_next
+    return error.with_traceback(tb)
+
+
+def _is_own(frame: Any) -> bool:
+    return str(frame.f_globals.get("__name__", "")).startswith(_OWN_MODULES)
 
 
 # ------------------------------------------------------------------- stores

@@ -126,15 +126,22 @@ class Failure:
     message is acknowledged (C26): the run is settled ``failed``, or, when it
     has undos to run, a ``PutBack`` asks for one more delivery (C32).
 
+    An attempt that never claimed its run (its body took no step) fails with
+    ``claimed=False``: there is no run to settle, and ``give_up`` does no
+    store I/O for it; the framework's own policy alone decides, as without
+    the integration.
+
     Parameters:
       error(BaseException): what the body raised.
       run_key(str): the run.
-      attempt(int): the attempt that failed.
+      attempt(int): the attempt that failed (``0`` when it never claimed its run).
+      claimed(bool): whether the attempt claimed its run (lazy claims, C23).
     """
 
     error: BaseException
     run_key: str
     attempt: int
+    claimed: bool = True
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ import dataclasses
 import inspect
 import threading
 from collections.abc import Awaitable, Callable, Generator, Iterator
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any, NoReturn, Protocol, TypeVar
 
@@ -103,11 +103,21 @@ def current_step_key() -> str | None:
 @contextlib.contextmanager
 def outside_steps() -> Iterator[None]:
     """Run the ``with`` block as if no step body were running (a nested job must not see the outer step)."""
-    token = _step_key.set(None)
+    token = leave_steps()
     try:
         yield
     finally:
         _step_key.reset(token)
+
+
+def leave_steps() -> Token[str | None]:
+    """From now on, no step body runs in this context; :func:`back_in_steps` with the token undoes it."""
+    return _step_key.set(None)
+
+
+def back_in_steps(token: Token[str | None]) -> None:
+    """Undo :func:`leave_steps`."""
+    _step_key.reset(token)
 
 
 @contextlib.contextmanager

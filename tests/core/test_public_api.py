@@ -23,6 +23,7 @@ EXPORTED = [
     "CancelRequested",
     "CancellationPolicy",
     "ClaimLost",
+    "ClaimRefused",
     "CodecChain",
     "CodecError",
     "Compensation",

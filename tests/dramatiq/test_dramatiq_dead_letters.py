@@ -56,9 +56,9 @@ def test_c28_store_outage_is_retried_even_with_max_retries_zero(
 ) -> None:
     """A store that cannot be reached re-enqueues the message whatever ``max_retries`` says.
 
-    The store is a PostgreSQL URL on a closed port: a real connection refusal.
-    The retry does not use the Retries budget (``retries`` stays unset) and the
-    actor body never runs.
+    The store is a PostgreSQL URL on a closed port: a real connection refusal,
+    met by the actor's first step (its claim, C23). The retry does not use the
+    Retries budget (``retries`` stays unset) and the step never runs.
     """
     enqueues = _Enqueues()
     stub_broker.add_middleware(enqueues)
@@ -67,7 +67,7 @@ def test_c28_store_outage_is_retried_even_with_max_retries_zero(
 
     @dramatiq.actor(broker=stub_broker, queue_name=queue, max_retries=0)
     def unlucky() -> None:
-        calls.append(1)
+        current_job.step.run("once", lambda: calls.append(1))
 
     start_worker(stub_broker)
     sent = unlucky.send()

@@ -1,0 +1,187 @@
+"""Lazy claims: a job claims its run at the body's first step, so a body that takes no step costs nothing (C23).
+
+A ``lazy`` job (what the adapters use for a first delivery) starts its
+attempt without touching the store; the first read of ``current_job.step``
+(or ``current_job.attempt``) claims the run. When that claim is refused (the
+run is busy, finished, past its takeover limit, or the store is down), the
+body unwinds from that first step with :class:`ClaimRefused` and the attempt
+ends exactly as an eager claim would have ended it (C24–C28).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import pytest
+
+from flexiq_plugins import (
+    AttemptDriver,
+    ClaimRefused,
+    DurableConfig,
+    JobEnvelope,
+    JobInfo,
+    MemoryStepStore,
+    current_job,
+)
+from flexiq_plugins.errors import StoreUnavailable
+from flexiq_plugins.outcomes import Ack, AckReason, Completed, DeadLetter, Failure, PutBack, PutBackReason
+from tests.core.conftest import FakeClock
+
+
+class CountingStore(MemoryStepStore):
+    """A memory store that counts every call the driver makes on it."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock=clock)
+        self.calls: list[str] = []
+        self.down = False
+
+    def __getattribute__(self, name: str) -> Any:
+        value = super().__getattribute__(name)
+        if callable(value) and not name.startswith("_") and name not in {"calls", "down"}:
+            if super().__getattribute__("down"):
+                raise StoreUnavailable("the store is down (test)")
+            super().__getattribute__("calls").append(name)
+        return value
+
+
+@pytest.fixture
+def store(clock: FakeClock) -> CountingStore:
+    return CountingStore(clock)
+
+
+@pytest.fixture
+def driver(store: CountingStore) -> AttemptDriver:
+    driver = AttemptDriver(store, DurableConfig(max_takeovers=1))
+    store.calls.clear()
+    return driver
+
+
+def lazy(run_key: str = "run-1", job_id: str = "job-1") -> JobInfo:
+    return JobInfo(run_key, job_id, JobEnvelope("task", "test"), lazy=True)
+
+
+def test_c23_a_lazy_job_that_takes_no_step_does_no_store_io(driver: AttemptDriver, store: CountingStore) -> None:
+    """C23: no claim, no settle, no run: the body's value is the outcome."""
+    outcome = driver.run_job(lazy(), lambda: (current_job.run_key, current_job.job_id, current_job.task_name))
+    assert outcome == Completed(("run-1", "job-1", "task"))
+    assert store.calls == []
+    assert store.list_runs() == []
+
+
+def test_c23_a_lazy_job_that_fails_before_any_step_is_a_failure_of_no_run(
+    driver: AttemptDriver, store: CountingStore
+) -> None:
+    """C23, C28: a failure before the first step is left to the framework; giving up on it writes nothing."""
+
+    def body() -> None:
+        raise ValueError("no step")
+
+    outcome = driver.run_job(lazy(), body)
+    assert isinstance(outcome, Failure)
+    assert not outcome.claimed
+    assert driver.give_up(outcome) is None
+    assert driver.settle_failed(outcome) is False
+    assert store.calls == []
+
+
+def test_c23_the_first_step_claims_the_run(driver: AttemptDriver, store: CountingStore) -> None:
+    """C23: the first read of ``current_job.step`` claims; the run then ends as with an eager claim."""
+    seen: list[Any] = []
+
+    def body() -> int:
+        seen.append(list(store.calls))
+        value = current_job.step.run("one", lambda: 1)
+        seen.append(current_job.attempt)
+        return value
+
+    assert driver.run_job(lazy(), body) == Completed(1)
+    assert seen == [[], 1]
+    assert [r.status for r in store.list_runs()] == ["succeeded"]
+
+
+def test_c23_reading_the_attempt_number_claims_the_run(driver: AttemptDriver, store: CountingStore) -> None:
+    """C23: ``current_job.attempt`` needs the claim too."""
+    assert driver.run_job(lazy(), lambda: current_job.attempt) == Completed(1)
+    assert [r.status for r in store.list_runs()] == ["succeeded"]
+
+
+def test_c24_a_lazy_claim_of_a_busy_run_unwinds_the_body_and_puts_the_job_back(driver: AttemptDriver) -> None:
+    """C24: another live claim holds the run: the body stops at its first step, the job goes back."""
+    holder = driver.start(JobInfo("run-1", "job-0", JobEnvelope("task", "test")))
+    after: list[str] = []
+
+    def body() -> None:
+        current_job.step.run("one", lambda: 1)
+        after.append("ran on")
+
+    outcome = driver.run_job(lazy(), body)
+    assert isinstance(outcome, PutBack)
+    assert outcome.reason is PutBackReason.BUSY
+    assert after == []
+    assert holder is not None
+
+
+def test_c26_a_lazy_duplicate_of_a_finished_run_is_acknowledged(driver: AttemptDriver) -> None:
+    """C26: the run already finished: the duplicate stops at its first step and is acknowledged."""
+    assert driver.run_job(lazy(), lambda: current_job.step.run("one", lambda: 1)) == Completed(1)
+    outcome = driver.run_job(lazy(job_id="job-2"), lambda: current_job.step.run("one", lambda: 2))
+    assert outcome == Ack(AckReason.DUPLICATE, "succeeded")
+
+
+def test_c21_a_body_that_swallows_the_refused_claim_still_ends_with_it(driver: AttemptDriver) -> None:
+    """C21: catching ``ClaimRefused`` does not let the body go on as if it had its run."""
+    driver.run_job(lazy(), lambda: current_job.step.run("one", lambda: 1))
+
+    def body() -> str:
+        with contextlib.suppress(BaseException):  # what the test is about
+            current_job.step.run("one", lambda: 2)
+        with pytest.raises(ClaimRefused):
+            current_job.step.run("two", lambda: 3)
+        return "returned anyway"
+
+    assert driver.run_job(lazy(job_id="job-2"), body) == Ack(AckReason.DUPLICATE, "succeeded")
+
+
+def test_c25_a_lazy_claim_past_the_takeover_limit_dead_letters(
+    driver: AttemptDriver, store: CountingStore, clock: FakeClock
+) -> None:
+    """C25: a run whose workers keep dying is dead-lettered ``worker_lost`` from its first step."""
+    for n in range(2):
+        started = driver.start(JobInfo("run-1", f"job-{n}", JobEnvelope("task", "test")))
+        assert not isinstance(started, (Ack, PutBack, DeadLetter, Failure, Completed))
+        clock.advance(driver.config.lease_seconds + 1)
+    outcome = driver.run_job(lazy(job_id="job-9"), lambda: current_job.step.run("one", lambda: 1))
+    assert isinstance(outcome, DeadLetter)
+    assert outcome.reason == "worker_lost"
+    assert store.get_run("run-1").status == "dead"
+
+
+def test_c28_a_lazy_claim_during_a_store_outage_puts_the_job_back(driver: AttemptDriver, store: CountingStore) -> None:
+    """C28: the store is down at the first step: the job goes back, no retry counted."""
+
+    def body() -> None:
+        store.down = True
+        current_job.step.run("one", lambda: 1)
+
+    outcome = driver.run_job(lazy(), body)
+    store.down = False
+    assert isinstance(outcome, PutBack)
+    assert outcome.reason is PutBackReason.STORE_UNAVAILABLE
+
+
+def test_c23_an_async_lazy_body_claims_at_its_first_step(driver: AttemptDriver, store: CountingStore) -> None:
+    """C23: the same for an ``async def`` body: none without a step, a claim with one."""
+
+    async def no_step() -> int:
+        return 1
+
+    async def one_step() -> int:
+        return await current_job.step.arun("one", lambda: 2)
+
+    assert asyncio.run(driver.arun_job(lazy(), no_step)) == Completed(1)
+    assert store.calls == []
+    assert asyncio.run(driver.arun_job(lazy("run-2"), one_step)) == Completed(2)
+    assert [r.status for r in store.list_runs()] == ["succeeded"]
