@@ -19,6 +19,7 @@ from flexiq_plugins.integration import (
     JobInfo,
     build_envelope,
     cancellation_option,
+    claims_before_body,
     envelope_arguments,
     is_json,
     retry_policy_option,
@@ -90,7 +91,11 @@ def _may_continue(request: Any) -> bool:
     visibility timeout) is ``redelivered``. Any other job claims at its
     first step.
     """
-    return bool(_header(request, RESUME_HEADER) or (request.delivery_info or {}).get("redelivered"))
+    mark = getattr(request, RESUME_HEADER, None)
+    if mark is None:
+        mark = (request.headers or {}).get(RESUME_HEADER)
+    redelivered = bool((request.delivery_info or {}).get("redelivered"))
+    return claims_before_body(mark, run_key_given=bool(_header(request, RUN_KEY_HEADER)), redelivered=redelivered)
 
 
 def _header(request: Any, name: str) -> Any:

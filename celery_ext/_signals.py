@@ -14,11 +14,17 @@ from typing import Any
 from celery import signals
 
 from flexiq_plugins import FlexiqError, InvalidRunKey
-from flexiq_plugins.integration import cancel_run, check_store_at_start, log_worker_start, new_run_key
+from flexiq_plugins.integration import (
+    cancel_run,
+    check_store_at_start,
+    log_worker_start,
+    new_run_key,
+    resume_mark_at_publish,
+)
 
 from ._adapter import publisher
 from ._envelope import run_key_of
-from ._options import RUN_KEY_HEADER
+from ._options import RESUME_HEADER, RUN_KEY_HEADER
 from ._prepare import prepare_app
 from ._request import driver_for
 from ._runtime import all_runtimes, runtime_of
@@ -29,11 +35,14 @@ __all__ = ["announce_store", "connect_signals", "on_app_finalized", "settle_revo
 
 
 def stamp_run_key(sender: Any = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
-    """``before_task_publish``: add the ``flexiq_run_key`` header unless the message has one (C11)."""
+    """``before_task_publish``: stamp the ``flexiq_run_key`` header unless given, and the resume mark (C11, C23)."""
     if headers is None or str(sender or "").startswith("celery."):
         return
-    if not headers.get(RUN_KEY_HEADER):
+    given = bool(headers.get(RUN_KEY_HEADER))
+    if not given:
         headers[RUN_KEY_HEADER] = new_run_key()
+    # a run key the producer chose may name an existing run: the job claims before its body (C37)
+    headers[RESUME_HEADER] = resume_mark_at_publish(headers.get(RESUME_HEADER), run_key_given=given)
 
 
 def forget_parent_stores(**_: Any) -> None:

@@ -24,6 +24,7 @@ from flexiq_plugins.integration import (
     JobEnvelope,
     JobInfo,
     build_envelope,
+    claims_before_body,
     envelope_arguments,
     is_json,
     run_key_from,
@@ -91,7 +92,8 @@ def first_delivery(message: Any) -> bool:
     delivery claims at its body's first step; one that takes no step does
     no store I/O at all.
     """
-    return not message.options.get(RESUME_OPTION)
+    options = message.options
+    return not claims_before_body(options.get(RESUME_OPTION), run_key_given=bool(options.get(RUN_KEY_OPTION)))
 
 
 def _job_options(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -50,6 +50,7 @@ from flexiq_plugins.integration import (
     no_current_job,
     register_installation,
     resolve_store,
+    resume_mark_at_publish,
     retry_policy_option,
 )
 
@@ -178,8 +179,17 @@ class DurableSteps(Middleware):
 
     # ------------------------------------------------------------ messages
     def before_enqueue(self, broker: dramatiq.Broker, message: Any, delay: int | None) -> None:
-        """Stamp a run key unless the message has one; a retry of an attempt that claimed its run resumes it."""
-        message.options.setdefault(RUN_KEY_OPTION, new_run_key())
+        """Stamp a run key unless the message has one, and the resume mark; a retry of a claimed attempt resumes.
+
+        A run key the producer chose may name an existing run, so the job
+        claims before its body (C37); one stamped here is a new run, claimed
+        at its first step (``integration.resume_mark_at_publish``).
+        """
+        given = bool(message.options.get(RUN_KEY_OPTION))
+        if not given:
+            message.options[RUN_KEY_OPTION] = new_run_key()
+        mark = resume_mark_at_publish(message.options.get(RESUME_OPTION), run_key_given=given)
+        message.options[RESUME_OPTION] = mark
         failure = self._failing.pop(message.message_id, None)
         if failure is not None and failure.claimed:
             message.options[RESUME_OPTION] = True  # the retry continues a run: it claims first (C23)

@@ -115,6 +115,7 @@ __all__ = [
     "cancellation_option",
     "check_store_at_start",
     "check_store_spec",
+    "claims_before_body",
     "classify",
     "driver_or_put_back",
     "envelope_arguments",
@@ -127,6 +128,7 @@ __all__ = [
     "register_installation",
     "resolve_store",
     "resolve_store_spec",
+    "resume_mark_at_publish",
     "retry_policy_option",
     "run_key_from",
 ]
@@ -145,6 +147,48 @@ _HAND_OFF_STEADY_PAUSE = 5.0
 
 EXIT_CONFIGURATION = 78
 """The exit status of a worker that refuses to start on an unusable store (sysexits' ``EX_CONFIG``, C41)."""
+
+
+# ---------------------------------------------------------------- claims
+def claims_before_body(resume: bool | None, *, run_key_given: bool, redelivered: bool = False) -> bool:
+    """Whether a delivery claims its run before the body runs, or lazily at its first step (C23, C37).
+
+    The one rule both adapters follow. A delivery that may continue an
+    existing run claims first, so a duplicate of a finished run replays its
+    outcome without running any of the body (C37) and a busy run is never run
+    twice at once (C24). A genuinely new job claims at its first step, so a
+    body that takes no step costs no store I/O (issue 16).
+
+    Parameters:
+      resume(bool | None): the message's resume mark (``flexiq_resume``):
+        ``True`` on the library's own re-publishes, put-backs and retries of an
+        attempt that claimed, and on a job published with a run key the
+        producer chose; ``False`` on a job whose run key the integration
+        stamped at publish (a new run); ``None`` when no integration marked it.
+      run_key_given(bool): whether the message carries a run key.
+      redelivered(bool): whether the broker says it delivered the message before.
+
+    Returns:
+      bool: ``True`` to claim before the body.
+    """
+    if redelivered:
+        return True
+    if resume is None:
+        return run_key_given  # a run key from a producer without the integration may name an existing run
+    return resume
+
+
+def resume_mark_at_publish(resume: bool | None, *, run_key_given: bool) -> bool:
+    """The resume mark a publish hook sets (C23, C37): kept if set, else ``True`` for a producer's own run key.
+
+    Parameters:
+      resume(bool | None): the mark already on the message, if any.
+      run_key_given(bool): whether the producer put a run key on the message
+        (``False``: the hook is stamping a new one, the job is a new run).
+    """
+    if resume is not None:
+        return resume
+    return run_key_given
 
 
 # ---------------------------------------------------------------- envelopes

@@ -26,7 +26,8 @@ from flexiq_plugins import (
     current_job,
 )
 from flexiq_plugins.errors import StoreUnavailable
-from flexiq_plugins.outcomes import Ack, AckReason, Completed, DeadLetter, Failure, PutBack, PutBackReason
+from flexiq_plugins.integration import claims_before_body, resume_mark_at_publish
+from flexiq_plugins.outcomes import Ack, Completed, DeadLetter, Failure, PutBack, PutBackReason, Replay
 from tests.core.conftest import FakeClock
 
 
@@ -124,11 +125,11 @@ def test_c24_a_lazy_claim_of_a_busy_run_unwinds_the_body_and_puts_the_job_back(d
     assert holder is not None
 
 
-def test_c26_a_lazy_duplicate_of_a_finished_run_is_acknowledged(driver: AttemptDriver) -> None:
-    """C26: the run already finished: the duplicate stops at its first step and is acknowledged."""
+def test_c37_a_lazy_duplicate_of_a_finished_run_replays_its_outcome(driver: AttemptDriver) -> None:
+    """C26, C37: the run already finished: the duplicate stops at its first step and replays the run's value."""
     assert driver.run_job(lazy(), lambda: current_job.step.run("one", lambda: 1)) == Completed(1)
     outcome = driver.run_job(lazy(job_id="job-2"), lambda: current_job.step.run("one", lambda: 2))
-    assert outcome == Ack(AckReason.DUPLICATE, "succeeded")
+    assert outcome == Replay("succeeded", 1, None)
 
 
 def test_c21_a_body_that_swallows_the_refused_claim_still_ends_with_it(driver: AttemptDriver) -> None:
@@ -142,7 +143,7 @@ def test_c21_a_body_that_swallows_the_refused_claim_still_ends_with_it(driver: A
             current_job.step.run("two", lambda: 3)
         return "returned anyway"
 
-    assert driver.run_job(lazy(job_id="job-2"), body) == Ack(AckReason.DUPLICATE, "succeeded")
+    assert driver.run_job(lazy(job_id="job-2"), body) == Replay("succeeded", 1, None)
 
 
 def test_c25_a_lazy_claim_past_the_takeover_limit_dead_letters(
@@ -185,3 +186,28 @@ def test_c23_an_async_lazy_body_claims_at_its_first_step(driver: AttemptDriver, 
     assert store.calls == []
     assert asyncio.run(driver.arun_job(lazy("run-2"), one_step)) == Completed(2)
     assert [r.status for r in store.list_runs()] == ["succeeded"]
+
+
+@pytest.mark.parametrize(
+    ("resume", "given", "redelivered", "first"),
+    [
+        (False, True, False, False),  # stamped at publish: a new run, claimed at its first step
+        (True, True, False, True),  # a re-publish, a put-back, a producer's own run key
+        (None, True, False, True),  # a run key from a producer without the integration
+        (None, False, False, False),  # no run key at all: a new run
+        (False, True, True, True),  # delivered again by the broker
+    ],
+)
+def test_c37_a_delivery_that_may_name_an_existing_run_claims_before_its_body(
+    resume: bool | None, given: bool, redelivered: bool, first: bool
+) -> None:
+    """C23, C37: only a job the integration itself stamped as new waits for its first step to claim."""
+    assert claims_before_body(resume, run_key_given=given, redelivered=redelivered) is first
+
+
+def test_c37_a_producers_own_run_key_is_marked_to_claim_first() -> None:
+    """C37: the publish hook marks a producer's run key as possibly an existing run's; a stamped one as new."""
+    assert resume_mark_at_publish(None, run_key_given=True) is True
+    assert resume_mark_at_publish(None, run_key_given=False) is False
+    assert resume_mark_at_publish(False, run_key_given=True) is False  # a retry of a new run stays lazy
+    assert resume_mark_at_publish(True, run_key_given=True) is True
