@@ -37,6 +37,7 @@ __all__ = [
     "claim_lost",
     "decide_claim",
     "fence",
+    "fence_columns",
     "holds",
     "lease_remaining",
     "may_recover",
@@ -153,6 +154,11 @@ def fence(claim: Claim) -> dict[str, str | int]:
     clause, the memory store compares them with :func:`holds`.
     """
     return {"run_key": claim.run_key, "owner": claim.owner, "attempt": claim.attempt}
+
+
+def fence_columns() -> tuple[str, ...]:
+    """The run fields :func:`fence` requires, for a store that builds its fenced statements once (C25)."""
+    return ("run_key", "owner", "attempt")
 
 
 def holds(run: RunState, claim: Claim) -> bool:

@@ -9,6 +9,17 @@ Why it is built the way it is:
 - **SQLite writers queue instead of deadlocking.** pysqlite's own transaction
   handling is switched off and every write transaction starts with ``BEGIN
   IMMEDIATE``; the file opens in WAL mode with a 30 s busy timeout.
+- **SQLite commits without an fsync each (``synchronous=NORMAL``).** Under WAL
+  this is safe against a crashed *process* (a committed step is in the WAL
+  file, which the next opener replays); only a power loss or an OS crash may
+  lose the last commits (never corrupt the file). ``?synchronous=full`` in the
+  URL restores an fsync per commit.
+- **No pre-ping per checkout.** A pooled connection is not pinged before each
+  use (a round trip per step). A connection the server dropped fails its first
+  statement instead; the store then retries the transaction once on a fresh
+  connection, unless the failure hit its ``COMMIT`` (whose outcome is then
+  unknown: :class:`StoreUnavailable`, C28). MySQL/MariaDB connections are
+  recycled after an hour, below the server's default ``wait_timeout``.
 - **MySQL/MariaDB sessions.** Our engines run ``READ COMMITTED`` (no gap locks)
   with the session time zone at UTC so ``UNIX_TIMESTAMP(NOW(6))`` is exact.
 - **Processes and forks.** Celery prefork and Dramatiq fork worker processes; a
@@ -56,6 +67,10 @@ READ_ONLY = "flexiq_read_only"
 """The execution option that marks a read-only transaction (SQLite then takes no write lock)."""
 
 _SQLITE_BUSY_TIMEOUT_MS = 30_000
+SQLITE_SYNCHRONOUS = "synchronous"
+"""The SQLite URL option choosing ``PRAGMA synchronous`` (``normal``, the default, or ``full``/``extra``)."""
+_SQLITE_SYNCHRONOUS_LEVELS = ("normal", "full", "extra")
+_MYSQL_POOL_RECYCLE_S = 3600
 _CONNECT_TIMEOUT_S = 10
 _DRIVERS = {
     "postgresql": "postgresql+psycopg",
@@ -125,14 +140,14 @@ def create_engine(url: URL) -> Engine:
     """
     backend = url.get_backend_name()
     kwargs: dict[str, Any] = {}
+    synchronous = _sqlite_synchronous(url) if backend == "sqlite" else None
+    url = url.difference_update_query([SQLITE_SYNCHRONOUS]) if backend == "sqlite" else url
     if backend == "sqlite" and _is_memory_sqlite(url):
         kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
-    elif backend != "sqlite":
-        kwargs["pool_pre_ping"] = True
     if backend == "postgresql" and "connect_timeout" not in url.query:
         kwargs["connect_args"] = {"connect_timeout": _CONNECT_TIMEOUT_S}
     if backend in ("mysql", "mariadb"):
-        kwargs["isolation_level"] = "READ COMMITTED"
+        kwargs.update(isolation_level="READ COMMITTED", pool_recycle=_MYSQL_POOL_RECYCLE_S)
     try:
         engine = sa.create_engine(url, **kwargs)
     except ImportError as exc:
@@ -141,14 +156,28 @@ def create_engine(url: URL) -> Engine:
     except (sa_exc.ArgumentError, TypeError) as exc:
         raise ConfigurationError(f"cannot create an engine for {safe_url(url)}: {exc}") from exc
     if backend == "sqlite":
-        _install_sqlite_events(engine, wal=not _is_memory_sqlite(url))
+        _install_sqlite_events(engine, wal=not _is_memory_sqlite(url), synchronous=synchronous or "normal")
     elif backend in ("mysql", "mariadb"):
         event.listen(engine, "connect", _on_mysql_connect)
     return engine
 
 
-def _install_sqlite_events(engine: Engine, *, wal: bool) -> None:
-    """The pysqlite ``BEGIN IMMEDIATE`` recipe, WAL mode and a busy timeout.
+def _sqlite_synchronous(url: URL) -> str | None:
+    """The ``synchronous`` URL option, checked; ``None`` when absent."""
+    raw = url.query.get(SQLITE_SYNCHRONOUS)
+    if raw is None:
+        return None
+    value = str(raw).lower()
+    if value not in _SQLITE_SYNCHRONOUS_LEVELS:
+        raise ConfigurationError(
+            f"the SQLite option {SQLITE_SYNCHRONOUS}={raw!r} in {safe_url(url)} is not one of "
+            f"{', '.join(_SQLITE_SYNCHRONOUS_LEVELS)}"
+        )
+    return value
+
+
+def _install_sqlite_events(engine: Engine, *, wal: bool, synchronous: str) -> None:
+    """The pysqlite ``BEGIN IMMEDIATE`` recipe, WAL mode, ``PRAGMA synchronous`` and a busy timeout.
 
     pysqlite's own transaction handling is switched off (``isolation_level =
     None``) and every write transaction starts with ``BEGIN IMMEDIATE``, which
@@ -164,6 +193,7 @@ def _install_sqlite_events(engine: Engine, *, wal: bool) -> None:
             cursor.execute(f"PRAGMA busy_timeout = {_SQLITE_BUSY_TIMEOUT_MS}")
             if wal:
                 _enable_wal(cursor)
+                cursor.execute(f"PRAGMA synchronous = {synchronous.upper()}")
         finally:
             cursor.close()
 

@@ -39,7 +39,6 @@ from typing import Any, Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import StaticPool
 
@@ -81,6 +80,7 @@ from ..control import WAITER_STATUSES, may_settle_cancelled, poll_result
 from ..step_attempts import decide_step_attempt, failed_attempt, retry_cut_position
 from .engine import READ_ONLY, bad_store_message, create_engine, normalize_url, register_fork_hook, safe_url
 from .errors import describe, is_deadlock, is_missing_table, translated
+from .folded import Folded
 from .mapping import (
     attempt_values,
     dead_letter_record,
@@ -106,6 +106,15 @@ _CLOCKS = {
 }
 
 T = TypeVar("T")
+
+
+class _Dropped(Exception):
+    """A transaction's connection was found dead (the server closed it): retried once if not at the commit."""
+
+    def __init__(self, error: sa_exc.DBAPIError, committing: bool) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.committing = committing
 
 
 class _Executes(Protocol):
@@ -154,6 +163,7 @@ class SqlStepStore(StepStore):
             _CLOCKS[self._dialect], type_=sa.Double(asdecimal=False)
         )
         self._t = store_tables(table_prefix)
+        self._folded = Folded(self._t, self._clock, self._dialect)
         self._prefix = table_prefix
         self._schema_ready = not auto_upgrade
         # One shared connection (in-memory SQLite) must not run two transactions at once.
@@ -239,12 +249,39 @@ class SqlStepStore(StepStore):
         guard: AbstractContextManager[Any] = self._serial if self._shared_connection else nullcontext()
         with guard:
             self._ensure_schema()
-            if read_only:
-                with self._engine.connect() as conn:
+            try:
+                return self._transaction(work, read_only=read_only)
+            except _Dropped as dropped:  # a pooled connection the server had closed: once more, on a new one
+                if dropped.committing:
+                    raise dropped.error  # noqa: B904 - the driver error, as translated() expects
+            try:
+                return self._transaction(work, read_only=read_only)
+            except _Dropped as dropped:
+                raise dropped.error  # noqa: B904 - the driver error, as translated() expects
+
+    def _transaction(self, work: Callable[[Connection], T], *, read_only: bool) -> T:
+        """Run ``work`` in one transaction on a pooled connection (not pinged first).
+
+        Raises:
+          _Dropped: the connection turned out dead; ``committing`` says whether
+            that was at the ``COMMIT`` (the outcome is unknown) or before it
+            (nothing was committed: safe to run again).
+        """
+        committing = False
+        try:
+            with self._engine.connect() as conn:
+                if read_only:
                     conn.execution_options(**{READ_ONLY: True})
                     return work(conn)
-            with self._engine.begin() as conn:
-                return work(conn)
+                with conn.begin() as transaction:
+                    result = work(conn)
+                    committing = True
+                    transaction.commit()
+                    return result
+        except sa_exc.DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise _Dropped(exc, committing) from exc
+            raise
 
     def _now(self, conn: _Executes) -> float:
         return float(conn.execute(sa.select(self._clock)).scalar_one())
@@ -307,44 +344,16 @@ class SqlStepStore(StepStore):
         owner: str,
         lease_seconds: float,
     ) -> BeginResult:
-        runs = self._t.runs
-        conn.execute(self._insert_run_if_absent(run_key, envelope, envelope_json))
-        run = conn.execute(sa.select(runs).where(runs.c.run_key == run_key).with_for_update()).one()
-        now = self._now(conn)
+        run = self._folded.lock_run(conn, run_key, envelope, envelope_json)
+        now = float(run.now)
         decision = decide_claim(run, now=now, owner=owner, lease_seconds=lease_seconds)
         if not isinstance(decision, Granted):
             return decision
-        conn.execute(
-            sa.update(runs).where(runs.c.run_key == run_key).values(**decision.values(), job_id=job_id, updated_at=now)
-        )
-        snapshot = tuple(self._steps_of(conn, run_key))
+        claimed = {**decision.values(), "job_id": job_id, "updated_at": now}
+        snapshot = tuple(step_row(r) for r in self._folded.claim_and_snapshot(conn, run_key, claimed))
         stored = load_envelope(run.envelope, task_name=run.task_name, framework=run.framework, queue=run.queue)
         claim = decision.claim(run_key)
         return Begun(claim, snapshot, now, decision.takeovers, stored, run.created_at, run.cancel_reason)
-
-    def _insert_run_if_absent(self, run_key: str, envelope: JobEnvelope, envelope_json: str) -> sa.Insert:
-        values = {
-            "run_key": run_key,
-            "task_name": envelope.task_name,
-            "framework": envelope.framework,
-            "queue": envelope.queue,
-            "status": "pending",
-            "attempt": 0,
-            "takeovers": 0,
-            "envelope": envelope_json,
-            "step_count": 0,
-            "step_bytes": 0,
-            "created_at": self._clock,
-            "updated_at": self._clock,
-        }
-        runs = self._t.runs
-        if self._dialect == "postgresql":
-            return postgresql.insert(runs).values(values).on_conflict_do_nothing(index_elements=["run_key"])
-        if self._dialect == "sqlite":
-            return sqlite.insert(runs).values(values).on_conflict_do_nothing(index_elements=["run_key"])
-        stmt = mysql.insert(runs).values(values)
-        # Unlike INSERT IGNORE, this X-locks an existing row: no S→X upgrade deadlock.
-        return stmt.on_duplicate_key_update(run_key=stmt.inserted.run_key)
 
     def renew(self, claim: Claim, lease_seconds: float) -> Claim:
         """Extend the lease to the database's ``now + lease_seconds`` (C23).
@@ -370,7 +379,8 @@ class SqlStepStore(StepStore):
     def commit_step(self, claim: Claim, row: StepRow) -> StepRow:
         """Insert one step row and update the run's step totals (C5, C9).
 
-        One transaction, fenced on the claim.
+        One transaction, fenced on the claim, in as few statements as the
+        database allows (one on PostgreSQL: :mod:`.folded`).
 
         Parameters:
           claim(Claim): the attempt's claim.
@@ -387,13 +397,10 @@ class SqlStepStore(StepStore):
           StoreUnavailable: the database cannot be reached.
         """
 
-        def work(conn: Connection) -> tuple[StepRow, str | None]:
-            now, cancel = self._clock_and_cancel(conn, claim.run_key)
-            return self._commit_step(conn, claim, row, now), cancel
-
-        stored, cancel = self._write(work)
-        if cancel is not None:
-            raise CancelRequested(cancel, stored)
+        written = self._write(lambda conn: self._folded.commit_step(conn, claim, row))
+        stored = dataclasses.replace(row, committed_at=written.now, attempt=claim.attempt)
+        if written.cancel_reason is not None:
+            raise CancelRequested(written.cancel_reason, stored)
         return stored
 
     def _clock_and_cancel(self, conn: Connection, run_key: str) -> tuple[float, str | None]:
@@ -634,41 +641,16 @@ class SqlStepStore(StepStore):
         """
 
         def work(conn: Connection) -> None:
-            now = self._now(conn)
-            values: dict[str, Any] = {
-                "status": status,
-                "owner": None,
-                "lease_until": None,
-                "updated_at": now,
-                "wake_at": wake_at,
-            }
+            values: dict[str, Any] = {"status": status, "owner": None, "lease_until": None, "wake_at": wake_at}
             if drop_steps:
                 values.update(step_count=0, step_bytes=0)
-            self._fenced_update(conn, claim, **values)
+            self._folded.finish(conn, claim, values, dead_letter)
             if drop_steps:
                 steps, attempts = self._t.steps, self._t.attempts
                 conn.execute(sa.delete(steps).where(steps.c.run_key == claim.run_key))
                 conn.execute(sa.delete(attempts).where(attempts.c.run_key == claim.run_key))
-            if dead_letter is not None:
-                self._add_dead_letter(conn, claim.run_key, dead_letter, now)
 
         self._write(work)
-
-    def _add_dead_letter(self, conn: Connection, run_key: str, dead: NewDeadLetter, now: float) -> None:
-        runs = self._t.runs
-        run = conn.execute(sa.select(runs.c.task_name, runs.c.envelope).where(runs.c.run_key == run_key)).one()
-        conn.execute(
-            sa.insert(self._t.dead).values(
-                run_key=run_key,
-                job_id=dead.job_id,
-                task_name=run.task_name,
-                reason=dead.reason,
-                message=dead.message,
-                traceback=dead.traceback,
-                envelope=run.envelope,
-                created_at=now,
-            )
-        )
 
     def settle_failed(self, run_key: str, attempt: int) -> bool:
         """Mark a ``retrying`` run ``failed`` once the framework gives up.
