@@ -7,7 +7,10 @@ For each store, in interleaved rounds (every operation once per round, so a
 noisy neighbour slows all of them alike), it times:
 
 - **floor**: one committed single-row ``INSERT`` on the same database through
-  the same driver (a raw DBAPI connection: ``execute`` then ``commit``);
+  the same driver (a raw DBAPI connection: ``execute`` then ``commit``, so
+  ``BEGIN``, ``INSERT``, ``COMMIT`` on PostgreSQL); and **floor, autocommit**,
+  the same ``INSERT`` committed by the server alone (one round trip), the
+  least any durable write can cost;
 - **new step**: ``current_job.step.run`` of a new step inside an attempt, the
   store's step-commit path exactly as a worker uses it (``AttemptDriver``);
 - **attempt start** (``AttemptDriver.start``: the claim) and **finish**
@@ -90,14 +93,17 @@ class Counter:
                 self.counts.statements += 1
                 self.counts.add("statement")
 
+        def autocommit(conn: Any) -> bool:  # the driver sends no BEGIN/COMMIT then
+            return bool(conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT")
+
         @event.listens_for(engine, "begin")
-        def _begin(*_: Any) -> None:
-            if self.on and begin_trip:
+        def _begin(conn: Any) -> None:
+            if self.on and begin_trip and not autocommit(conn):
                 self.counts.add("BEGIN")
 
         @event.listens_for(engine, "commit")
-        def _commit(*_: Any) -> None:
-            if self.on:
+        def _commit(conn: Any) -> None:
+            if self.on and not autocommit(conn):
                 self.counts.add("COMMIT")
 
         @event.listens_for(engine, "rollback")
@@ -162,12 +168,33 @@ class Bench:
         meta.create_all(self.engine)
         self.floor_meta = meta
         self.raw = self.engine.raw_connection()
+        self.auto: Any = None
+        if self.engine.dialect.name != "sqlite":
+            self.auto = self.engine.raw_connection()
+            driver = self.auto.driver_connection
+            if self.engine.dialect.name == "postgresql":
+                driver.autocommit = True
+            else:
+                driver.autocommit(True)
         placeholder = "?" if self.engine.dialect.paramstyle == "qmark" else "%s"
         self.floor_sql = f"INSERT INTO {self.prefix}floor (v) VALUES ({placeholder})"
         if self.engine.dialect.name == "sqlite":  # the store's own transaction handling (BEGIN IMMEDIATE … COMMIT)
             self.floor_sql_begin: str | None = "BEGIN IMMEDIATE"
         else:
             self.floor_sql_begin = None
+
+    def floor_autocommit(self) -> dict[str, list[float]]:
+        """The same INSERT autocommitted by the server (no BEGIN/COMMIT round trips): PostgreSQL, MySQL/MariaDB."""
+        if self.auto is None:
+            return {}
+        out = []
+        for i in range(self.steps):
+            cursor = self.auto.cursor()
+            t0 = time.perf_counter()
+            cursor.execute(self.floor_sql, (f"auto-{i}",))
+            out.append(time.perf_counter() - t0)
+            cursor.close()
+        return {"floor, autocommit": out}
 
     def floor(self) -> list[float]:
         out = []
@@ -277,6 +304,8 @@ class Bench:
 
     def close(self) -> None:
         self.raw.close()
+        if self.auto is not None:
+            self.auto.close()
         self.floor_meta.drop_all(self.engine)
         self.store._t.metadata.drop_all(self.engine)
         with self.engine.begin() as conn:
@@ -388,7 +417,13 @@ def run_store(name: str, args: argparse.Namespace) -> None:
             print(f"[{name}] filled {args.history} finished runs in {time.perf_counter() - t0:.1f} s")
         samples: dict[str, list[float]] = {}
         for _ in range(args.rounds):  # interleaved: every operation once per round
-            for op in (bench.floor, bench.new_steps, bench.replay, *((bench.history_ops,) if args.history else ())):
+            for op in (
+                bench.floor,
+                bench.floor_autocommit,
+                bench.new_steps,
+                bench.replay,
+                *((bench.history_ops,) if args.history else ()),
+            ):
                 got = op()
                 for key, values in got.items() if isinstance(got, dict) else [("floor", got)]:
                     samples.setdefault(key, []).extend(values)

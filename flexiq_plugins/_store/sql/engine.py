@@ -14,11 +14,14 @@ Why it is built the way it is:
   file, which the next opener replays); only a power loss or an OS crash may
   lose the last commits (never corrupt the file). ``?synchronous=full`` in the
   URL restores an fsync per commit.
-- **No pre-ping per checkout.** A pooled connection is not pinged before each
-  use (a round trip per step). A connection the server dropped fails its first
-  statement instead; the store then retries the transaction once on a fresh
-  connection, unless the failure hit its ``COMMIT`` (whose outcome is then
-  unknown: :class:`StoreUnavailable`, C28). MySQL/MariaDB connections are
+- **No pre-ping per step.** A pooled connection is pinged at checkout only
+  when it sat idle in the pool for more than 10 seconds (a dead one is then
+  replaced before use), not before each use: a ping is a round trip, as much
+  as a step's own statement. A connection the server dropped while in steady
+  use fails its statement instead; the store then retries the transaction
+  once on a fresh connection, unless the failure hit its ``COMMIT`` (or an
+  autocommitted statement), whose outcome is then unknown
+  (:class:`StoreUnavailable`, C28). MySQL/MariaDB connections are also
   recycled after an hour, below the server's default ``wait_timeout``.
 - **MySQL/MariaDB sessions.** Our engines run ``READ COMMITTED`` (no gap locks)
   with the session time zone at UTC so ``UNIX_TIMESTAMP(NOW(6))`` is exact.
@@ -71,6 +74,8 @@ SQLITE_SYNCHRONOUS = "synchronous"
 """The SQLite URL option choosing ``PRAGMA synchronous`` (``normal``, the default, or ``full``/``extra``)."""
 _SQLITE_SYNCHRONOUS_LEVELS = ("normal", "full", "extra")
 _MYSQL_POOL_RECYCLE_S = 3600
+_PING_IF_IDLE_S = 10.0
+_IDLE_SINCE = "flexiq_idle_since"
 _CONNECT_TIMEOUT_S = 10
 _DRIVERS = {
     "postgresql": "postgresql+psycopg",
@@ -157,9 +162,38 @@ def create_engine(url: URL) -> Engine:
         raise ConfigurationError(f"cannot create an engine for {safe_url(url)}: {exc}") from exc
     if backend == "sqlite":
         _install_sqlite_events(engine, wal=not _is_memory_sqlite(url), synchronous=synchronous or "normal")
-    elif backend in ("mysql", "mariadb"):
+    else:
+        _install_idle_ping(engine)
+    if backend in ("mysql", "mariadb"):
         event.listen(engine, "connect", _on_mysql_connect)
     return engine
+
+
+def _install_idle_ping(engine: Engine) -> None:
+    """Ping a pooled connection at checkout only if it sat idle longer than ``_PING_IF_IDLE_S``.
+
+    A dead one raises :class:`~sqlalchemy.exc.DisconnectionError`, on which the
+    pool discards it and checks out (or opens) another: the documented
+    pessimistic recipe, applied where a drop is likely (an idle connection)
+    instead of before every step.
+    """
+
+    def on_checkin(_dbapi_connection: Any, record: Any) -> None:
+        record.info[_IDLE_SINCE] = time.monotonic()
+
+    def on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.pop(_IDLE_SINCE, None)
+        if since is None or time.monotonic() - since <= _PING_IF_IDLE_S:
+            return
+        try:
+            alive = engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:
+            raise sa_exc.DisconnectionError(f"an idle pooled connection is dead: {exc}") from exc
+        if not alive:
+            raise sa_exc.DisconnectionError("an idle pooled connection is dead")
+
+    event.listen(engine, "checkin", on_checkin)
+    event.listen(engine, "checkout", on_checkout)
 
 
 def _sqlite_synchronous(url: URL) -> str | None:

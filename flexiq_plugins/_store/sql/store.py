@@ -233,46 +233,61 @@ class SqlStepStore(StepStore):
         """Run ``work`` in one read-only transaction."""
         return self._run(work, read_only=True)
 
-    def _run(self, work: Callable[[Connection], T], *, read_only: bool) -> T:
+    def _single_statement(self, work: Callable[[Connection], T]) -> T:
+        """Run ``work``, which sends exactly one write statement, autocommitted where that saves round trips.
+
+        On PostgreSQL the statement commits by itself (one round trip instead
+        of ``BEGIN``, the statement and ``COMMIT``); elsewhere it runs in a
+        transaction as :meth:`_write` does.
+        """
+        return self._run(work, read_only=False, autocommit=self._dialect == "postgresql")
+
+    def _run(self, work: Callable[[Connection], T], *, read_only: bool, autocommit: bool = False) -> T:
         retries = _DEADLOCK_RETRIES
         while True:
             try:
                 with translated(self._engine):
-                    return self._once(work, read_only=read_only)
+                    return self._once(work, read_only=read_only, autocommit=autocommit)
             except StoreUnavailable as exc:
                 if not (retries and is_deadlock(exc.__cause__)):
                     raise
                 retries -= 1
                 time.sleep(0.01 * (_DEADLOCK_RETRIES - retries))
 
-    def _once(self, work: Callable[[Connection], T], *, read_only: bool) -> T:
+    def _once(self, work: Callable[[Connection], T], *, read_only: bool, autocommit: bool = False) -> T:
         guard: AbstractContextManager[Any] = self._serial if self._shared_connection else nullcontext()
         with guard:
             self._ensure_schema()
             try:
-                return self._transaction(work, read_only=read_only)
+                return self._transaction(work, read_only=read_only, autocommit=autocommit)
             except _Dropped as dropped:  # a pooled connection the server had closed: once more, on a new one
                 if dropped.committing:
                     raise dropped.error  # noqa: B904 - the driver error, as translated() expects
             try:
-                return self._transaction(work, read_only=read_only)
+                return self._transaction(work, read_only=read_only, autocommit=autocommit)
             except _Dropped as dropped:
                 raise dropped.error  # noqa: B904 - the driver error, as translated() expects
 
-    def _transaction(self, work: Callable[[Connection], T], *, read_only: bool) -> T:
-        """Run ``work`` in one transaction on a pooled connection (not pinged first).
+    def _transaction(self, work: Callable[[Connection], T], *, read_only: bool, autocommit: bool) -> T:
+        """Run ``work`` in one transaction on a pooled connection (pinged only after idling, see :mod:`.engine`).
+
+        With ``autocommit``, ``work`` is one statement that the database commits
+        by itself (no ``BEGIN``/``COMMIT`` round trips); a drop during it leaves
+        the outcome unknown, as a drop at a ``COMMIT`` does.
 
         Raises:
           _Dropped: the connection turned out dead; ``committing`` says whether
             that was at the ``COMMIT`` (the outcome is unknown) or before it
             (nothing was committed: safe to run again).
         """
-        committing = False
+        committing = autocommit
         try:
             with self._engine.connect() as conn:
                 if read_only:
                     conn.execution_options(**{READ_ONLY: True})
                     return work(conn)
+                if autocommit:
+                    conn.execution_options(isolation_level="AUTOCOMMIT")
                 with conn.begin() as transaction:
                     result = work(conn)
                     committing = True
@@ -397,7 +412,7 @@ class SqlStepStore(StepStore):
           StoreUnavailable: the database cannot be reached.
         """
 
-        written = self._write(lambda conn: self._folded.commit_step(conn, claim, row))
+        written = self._single_statement(lambda conn: self._folded.commit_step(conn, claim, row))
         stored = dataclasses.replace(row, committed_at=written.now, attempt=claim.attempt)
         if written.cancel_reason is not None:
             raise CancelRequested(written.cancel_reason, stored)
