@@ -161,7 +161,7 @@ def _runs(metadata: sa.MetaData, p: str) -> sa.Table:
         sa.Index(f"ix_{p}runs_status_updated", "status", "updated_at"),
         sa.Index(f"ix_{p}runs_wait", "wait_topic", "wait_key"),
         sa.Index(f"ix_{p}runs_updated", "updated_at"),
-        sa.Index(f"ix_{p}runs_task_name", "task_name"),
+        sa.Index(f"ix_{p}runs_task_updated", "task_name", "updated_at"),
         **_MYSQL,
     )
 
