@@ -88,7 +88,8 @@ def one_round(framework: str, kind: str, k: int, jobs: int, tag: str) -> float:
             if worker.poll() is not None:
                 raise RuntimeError(f"the {framework} worker exited: {worker.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{framework} {kind}{k}: only {int(r.get(f'{queue}:done') or 0)} of {jobs} jobs done")
+                done = int(r.get(f"{queue}:done") or 0)
+                raise RuntimeError(f"{framework} {kind}{k}: only {done} of {jobs} jobs done")
             time.sleep(0.05)
         first, last = float(r.get(f"{queue}:first") or 0), float(r.get(f"{queue}:last") or 0)
     finally:
