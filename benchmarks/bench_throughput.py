@@ -60,19 +60,9 @@ def _worker(framework: str, queue: str) -> subprocess.Popen[bytes]:
 
 
 def _enqueue(framework: str, queue: str, kind: str, k: int, jobs: int) -> None:
-    os.environ.update(_env(framework, queue))
-    from benchmarks import throughput_apps as apps
-
-    if framework == "celery":
-        app = apps.celery_app()
-        task = app.tasks[f"bench.{kind}"]
-        for _ in range(jobs):
-            task.delay(k)
-    else:
-        broker = apps.dramatiq_broker()
-        actor = broker.get_actor(f"bench_{kind}")
-        for _ in range(jobs):
-            actor.send(k)
+    """Publish in a fresh process through the installed app, as a producer does."""
+    code = f"from benchmarks.throughput_apps import enqueue; enqueue({kind!r}, {k}, {jobs})"
+    subprocess.run([sys.executable, "-c", code], env=_env(framework, queue), check=True)
 
 
 def one_round(framework: str, kind: str, k: int, jobs: int, tag: str) -> float:

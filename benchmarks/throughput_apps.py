@@ -109,6 +109,18 @@ def dramatiq_broker() -> Any:
     return broker
 
 
+def enqueue(kind: str, k: int, jobs: int) -> None:
+    """Publish ``jobs`` jobs of ``kind`` (``plain`` or ``durable``) with ``k`` steps, through the installed app."""
+    if os.environ.get("FLEXIQ_BENCH_FRAMEWORK") == "celery":
+        task = app.tasks[f"bench.{kind}"]
+        for _ in range(jobs):
+            task.delay(k)
+    else:
+        actor = broker.get_actor(f"bench_{kind}")
+        for _ in range(jobs):
+            actor.send(k)
+
+
 if os.environ.get("FLEXIQ_BENCH_FRAMEWORK") == "celery":
     app = celery_app()
 elif os.environ.get("FLEXIQ_BENCH_FRAMEWORK") == "dramatiq":

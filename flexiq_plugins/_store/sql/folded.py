@@ -267,6 +267,35 @@ class Folded:
             given = {"job_id": dead.job_id, "reason": dead.reason, "message": dead.message, "traceback": dead.traceback}
             conn.execute(self._dead, {f"p_{k}": v for k, v in {"run_key": claim.run_key, **given}.items()})
 
+    def finish_in_one(self, conn: Connection, claim: Claim, values: dict[str, Any], drop_steps: bool) -> None:
+        """PostgreSQL: :meth:`finish` without a dead letter, and the step rows dropped, in one statement.
+
+        A ``WITH`` whose fenced ``UPDATE`` returns the run's key, and whose
+        ``DELETE`` statements on the run's steps and step attempts read it: nothing is
+        deleted unless the fence held (C25, C27).
+
+        Raises:
+          ClaimLost: the claim no longer holds the run; nothing was written.
+        """
+        key = ("finish-one", str(drop_steps), *values)
+        if key not in self._statements:
+            self._statements[key] = self._finish_in_one_statement(tuple(values), drop_steps)
+        params = {**self._params(claim), **{f"v_{k}": v for k, v in values.items()}}
+        if conn.execute(self._statements[key], params).scalar_one() != 1:
+            raise claim_lost(claim)
+
+    def _finish_in_one_statement(self, names: tuple[str, ...], drop_steps: bool) -> sa.Executable:
+        runs, steps, attempts = self._t.runs, self._t.steps, self._t.attempts
+        values: dict[str, Any] = {name: _v(name, runs.c[name]) for name in names}
+        ended = sa.update(runs).where(*self._fence).values(**values, updated_at=self._clock)
+        held = ended.returning(runs.c.run_key).cte("ended")
+        statement = sa.select(sa.func.count()).select_from(held)
+        if drop_steps:
+            for table in (steps, attempts):
+                dropped = sa.delete(table).where(table.c.run_key.in_(sa.select(held.c.run_key)))
+                statement = statement.add_cte(dropped.cte(f"dropped_{table.name}"))
+        return statement
+
     def _finish_statement(self, names: tuple[str, ...]) -> sa.Executable:
         key = ("finish", *names)
         if key not in self._statements:

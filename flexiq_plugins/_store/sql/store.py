@@ -655,10 +655,14 @@ class SqlStepStore(StepStore):
           StoreUnavailable: the database cannot be reached.
         """
 
+        values: dict[str, Any] = {"status": status, "owner": None, "lease_until": None, "wake_at": wake_at}
+        if drop_steps:
+            values.update(step_count=0, step_bytes=0)
+        if self._dialect == "postgresql" and dead_letter is None:  # one statement, autocommitted
+            self._single_statement(lambda conn: self._folded.finish_in_one(conn, claim, values, drop_steps))
+            return
+
         def work(conn: Connection) -> None:
-            values: dict[str, Any] = {"status": status, "owner": None, "lease_until": None, "wake_at": wake_at}
-            if drop_steps:
-                values.update(step_count=0, step_bytes=0)
             self._folded.finish(conn, claim, values, dead_letter)
             if drop_steps:
                 steps, attempts = self._t.steps, self._t.attempts
