@@ -86,12 +86,12 @@ class TransactionLog:
 
 
 # ------------------------------------------------------------ transactions
-# Statements of a begin and of a new step (issue 14): PostgreSQL folds them most (one WITH each),
-# SQLite has UPDATE … RETURNING but no DML in WITH, MySQL/MariaDB neither.
+# Statements of a begin and of a new step (issue 14): PostgreSQL folds them most, SQLite has
+# RETURNING but no DML in WITH, MySQL/MariaDB neither. (new run's begin, new step, redelivery's begin)
 FOLDED_STATEMENTS = {
-    "sqlite": (3, 2),  # upsert RETURNING row + clock, claim, snapshot | fenced UPDATE RETURNING, INSERT
-    "postgres": (2, 1),  # upsert RETURNING row + clock, WITH claim SELECT snapshot | WITH fenced UPDATE, INSERT
-    "mysql": (4, 3),  # upsert, locking read + clock, claim, snapshot | fenced UPDATE, read its stamp, INSERT
+    "sqlite": (1, 2, (2, 1 + 3)),  # insert claimed | fenced UPDATE RETURNING, INSERT | + upsert, claim, snapshot
+    "postgres": (1, 1, (2, 1 + 2)),  # insert claimed | WITH fenced UPDATE, INSERT | + upsert, WITH claim SELECT
+    "mysql": (4, 3, (1, 4)),  # upsert, locking read + clock, claim, snapshot | fenced UPDATE, read stamp, INSERT
 }
 
 
@@ -99,11 +99,15 @@ FOLDED_STATEMENTS = {
 def test_c9_begin_and_commit_step_are_one_transaction_each(
     backend: str, request: pytest.FixtureRequest, make_sql_store: Callable[..., SqlStepStore]
 ) -> None:
-    """``begin`` and ``commit_step`` each run in exactly one committed transaction, in few statements (C9)."""
+    """``begin`` and ``commit_step`` each run in exactly one committed transaction, in few statements (C9).
+
+    A redelivery's ``begin`` on PostgreSQL and SQLite first tries the new-run
+    insert (which writes nothing for an existing run), then claims in a second transaction.
+    """
     store = make_sql_store(request.getfixturevalue(f"{backend}_url"))
     store.now()
     log = TransactionLog(store.engine)
-    begin_statements, step_statements = FOLDED_STATEMENTS[backend]
+    begin_statements, step_statements, (redelivery_transactions, redelivery_statements) = FOLDED_STATEMENTS[backend]
 
     log.reset()
     begun = claim(store, "run-c9")
@@ -114,6 +118,15 @@ def test_c9_begin_and_commit_step_are_one_transaction_each(
     store.commit_step(begun.claim, StepRow(0, "charge#0", "run", b"v"))
     assert (log.begins, log.commits, log.rollbacks) == (1, 1, 0)
     assert len(log.work_statements()) == step_statements
+
+    store.finish(begun.claim, "retrying")
+    log.reset()
+    again = claim(store, "run-c9")
+    assert again.claim.attempt == 2
+    assert [r.step_key for r in again.snapshot] == ["charge#0"]
+    assert (log.begins, log.commits, log.rollbacks) == (redelivery_transactions, redelivery_transactions, 0)
+    assert len(log.work_statements()) == redelivery_statements
+    begun = again
 
     log.reset()
     store.finish(begun.claim, "succeeded", drop_steps=True)

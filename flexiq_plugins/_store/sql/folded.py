@@ -41,7 +41,7 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from ..base import Claim, JobEnvelope, NewDeadLetter, StepRow
-from ..claims import already_committed, claim_lost, fence, fence_columns
+from ..claims import Granted, already_committed, claim_lost, fence, fence_columns
 from .mapping import step_values
 from .tables import StoreTables
 
@@ -109,6 +109,7 @@ class Folded:
         self._snapshot = sa.select(steps).where(steps.c.run_key == _p("run_key")).order_by(steps.c.position)
         self._statements: dict[tuple[str, ...], sa.Executable] = {}
         self._lock_run: tuple[sa.Executable, sa.Executable | None] | None = None
+        self._claim_new: sa.Executable | None = None
         self._dead = self._dead_letter_statement()
 
     def _params(self, claim: Claim, **more: Any) -> dict[str, Any]:
@@ -177,6 +178,65 @@ class Folded:
         return StepWritten(now, stamped.cancel_reason)
 
     # ------------------------------------------------------ an attempt's start
+    @property
+    def claims_new_runs(self) -> bool:
+        """Whether :meth:`claim_new_run` is available (``INSERT … ON CONFLICT DO NOTHING RETURNING``)."""
+        return self._returning
+
+    def claim_new_run(
+        self,
+        conn: Connection,
+        run_key: str,
+        envelope: JobEnvelope,
+        envelope_json: str,
+        *,
+        job_id: str,
+        granted: Granted,
+    ) -> Any:
+        """Insert the run already claimed by ``granted`` (see :func:`claim_of_new_run`), if it does not exist.
+
+        One statement. ``granted.lease_until`` is seconds from the database's
+        clock; ``created_at`` and ``updated_at`` are that clock.
+
+        Returns:
+          Row | None: the new run's ``lease_until`` and ``created_at``; ``None``
+          when the run already exists (nothing was written: claim it the usual way).
+        """
+        if self._claim_new is None:
+            self._claim_new = self._claim_new_statement()
+        params = {
+            "p_run_key": run_key,
+            "p_task_name": envelope.task_name,
+            "p_framework": envelope.framework,
+            "p_queue": envelope.queue,
+            "p_envelope": envelope_json,
+            "p_job_id": job_id,
+            **{f"v_{k}": v for k, v in granted.values().items()},
+        }
+        return conn.execute(self._claim_new, params).first()
+
+    def _claim_new_statement(self) -> sa.Executable:
+        """``INSERT … SELECT`` from one read of the clock, so ``created_at``, ``updated_at`` and the lease agree."""
+        runs = self._t.runs
+        given = ("run_key", "task_name", "framework", "queue", "envelope", "job_id")
+        claimed = ("status", "owner", "attempt", "takeovers")
+        clock = sa.select(self._clock.label("now")).subquery("clock")
+        columns: dict[str, Any] = {name: _p(name, runs.c[name]) for name in given}
+        columns.update({name: _v(name, runs.c[name]) for name in claimed})
+        columns.update(
+            lease_until=clock.c.now + _v("lease_until", runs.c.lease_until),
+            step_count=sa.literal(0),
+            step_bytes=sa.literal(0),
+            created_at=clock.c.now,
+            updated_at=clock.c.now,
+        )
+        # WHERE true: SQLite reads an upsert's ON CONFLICT after a bare SELECT … FROM as a join's ON.
+        source = sa.select(*(value.label(name) for name, value in columns.items())).where(sa.true())
+        dialect_insert = postgresql.insert if self._dialect == "postgresql" else sqlite.insert
+        insert = dialect_insert(runs).from_select(list(columns), source)
+        insert = insert.on_conflict_do_nothing(index_elements=["run_key"])
+        return insert.returning(runs.c.lease_until, runs.c.created_at)
+
     def lock_run(self, conn: Connection, run_key: str, envelope: JobEnvelope, envelope_json: str) -> Any:
         """Insert the run if absent, lock its row and read it with the clock (label ``now``), after the lock.
 

@@ -75,7 +75,7 @@ from ..base import (
     StepRow,
     StepStore,
 )
-from ..claims import Granted, already_committed, claim_lost, decide_claim, fence, holds, may_recover
+from ..claims import Granted, already_committed, claim_lost, claim_of_new_run, decide_claim, fence, holds, may_recover
 from ..control import WAITER_STATUSES, may_settle_cancelled, poll_result
 from ..step_attempts import decide_step_attempt, failed_attempt, retry_cut_position
 from .engine import READ_ONLY, bad_store_message, create_engine, normalize_url, register_fork_hook, safe_url
@@ -336,6 +336,12 @@ class SqlStepStore(StepStore):
           StoreError: the envelope is not JSON-compatible, or another database error.
         """
         envelope_json = dump_envelope(envelope)
+        if self._folded.claims_new_runs:
+            begun = self._begin_new_run(
+                run_key, job_id, envelope, envelope_json, owner=owner, lease_seconds=lease_seconds
+            )
+            if begun is not None:
+                return begun
         return self._write(
             lambda conn: self._begin(
                 conn,
@@ -347,6 +353,29 @@ class SqlStepStore(StepStore):
                 lease_seconds=lease_seconds,
             )
         )
+
+    def _begin_new_run(
+        self, run_key: str, job_id: str, envelope: JobEnvelope, envelope_json: str, *, owner: str, lease_seconds: float
+    ) -> Begun | None:
+        """The first delivery of a run not stored yet: insert it claimed, in one statement (PostgreSQL, SQLite).
+
+        ``None`` if the run exists (nothing was written): :meth:`begin` then
+        claims it in its usual transaction.
+        """
+        granted = claim_of_new_run(run_key, owner=owner, lease_seconds=lease_seconds)
+        row = self._single_statement(
+            lambda conn: self._folded.claim_new_run(
+                conn, run_key, envelope, envelope_json, job_id=job_id, granted=granted
+            )
+        )
+        if row is None:
+            return None
+        claim = dataclasses.replace(granted.claim(run_key), lease_until=float(row.lease_until))
+        stored = load_envelope(
+            envelope_json, task_name=envelope.task_name, framework=envelope.framework, queue=envelope.queue
+        )
+        now = float(row.created_at)
+        return Begun(claim, (), now, granted.takeovers, stored, now, None)
 
     def _begin(
         self,
