@@ -23,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+import zlib
 from pathlib import Path
 
 import redis
@@ -90,7 +91,7 @@ def one_round(framework: str, kind: str, k: int, jobs: int, tag: str) -> float:
 
 
 def _drop_tables(queue: str) -> None:
-    prefix = f"{queue.replace('-', '_')}_"
+    prefix = f"fqb{zlib.crc32(queue.encode()):08x}_"  # as benchmarks.throughput_apps.PREFIX
     engine = sa.create_engine(STORE_URL.replace("postgresql://", "postgresql+psycopg://"))
     with engine.begin() as conn:
         for table in ("step_attempts", "steps", "events", "dead_letters", "runs", "alembic_version"):

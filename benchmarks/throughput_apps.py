@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+import zlib
 from typing import Any
 
 import redis
@@ -24,7 +25,7 @@ from flexiq_plugins import SqlStepStore, current_job
 QUEUE = os.environ.get("FLEXIQ_BENCH_QUEUE", "flexiq-bench")
 REDIS_URL = os.environ.get("FLEXIQ_BENCH_REDIS", "redis://127.0.0.1:6379/14")
 STORE_URL = os.environ.get("FLEXIQ_STORE_URL", "postgresql://postgres@127.0.0.1:5432/test")
-PREFIX = f"{QUEUE.replace('-', '_')}_"
+PREFIX = f"fqb{zlib.crc32(QUEUE.encode()):08x}_"  # short: index names carry it (PostgreSQL: 63 characters)
 _redis = redis.Redis.from_url(REDIS_URL)
 
 
