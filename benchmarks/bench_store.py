@@ -52,6 +52,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
+from sqlalchemy.pool.base import reset_rollback
 
 from flexiq_plugins import AttemptDriver, JobEnvelope, JobInfo, SqlStepStore, current_job
 from flexiq_plugins.attempt import Attempt
@@ -86,7 +87,9 @@ class Counter:
         self.counts = Counts()
         backend = engine.dialect.name
         begin_trip = 1 if backend == "postgresql" else 0  # psycopg sends BEGIN; PyMySQL/pysqlite do not
-        reset_trip = 1 if backend in ("mysql", "mariadb") else 0  # PyMySQL's rollback always goes to the server
+        # PyMySQL's rollback always goes to the server: count the pool's reset-on-return rollback there
+        # (the store's own MySQL engines switch it off and roll back only an open transaction).
+        reset_trip = 1 if backend in ("mysql", "mariadb") and engine.pool._reset_on_return is reset_rollback else 0
 
         @event.listens_for(engine, "before_cursor_execute")
         def _stmt(*_: Any) -> None:

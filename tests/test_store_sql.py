@@ -28,6 +28,7 @@ from flexiq_plugins._store.memory import MemoryStepStore
 from flexiq_plugins._store.sql import SqlStepStore, normalize_url, upgrade_store
 from flexiq_plugins.errors import ClaimLost, ConfigurationError, StoreError, StoreMisconfigured, StoreUnavailable
 from tests.conftest import MYSQL, POSTGRES, require_service
+from tests.polling import wait_for
 
 ENVELOPE = JobEnvelope(task_name="shop.checkout", framework="test", args=[1])
 SQL_BACKENDS = [
@@ -494,3 +495,69 @@ def test_c9_driver_memo_hit_is_zero_statements_and_a_new_step_one_transaction(
     attempt = driver.start(job)
     assert isinstance(attempt.run(body, False), Completed)  # type: ignore[union-attr]
     assert seen == [(0, 0), (0, 0)], "memo hits issue no statement"
+
+
+# ------------------------------------------------------- connections (issue 14)
+@pytest.mark.parametrize(("query", "level"), [("", 1), ("?synchronous=full", 2), ("?synchronous=NORMAL", 1)])
+def test_c9_sqlite_commits_with_synchronous_normal_unless_the_url_asks_for_full(
+    tmp_path: Path, make_sql_store: Callable[..., SqlStepStore], query: str, level: int
+) -> None:
+    """A SQLite file store runs WAL with ``synchronous=NORMAL`` (1) by default, ``FULL`` (2) on request (C9)."""
+    store = make_sql_store(f"sqlite:///{tmp_path / 'steps.db'}{query}")
+    store.now()
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar_one() == "wal"
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar_one() == level
+
+
+def test_c41_an_unknown_sqlite_synchronous_level_is_a_configuration_error(tmp_path: Path) -> None:
+    """``?synchronous=off`` (or any other value) is refused when the store is configured (C41)."""
+    with pytest.raises(ConfigurationError, match="synchronous"):
+        SqlStepStore(f"sqlite:///{tmp_path / 'steps.db'}?synchronous=off")
+
+
+@pytest.mark.postgres
+def test_c28_a_pooled_connection_the_server_closed_is_replaced_before_anything_commits(
+    postgres_url: str, make_sql_store: Callable[..., SqlStepStore]
+) -> None:
+    """No pre-ping per use: a pooled connection the server killed fails its first statement, and the
+    transaction runs once more on a new connection, since nothing was committed (C28)."""
+    store = make_sql_store(postgres_url)
+    store.now()
+    with store.engine.connect() as conn:
+        pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+    killer = sa.create_engine(normalize_url(postgres_url))
+    with killer.begin() as conn:
+        assert conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar_one()
+    alive = sa.text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid")
+    wait_for(lambda: _scalar(killer, alive, pid=pid) == 0, timeout=30, what="the backend to exit")
+    killer.dispose()
+
+    begun = claim(store, "run-after-kill")
+
+    assert begun.claim.attempt == 1
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one() != pid
+
+
+@pytest.mark.mysql
+def test_c25_a_mysql_connection_returned_inside_a_transaction_is_rolled_back(
+    mysql_url: str, make_sql_store: Callable[..., SqlStepStore]
+) -> None:
+    """The pool does not send a ROLLBACK after every commit on MySQL/MariaDB, but a connection returned
+    with a transaction open is still rolled back: nothing it wrote commits, no lock stays held (C25)."""
+    store = make_sql_store(mysql_url)
+    begun = claim(store, "run-returned")
+    raw = store.engine.raw_connection()
+    cursor = raw.cursor()
+    cursor.execute(f"UPDATE {store.table_prefix}runs SET owner = 'intruder'")
+    cursor.close()
+    raw.close()  # back to the pool, the transaction still open
+
+    assert store.get_run("run-returned").owner == begun.claim.owner
+    store.commit_step(begun.claim, StepRow(0, "charge#0", "run", b"v"))  # the row is not locked
+
+
+def _scalar(engine: sa.Engine, query: sa.TextClause, **params: Any) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(query, params).scalar_one()

@@ -14,15 +14,17 @@ Why it is built the way it is:
   file, which the next opener replays); only a power loss or an OS crash may
   lose the last commits (never corrupt the file). ``?synchronous=full`` in the
   URL restores an fsync per commit.
-- **No pre-ping per step.** A pooled connection is pinged at checkout only
-  when it sat idle in the pool for more than 10 seconds (a dead one is then
-  replaced before use), not before each use: a ping is a round trip, as much
-  as a step's own statement. A connection the server dropped while in steady
+- **No pre-ping per step.** A ping is a round trip, as much as a step's own
+  statement. At checkout a pooled connection is checked locally instead: input
+  waiting on its idle socket means the server closed it (it is replaced before
+  use); one idle in the pool for more than 10 seconds is pinged as well. A connection the server dropped while in steady
   use fails its statement instead; the store then retries the transaction
   once on a fresh connection, unless the failure hit its ``COMMIT`` (or an
   autocommitted statement), whose outcome is then unknown
   (:class:`StoreUnavailable`, C28). MySQL/MariaDB connections are also
-  recycled after an hour, below the server's default ``wait_timeout``.
+  recycled after an hour, below the server's default ``wait_timeout``, and
+  rolled back on return to the pool only when a transaction is open (PyMySQL
+  would otherwise send a ``ROLLBACK`` round trip after every commit).
 - **MySQL/MariaDB sessions.** Our engines run ``READ COMMITTED`` (no gap locks)
   with the session time zone at UTC so ``UNIX_TIMESTAMP(NOW(6))`` is exact.
 - **Processes and forks.** Celery prefork and Dramatiq fork worker processes; a
@@ -37,6 +39,7 @@ Why it is built the way it is:
 from __future__ import annotations
 
 import os
+import select
 import sqlite3
 import time
 import weakref
@@ -75,6 +78,7 @@ SQLITE_SYNCHRONOUS = "synchronous"
 _SQLITE_SYNCHRONOUS_LEVELS = ("normal", "full", "extra")
 _MYSQL_POOL_RECYCLE_S = 3600
 _PING_IF_IDLE_S = 10.0
+_IN_TRANSACTION = 1  # the MySQL protocol's SERVER_STATUS_IN_TRANS flag
 _IDLE_SINCE = "flexiq_idle_since"
 _CONNECT_TIMEOUT_S = 10
 _DRIVERS = {
@@ -152,7 +156,7 @@ def create_engine(url: URL) -> Engine:
     if backend == "postgresql" and "connect_timeout" not in url.query:
         kwargs["connect_args"] = {"connect_timeout": _CONNECT_TIMEOUT_S}
     if backend in ("mysql", "mariadb"):
-        kwargs.update(isolation_level="READ COMMITTED", pool_recycle=_MYSQL_POOL_RECYCLE_S)
+        kwargs.update(isolation_level="READ COMMITTED", pool_recycle=_MYSQL_POOL_RECYCLE_S, pool_reset_on_return=None)
     try:
         engine = sa.create_engine(url, **kwargs)
     except ImportError as exc:
@@ -166,16 +170,20 @@ def create_engine(url: URL) -> Engine:
         _install_idle_ping(engine)
     if backend in ("mysql", "mariadb"):
         event.listen(engine, "connect", _on_mysql_connect)
+        event.listen(engine.pool, "reset", _reset_mysql_if_in_transaction)
     return engine
 
 
 def _install_idle_ping(engine: Engine) -> None:
-    """Ping a pooled connection at checkout only if it sat idle longer than ``_PING_IF_IDLE_S``.
+    """Check a pooled connection at checkout without a round trip; ping it only if it sat idle long.
 
-    A dead one raises :class:`~sqlalchemy.exc.DisconnectionError`, on which the
-    pool discards it and checks out (or opens) another: the documented
-    pessimistic recipe, applied where a drop is likely (an idle connection)
-    instead of before every step.
+    A connection whose socket has input waiting while no statement is in
+    flight was closed by the server (it sent its goodbye, or EOF): a local
+    ``poll`` with no timeout sees that. One idle for more than
+    ``_PING_IF_IDLE_S`` is also pinged. Either way a dead one raises
+    :class:`~sqlalchemy.exc.DisconnectionError`, on which the pool discards
+    it and checks out (or opens) another: SQLAlchemy's pessimistic recipe,
+    without a round trip per step.
     """
 
     def on_checkin(_dbapi_connection: Any, record: Any) -> None:
@@ -183,6 +191,8 @@ def _install_idle_ping(engine: Engine) -> None:
 
     def on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
         since = record.info.pop(_IDLE_SINCE, None)
+        if _closed_by_server(dbapi_connection):
+            raise sa_exc.DisconnectionError("the server closed this pooled connection")
         if since is None or time.monotonic() - since <= _PING_IF_IDLE_S:
             return
         try:
@@ -194,6 +204,23 @@ def _install_idle_ping(engine: Engine) -> None:
 
     event.listen(engine, "checkin", on_checkin)
     event.listen(engine, "checkout", on_checkout)
+
+
+def _closed_by_server(dbapi_connection: Any) -> bool:
+    """Whether an idle connection's socket has input waiting (the server closed it); no round trip."""
+    sock = getattr(dbapi_connection, "_sock", None)  # PyMySQL
+    try:
+        fd = sock.fileno() if sock is not None else dbapi_connection.fileno()  # psycopg
+    except Exception:
+        return False
+    if fd < 0:
+        return True
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([fd], [], [], 0)
+    return bool(readable)
 
 
 def _sqlite_synchronous(url: URL) -> str | None:
@@ -257,6 +284,17 @@ def _enable_wal(cursor: Any) -> None:
             if "locked" not in str(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(0.02)
+
+
+def _reset_mysql_if_in_transaction(dbapi_connection: Any, _record: Any, _state: Any) -> None:
+    """Roll back a connection returned to the pool only if the server says a transaction is open.
+
+    The pool's own reset (``reset_on_return``, off for our MySQL/MariaDB
+    engines) would send a ``ROLLBACK`` at every return, a round trip even after
+    a commit; PyMySQL keeps the server's in-transaction flag from its last reply.
+    """
+    if getattr(dbapi_connection, "server_status", _IN_TRANSACTION) & _IN_TRANSACTION:
+        dbapi_connection.rollback()
 
 
 def _on_mysql_connect(dbapi_connection: Any, _record: Any) -> None:
