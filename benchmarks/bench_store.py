@@ -63,6 +63,8 @@ URLS = {
     "mariadb": os.environ.get("FLEXIQ_BENCH_MARIADB", "mariadb://root@127.0.0.1:3306/test"),
 }
 _ids = itertools.count()
+STARTS = 10
+"""Runs started and finished a round."""
 
 
 # --------------------------------------------------------------- counting
@@ -224,20 +226,30 @@ class Bench:
         return started
 
     def new_steps(self) -> dict[str, list[float]]:
-        job = self.job()
-        t0 = time.perf_counter()
-        attempt = self.start(job)
-        start = time.perf_counter() - t0
+        attempt = self.start(self.job())
         per_step = []
         with attempt.activate():
             for i in range(self.steps):
                 t0 = time.perf_counter()
                 current_job.step.run("s", _const(i))
                 per_step.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
         attempt.conclude(value=None)
-        finish = time.perf_counter() - t0
-        return {"new step": per_step, "attempt start": [start], "finish": [finish]}
+        return {"new step": per_step}
+
+    def starts_and_finishes(self) -> dict[str, list[float]]:
+        """``STARTS`` new runs started (the claim) and finished ``succeeded`` with one step each."""
+        starts, finishes = [], []
+        for _ in range(STARTS):
+            job = self.job()
+            t0 = time.perf_counter()
+            attempt = self.start(job)
+            starts.append(time.perf_counter() - t0)
+            with attempt.activate():
+                current_job.step.run("s", _const(1))
+            t0 = time.perf_counter()
+            attempt.conclude(value=None)
+            finishes.append(time.perf_counter() - t0)
+        return {"attempt start": starts, "finish": finishes}
 
     def _long_run(self, steps: int) -> JobInfo:
         """A run with ``steps`` committed steps, left retrying (not finished) so it can be replayed."""
@@ -427,6 +439,7 @@ def run_store(name: str, args: argparse.Namespace) -> None:
                 bench.floor,
                 bench.floor_autocommit,
                 bench.new_steps,
+                bench.starts_and_finishes,
                 bench.replay,
                 bench.history_ops,
             ):
