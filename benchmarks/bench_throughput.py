@@ -104,7 +104,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--framework", default="all", choices=["celery", "dramatiq", "all"])
     parser.add_argument("--jobs", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--results", action="store_true", help="Celery: a Redis result backend for every task")
     args = parser.parse_args(argv)
+    if args.results:
+        os.environ["FLEXIQ_BENCH_RESULTS"] = "1"
     frameworks = ["celery", "dramatiq"] if args.framework == "all" else [args.framework]
     print(f"machine: {os.cpu_count()} cores; {args.jobs} jobs a round, {args.rounds} rounds, one worker process")
     for framework in frameworks:
@@ -114,7 +117,8 @@ def main(argv: list[str] | None = None) -> None:
                 label = f"{kind} {k}-step" if kind == "durable" else "plain"
                 rates.setdefault(label, []).append(one_round(framework, kind, k, args.jobs, f"{os.getpid()}-{n}"))
         plain = statistics.median(rates["plain"])
-        print(f"\n== {framework} + Redis + PostgreSQL")
+        backend = ", Redis result backend" if args.results and framework == "celery" else ""
+        print(f"\n== {framework} + Redis + PostgreSQL{backend}")
         print(f"{'task':<18} {'jobs/s (median)':>16} {'× plain':>8}  rounds")
         for label, values in rates.items():
             med = statistics.median(values)

@@ -2,7 +2,8 @@
 
 Configured from the environment (the worker is a subprocess):
 ``FLEXIQ_BENCH_QUEUE`` (queue and table-prefix stem), ``FLEXIQ_STORE_URL``
-(the step store), ``FLEXIQ_BENCH_REDIS`` (broker and the counters).
+(the step store), ``FLEXIQ_BENCH_REDIS`` (broker and the counters),
+``FLEXIQ_BENCH_RESULTS=1`` (Celery: store results in Redis).
 
 Each job runs ``k`` trivial steps (``k`` = 3 or 5): durable ones through
 ``current_job.step.run``, or, for the plain task, the same functions called
@@ -66,10 +67,11 @@ def celery_app() -> Any:
 
     import celery_ext
 
-    app = Celery(QUEUE, broker=REDIS_URL, set_as_current=False)
+    results = os.environ.get("FLEXIQ_BENCH_RESULTS") == "1"  # a Redis result backend, as many deployments have
+    app = Celery(QUEUE, broker=REDIS_URL, backend=REDIS_URL if results else None, set_as_current=False)
     app.conf.update(
         task_default_queue=QUEUE,
-        task_ignore_result=True,
+        task_ignore_result=not results,
         broker_connection_retry_on_startup=True,
         worker_hijack_root_logger=False,
         worker_prefetch_multiplier=4,
