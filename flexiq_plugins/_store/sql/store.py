@@ -9,13 +9,16 @@ their own modules, each with its reasons):
   ``NOW(6)``, SQLite ``julianday('now')``). A worker whose own clock runs an hour
   ahead therefore cannot see a live lease as expired and steal the claim.
 - **One transaction per interface call (C9, C25).** ``begin`` inserts the run if
-  absent and locks its row (``SELECT … FOR UPDATE``; SQLite serializes writers
-  with ``BEGIN IMMEDIATE`` instead), so two deliveries of one job decide
-  Finished / Busy / claim one after the other; ``mark_recovered`` locks the row
-  the same way. ``renew``, ``commit_step`` and ``finish`` open with an ``UPDATE
-  … WHERE run_key AND owner AND attempt``: a zero row count means another
-  attempt took the run over, and the transaction is rolled back before
-  anything is written (:class:`ClaimLost`). What each decision is (claim,
+  absent and locks its row (an upsert that returns the row; SQLite serializes
+  writers with ``BEGIN IMMEDIATE`` as well), so two deliveries of one job decide
+  Finished / Busy / claim one after the other; a run not stored yet is
+  inserted already claimed in one statement. ``mark_recovered`` locks the row
+  the same way. ``renew``, ``commit_step`` and ``finish`` are fenced ``UPDATE …
+  WHERE run_key AND owner AND attempt``: a zero row count means another
+  attempt took the run over, and nothing is written (:class:`ClaimLost`). The
+  hot paths (a step, a start, a finish) are folded into as few statements as
+  each database allows, in :mod:`.folded` (one autocommitted statement each on
+  PostgreSQL). What each decision is (claim,
   busy, finished, fenced out, recoverable) is not written here but in
   :mod:`flexiq_plugins._store.claims`, shared with the memory store.
 - **MySQL's insert-if-absent takes the row lock itself.** ``INSERT … ON
