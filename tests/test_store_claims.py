@@ -17,8 +17,10 @@ from flexiq_plugins._store.claims import (
     Granted,
     already_committed,
     claim_lost,
+    claim_of_new_run,
     decide_claim,
     fence,
+    fence_columns,
     holds,
     lease_remaining,
     may_recover,
@@ -55,6 +57,21 @@ def test_a_new_run_is_claimed_as_attempt_one_without_a_takeover() -> None:
         "lease_until": NOW + 30.0,
         "takeovers": 0,
     }
+
+
+def test_c24_a_run_inserted_claimed_gets_what_a_new_run_is_granted() -> None:
+    """The claim a SQL store writes with a new run in one statement is :func:`decide_claim`'s for a fresh run,
+    its lease in seconds from the store's clock (C23, C24)."""
+    granted = claim_of_new_run("run-1", owner="w1", lease_seconds=30.0)
+
+    assert granted == Granted(owner="w1", attempt=1, lease_until=30.0, takeovers=0)
+    shifted = replace(granted, lease_until=NOW + granted.lease_until)
+    assert shifted == decide_claim(Run(), now=NOW, owner="w1", lease_seconds=30.0)
+
+
+def test_c25_fence_columns_are_the_fields_fence_requires() -> None:
+    """A store that builds its fenced statements once fences on exactly the fields of :func:`fence` (C25)."""
+    assert fence_columns() == tuple(fence(Claim("run-1", "w1", 3, NOW)))
 
 
 @pytest.mark.parametrize("status", ["succeeded", "failed", "dead", "cancelled"])

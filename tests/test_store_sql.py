@@ -28,6 +28,7 @@ from flexiq_plugins._store.memory import MemoryStepStore
 from flexiq_plugins._store.sql import SqlStepStore, normalize_url, upgrade_store
 from flexiq_plugins.errors import ClaimLost, ConfigurationError, StoreError, StoreMisconfigured, StoreUnavailable
 from tests.conftest import MYSQL, POSTGRES, require_service
+from tests.polling import wait_for
 
 ENVELOPE = JobEnvelope(task_name="shop.checkout", framework="test", args=[1])
 SQL_BACKENDS = [
@@ -86,24 +87,47 @@ class TransactionLog:
 
 
 # ------------------------------------------------------------ transactions
-@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+# Statements of a begin and of a new step (issue 14): PostgreSQL folds them most, SQLite has
+# RETURNING but no DML in WITH, MySQL/MariaDB neither. (new run's begin, new step, redelivery's begin)
+FOLDED_STATEMENTS = {
+    "sqlite": (1, 2, (2, 1 + 3)),  # insert claimed | fenced UPDATE RETURNING, INSERT | + upsert, claim, snapshot
+    "postgres": (1, 1, (2, 1 + 2)),  # insert claimed | WITH fenced UPDATE, INSERT | + upsert, WITH claim SELECT
+    "mysql": (4, 3, (1, 4)),  # upsert, locking read + clock, claim, snapshot | fenced UPDATE, read stamp, INSERT
+}
+
+
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
 def test_c9_begin_and_commit_step_are_one_transaction_each(
     backend: str, request: pytest.FixtureRequest, make_sql_store: Callable[..., SqlStepStore]
 ) -> None:
-    """``begin`` and ``commit_step`` each run in exactly one committed transaction (C9)."""
+    """``begin`` and ``commit_step`` each run in exactly one committed transaction, in few statements (C9).
+
+    A redelivery's ``begin`` on PostgreSQL and SQLite first tries the new-run
+    insert (which writes nothing for an existing run), then claims in a second transaction.
+    """
     store = make_sql_store(request.getfixturevalue(f"{backend}_url"))
     store.now()
     log = TransactionLog(store.engine)
+    begin_statements, step_statements, (redelivery_transactions, redelivery_statements) = FOLDED_STATEMENTS[backend]
 
     log.reset()
     begun = claim(store, "run-c9")
     assert (log.begins, log.commits, log.rollbacks) == (1, 1, 0)
-    assert len(log.work_statements()) == 5  # insert-if-absent, lock, clock, claim, snapshot
+    assert len(log.work_statements()) == begin_statements
 
     log.reset()
     store.commit_step(begun.claim, StepRow(0, "charge#0", "run", b"v"))
     assert (log.begins, log.commits, log.rollbacks) == (1, 1, 0)
-    assert len(log.work_statements()) == 3  # clock, fenced update, insert
+    assert len(log.work_statements()) == step_statements
+
+    store.finish(begun.claim, "retrying")
+    log.reset()
+    again = claim(store, "run-c9")
+    assert again.claim.attempt == 2
+    assert [r.step_key for r in again.snapshot] == ["charge#0"]
+    assert (log.begins, log.commits, log.rollbacks) == (redelivery_transactions, redelivery_transactions, 0)
+    assert len(log.work_statements()) == redelivery_statements
+    begun = again
 
     log.reset()
     store.finish(begun.claim, "succeeded", drop_steps=True)
@@ -435,7 +459,7 @@ def test_upgrade_store_is_idempotent_and_safe_concurrently(
     claim(store, "run-after-upgrade")
 
 
-@pytest.mark.parametrize("backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
 def test_c9_driver_memo_hit_is_zero_statements_and_a_new_step_one_transaction(
     backend: str, request: pytest.FixtureRequest, make_sql_store: Callable[..., SqlStepStore]
 ) -> None:
@@ -464,9 +488,76 @@ def test_c9_driver_memo_hit_is_zero_statements_and_a_new_step_one_transaction(
     attempt = driver.start(job)
     assert log.begins == 1, "attempt start is one transaction"
     assert isinstance(attempt.run(body, True), Failure)  # type: ignore[union-attr]
-    assert seen == [(1, 3), (1, 3)], "each new step is one transaction of three statements"
+    step_statements = FOLDED_STATEMENTS[backend][1]
+    assert seen == [(1, step_statements)] * 2, "each new step is one transaction of its folded statements"
 
     seen.clear()
     attempt = driver.start(job)
     assert isinstance(attempt.run(body, False), Completed)  # type: ignore[union-attr]
     assert seen == [(0, 0), (0, 0)], "memo hits issue no statement"
+
+
+# ------------------------------------------------------- connections (issue 14)
+@pytest.mark.parametrize(("query", "level"), [("", 1), ("?synchronous=full", 2), ("?synchronous=NORMAL", 1)])
+def test_c9_sqlite_commits_with_synchronous_normal_unless_the_url_asks_for_full(
+    tmp_path: Path, make_sql_store: Callable[..., SqlStepStore], query: str, level: int
+) -> None:
+    """A SQLite file store runs WAL with ``synchronous=NORMAL`` (1) by default, ``FULL`` (2) on request (C9)."""
+    store = make_sql_store(f"sqlite:///{tmp_path / 'steps.db'}{query}")
+    store.now()
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar_one() == "wal"
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar_one() == level
+
+
+def test_c41_an_unknown_sqlite_synchronous_level_is_a_configuration_error(tmp_path: Path) -> None:
+    """``?synchronous=off`` (or any other value) is refused when the store is configured (C41)."""
+    with pytest.raises(ConfigurationError, match="synchronous"):
+        SqlStepStore(f"sqlite:///{tmp_path / 'steps.db'}?synchronous=off")
+
+
+@pytest.mark.postgres
+def test_c28_a_pooled_connection_the_server_closed_is_replaced_before_anything_commits(
+    postgres_url: str, make_sql_store: Callable[..., SqlStepStore]
+) -> None:
+    """No pre-ping per use: a pooled connection the server killed fails its first statement, and the
+    transaction runs once more on a new connection, since nothing was committed (C28)."""
+    store = make_sql_store(postgres_url)
+    store.now()
+    with store.engine.connect() as conn:
+        pid = conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()
+    killer = sa.create_engine(normalize_url(postgres_url))
+    with killer.begin() as conn:
+        assert conn.execute(sa.text("SELECT pg_terminate_backend(:pid)"), {"pid": pid}).scalar_one()
+    alive = sa.text("SELECT count(*) FROM pg_stat_activity WHERE pid = :pid")
+    wait_for(lambda: _scalar(killer, alive, pid=pid) == 0, timeout=30, what="the backend to exit")
+    killer.dispose()
+
+    begun = claim(store, "run-after-kill")
+
+    assert begun.claim.attempt == 1
+    with store.engine.connect() as conn:
+        assert conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one() != pid
+
+
+@pytest.mark.mysql
+def test_c25_a_mysql_connection_returned_inside_a_transaction_is_rolled_back(
+    mysql_url: str, make_sql_store: Callable[..., SqlStepStore]
+) -> None:
+    """The pool does not send a ROLLBACK after every commit on MySQL/MariaDB, but a connection returned
+    with a transaction open is still rolled back: nothing it wrote commits, no lock stays held (C25)."""
+    store = make_sql_store(mysql_url)
+    begun = claim(store, "run-returned")
+    raw = store.engine.raw_connection()
+    cursor = raw.cursor()
+    cursor.execute(f"UPDATE {store.table_prefix}runs SET owner = 'intruder'")
+    cursor.close()
+    raw.close()  # back to the pool, the transaction still open
+
+    assert store.get_run("run-returned").owner == begun.claim.owner
+    store.commit_step(begun.claim, StepRow(0, "charge#0", "run", b"v"))  # the row is not locked
+
+
+def _scalar(engine: sa.Engine, query: sa.TextClause, **params: Any) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(query, params).scalar_one()

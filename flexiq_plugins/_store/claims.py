@@ -35,8 +35,10 @@ __all__ = [
     "RunState",
     "already_committed",
     "claim_lost",
+    "claim_of_new_run",
     "decide_claim",
     "fence",
+    "fence_columns",
     "holds",
     "lease_remaining",
     "may_recover",
@@ -149,6 +151,37 @@ def decide_claim(run: RunState, *, now: float, owner: str, lease_seconds: float)
     return Granted(owner=owner, attempt=run.attempt + 1, lease_until=now + lease_seconds, takeovers=takeovers)
 
 
+@dataclass(frozen=True)
+class _NewRun:
+    """The state of a run that is not stored yet: ``pending``, attempt 0, no claim."""
+
+    run_key: str
+    status: str = "pending"
+    owner: str | None = None
+    lease_until: float | None = None
+    attempt: int = 0
+    takeovers: int = 0
+    updated_at: float = 0.0
+    outcome: bytes | None = None
+
+
+def claim_of_new_run(run_key: str, *, owner: str, lease_seconds: float) -> Granted:
+    """What :func:`decide_claim` grants the first delivery of a run that is not stored yet (C24).
+
+    A store that inserts a new run already claimed, in one statement, writes
+    these values; ``lease_until`` is then *seconds from now* (the decision is
+    taken at ``now = 0``), which the store adds to its own clock (C23).
+
+    Parameters:
+      run_key(str): the new run.
+      owner(str): the claiming worker's id.
+      lease_seconds(float): the lease, in seconds.
+    """
+    decision = decide_claim(_NewRun(run_key), now=0.0, owner=owner, lease_seconds=lease_seconds)
+    assert isinstance(decision, Granted)  # a new run is never terminal nor held
+    return decision
+
+
 def fence(claim: Claim) -> dict[str, str | int]:
     """Return the run fields a fenced write requires, with the values they must have (C25).
 
@@ -157,6 +190,11 @@ def fence(claim: Claim) -> dict[str, str | int]:
     clause, the memory store compares them with :func:`holds`.
     """
     return {"run_key": claim.run_key, "owner": claim.owner, "attempt": claim.attempt}
+
+
+def fence_columns() -> tuple[str, ...]:
+    """The run fields :func:`fence` requires, for a store that builds its fenced statements once (C25)."""
+    return ("run_key", "owner", "attempt")
 
 
 def holds(run: RunState, claim: Claim) -> bool:

@@ -9,6 +9,22 @@ Why it is built the way it is:
 - **SQLite writers queue instead of deadlocking.** pysqlite's own transaction
   handling is switched off and every write transaction starts with ``BEGIN
   IMMEDIATE``; the file opens in WAL mode with a 30 s busy timeout.
+- **SQLite commits without an fsync each (``synchronous=NORMAL``).** Under WAL
+  this is safe against a crashed *process* (a committed step is in the WAL
+  file, which the next opener replays); only a power loss or an OS crash may
+  lose the last commits (never corrupt the file). ``?synchronous=full`` in the
+  URL restores an fsync per commit.
+- **No pre-ping per step.** A ping is a round trip, as much as a step's own
+  statement. At checkout a pooled connection is checked locally instead: input
+  waiting on its idle socket means the server closed it (it is replaced before
+  use); one idle in the pool for more than 10 seconds is pinged as well. A connection the server dropped while in steady
+  use fails its statement instead; the store then retries the transaction
+  once on a fresh connection, unless the failure hit its ``COMMIT`` (or an
+  autocommitted statement), whose outcome is then unknown
+  (:class:`StoreUnavailable`, C28). MySQL/MariaDB connections are also
+  recycled after an hour, below the server's default ``wait_timeout``, and
+  rolled back on return to the pool only when a transaction is open (PyMySQL
+  would otherwise send a ``ROLLBACK`` round trip after every commit).
 - **MySQL/MariaDB sessions.** Our engines run ``READ COMMITTED`` (no gap locks)
   with the session time zone at UTC so ``UNIX_TIMESTAMP(NOW(6))`` is exact.
 - **Processes and forks.** Celery prefork and Dramatiq fork worker processes; a
@@ -23,6 +39,7 @@ Why it is built the way it is:
 from __future__ import annotations
 
 import os
+import select
 import sqlite3
 import time
 import weakref
@@ -56,6 +73,13 @@ READ_ONLY = "flexiq_read_only"
 """The execution option that marks a read-only transaction (SQLite then takes no write lock)."""
 
 _SQLITE_BUSY_TIMEOUT_MS = 30_000
+SQLITE_SYNCHRONOUS = "synchronous"
+"""The SQLite URL option choosing ``PRAGMA synchronous`` (``normal``, the default, or ``full``/``extra``)."""
+_SQLITE_SYNCHRONOUS_LEVELS = ("normal", "full", "extra")
+_MYSQL_POOL_RECYCLE_S = 3600
+_PING_IF_IDLE_S = 10.0
+_IN_TRANSACTION = 1  # the MySQL protocol's SERVER_STATUS_IN_TRANS flag
+_IDLE_SINCE = "flexiq_idle_since"
 _CONNECT_TIMEOUT_S = 10
 _DRIVERS = {
     "postgresql": "postgresql+psycopg",
@@ -125,14 +149,14 @@ def create_engine(url: URL) -> Engine:
     """
     backend = url.get_backend_name()
     kwargs: dict[str, Any] = {}
+    synchronous = _sqlite_synchronous(url) if backend == "sqlite" else None
+    url = url.difference_update_query([SQLITE_SYNCHRONOUS]) if backend == "sqlite" else url
     if backend == "sqlite" and _is_memory_sqlite(url):
         kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
-    elif backend != "sqlite":
-        kwargs["pool_pre_ping"] = True
     if backend == "postgresql" and "connect_timeout" not in url.query:
         kwargs["connect_args"] = {"connect_timeout": _CONNECT_TIMEOUT_S}
     if backend in ("mysql", "mariadb"):
-        kwargs["isolation_level"] = "READ COMMITTED"
+        kwargs.update(isolation_level="READ COMMITTED", pool_recycle=_MYSQL_POOL_RECYCLE_S, pool_reset_on_return=None)
     try:
         engine = sa.create_engine(url, **kwargs)
     except ImportError as exc:
@@ -141,14 +165,80 @@ def create_engine(url: URL) -> Engine:
     except (sa_exc.ArgumentError, TypeError) as exc:
         raise ConfigurationError(f"cannot create an engine for {safe_url(url)}: {exc}") from exc
     if backend == "sqlite":
-        _install_sqlite_events(engine, wal=not _is_memory_sqlite(url))
-    elif backend in ("mysql", "mariadb"):
+        _install_sqlite_events(engine, wal=not _is_memory_sqlite(url), synchronous=synchronous or "normal")
+    else:
+        _install_idle_ping(engine)
+    if backend in ("mysql", "mariadb"):
         event.listen(engine, "connect", _on_mysql_connect)
+        event.listen(engine.pool, "reset", _reset_mysql_if_in_transaction)
     return engine
 
 
-def _install_sqlite_events(engine: Engine, *, wal: bool) -> None:
-    """The pysqlite ``BEGIN IMMEDIATE`` recipe, WAL mode and a busy timeout.
+def _install_idle_ping(engine: Engine) -> None:
+    """Check a pooled connection at checkout without a round trip; ping it only if it sat idle long.
+
+    A connection whose socket has input waiting while no statement is in
+    flight was closed by the server (it sent its goodbye, or EOF): a local
+    ``poll`` with no timeout sees that. One idle for more than
+    ``_PING_IF_IDLE_S`` is also pinged. Either way a dead one raises
+    :class:`~sqlalchemy.exc.DisconnectionError`, on which the pool discards
+    it and checks out (or opens) another: SQLAlchemy's pessimistic recipe,
+    without a round trip per step.
+    """
+
+    def on_checkin(_dbapi_connection: Any, record: Any) -> None:
+        record.info[_IDLE_SINCE] = time.monotonic()
+
+    def on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.pop(_IDLE_SINCE, None)
+        if _closed_by_server(dbapi_connection):
+            raise sa_exc.DisconnectionError("the server closed this pooled connection")
+        if since is None or time.monotonic() - since <= _PING_IF_IDLE_S:
+            return
+        try:
+            alive = engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:
+            raise sa_exc.DisconnectionError(f"an idle pooled connection is dead: {exc}") from exc
+        if not alive:
+            raise sa_exc.DisconnectionError("an idle pooled connection is dead")
+
+    event.listen(engine, "checkin", on_checkin)
+    event.listen(engine, "checkout", on_checkout)
+
+
+def _closed_by_server(dbapi_connection: Any) -> bool:
+    """Whether an idle connection's socket has input waiting (the server closed it); no round trip."""
+    sock = getattr(dbapi_connection, "_sock", None)  # PyMySQL
+    try:
+        fd = sock.fileno() if sock is not None else dbapi_connection.fileno()  # psycopg
+    except Exception:
+        return False
+    if fd < 0:
+        return True
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([fd], [], [], 0)
+    return bool(readable)
+
+
+def _sqlite_synchronous(url: URL) -> str | None:
+    """The ``synchronous`` URL option, checked; ``None`` when absent."""
+    raw = url.query.get(SQLITE_SYNCHRONOUS)
+    if raw is None:
+        return None
+    value = str(raw).lower()
+    if value not in _SQLITE_SYNCHRONOUS_LEVELS:
+        raise ConfigurationError(
+            f"the SQLite option {SQLITE_SYNCHRONOUS}={raw!r} in {safe_url(url)} is not one of "
+            f"{', '.join(_SQLITE_SYNCHRONOUS_LEVELS)}"
+        )
+    return value
+
+
+def _install_sqlite_events(engine: Engine, *, wal: bool, synchronous: str) -> None:
+    """The pysqlite ``BEGIN IMMEDIATE`` recipe, WAL mode, ``PRAGMA synchronous`` and a busy timeout.
 
     pysqlite's own transaction handling is switched off (``isolation_level =
     None``) and every write transaction starts with ``BEGIN IMMEDIATE``, which
@@ -164,6 +254,7 @@ def _install_sqlite_events(engine: Engine, *, wal: bool) -> None:
             cursor.execute(f"PRAGMA busy_timeout = {_SQLITE_BUSY_TIMEOUT_MS}")
             if wal:
                 _enable_wal(cursor)
+                cursor.execute(f"PRAGMA synchronous = {synchronous.upper()}")
         finally:
             cursor.close()
 
@@ -193,6 +284,17 @@ def _enable_wal(cursor: Any) -> None:
             if "locked" not in str(exc) or time.monotonic() > deadline:
                 raise
             time.sleep(0.02)
+
+
+def _reset_mysql_if_in_transaction(dbapi_connection: Any, _record: Any, _state: Any) -> None:
+    """Roll back a connection returned to the pool only if the server says a transaction is open.
+
+    The pool's own reset (``reset_on_return``, off for our MySQL/MariaDB
+    engines) would send a ``ROLLBACK`` at every return, a round trip even after
+    a commit; PyMySQL keeps the server's in-transaction flag from its last reply.
+    """
+    if getattr(dbapi_connection, "server_status", _IN_TRANSACTION) & _IN_TRANSACTION:
+        dbapi_connection.rollback()
 
 
 def _on_mysql_connect(dbapi_connection: Any, _record: Any) -> None:

@@ -9,13 +9,16 @@ their own modules, each with its reasons):
   ``NOW(6)``, SQLite ``julianday('now')``). A worker whose own clock runs an hour
   ahead therefore cannot see a live lease as expired and steal the claim.
 - **One transaction per interface call (C9, C25).** ``begin`` inserts the run if
-  absent and locks its row (``SELECT … FOR UPDATE``; SQLite serializes writers
-  with ``BEGIN IMMEDIATE`` instead), so two deliveries of one job decide
-  Finished / Busy / claim one after the other; ``mark_recovered`` locks the row
-  the same way. ``renew``, ``commit_step`` and ``finish`` open with an ``UPDATE
-  … WHERE run_key AND owner AND attempt``: a zero row count means another
-  attempt took the run over, and the transaction is rolled back before
-  anything is written (:class:`ClaimLost`). What each decision is (claim,
+  absent and locks its row (an upsert that returns the row; SQLite serializes
+  writers with ``BEGIN IMMEDIATE`` as well), so two deliveries of one job decide
+  Finished / Busy / claim one after the other; a run not stored yet is
+  inserted already claimed in one statement. ``mark_recovered`` locks the row
+  the same way. ``renew``, ``commit_step`` and ``finish`` are fenced ``UPDATE …
+  WHERE run_key AND owner AND attempt``: a zero row count means another
+  attempt took the run over, and nothing is written (:class:`ClaimLost`). The
+  hot paths (a step, a start, a finish) are folded into as few statements as
+  each database allows, in :mod:`.folded` (one autocommitted statement each on
+  PostgreSQL). What each decision is (claim,
   busy, finished, fenced out, recoverable) is not written here but in
   :mod:`flexiq_plugins._store.claims`, shared with the memory store.
 - **MySQL's insert-if-absent takes the row lock itself.** ``INSERT … ON
@@ -39,7 +42,6 @@ from typing import Any, Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import StaticPool
 
@@ -76,11 +78,12 @@ from ..base import (
     StepRow,
     StepStore,
 )
-from ..claims import Granted, already_committed, claim_lost, decide_claim, fence, holds, may_recover
+from ..claims import Granted, already_committed, claim_lost, claim_of_new_run, decide_claim, fence, holds, may_recover
 from ..control import WAITER_STATUSES, may_settle_cancelled, poll_result
 from ..step_attempts import decide_step_attempt, failed_attempt, retry_cut_position
 from .engine import READ_ONLY, bad_store_message, create_engine, normalize_url, register_fork_hook, safe_url
 from .errors import describe, is_deadlock, is_missing_table, translated
+from .folded import Folded
 from .mapping import (
     attempt_values,
     dead_letter_record,
@@ -106,6 +109,15 @@ _CLOCKS = {
 }
 
 T = TypeVar("T")
+
+
+class _Dropped(Exception):
+    """A transaction's connection was found dead (the server closed it): retried once if not at the commit."""
+
+    def __init__(self, error: sa_exc.DBAPIError, committing: bool) -> None:
+        super().__init__(str(error))
+        self.error = error
+        self.committing = committing
 
 
 class _Executes(Protocol):
@@ -154,6 +166,7 @@ class SqlStepStore(StepStore):
             _CLOCKS[self._dialect], type_=sa.Double(asdecimal=False)
         )
         self._t = store_tables(table_prefix)
+        self._folded = Folded(self._t, self._clock, self._dialect)
         self._prefix = table_prefix
         self._schema_ready = not auto_upgrade
         # One shared connection (in-memory SQLite) must not run two transactions at once.
@@ -223,28 +236,70 @@ class SqlStepStore(StepStore):
         """Run ``work`` in one read-only transaction."""
         return self._run(work, read_only=True)
 
-    def _run(self, work: Callable[[Connection], T], *, read_only: bool) -> T:
+    def _single_statement(self, work: Callable[[Connection], T]) -> T:
+        """Run ``work``, which sends exactly one write statement, autocommitted where that saves round trips.
+
+        On PostgreSQL the statement commits by itself (one round trip instead
+        of ``BEGIN``, the statement and ``COMMIT``); elsewhere it runs in a
+        transaction as :meth:`_write` does.
+        """
+        return self._run(work, read_only=False, autocommit=self._dialect == "postgresql")
+
+    def _run(self, work: Callable[[Connection], T], *, read_only: bool, autocommit: bool = False) -> T:
         retries = _DEADLOCK_RETRIES
         while True:
             try:
                 with translated(self._engine):
-                    return self._once(work, read_only=read_only)
+                    return self._once(work, read_only=read_only, autocommit=autocommit)
             except StoreUnavailable as exc:
                 if not (retries and is_deadlock(exc.__cause__)):
                     raise
                 retries -= 1
                 time.sleep(0.01 * (_DEADLOCK_RETRIES - retries))
 
-    def _once(self, work: Callable[[Connection], T], *, read_only: bool) -> T:
+    def _once(self, work: Callable[[Connection], T], *, read_only: bool, autocommit: bool = False) -> T:
         guard: AbstractContextManager[Any] = self._serial if self._shared_connection else nullcontext()
         with guard:
             self._ensure_schema()
-            if read_only:
-                with self._engine.connect() as conn:
+            try:
+                return self._transaction(work, read_only=read_only, autocommit=autocommit)
+            except _Dropped as dropped:  # a pooled connection the server had closed: once more, on a new one
+                if dropped.committing:
+                    raise dropped.error  # noqa: B904 - the driver error, as translated() expects
+            try:
+                return self._transaction(work, read_only=read_only, autocommit=autocommit)
+            except _Dropped as dropped:
+                raise dropped.error  # noqa: B904 - the driver error, as translated() expects
+
+    def _transaction(self, work: Callable[[Connection], T], *, read_only: bool, autocommit: bool) -> T:
+        """Run ``work`` in one transaction on a pooled connection (pinged only after idling, see :mod:`.engine`).
+
+        With ``autocommit``, ``work`` is one statement that the database commits
+        by itself (no ``BEGIN``/``COMMIT`` round trips); a drop during it leaves
+        the outcome unknown, as a drop at a ``COMMIT`` does.
+
+        Raises:
+          _Dropped: the connection turned out dead; ``committing`` says whether
+            that was at the ``COMMIT`` (the outcome is unknown) or before it
+            (nothing was committed: safe to run again).
+        """
+        committing = autocommit
+        try:
+            with self._engine.connect() as conn:
+                if read_only:
                     conn.execution_options(**{READ_ONLY: True})
                     return work(conn)
-            with self._engine.begin() as conn:
-                return work(conn)
+                if autocommit:
+                    conn.execution_options(isolation_level="AUTOCOMMIT")
+                with conn.begin() as transaction:
+                    result = work(conn)
+                    committing = True
+                    transaction.commit()
+                    return result
+        except sa_exc.DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise _Dropped(exc, committing) from exc
+            raise
 
     def _now(self, conn: _Executes) -> float:
         return float(conn.execute(sa.select(self._clock)).scalar_one())
@@ -284,6 +339,12 @@ class SqlStepStore(StepStore):
           StoreError: the envelope is not JSON-compatible, or another database error.
         """
         envelope_json = dump_envelope(envelope)
+        if self._folded.claims_new_runs:
+            begun = self._begin_new_run(
+                run_key, job_id, envelope, envelope_json, owner=owner, lease_seconds=lease_seconds
+            )
+            if begun is not None:
+                return begun
         return self._write(
             lambda conn: self._begin(
                 conn,
@@ -296,6 +357,29 @@ class SqlStepStore(StepStore):
             )
         )
 
+    def _begin_new_run(
+        self, run_key: str, job_id: str, envelope: JobEnvelope, envelope_json: str, *, owner: str, lease_seconds: float
+    ) -> Begun | None:
+        """The first delivery of a run not stored yet: insert it claimed, in one statement (PostgreSQL, SQLite).
+
+        ``None`` if the run exists (nothing was written): :meth:`begin` then
+        claims it in its usual transaction.
+        """
+        granted = claim_of_new_run(run_key, owner=owner, lease_seconds=lease_seconds)
+        row = self._single_statement(
+            lambda conn: self._folded.claim_new_run(
+                conn, run_key, envelope, envelope_json, job_id=job_id, granted=granted
+            )
+        )
+        if row is None:
+            return None
+        claim = dataclasses.replace(granted.claim(run_key), lease_until=float(row.lease_until))
+        stored = load_envelope(
+            envelope_json, task_name=envelope.task_name, framework=envelope.framework, queue=envelope.queue
+        )
+        now = float(row.created_at)
+        return Begun(claim, (), now, granted.takeovers, stored, now, None)
+
     def _begin(
         self,
         conn: Connection,
@@ -307,44 +391,16 @@ class SqlStepStore(StepStore):
         owner: str,
         lease_seconds: float,
     ) -> BeginResult:
-        runs = self._t.runs
-        conn.execute(self._insert_run_if_absent(run_key, envelope, envelope_json))
-        run = conn.execute(sa.select(runs).where(runs.c.run_key == run_key).with_for_update()).one()
-        now = self._now(conn)
+        run = self._folded.lock_run(conn, run_key, envelope, envelope_json)
+        now = float(run.now)
         decision = decide_claim(run, now=now, owner=owner, lease_seconds=lease_seconds)
         if not isinstance(decision, Granted):
             return decision
-        conn.execute(
-            sa.update(runs).where(runs.c.run_key == run_key).values(**decision.values(), job_id=job_id, updated_at=now)
-        )
-        snapshot = tuple(self._steps_of(conn, run_key))
+        claimed = {**decision.values(), "job_id": job_id, "updated_at": now}
+        snapshot = tuple(step_row(r) for r in self._folded.claim_and_snapshot(conn, run_key, claimed))
         stored = load_envelope(run.envelope, task_name=run.task_name, framework=run.framework, queue=run.queue)
         claim = decision.claim(run_key)
         return Begun(claim, snapshot, now, decision.takeovers, stored, run.created_at, run.cancel_reason)
-
-    def _insert_run_if_absent(self, run_key: str, envelope: JobEnvelope, envelope_json: str) -> sa.Insert:
-        values = {
-            "run_key": run_key,
-            "task_name": envelope.task_name,
-            "framework": envelope.framework,
-            "queue": envelope.queue,
-            "status": "pending",
-            "attempt": 0,
-            "takeovers": 0,
-            "envelope": envelope_json,
-            "step_count": 0,
-            "step_bytes": 0,
-            "created_at": self._clock,
-            "updated_at": self._clock,
-        }
-        runs = self._t.runs
-        if self._dialect == "postgresql":
-            return postgresql.insert(runs).values(values).on_conflict_do_nothing(index_elements=["run_key"])
-        if self._dialect == "sqlite":
-            return sqlite.insert(runs).values(values).on_conflict_do_nothing(index_elements=["run_key"])
-        stmt = mysql.insert(runs).values(values)
-        # Unlike INSERT IGNORE, this X-locks an existing row: no S→X upgrade deadlock.
-        return stmt.on_duplicate_key_update(run_key=stmt.inserted.run_key)
 
     def renew(self, claim: Claim, lease_seconds: float) -> Claim:
         """Extend the lease to the database's ``now + lease_seconds`` (C23).
@@ -370,7 +426,8 @@ class SqlStepStore(StepStore):
     def commit_step(self, claim: Claim, row: StepRow) -> StepRow:
         """Insert one step row and update the run's step totals (C5, C9).
 
-        One transaction, fenced on the claim.
+        One transaction, fenced on the claim, in as few statements as the
+        database allows (one on PostgreSQL: :mod:`.folded`).
 
         Parameters:
           claim(Claim): the attempt's claim.
@@ -387,13 +444,10 @@ class SqlStepStore(StepStore):
           StoreUnavailable: the database cannot be reached.
         """
 
-        def work(conn: Connection) -> tuple[StepRow, str | None]:
-            now, cancel = self._clock_and_cancel(conn, claim.run_key)
-            return self._commit_step(conn, claim, row, now), cancel
-
-        stored, cancel = self._write(work)
-        if cancel is not None:
-            raise CancelRequested(cancel, stored)
+        written = self._single_statement(lambda conn: self._folded.commit_step(conn, claim, row))
+        stored = dataclasses.replace(row, committed_at=written.now, attempt=claim.attempt)
+        if written.cancel_reason is not None:
+            raise CancelRequested(written.cancel_reason, stored)
         return stored
 
     def _clock_and_cancel(self, conn: Connection, run_key: str) -> tuple[float, str | None]:
@@ -636,43 +690,27 @@ class SqlStepStore(StepStore):
           StoreUnavailable: the database cannot be reached.
         """
 
+        values: dict[str, Any] = {
+            "status": status,
+            "owner": None,
+            "lease_until": None,
+            "wake_at": wake_at,
+            "outcome": outcome,
+        }
+        if drop_steps:
+            values.update(step_count=0, step_bytes=0)
+        if self._dialect == "postgresql" and dead_letter is None:  # one statement, autocommitted
+            self._single_statement(lambda conn: self._folded.finish_in_one(conn, claim, values, drop_steps))
+            return
+
         def work(conn: Connection) -> None:
-            now = self._now(conn)
-            values: dict[str, Any] = {
-                "status": status,
-                "owner": None,
-                "lease_until": None,
-                "updated_at": now,
-                "wake_at": wake_at,
-                "outcome": outcome,
-            }
-            if drop_steps:
-                values.update(step_count=0, step_bytes=0)
-            self._fenced_update(conn, claim, **values)
+            self._folded.finish(conn, claim, values, dead_letter)
             if drop_steps:
                 steps, attempts = self._t.steps, self._t.attempts
                 conn.execute(sa.delete(steps).where(steps.c.run_key == claim.run_key))
                 conn.execute(sa.delete(attempts).where(attempts.c.run_key == claim.run_key))
-            if dead_letter is not None:
-                self._add_dead_letter(conn, claim.run_key, dead_letter, now)
 
         self._write(work)
-
-    def _add_dead_letter(self, conn: Connection, run_key: str, dead: NewDeadLetter, now: float) -> None:
-        runs = self._t.runs
-        run = conn.execute(sa.select(runs.c.task_name, runs.c.envelope).where(runs.c.run_key == run_key)).one()
-        conn.execute(
-            sa.insert(self._t.dead).values(
-                run_key=run_key,
-                job_id=dead.job_id,
-                task_name=run.task_name,
-                reason=dead.reason,
-                message=dead.message,
-                traceback=dead.traceback,
-                envelope=run.envelope,
-                created_at=now,
-            )
-        )
 
     def settle_failed(self, run_key: str, attempt: int) -> bool:
         """Mark a ``retrying`` run ``failed`` once the framework gives up.

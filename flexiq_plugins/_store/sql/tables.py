@@ -159,10 +159,11 @@ def _runs(metadata: sa.MetaData, p: str) -> sa.Table:
         sa.Column("wait_key", ExactKey(255), nullable=True),
         sa.Column("cancel_reason", _text(), nullable=True),
         sa.Column("outcome", _blob(), nullable=True),
-        sa.Index(f"ix_{p}runs_status_updated", "status", "updated_at"),
+        # Each listing index ends with run_key: list_runs orders by (updated_at, run_key) (migration 0008).
+        sa.Index(f"ix_{p}runs_status_updated_key", "status", "updated_at", "run_key"),
         sa.Index(f"ix_{p}runs_wait", "wait_topic", "wait_key"),
-        sa.Index(f"ix_{p}runs_updated", "updated_at"),
-        sa.Index(f"ix_{p}runs_task_name", "task_name"),
+        sa.Index(f"ix_{p}runs_updated_key", "updated_at", "run_key"),
+        sa.Index(f"ix_{p}runs_task_updated_key", "task_name", "updated_at", "run_key"),
         **_MYSQL,
     )
 

@@ -1,0 +1,130 @@
+"""The Celery app and the Dramatiq actors :mod:`benchmarks.bench_throughput` runs in real worker processes.
+
+Configured from the environment (the worker is a subprocess):
+``FLEXIQ_BENCH_QUEUE`` (queue and table-prefix stem), ``FLEXIQ_STORE_URL``
+(the step store), ``FLEXIQ_BENCH_REDIS`` (broker and the counters),
+``FLEXIQ_BENCH_RESULTS=1`` (Celery: store results in Redis).
+
+Each job runs ``k`` trivial steps (``k`` = 3 or 5): durable ones through
+``current_job.step.run``, or, for the plain task, the same functions called
+directly in a task declared ``durable=False``. Its last act is an ``INCR`` of
+a Redis counter (and the first job sets the start time), so the benchmark
+sees completions without a result backend.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import zlib
+from typing import Any
+
+import redis
+
+from flexiq_plugins import SqlStepStore, current_job
+
+QUEUE = os.environ.get("FLEXIQ_BENCH_QUEUE", "flexiq-bench")
+REDIS_URL = os.environ.get("FLEXIQ_BENCH_REDIS", "redis://127.0.0.1:6379/14")
+STORE_URL = os.environ.get("FLEXIQ_STORE_URL", "postgresql://postgres@127.0.0.1:5432/test")
+PREFIX = f"fqb{zlib.crc32(QUEUE.encode()):08x}_"  # short: index names carry it (PostgreSQL: 63 characters)
+_redis = redis.Redis.from_url(REDIS_URL)
+
+
+def store() -> SqlStepStore:
+    """The step store of this benchmark run (its own table prefix)."""
+    return SqlStepStore(STORE_URL, table_prefix=PREFIX)
+
+
+def _done() -> None:
+    now = time.time()
+    _redis.set(f"{QUEUE}:first", now, nx=True)
+    _redis.set(f"{QUEUE}:last", now)
+    _redis.incr(f"{QUEUE}:done")
+
+
+def _step(i: int) -> int:
+    return i
+
+
+def plain_body(k: int) -> None:
+    """The plain task: ``k`` calls, then done."""
+    for i in range(k):
+        _step(i)
+    _done()
+
+
+def durable_body(k: int) -> None:
+    """The durable task: ``k`` durable steps, then done."""
+    for i in range(k):
+        current_job.step.run(f"s{i}", lambda i=i: _step(i))
+    _done()
+
+
+# ----------------------------------------------------------------- Celery
+def celery_app() -> Any:
+    """The Celery app with ``plain(k)`` (``durable=False``) and ``durable(k)``."""
+    from celery import Celery
+
+    import celery_ext
+
+    results = os.environ.get("FLEXIQ_BENCH_RESULTS") == "1"  # a Redis result backend, as many deployments have
+    app = Celery(QUEUE, broker=REDIS_URL, backend=REDIS_URL if results else None, set_as_current=False)
+    app.conf.update(
+        task_default_queue=QUEUE,
+        task_ignore_result=not results,
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        worker_prefetch_multiplier=4,
+    )
+    celery_ext.install(app, store=store())
+
+    @app.task(name="bench.plain", durable=False)
+    def plain(k: int) -> None:
+        plain_body(k)
+
+    @app.task(name="bench.durable")
+    def durable(k: int) -> None:
+        durable_body(k)
+
+    return app
+
+
+# ---------------------------------------------------------------- Dramatiq
+def dramatiq_broker() -> Any:
+    """The Dramatiq Redis broker with :class:`~dramatiq_ext.DurableSteps` and the two actors."""
+    import dramatiq
+    from dramatiq.brokers.redis import RedisBroker
+
+    from dramatiq_ext import DurableSteps
+
+    broker = RedisBroker(url=REDIS_URL, namespace=QUEUE)
+    broker.add_middleware(DurableSteps(store=store()))
+    dramatiq.set_broker(broker)
+
+    @dramatiq.actor(actor_name="bench_plain", queue_name=QUEUE, durable=False, max_retries=0)
+    def bench_plain(k: int) -> None:
+        plain_body(k)
+
+    @dramatiq.actor(actor_name="bench_durable", queue_name=QUEUE, max_retries=0)
+    def bench_durable(k: int) -> None:
+        durable_body(k)
+
+    return broker
+
+
+def enqueue(kind: str, k: int, jobs: int) -> None:
+    """Publish ``jobs`` jobs of ``kind`` (``plain`` or ``durable``) with ``k`` steps, through the installed app."""
+    if os.environ.get("FLEXIQ_BENCH_FRAMEWORK") == "celery":
+        task = app.tasks[f"bench.{kind}"]
+        for _ in range(jobs):
+            task.delay(k)
+    else:
+        actor = broker.get_actor(f"bench_{kind}")
+        for _ in range(jobs):
+            actor.send(k)
+
+
+if os.environ.get("FLEXIQ_BENCH_FRAMEWORK") == "celery":
+    app = celery_app()
+elif os.environ.get("FLEXIQ_BENCH_FRAMEWORK") == "dramatiq":
+    broker = dramatiq_broker()

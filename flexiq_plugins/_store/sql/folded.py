@@ -1,0 +1,373 @@
+"""The hot paths (a new step, an attempt's start and finish) folded into as few statements as each database allows.
+
+Why it is built the way it is: a step's cost is its round trips. The rules
+are the store's (:mod:`flexiq_plugins._store.claims`): every write is fenced
+on the claim ``(run_key, owner, attempt)``, times are the database's clock
+read after the run's row is locked (C23), and a fence that matches nothing
+writes nothing (C25). Only how many statements carry them changes:
+
+- **A new step** on PostgreSQL is *one* statement: a ``WITH`` whose first part
+  is the fenced ``UPDATE`` of the run (it locks the row, stamps the clock and
+  ``RETURNING`` the cancellation request) and whose second part ``INSERT …
+  SELECT``\\ s the step row from it, so no row is inserted unless the fence
+  held. SQLite (3.35 or later: ``RETURNING``) needs two statements, the fenced
+  ``UPDATE … RETURNING`` and the ``INSERT``; MySQL/MariaDB (no ``UPDATE …
+  RETURNING``) three: the fenced ``UPDATE``, a read of what it stamped, the
+  ``INSERT``.
+- **An attempt start** inserts the run if absent and locks it in one upsert
+  that returns the row and the clock (PostgreSQL, SQLite: ``ON CONFLICT DO
+  UPDATE … RETURNING``; MySQL/MariaDB: the upsert, then one locking read with
+  the clock). The claim is decided in Python by
+  :func:`~flexiq_plugins._store.claims.decide_claim`; when granted, the claim
+  is written and the snapshot read in one more statement on PostgreSQL (a
+  ``WITH … UPDATE`` in front of the ``SELECT`` of the steps, whose snapshot
+  is taken after the lock, so no step the previous holder committed is
+  missed), two elsewhere.
+- **A finish** stamps the clock inside its fenced ``UPDATE`` (no separate
+  clock read), and a dead letter copies the run's task, envelope and that
+  stamp with one ``INSERT … SELECT``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import mysql, postgresql, sqlite
+from sqlalchemy.engine import Connection
+
+from ..base import Claim, JobEnvelope, NewDeadLetter, StepRow
+from ..claims import Granted, already_committed, claim_lost, fence, fence_columns
+from .mapping import step_values
+from .tables import StoreTables
+
+__all__ = ["Folded", "StepWritten"]
+
+_SQLITE_RETURNING = sqlite3.sqlite_version_info >= (3, 35)
+
+
+@dataclass(frozen=True)
+class StepWritten:
+    """A step committed by :meth:`Folded.commit_step`: the database's clock then, and a requested cancellation.
+
+    Parameters:
+      now(float): the run's new ``updated_at`` = the step's ``committed_at``, epoch seconds.
+      cancel_reason(str | None): the run's requested cancellation, if any (C34).
+    """
+
+    now: float
+    cancel_reason: str | None
+
+
+def _p(name: str, column: sa.Column[Any] | None = None, prefix: str = "p_") -> sa.BindParameter[Any]:
+    """A named parameter (prefixed: an ``UPDATE`` reserves its columns' own names)."""
+    return sa.bindparam(f"{prefix}{name}", type_=None if column is None else column.type)
+
+
+def _v(name: str, column: sa.Column[Any]) -> sa.BindParameter[Any]:
+    """A parameter for the value an ``UPDATE`` sets (apart from the ``p_`` ones of its ``WHERE``)."""
+    return _p(name, column, prefix="v_")
+
+
+class Folded:
+    """The folded statements of one store's tables on one dialect, built once and executed with parameters.
+
+    Statements are built here, not per call: SQLAlchemy then reuses their
+    compiled form without even rebuilding their cache keys, which costs more
+    than a local round trip (SQLite).
+
+    Parameters:
+      tables(StoreTables): the store's tables.
+      clock(ColumnElement[float]): the database's clock, epoch seconds (C23).
+      dialect(str): ``postgresql``, ``sqlite``, ``mysql`` or ``mariadb``.
+    """
+
+    def __init__(self, tables: StoreTables, clock: sa.ColumnElement[float], dialect: str) -> None:
+        self._t = tables
+        self._clock = clock
+        self._dialect = dialect
+        self._returning = dialect == "postgresql" or (dialect == "sqlite" and _SQLITE_RETURNING)
+        runs, steps = tables.runs, tables.steps
+        self._fence = [runs.c[name] == _p(name, runs.c[name]) for name in fence_columns()]
+        self._counted = (
+            sa.update(runs)
+            .where(*self._fence)
+            .values(
+                step_count=runs.c.step_count + 1,
+                step_bytes=runs.c.step_bytes + _p("size", runs.c.step_bytes),
+                updated_at=clock,
+            )
+        )
+        self._counted_returning = self._counted.returning(runs.c.updated_at, runs.c.cancel_reason)
+        self._stamp = sa.select(runs.c.updated_at, runs.c.cancel_reason).where(runs.c.run_key == _p("run_key"))
+        self._insert_step = sa.insert(steps)
+        self._step_pg = self._step_statement_postgresql()
+        self._snapshot = sa.select(steps).where(steps.c.run_key == _p("run_key")).order_by(steps.c.position)
+        self._statements: dict[tuple[str, ...], sa.Executable] = {}
+        self._lock_run: tuple[sa.Executable, sa.Executable | None] | None = None
+        self._claim_new: sa.Executable | None = None
+        self._dead = self._dead_letter_statement()
+
+    def _params(self, claim: Claim, **more: Any) -> dict[str, Any]:
+        return {**{f"p_{k}": v for k, v in fence(claim).items()}, **{f"p_{k}": v for k, v in more.items()}}
+
+    # ------------------------------------------------------------ a new step
+    def commit_step(self, conn: Connection, claim: Claim, row: StepRow) -> StepWritten:
+        """Insert ``row`` and count it in the run, fenced on ``claim``, in the caller's transaction (C5, C9, C25).
+
+        Raises:
+          ClaimLost: the claim no longer holds the run, or the step key is
+            already committed; nothing was written.
+        """
+        try:
+            if self._dialect == "postgresql":
+                written = self._step_postgresql(conn, claim, row)
+            elif self._returning:
+                written = self._step_returning(conn, claim, row)
+            else:
+                written = self._step_plain(conn, claim, row)
+        except sa_exc.IntegrityError as exc:
+            raise already_committed(claim, row.step_key) from exc
+        if written is None:
+            raise claim_lost(claim)
+        return written
+
+    def _step_columns(self, claim: Claim, row: StepRow, now: float | None = None) -> dict[str, Any]:
+        values = step_values(row)
+        values.update(run_key=claim.run_key, attempt=claim.attempt, committed_at=now)
+        return values
+
+    def _step_statement_postgresql(self) -> sa.Select[Any]:
+        steps = self._t.steps
+        held = self._counted_returning.cte("held")
+        names = [c.name for c in steps.c if c.name not in ("run_key", "attempt", "committed_at")]
+        source = sa.select(
+            _p("run_key", steps.c.run_key),
+            _p("attempt", steps.c.attempt),
+            held.c.updated_at,
+            *(_p(f"s_{name}", steps.c[name]) for name in names),
+        ).select_from(held)
+        wrote = sa.insert(steps).from_select(["run_key", "attempt", "committed_at", *names], source).cte("wrote")
+        return sa.select(held.c.updated_at, held.c.cancel_reason).add_cte(wrote)
+
+    def _step_postgresql(self, conn: Connection, claim: Claim, row: StepRow) -> StepWritten | None:
+        values = step_values(row)
+        del values["committed_at"], values["attempt"]
+        params = self._params(claim, size=row.size, **{f"s_{k}": v for k, v in values.items()})
+        result = conn.execute(self._step_pg, params).first()
+        return None if result is None else StepWritten(float(result.updated_at), result.cancel_reason)
+
+    def _step_returning(self, conn: Connection, claim: Claim, row: StepRow) -> StepWritten | None:
+        result = conn.execute(self._counted_returning, self._params(claim, size=row.size)).first()
+        if result is None:
+            return None
+        now = float(result.updated_at)
+        conn.execute(self._insert_step, self._step_columns(claim, row, now))
+        return StepWritten(now, result.cancel_reason)
+
+    def _step_plain(self, conn: Connection, claim: Claim, row: StepRow) -> StepWritten | None:
+        if conn.execute(self._counted, self._params(claim, size=row.size)).rowcount != 1:
+            return None
+        stamped = conn.execute(self._stamp, {"p_run_key": claim.run_key}).one()
+        now = float(stamped.updated_at)
+        conn.execute(self._insert_step, self._step_columns(claim, row, now))
+        return StepWritten(now, stamped.cancel_reason)
+
+    # ------------------------------------------------------ an attempt's start
+    @property
+    def claims_new_runs(self) -> bool:
+        """Whether :meth:`claim_new_run` is available (``INSERT … ON CONFLICT DO NOTHING RETURNING``)."""
+        return self._returning
+
+    def claim_new_run(
+        self,
+        conn: Connection,
+        run_key: str,
+        envelope: JobEnvelope,
+        envelope_json: str,
+        *,
+        job_id: str,
+        granted: Granted,
+    ) -> Any:
+        """Insert the run already claimed by ``granted`` (see :func:`claim_of_new_run`), if it does not exist.
+
+        One statement. ``granted.lease_until`` is seconds from the database's
+        clock; ``created_at`` and ``updated_at`` are that clock.
+
+        Returns:
+          Row | None: the new run's ``lease_until`` and ``created_at``; ``None``
+          when the run already exists (nothing was written: claim it the usual way).
+        """
+        if self._claim_new is None:
+            self._claim_new = self._claim_new_statement()
+        params = {
+            "p_run_key": run_key,
+            "p_task_name": envelope.task_name,
+            "p_framework": envelope.framework,
+            "p_queue": envelope.queue,
+            "p_envelope": envelope_json,
+            "p_job_id": job_id,
+            **{f"v_{k}": v for k, v in granted.values().items()},
+        }
+        return conn.execute(self._claim_new, params).first()
+
+    def _claim_new_statement(self) -> sa.Executable:
+        """``INSERT … SELECT`` from one read of the clock, so ``created_at``, ``updated_at`` and the lease agree."""
+        runs = self._t.runs
+        given = ("run_key", "task_name", "framework", "queue", "envelope", "job_id")
+        claimed = ("status", "owner", "attempt", "takeovers")
+        clock = sa.select(self._clock.label("now")).subquery("clock")
+        columns: dict[str, Any] = {name: _p(name, runs.c[name]) for name in given}
+        columns.update({name: _v(name, runs.c[name]) for name in claimed})
+        columns.update(
+            lease_until=clock.c.now + _v("lease_until", runs.c.lease_until),
+            step_count=sa.literal(0),
+            step_bytes=sa.literal(0),
+            created_at=clock.c.now,
+            updated_at=clock.c.now,
+        )
+        # WHERE true: SQLite reads an upsert's ON CONFLICT after a bare SELECT … FROM as a join's ON.
+        source = sa.select(*(value.label(name) for name, value in columns.items())).where(sa.true())
+        dialect_insert = postgresql.insert if self._dialect == "postgresql" else sqlite.insert
+        insert = dialect_insert(runs).from_select(list(columns), source)
+        insert = insert.on_conflict_do_nothing(index_elements=["run_key"])
+        return insert.returning(runs.c.lease_until, runs.c.created_at)
+
+    def lock_run(self, conn: Connection, run_key: str, envelope: JobEnvelope, envelope_json: str) -> Any:
+        """Insert the run if absent, lock its row and read it with the clock (label ``now``), after the lock.
+
+        Parameters:
+          run_key(str): the run.
+          envelope(JobEnvelope): a new run's task name, framework and queue.
+          envelope_json(str): the envelope as stored.
+
+        Returns:
+          Row: every column of the run, and ``now``.
+        """
+        params = {
+            "p_run_key": run_key,
+            "p_task_name": envelope.task_name,
+            "p_framework": envelope.framework,
+            "p_queue": envelope.queue,
+            "p_envelope": envelope_json,
+        }
+        if self._lock_run is None:
+            self._lock_run = self._lock_run_statements()
+        upsert, locked = self._lock_run
+        if locked is None:
+            return conn.execute(upsert, params).one()
+        conn.execute(upsert, params)
+        return conn.execute(locked, params).one()
+
+    def _lock_run_statements(self) -> tuple[sa.Executable, sa.Executable | None]:
+        runs = self._t.runs
+        given = {name: _p(name, runs.c[name]) for name in ("run_key", "task_name", "framework", "queue", "envelope")}
+        values = {
+            **given,
+            "status": "pending",
+            "attempt": 0,
+            "takeovers": 0,
+            "step_count": 0,
+            "step_bytes": 0,
+            "created_at": self._clock,
+            "updated_at": self._clock,
+        }
+        if self._returning:
+            dialect_insert = postgresql.insert if self._dialect == "postgresql" else sqlite.insert
+            upsert = dialect_insert(runs).values(values)
+            upsert = upsert.on_conflict_do_update(index_elements=["run_key"], set_={"attempt": runs.c.attempt})
+            return upsert.returning(*runs.c, self._clock.label("now")), None
+        stmt = mysql.insert(runs).values(values)
+        # Unlike INSERT IGNORE, this X-locks an existing row: no S→X upgrade deadlock.
+        upsert_mysql = stmt.on_duplicate_key_update(run_key=stmt.inserted.run_key)
+        locked = sa.select(*runs.c, self._clock.label("now")).where(runs.c.run_key == given["run_key"])
+        return upsert_mysql, locked.with_for_update()
+
+    def claim_and_snapshot(self, conn: Connection, run_key: str, claimed: dict[str, Any]) -> Sequence[Any]:
+        """Write the granted claim on the locked run and return its step rows, ordered by position.
+
+        Parameters:
+          run_key(str): the run, locked by :meth:`lock_run` in this transaction.
+          claimed(dict[str, Any]): the run's new column values.
+        """
+        statement, params = self._claim_statement(tuple(claimed)), {f"v_{k}": v for k, v in claimed.items()}
+        params["p_run_key"] = run_key
+        if self._dialect == "postgresql":
+            return conn.execute(statement, params).all()
+        conn.execute(statement, params)
+        return conn.execute(self._snapshot, {"p_run_key": run_key}).all()
+
+    def _claim_statement(self, names: tuple[str, ...]) -> sa.Executable:
+        """The claim's ``UPDATE``; on PostgreSQL a ``WITH`` of it in front of the snapshot's ``SELECT``."""
+        key = ("claim", *names)
+        if key not in self._statements:
+            runs = self._t.runs
+            values = {name: _v(name, runs.c[name]) for name in names}
+            claim = sa.update(runs).where(runs.c.run_key == _p("run_key")).values(**values)
+            pg = self._dialect == "postgresql"
+            self._statements[key] = self._snapshot.add_cte(claim.cte("claimed")) if pg else claim
+        return self._statements[key]
+
+    # ------------------------------------------------------------ a finish
+    def finish(self, conn: Connection, claim: Claim, values: dict[str, Any], dead: NewDeadLetter | None) -> None:
+        """End the attempt with ``values`` (``updated_at`` stamped here), fenced; record ``dead`` with it.
+
+        Raises:
+          ClaimLost: the claim no longer holds the run; nothing was written.
+        """
+        statement = self._finish_statement(tuple(values))
+        params = {**self._params(claim), **{f"v_{k}": v for k, v in values.items()}}
+        if conn.execute(statement, params).rowcount != 1:
+            raise claim_lost(claim)
+        if dead is not None:
+            given = {"job_id": dead.job_id, "reason": dead.reason, "message": dead.message, "traceback": dead.traceback}
+            conn.execute(self._dead, {f"p_{k}": v for k, v in {"run_key": claim.run_key, **given}.items()})
+
+    def finish_in_one(self, conn: Connection, claim: Claim, values: dict[str, Any], drop_steps: bool) -> None:
+        """PostgreSQL: :meth:`finish` without a dead letter, and the step rows dropped, in one statement.
+
+        A ``WITH`` whose fenced ``UPDATE`` returns the run's key, and whose
+        ``DELETE`` statements on the run's steps and step attempts read it: nothing is
+        deleted unless the fence held (C25, C27).
+
+        Raises:
+          ClaimLost: the claim no longer holds the run; nothing was written.
+        """
+        key = ("finish-one", str(drop_steps), *values)
+        if key not in self._statements:
+            self._statements[key] = self._finish_in_one_statement(tuple(values), drop_steps)
+        params = {**self._params(claim), **{f"v_{k}": v for k, v in values.items()}}
+        if conn.execute(self._statements[key], params).scalar_one() != 1:
+            raise claim_lost(claim)
+
+    def _finish_in_one_statement(self, names: tuple[str, ...], drop_steps: bool) -> sa.Executable:
+        runs, steps, attempts = self._t.runs, self._t.steps, self._t.attempts
+        values: dict[str, Any] = {name: _v(name, runs.c[name]) for name in names}
+        ended = sa.update(runs).where(*self._fence).values(**values, updated_at=self._clock)
+        held = ended.returning(runs.c.run_key).cte("ended")
+        statement = sa.select(sa.func.count()).select_from(held)
+        if drop_steps:
+            for table in (steps, attempts):
+                dropped = sa.delete(table).where(table.c.run_key.in_(sa.select(held.c.run_key)))
+                statement = statement.add_cte(dropped.cte(f"dropped_{table.name}"))
+        return statement
+
+    def _finish_statement(self, names: tuple[str, ...]) -> sa.Executable:
+        key = ("finish", *names)
+        if key not in self._statements:
+            runs = self._t.runs
+            values: dict[str, Any] = {name: _v(name, runs.c[name]) for name in names}
+            self._statements[key] = sa.update(runs).where(*self._fence).values(**values, updated_at=self._clock)
+        return self._statements[key]
+
+    def _dead_letter_statement(self) -> sa.Insert:
+        runs, letters = self._t.runs, self._t.dead
+        given = ("run_key", "job_id", "reason", "message", "traceback")
+        source = sa.select(
+            *(_p(k, letters.c[k]) for k in given), runs.c.task_name, runs.c.envelope, runs.c.updated_at
+        ).where(runs.c.run_key == _p("run_key", runs.c.run_key))
+        return sa.insert(letters).from_select([*given, "task_name", "envelope", "created_at"], source)
