@@ -76,7 +76,16 @@ from ..base import (
     StepRow,
     StepStore,
 )
-from ..claims import Granted, already_committed, claim_lost, decide_claim, fence, holds, may_recover
+from ..claims import (
+    Granted,
+    already_committed,
+    claim_lost,
+    decide_claim,
+    fence,
+    holds,
+    may_recover,
+    may_take_sweep_lease,
+)
 from ..control import WAITER_STATUSES, may_settle_cancelled, poll_result
 from ..step_attempts import decide_step_attempt, failed_attempt, retry_cut_position
 from .engine import READ_ONLY, bad_store_message, create_engine, normalize_url, register_fork_hook, safe_url
@@ -98,6 +107,7 @@ from .tables import DEFAULT_TABLE_PREFIX, store_tables
 __all__ = ["SqlStepStore"]
 
 _DEADLOCK_RETRIES = 3
+_SWEEP_LEASE = "recovery"
 _CLOCKS = {
     "postgresql": "extract(epoch from clock_timestamp())",
     "mysql": "UNIX_TIMESTAMP(NOW(6))",
@@ -322,13 +332,70 @@ class SqlStepStore(StepStore):
         claim = decision.claim(run_key)
         return Begun(claim, snapshot, now, decision.takeovers, stored, run.created_at, run.cancel_reason)
 
-    def _insert_run_if_absent(self, run_key: str, envelope: JobEnvelope, envelope_json: str) -> sa.Insert:
+    def record_queued(self, run_key: str, job_id: str, envelope: JobEnvelope) -> None:
+        """Record a new job's run as ``queued``, unless the run exists (C39); see :meth:`StepStore.record_queued`.
+
+        One statement in one transaction: an insert that does nothing on an
+        existing run key.
+
+        Raises:
+          StoreUnavailable: the database cannot be reached.
+          StoreError: the envelope is not JSON-compatible, or another database error.
+        """
+        envelope_json = dump_envelope(envelope)
+        statement = self._insert_run_if_absent(run_key, envelope, envelope_json, status="queued", job_id=job_id)
+        self._write(lambda conn: conn.execute(statement))
+
+    def acquire_sweep_lease(self, owner: str, lease_seconds: float) -> bool:
+        """Take or renew the recovery lease on the database's clock (C39); see :meth:`StepStore.acquire_sweep_lease`.
+
+        One transaction: insert the lease row if absent, lock it, decide with
+        :func:`~flexiq_plugins._store.claims.may_take_sweep_lease`, write.
+
+        Raises:
+          StoreUnavailable: the database cannot be reached.
+        """
+        sweep = self._t.sweep
+
+        def work(conn: Connection) -> bool:
+            conn.execute(self._insert_if_absent(sweep, {"name": _SWEEP_LEASE}, "name"))
+            row = conn.execute(sa.select(sweep).where(sweep.c.name == _SWEEP_LEASE).with_for_update()).one()
+            now = self._now(conn)
+            if not may_take_sweep_lease(row.owner, row.lease_until, owner=owner, now=now):
+                return False
+            values = {"owner": owner, "lease_until": now + lease_seconds}
+            conn.execute(sa.update(sweep).where(sweep.c.name == _SWEEP_LEASE).values(**values))
+            return True
+
+        return self._write(work)
+
+    def release_sweep_lease(self, owner: str) -> None:
+        """Give the recovery lease up if ``owner`` holds it (C39).
+
+        Raises:
+          StoreUnavailable: the database cannot be reached.
+        """
+        sweep = self._t.sweep
+        held = sa.and_(sweep.c.name == _SWEEP_LEASE, sweep.c.owner == owner)
+        statement = sa.update(sweep).where(held).values(owner=None, lease_until=None)
+        self._write(lambda conn: conn.execute(statement))
+
+    def _insert_run_if_absent(
+        self,
+        run_key: str,
+        envelope: JobEnvelope,
+        envelope_json: str,
+        *,
+        status: str = "pending",
+        job_id: str | None = None,
+    ) -> sa.Insert:
         values = {
             "run_key": run_key,
             "task_name": envelope.task_name,
             "framework": envelope.framework,
             "queue": envelope.queue,
-            "status": "pending",
+            "status": status,
+            "job_id": job_id,
             "attempt": 0,
             "takeovers": 0,
             "envelope": envelope_json,
@@ -337,14 +404,17 @@ class SqlStepStore(StepStore):
             "created_at": self._clock,
             "updated_at": self._clock,
         }
-        runs = self._t.runs
+        return self._insert_if_absent(self._t.runs, values, "run_key")
+
+    def _insert_if_absent(self, table: sa.Table, values: dict[str, Any], key: str) -> sa.Insert:
+        """An insert of ``values`` into ``table`` that does nothing when the primary key ``key`` exists."""
         if self._dialect == "postgresql":
-            return postgresql.insert(runs).values(values).on_conflict_do_nothing(index_elements=["run_key"])
+            return postgresql.insert(table).values(values).on_conflict_do_nothing(index_elements=[key])
         if self._dialect == "sqlite":
-            return sqlite.insert(runs).values(values).on_conflict_do_nothing(index_elements=["run_key"])
-        stmt = mysql.insert(runs).values(values)
+            return sqlite.insert(table).values(values).on_conflict_do_nothing(index_elements=[key])
+        stmt = mysql.insert(table).values(values)
         # Unlike INSERT IGNORE, this X-locks an existing row: no S→X upgrade deadlock.
-        return stmt.on_duplicate_key_update(run_key=stmt.inserted.run_key)
+        return stmt.on_duplicate_key_update({key: stmt.inserted[key]})
 
     def renew(self, claim: Claim, lease_seconds: float) -> Claim:
         """Extend the lease to the database's ``now + lease_seconds`` (C23).
