@@ -14,6 +14,7 @@ from typing import Any
 
 from flexiq_plugins.integration import (
     PAYLOAD_OPTION,
+    RECORDED_FLAG,
     JobEnvelope,
     JobInfo,
     build_envelope,
@@ -60,6 +61,7 @@ def job_info(task: Any, request: Any) -> JobInfo:
         step_retry=step_retry,
         cancellation=caps,
         eager=bool(request.is_eager),
+        recorded_at_publish=bool((request.headers or {}).get(RECORDED_FLAG) or getattr(request, RECORDED_FLAG, None)),
     )
 
 

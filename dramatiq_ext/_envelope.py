@@ -21,6 +21,7 @@ from dramatiq.message import generate_unique_id
 
 from flexiq_plugins.integration import (
     PAYLOAD_OPTION,
+    RECORDED_FLAG,
     JobEnvelope,
     JobInfo,
     build_envelope,
@@ -63,7 +64,8 @@ def job_info(message: Any) -> JobInfo:
         options=_job_options(message.options),
         serializer=encoder_serializer(dramatiq.get_encoder()),
     )
-    return JobInfo(run_key_of(message), message.message_id, envelope)
+    recorded = bool(message.options.get(RECORDED_FLAG))
+    return JobInfo(run_key_of(message), message.message_id, envelope, recorded_at_publish=recorded)
 
 
 def _job_options(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,6 +1,8 @@
 """The ``DurableSteps`` middleware: durable steps in ordinary Dramatiq actors.
 
-It stamps a run key on every message at enqueue, swaps each durable actor's
+It stamps a run key on every new message at enqueue and records its run
+``queued`` before the message leaves (C39), runs recovery in every worker
+(one sweep at a time across them, C39), swaps each durable actor's
 function for one that runs the body inside an attempt (see ``_actor``), and
 turns the attempt's outcome into Dramatiq's verb (see ``_verbs``). A failure
 the core calls retryable is re-raised unchanged, so the Retries middleware
@@ -31,6 +33,9 @@ from dramatiq.middleware import Middleware, MiddlewareError
 
 from flexiq_plugins import ConfigurationError
 from flexiq_plugins.integration import (
+    RECORD_OPTION,
+    RECORD_TASK_OPTION,
+    RECORDED_FLAG,
     AttemptDriver,
     CancellationPolicy,
     DurableConfig,
@@ -40,6 +45,7 @@ from flexiq_plugins.integration import (
     RetryPolicy,
     StepStore,
     StoreSpec,
+    Sweeper,
     cancellation_option,
     check_store_at_start,
     check_store_spec,
@@ -47,12 +53,17 @@ from flexiq_plugins.integration import (
     log_worker_start,
     new_run_key,
     no_current_job,
+    record_at_publish,
     register_installation,
     resolve_store,
     retry_policy_option,
+    settle_unclaimed_run,
+    start_recovery,
+    wants_record,
 )
 
 from . import _actor, _config, _verbs
+from ._adapter import publisher
 from ._envelope import RUN_KEY_OPTION, job_info, run_key_of
 
 __all__ = ["DurableSteps", "InvalidActorOption"]
@@ -112,13 +123,15 @@ class DurableSteps(Middleware):
         self._driver: PerProcess[AttemptDriver] = PerProcess(self._make_driver)
         self._failing: dict[str, Failure] = {}
         self._stopping = False
+        self._sweeper: Sweeper | None = None
         _verbs.install_quiet_skip_filter()
 
     @property
     def actor_options(self) -> set[str]:
         """``durable``: ``False`` opts an actor out; ``step_retry``: its steps' default budget (C31);
-        ``max_run_seconds``, ``max_suspended_seconds``: its runs' caps (C34)."""
-        return {"durable", "step_retry", "max_run_seconds", "max_suspended_seconds"}
+        ``max_run_seconds``, ``max_suspended_seconds``: its runs' caps (C34); ``record_at_publish``:
+        ``False`` publishes its new jobs without recording their runs first (C39)."""
+        return {"durable", "step_retry", "max_run_seconds", "max_suspended_seconds", RECORD_TASK_OPTION}
 
     @property
     def driver(self) -> AttemptDriver:
@@ -151,8 +164,21 @@ class DurableSteps(Middleware):
         self._stopping = True
 
     def after_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
-        """Log the one start line: the step store (password hidden) and its schema revision."""
+        """Log the one start line (the step store, password hidden, and its schema revision); start recovery (C39).
+
+        Each worker process runs a sweeper unless ``recovery=False``; the
+        store's lease lets one sweep run at a time across all of them.
+        """
         log_worker_start(self._driver.get, "dramatiq worker")
+        if self._sweeper is None:
+            publishers = {"dramatiq": publisher(broker)}
+            self._sweeper = start_recovery(lambda: self.store, publishers, self._config, name="dramatiq worker")
+
+    def after_worker_shutdown(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        """Stop this process's recovery sweeper and give its lease up (C39)."""
+        sweeper, self._sweeper = self._sweeper, None
+        if sweeper is not None:
+            sweeper.stop(timeout=5)
 
     # ----------------------------------------------------------- declaring
     def before_declare_actor(self, broker: dramatiq.Broker, actor: dramatiq.Actor[Any, Any]) -> None:
@@ -181,9 +207,33 @@ class DurableSteps(Middleware):
 
     # ------------------------------------------------------------ messages
     def before_enqueue(self, broker: dramatiq.Broker, message: Any, delay: int | None) -> None:
-        """Stamp a run key unless the message has one; note that a failed attempt is being retried."""
-        message.options.setdefault(RUN_KEY_OPTION, new_run_key())
+        """Stamp a run key on a new message and record its run (C11, C39); note a failed attempt is being retried.
+
+        A message that carries a run key already (a sleep hop, a put-back,
+        a retry, a recovery) is not recorded again.
+        """
+        if not message.options.get(RUN_KEY_OPTION):
+            message.options[RUN_KEY_OPTION] = new_run_key()
+            self._record(broker, message)
         self._failing.pop(message.message_id, None)
+
+    def _record(self, broker: dramatiq.Broker, message: Any) -> None:
+        """Record a new message's run ``queued`` unless its actor or the message opts out (C39)."""
+        try:
+            options = broker.get_actor(message.actor_name).options
+        except ActorNotFound:  # a producer that does not declare the actor: durable by default
+            options = {}
+        if options.get("durable", True) is False:
+            return
+        opted = wants_record(
+            self._config, task_option=options.get(RECORD_TASK_OPTION), call_option=message.options.get(RECORD_OPTION)
+        )
+        if not opted:
+            return
+        message.options[RECORDED_FLAG] = True
+        job = job_info(message)
+        if not record_at_publish(lambda: self.store, job.run_key, str(message.message_id), job.envelope):
+            del message.options[RECORDED_FLAG]
 
     def before_process_message(self, broker: dramatiq.Broker, message: Any) -> None:
         """Remember the message for the actor call that follows in this thread."""
@@ -192,9 +242,11 @@ class DurableSteps(Middleware):
     def after_process_message(
         self, broker: dramatiq.Broker, message: Any, *, result: Any = None, exception: BaseException | None = None
     ) -> None:
-        """Forget the current message."""
+        """Forget the current message; a recorded job of an actor that is not durable ends its run (C39)."""
         _message.set(None)
         _handled.set(None)
+        if message.options.get(RECORDED_FLAG) and not self._is_durable(broker, message):
+            settle_unclaimed_run(self.store, run_key_of(message), "succeeded" if exception is None else "failed")
 
     def after_skip_message(self, broker: dramatiq.Broker, message: Any) -> None:
         """Forget the current message; a durable job skipped before its body ran ends its run (C38)."""

@@ -111,6 +111,10 @@ class JobInfo:
       eager(bool): the job runs in the caller's process with no broker
         (Celery's ``task_always_eager``, ``Task.apply``): it cannot be put
         back, so a sleep fails its run instead of leaving one to resume (C38).
+      recorded_at_publish(bool): the message says its run was recorded
+        ``queued`` when it was published (C39): a run row exists even if this
+        attempt never claims it, and must be settled
+        (:func:`flexiq_plugins.recording.settle_unclaimed_run`).
     """
 
     run_key: str
@@ -119,6 +123,7 @@ class JobInfo:
     step_retry: RetryPolicy | None = None
     cancellation: CancellationPolicy | None = None
     eager: bool = False
+    recorded_at_publish: bool = False
 
 
 def default_owner() -> str:

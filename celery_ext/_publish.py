@@ -1,0 +1,129 @@
+"""A new Celery job at publish: its run key, and its run recorded ``queued`` before the message leaves (C39).
+
+Called from ``before_task_publish`` with the message Celery is about to send.
+A message that already carries a run key is the library's own re-publish (a
+sleep hop, a put-back, a recovery, a dead-letter retry) or a producer's
+explicit key, and is left alone. A new one gets a key and, unless its task
+(``record_at_publish=False``) or the message (header ``flexiq_record``) opts
+out, its run is recorded through the core's
+:func:`~flexiq_plugins.integration.record_at_publish`; the header
+``flexiq_recorded`` then says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from flexiq_plugins.integration import (
+    RECORD_OPTION,
+    RECORD_TASK_OPTION,
+    RECORDED_FLAG,
+    JobEnvelope,
+    build_envelope,
+    is_json,
+    new_run_key,
+    record_at_publish,
+    wants_record,
+)
+
+from ._options import RUN_KEY_HEADER, kombu_serializer
+from ._runtime import Runtime, all_runtimes
+
+__all__ = ["stamp_new_job"]
+
+_NOT_ENVELOPE = frozenset({RUN_KEY_HEADER, RECORD_OPTION})
+_PROTOCOL: frozenset[str] | None = None
+
+
+def stamp_new_job(
+    task_name: str,
+    body: Any,
+    headers: dict[str, Any],
+    properties: Mapping[str, Any],
+    *,
+    exchange: str | None,
+    routing_key: str | None,
+) -> None:
+    """Stamp a run key on a new job's message and record its run (C11, C39); leave other messages alone."""
+    if headers.get(RUN_KEY_HEADER):
+        return
+    run_key = headers[RUN_KEY_HEADER] = new_run_key()
+    runtime, task = _owner(task_name)
+    call_option = headers.get(RECORD_OPTION)
+    if (
+        runtime is None
+        or not _durable(task)
+        or not wants_record(
+            runtime.config, task_option=getattr(task, RECORD_TASK_OPTION, None), call_option=call_option
+        )
+    ):
+        return
+    arguments = _arguments(body)
+    if arguments is None:  # a message protocol this does not read: the run is recorded when it starts
+        return
+    headers[RECORDED_FLAG] = True
+    route = {"exchange": exchange, "routing_key": routing_key}
+    envelope = _envelope(runtime, task_name, arguments, headers=headers, properties=properties, **route)
+    if not record_at_publish(lambda: runtime.driver().store, run_key, str(headers.get("id", run_key)), envelope):
+        del headers[RECORDED_FLAG]
+
+
+def _owner(task_name: str) -> tuple[Runtime | None, Any]:
+    """The runtime of the app that has ``task_name`` (or the only installed one) and the task, if known."""
+    runtimes = all_runtimes()
+    for runtime in runtimes:
+        task = runtime.app.tasks.get(task_name)
+        if task is not None:
+            return runtime, task
+    return (runtimes[0], None) if len(runtimes) == 1 else (None, None)
+
+
+def _durable(task: Any) -> bool:
+    """A task this producer does not know is durable by default in the worker (the worker settles it if not)."""
+    return task is None or getattr(task, "durable", True) is not False
+
+
+def _arguments(body: Any) -> tuple[list[Any], dict[str, Any]] | None:
+    """``(args, kwargs)`` of a protocol-2 body ``(args, kwargs, embed)``, else ``None``."""
+    if isinstance(body, (tuple, list)) and len(body) == 3 and isinstance(body[1], dict):
+        return list(body[0]), dict(body[1])
+    return None
+
+
+def _protocol_headers(app: Any) -> frozenset[str]:
+    """The headers Celery's task protocol 2 sets itself (``id``, ``task``, ``eta`` …), read once."""
+    global _PROTOCOL
+    if _PROTOCOL is None:
+        _PROTOCOL = frozenset(app.amqp.as_task_v2("x", "x").headers)
+    return _PROTOCOL
+
+
+def _envelope(
+    runtime: Runtime,
+    task_name: str,
+    arguments: tuple[list[Any], dict[str, Any]],
+    *,
+    headers: Mapping[str, Any],
+    properties: Mapping[str, Any],
+    exchange: str | None,
+    routing_key: str | None,
+) -> JobEnvelope:
+    """The envelope a worker would store for this message: the user's own headers and the route (C35)."""
+    protocol = _protocol_headers(runtime.app)
+    kept = {k: v for k, v in headers.items() if k not in protocol and k not in _NOT_ENVELOPE and is_json(v)}
+    options: dict[str, Any] = {"headers": kept}
+    if exchange:
+        options.update(exchange=exchange, routing_key=routing_key)
+    if properties.get("priority") is not None:
+        options["priority"] = properties["priority"]
+    args, kwargs = arguments
+    return build_envelope(
+        task_name,
+        "celery",
+        queue=routing_key,
+        args=args,
+        kwargs=kwargs,
+        options=options,
+        serializer=kombu_serializer(runtime.app.conf.task_serializer),
+    )
