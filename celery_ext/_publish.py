@@ -12,6 +12,8 @@ out, its run is recorded through the core's
 
 from __future__ import annotations
 
+import contextvars
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -28,9 +30,12 @@ from flexiq_plugins.integration import (
 )
 
 from ._options import RUN_KEY_HEADER, kombu_serializer
-from ._runtime import Runtime, all_runtimes
+from ._runtime import Runtime, all_runtimes, runtime_of
 
-__all__ = ["stamp_new_job"]
+__all__ = ["note_publishing_app", "stamp_new_job"]
+
+_publishing: contextvars.ContextVar[Any] = contextvars.ContextVar("flexiq_celery_publishing_app", default=None)
+"""The app whose ``send_task`` is publishing in this context (``before_task_publish`` does not say)."""
 
 _NOT_ENVELOPE = frozenset({RUN_KEY_HEADER, RECORD_OPTION})
 _PROTOCOL: frozenset[str] | None = None
@@ -69,8 +74,31 @@ def stamp_new_job(
         del headers[RECORDED_FLAG]
 
 
+def note_publishing_app(app: Any) -> None:
+    """Make ``app.send_task`` (which ``apply_async`` and ``delay`` call) say which app publishes.
+
+    Celery's tasks are shared between the apps of a process, so the task
+    name alone does not tell which app (and store) a message belongs to.
+    """
+    send_task = app.send_task
+
+    @functools.wraps(send_task)
+    def send_task_noting_app(*args: Any, **kwargs: Any) -> Any:
+        token = _publishing.set(app)
+        try:
+            return send_task(*args, **kwargs)
+        finally:
+            _publishing.reset(token)
+
+    app.send_task = send_task_noting_app
+
+
 def _owner(task_name: str) -> tuple[Runtime | None, Any]:
-    """The runtime of the app that has ``task_name`` (or the only installed one) and the task, if known."""
+    """The runtime of the publishing app (else of the app that has ``task_name``, or the only one) and the task."""
+    app = _publishing.get()
+    runtime = runtime_of(app) if app is not None else None
+    if runtime is not None:
+        return runtime, app.tasks.get(task_name)
     runtimes = all_runtimes()
     for runtime in runtimes:
         task = runtime.app.tasks.get(task_name)
