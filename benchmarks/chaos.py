@@ -28,6 +28,7 @@ environment.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -323,7 +324,9 @@ def _runs(store: Any, config: ChaosConfig) -> list[Any]:
     return [r for r in store.list_runs(limit=100_000) if r.task_name == task and r.envelope.queue == config.queue]
 
 
-def _report(store: Any, runs: list[Any], config: ChaosConfig, jobs: int, kills: list[tuple[float, int]]) -> dict[str, Any]:
+def _report(
+    store: Any, runs: list[Any], config: ChaosConfig, jobs: int, kills: list[tuple[float, int]]
+) -> dict[str, Any]:
     ledger = [json.loads(line) for line in (Path(config.directory) / "ledger.jsonl").read_text().splitlines() if line]
     ours = {r.run_key for r in runs}
     returns: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
@@ -366,14 +369,12 @@ def _cleanup(config: ChaosConfig) -> None:
             if keys:
                 client.delete(*keys)
         else:
-            import kombu
+            from kombu import Connection
 
-            with kombu.Connection(BROKERS["rabbitmq"]) as conn:
+            with Connection(BROKERS["rabbitmq"]) as conn:  # type: ignore[no-untyped-call]
                 for name in (config.queue, f"{config.queue}.DQ", f"{config.queue}.XQ"):
-                    try:
+                    with contextlib.suppress(Exception):
                         conn.default_channel.queue_delete(name)
-                    except Exception:
-                        pass
     except Exception as exc:  # cleanup is best effort
         print(f"cleanup: {exc}", file=sys.stderr)
 
