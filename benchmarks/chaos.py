@@ -15,6 +15,8 @@ ended or ``--drain`` seconds pass, and prints
 - finished: runs that succeeded;
 - lost: runs that did not end (and their statuses);
 - dead-lettered: runs dead-lettered, with their reasons;
+- bodies started again: step bodies that started more than once for one run
+  (the first start was killed inside the body, before it returned: C6);
 - re-run bodies: step bodies that returned more than once for one run;
 - of those, inside the commit window: the earlier return's process was
   killed after the body returned (before its commit could land).
@@ -330,9 +332,14 @@ def _report(
     ledger = [json.loads(line) for line in (Path(config.directory) / "ledger.jsonl").read_text().splitlines() if line]
     ours = {r.run_key for r in runs}
     returns: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    starts: Counter[tuple[str, str]] = Counter()
     for entry in ledger:
-        if entry["phase"] == "return" and entry["run"] in ours:
+        if entry["run"] not in ours:
+            continue
+        if entry["phase"] == "return":
             returns[(entry["run"], entry["step"])].append(entry)
+        else:
+            starts[(entry["run"], entry["step"])] += 1
     killed_at = defaultdict(list)
     for at, pid in kills:
         killed_at[pid].append(at)
@@ -354,6 +361,7 @@ def _report(
         "lost": jobs - sum(n for s, n in statuses.items() if _ended(s)),
         "unfinished_statuses": {s: n for s, n in statuses.items() if not _ended(s)},
         "dead_lettered": dict(Counter(d.reason for d in dead)),
+        "bodies_started_again": sum(1 for n in starts.values() if n > 1),
         "bodies_re_run": reruns,
         "re_runs_inside_commit_window": inside,
     }

@@ -1,5 +1,5 @@
 """Celery signal receivers: the run key (and the run) at publish, fresh stores after fork, tasks made durable,
-the start line and recovery, revokes.
+the start line, revokes.
 
 They are connected once per process (``dispatch_uid``), whatever the number
 of apps, and do nothing for an app that :func:`celery_ext.install` was not
@@ -20,7 +20,6 @@ from flexiq_plugins.integration import (
     check_store_at_start,
     log_worker_start,
     settle_unclaimed_run,
-    start_recovery,
 )
 
 from ._adapter import publisher
@@ -38,7 +37,6 @@ __all__ = [
     "on_app_finalized",
     "settle_plain_task",
     "settle_revoked",
-    "stop_recovery",
 ]
 
 
@@ -78,30 +76,12 @@ def prepare_worker_app(sender: Any = None, **_: Any) -> None:
 
 
 def announce_store(sender: Any = None, **_: Any) -> None:
-    """``worker_ready``: log the step store the worker's app uses; start its recovery (issue 15, C39).
-
-    Recovery runs in the worker's main process (one sweeper per worker, one
-    sweep at a time across all workers through the store's lease) unless the
-    app was installed with ``recovery=False``.
-    """
+    """``worker_ready``: log the step store the worker's app uses, once per worker (issue 15)."""
     app: Any = getattr(sender, "app", None)
     runtime = runtime_of(app) if app is not None else None
     if runtime is None:
         return
     log_worker_start(runtime.driver, "celery worker")
-    if runtime.sweeper is None:
-        name = f"celery worker of app {app.main!r}"
-        runtime.sweeper = start_recovery(
-            lambda: runtime.driver().store, {"celery": publisher(app)}, runtime.config, name=name
-        )
-
-
-def stop_recovery(sender: Any = None, **_: Any) -> None:
-    """``worker_shutdown``: stop this process's recovery sweepers and give their lease up (C39)."""
-    for runtime in all_runtimes():
-        sweeper, runtime.sweeper = runtime.sweeper, None
-        if sweeper is not None:
-            sweeper.stop(timeout=5)
 
 
 def settle_plain_task(sender: Any = None, task_id: str | None = None, state: str | None = None, **_: Any) -> None:
@@ -166,5 +146,4 @@ def connect_signals() -> None:
     signals.worker_init.connect(prepare_worker_app, weak=False, dispatch_uid="flexiq.worker_init")
     signals.worker_ready.connect(announce_store, weak=False, dispatch_uid="flexiq.worker_ready")
     signals.task_revoked.connect(settle_revoked, weak=False, dispatch_uid="flexiq.task_revoked")
-    signals.worker_shutdown.connect(stop_recovery, weak=False, dispatch_uid="flexiq.worker_shutdown")
     signals.task_postrun.connect(settle_plain_task, weak=False, dispatch_uid="flexiq.task_postrun")

@@ -49,3 +49,16 @@ def test_c39_a_recorded_job_runs_its_body_once_even_when_recovery_races_its_mess
         job = harness.publish_new("once")
         harness.wait_status(job.run_key, "succeeded", timeout=60)
     assert harness.ledger.count(job.run_key, "work") == 1
+
+
+def test_c39_a_lost_wake_up_is_recovered_by_the_workers_with_no_cron(harness: Harness) -> None:
+    """C39, C35: the broker accepts a sleeping job's wake-up and loses it; the worker's own sweeper
+    re-publishes the run once it is overdue, and it finishes. Nobody runs ``flexiq recover``."""
+    job = harness.publish_new("nap", 0.2)
+    lost = harness.lose_publishes(job.run_key, 1)
+    with harness.thread_worker():
+        run = harness.wait_status(job.run_key, "succeeded", timeout=60)
+    assert lost.used == 1
+    assert lost.statuses == ["sleeping"]
+    assert run.recovered_at is not None
+    assert (harness.ledger.count(job.run_key, "before"), harness.ledger.count(job.run_key, "after")) == (1, 1)
