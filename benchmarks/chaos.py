@@ -148,7 +148,7 @@ def make_dramatiq(config: ChaosConfig) -> Any:
         )
         broker.maintenance_chance = 10_000  # of 100_000 fetches: requeue dead workers' messages soon
     else:
-        broker = RabbitmqBroker(url=BROKERS["rabbitmq"])
+        broker = RabbitmqBroker(host="127.0.0.1", port=5672, heartbeat=0)
     broker.add_middleware(DurableSteps(**_options(config)))
     dramatiq.set_broker(broker)
 
