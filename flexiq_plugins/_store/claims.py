@@ -125,7 +125,8 @@ def decide_claim(run: RunState, *, now: float, owner: str, lease_seconds: float)
     The caller reads ``run`` and ``now`` atomically with writing the answer.
 
     Parameters:
-      run(RunState): the run as stored (a new run is ``pending`` with attempt 0).
+      run(RunState): the run as stored (a new run is ``pending``, or ``queued`` when
+        recorded at publish (C39), with attempt 0).
       now(float): the store's clock, epoch seconds.
       owner(str): the claiming worker's id.
       lease_seconds(float): the new lease, in seconds.
