@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextvars
 import functools
 from collections.abc import Mapping
+from datetime import datetime, timezone
 from typing import Any
 
 from flexiq_plugins.integration import (
@@ -70,8 +71,23 @@ def stamp_new_job(
     headers[RECORDED_FLAG] = True
     route = {"exchange": exchange, "routing_key": routing_key}
     envelope = _envelope(runtime, task_name, arguments, headers=headers, properties=properties, **route)
-    if not record_at_publish(lambda: runtime.driver().store, run_key, str(headers.get("id", run_key)), envelope):
+    job_id = str(headers.get("id", run_key))
+    delay = _seconds_until(headers.get("eta"))
+    if not record_at_publish(lambda: runtime.driver().store, run_key, job_id, envelope, delay_seconds=delay):
         del headers[RECORDED_FLAG]
+
+
+def _seconds_until(eta: object) -> float:
+    """Seconds from now to the message's ``eta`` header (an ISO 8601 time; a countdown becomes one), else 0."""
+    if not isinstance(eta, str):
+        return 0.0
+    try:
+        moment = datetime.fromisoformat(eta)
+    except ValueError:
+        return 0.0
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return max((moment - datetime.now(timezone.utc)).total_seconds(), 0.0)
 
 
 def note_publishing_app(app: Any) -> None:

@@ -214,10 +214,10 @@ class DurableSteps(Middleware):
         """
         if not message.options.get(RUN_KEY_OPTION):
             message.options[RUN_KEY_OPTION] = new_run_key()
-            self._record(broker, message)
+            self._record(broker, message, delay)
         self._failing.pop(message.message_id, None)
 
-    def _record(self, broker: dramatiq.Broker, message: Any) -> None:
+    def _record(self, broker: dramatiq.Broker, message: Any, delay: int | None) -> None:
         """Record a new message's run ``queued`` unless its actor or the message opts out (C39)."""
         try:
             options = broker.get_actor(message.actor_name).options
@@ -232,7 +232,9 @@ class DurableSteps(Middleware):
             return
         message.options[RECORDED_FLAG] = True
         job = job_info(message)
-        if not record_at_publish(lambda: self.store, job.run_key, str(message.message_id), job.envelope):
+        seconds = (delay or 0) / 1000
+        job_id = str(message.message_id)
+        if not record_at_publish(lambda: self.store, job.run_key, job_id, job.envelope, delay_seconds=seconds):
             del message.options[RECORDED_FLAG]
 
     def before_process_message(self, broker: dramatiq.Broker, message: Any) -> None:

@@ -119,7 +119,14 @@ class _PublishLog:
 _LOG = _PublishLog()
 
 
-def record_at_publish(open_store: Callable[[], StepStore], run_key: str, job_id: str, envelope: JobEnvelope) -> bool:
+def record_at_publish(
+    open_store: Callable[[], StepStore],
+    run_key: str,
+    job_id: str,
+    envelope: JobEnvelope,
+    *,
+    delay_seconds: float = 0.0,
+) -> bool:
     """Record a new job's run as ``queued`` before its message leaves; return whether it was recorded (C39).
 
     Insert-if-absent (:meth:`StepStore.record_queued`): a run that exists is
@@ -132,12 +139,15 @@ def record_at_publish(open_store: Callable[[], StepStore], run_key: str, job_id:
       run_key(str): the run key just stamped on the message.
       job_id(str): the message's job id.
       envelope(JobEnvelope): what re-publishes the job (C35).
+      delay_seconds(float): the message's countdown or ETA from now, seconds:
+        recovery counts ``recovery_queued_seconds`` from then, so a scheduled
+        job is never re-published before it is due.
 
     Returns:
       bool: ``True`` when the run is in the store: put :data:`RECORDED_FLAG` on the message.
     """
     try:
-        open_store().record_queued(run_key, job_id, envelope)
+        open_store().record_queued(run_key, job_id, envelope, delay_seconds)
     except StoreUnavailable as exc:
         _LOG.unreachable(exc)
         return False

@@ -400,7 +400,7 @@ class RunRecord:
     """A stored run, as operators see it.
 
     ``wake_at`` is the wake time of a ``sleeping`` run (a ``waiting`` run's
-    deadline) and ``recovered_at`` when a recoverer last re-published it
+    deadline, a ``queued`` run's due time: C39) and ``recovered_at`` when a recoverer last re-published it
     (epoch seconds, store clock; both ``None`` otherwise). ``wait_topic`` and
     ``wait_key`` name the event a ``waiting`` run waits for (C33);
     ``cancel_reason`` is a ``cancelled`` run's reason, or a cancellation
@@ -519,19 +519,21 @@ class StepStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    def record_queued(self, run_key: str, job_id: str, envelope: JobEnvelope) -> None:
+    def record_queued(self, run_key: str, job_id: str, envelope: JobEnvelope, delay_seconds: float = 0.0) -> None:
         """Record a run as ``queued`` when its job is published, before the message leaves (C39).
 
         One small transaction: inserts the run (status ``queued``, attempt 0,
-        no claim, ``envelope`` and ``job_id`` stored) only if no run has this
-        key; an existing run is left exactly as it is (a new job with an
-        existing run key never resets it). :meth:`begin` then claims a
-        ``queued`` run like a ``pending`` one.
+        no claim, ``envelope`` and ``job_id`` stored, ``wake_at`` = ``now +
+        delay_seconds`` on the store's clock: when the job is due to start)
+        only if no run has this key; an existing run is left exactly as it
+        is (a new job with an existing run key never resets it).
+        :meth:`begin` then claims a ``queued`` run like a ``pending`` one.
 
         Parameters:
           run_key(str): the new job's run key (at most 255 characters).
           job_id(str): the framework's job id.
           envelope(JobEnvelope): what re-publishes the job (C35); JSON-compatible.
+          delay_seconds(float): how long after now the job is due (a countdown or ETA), seconds.
         """
 
     @abc.abstractmethod

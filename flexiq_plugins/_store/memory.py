@@ -93,12 +93,14 @@ class MemoryStepStore(StepStore):
             claim = decision.claim(run_key)
             return Begun(claim, snapshot, now, decision.takeovers, run.envelope, run.created_at, run.cancel_reason)
 
-    def record_queued(self, run_key: str, job_id: str, envelope: JobEnvelope) -> None:
+    def record_queued(self, run_key: str, job_id: str, envelope: JobEnvelope, delay_seconds: float = 0.0) -> None:
         """See :meth:`StepStore.record_queued`."""
         with self._lock:
             if run_key not in self._runs:
-                run = self._new_run(run_key, envelope, self.now())
-                self._runs[run_key] = dataclasses.replace(run, status="queued", job_id=job_id)
+                now = self.now()
+                run = self._new_run(run_key, envelope, now)
+                due = now + max(delay_seconds, 0.0)
+                self._runs[run_key] = dataclasses.replace(run, status="queued", job_id=job_id, wake_at=due)
 
     def acquire_sweep_lease(self, owner: str, lease_seconds: float) -> bool:
         """See :meth:`StepStore.acquire_sweep_lease`."""

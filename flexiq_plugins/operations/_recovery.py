@@ -119,7 +119,8 @@ def find_stranded(
     """Return the runs :func:`recover` would re-publish, oldest due first (C35, C39).
 
     - ``queued`` (recorded at publish, C39) and not started ``queued_after``
-      after its publish: its message was lost before any worker took it;
+      after it was due (its publish, or the end of its countdown or ETA):
+      its message was lost before any worker took it;
     - ``sleeping`` past its recorded wake time (a sleep's, or a step retry's time, C31)
       by more than ``grace``; ``waiting`` past its deadline by more than ``grace``;
     - ``waiting`` for an event that has arrived (C33), at once;
@@ -176,12 +177,14 @@ def _unclaimed_since(run: RunRecord, due_at: float, stale: float) -> bool:
 
 
 def _never_started(queued: list[RunRecord], before: float, stale: float) -> list[Stranded]:
-    """Runs recorded at publish before ``before`` that no attempt started (C39)."""
-    return [
-        Stranded(run, "never_started", run.created_at)
-        for run in queued
-        if run.created_at < before and _unclaimed_since(run, run.created_at, stale)
-    ]
+    """Runs recorded at publish, due to start before ``before`` (their publish, or their countdown's end),
+    that no attempt started (C39)."""
+    found = []
+    for run in queued:
+        due = max(run.created_at, run.wake_at or 0.0)
+        if due < before and _unclaimed_since(run, due, stale):
+            found.append(Stranded(run, "never_started", due))
+    return found
 
 
 def _overdue_sleepers(store: StepStore, sleeping: list[RunRecord], due: float, stale: float) -> list[Stranded]:

@@ -74,3 +74,19 @@ def test_c39_a_task_or_a_message_opts_out(
         headers = _published(app, send)
         assert _run_status(sqlite_store, headers[RUN_KEY_HEADER]) is None
         assert "flexiq_recorded" not in headers
+
+
+def test_c39_a_countdown_is_recorded_as_the_runs_due_time(
+    redis_broker: str, sqlite_store: SqlStepStore, make_celery_app: Callable[..., Celery]
+) -> None:
+    """C39: ``apply_async(countdown=...)`` records when the job is due, so recovery never runs it early."""
+    app = make_celery_app(redis_broker, sqlite_store)
+
+    @app.task(name=f"{app.main}.later")
+    def later() -> None: ...
+
+    headers = _published(app, lambda: later.apply_async(countdown=3600))
+    run = sqlite_store.get_run(headers[RUN_KEY_HEADER])
+    assert run.status == "queued"
+    assert run.wake_at is not None
+    assert run.wake_at - run.created_at > 3500

@@ -114,3 +114,14 @@ def test_c39_recovery_off_starts_no_sweeper(caplog: pytest.LogCaptureFixture) ->
     sweeper = start_recovery(lambda: store, {}, DurableConfig(recovery_interval_seconds=3600), name="test worker")
     assert sweeper is not None
     sweeper.stop(timeout=5)
+
+
+def test_c39_a_scheduled_job_is_not_stranded_before_it_is_due(store: StepStore) -> None:
+    """C39: a job published with a countdown is recorded with its due time; recovery counts from then,
+    so it never re-publishes a job that is only waiting for its ETA."""
+    soon, later = uuid4().hex, uuid4().hex
+    store.record_queued(soon, "j1", ENVELOPE)
+    store.record_queued(later, "j2", ENVELOPE, 3600.0)
+    assert store.get_run(later).wake_at is not None
+    assert store.get_run(later).wake_at >= store.now() + 3500  # type: ignore[operator]
+    assert [s.run.run_key for s in find_stranded(store, queued_after=0)] == [soon]

@@ -48,3 +48,21 @@ def test_c39_a_new_message_is_queued_and_opt_outs_are_honoured(tmp_path: Path) -
         assert "flexiq_recorded" not in message.options
     broker.close()
     store.close()
+
+
+def test_c39_a_delay_is_recorded_as_the_runs_due_time(tmp_path: Path) -> None:
+    """C39: ``send_with_options(delay=...)`` records when the message is due, so recovery never runs it early."""
+    store = SqlStepStore(f"sqlite:///{tmp_path / 'steps.db'}")
+    broker = StubBroker()
+    broker.add_middleware(DurableSteps(store=store))
+
+    @dramatiq.actor(broker=broker, queue_name="orders")
+    def later() -> None: ...
+
+    sent = later.send_with_options(delay=3_600_000)
+    run = store.get_run(sent.options[RUN_KEY_OPTION])
+    assert run.status == "queued"
+    assert run.wake_at is not None
+    assert run.wake_at - run.created_at > 3500
+    broker.close()
+    store.close()

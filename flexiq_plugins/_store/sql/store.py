@@ -332,7 +332,7 @@ class SqlStepStore(StepStore):
         claim = decision.claim(run_key)
         return Begun(claim, snapshot, now, decision.takeovers, stored, run.created_at, run.cancel_reason)
 
-    def record_queued(self, run_key: str, job_id: str, envelope: JobEnvelope) -> None:
+    def record_queued(self, run_key: str, job_id: str, envelope: JobEnvelope, delay_seconds: float = 0.0) -> None:
         """Record a new job's run as ``queued``, unless the run exists (C39); see :meth:`StepStore.record_queued`.
 
         One statement in one transaction: an insert that does nothing on an
@@ -343,7 +343,10 @@ class SqlStepStore(StepStore):
           StoreError: the envelope is not JSON-compatible, or another database error.
         """
         envelope_json = dump_envelope(envelope)
-        statement = self._insert_run_if_absent(run_key, envelope, envelope_json, status="queued", job_id=job_id)
+        due = self._clock + max(delay_seconds, 0.0)
+        statement = self._insert_run_if_absent(
+            run_key, envelope, envelope_json, status="queued", job_id=job_id, wake_at=due
+        )
         self._write(lambda conn: conn.execute(statement))
 
     def acquire_sweep_lease(self, owner: str, lease_seconds: float) -> bool:
@@ -388,6 +391,7 @@ class SqlStepStore(StepStore):
         *,
         status: str = "pending",
         job_id: str | None = None,
+        wake_at: Any = None,
     ) -> sa.Insert:
         values = {
             "run_key": run_key,
@@ -396,6 +400,7 @@ class SqlStepStore(StepStore):
             "queue": envelope.queue,
             "status": status,
             "job_id": job_id,
+            "wake_at": wake_at,
             "attempt": 0,
             "takeovers": 0,
             "envelope": envelope_json,
