@@ -294,6 +294,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rng = random.Random(args.seed)
     workers = Workers(config, args.workers)
     started = time.time()
+    try:
+        runs, kills = _publish_kill_drain(args, config, store, workers, rng)
+    finally:
+        workers.stop()
+    drained_s = time.time() - started
+    result = _report(store, runs, config, args.jobs, workers.kills)
+    result.update(kills=kills, seconds=round(drained_s, 1), directory=directory, workers_started=workers.started)
+    _cleanup(config)
+    return result
+
+
+def _publish_kill_drain(
+    args: argparse.Namespace, config: ChaosConfig, store: Any, workers: Workers, rng: random.Random
+) -> tuple[list[Any], int]:
+    started = time.time()
     workers.fill()
     publish(config, args.jobs)
     kills = 0
@@ -309,12 +324,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         workers.fill()
         time.sleep(1.0)
         runs = _runs(store, config)
-    drained_s = time.time() - started
-    workers.stop()
-    result = _report(store, runs, config, args.jobs, workers.kills)
-    result.update(kills=kills, seconds=round(drained_s, 1), directory=directory, workers_started=workers.started)
-    _cleanup(config)
-    return result
+    return runs, kills
 
 
 def _ended(status: str) -> bool:

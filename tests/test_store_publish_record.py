@@ -93,3 +93,12 @@ def test_c39_racing_askers_get_one_lease(store: StepStore) -> None:
     for thread in threads:
         thread.join()
     assert len(won) == 1
+
+
+def test_c39_leases_of_different_names_are_independent(store: StepStore) -> None:
+    """C39: the lease ``recovery:celery`` and the lease ``recovery:dramatiq`` have holders of their own."""
+    assert store.acquire_sweep_lease("a", 30.0, name="recovery:celery")
+    assert store.acquire_sweep_lease("b", 30.0, name="recovery:dramatiq")
+    assert not store.acquire_sweep_lease("b", 30.0, name="recovery:celery")
+    store.release_sweep_lease("a", name="recovery:dramatiq")  # not a's lease: nothing happens
+    assert not store.acquire_sweep_lease("a", 30.0, name="recovery:dramatiq")

@@ -537,8 +537,8 @@ class StepStore(abc.ABC):
         """
 
     @abc.abstractmethod
-    def acquire_sweep_lease(self, owner: str, lease_seconds: float) -> bool:
-        """Take or renew the one recovery lease, so one sweep runs at a time across all workers (C39).
+    def acquire_sweep_lease(self, owner: str, lease_seconds: float, *, name: str = "recovery") -> bool:
+        """Take or renew the recovery lease ``name``, so one sweep runs at a time across all workers (C39).
 
         One transaction on the store's clock: the lease is granted (to
         ``now + lease_seconds``) if nobody holds it, ``owner`` already holds
@@ -547,14 +547,16 @@ class StepStore(abc.ABC):
         Parameters:
           owner(str): the sweeping process's id.
           lease_seconds(float): how long the lease lasts without renewal, seconds.
+          name(str): which lease (at most 64 characters): sweepers that
+            publish for different frameworks hold different leases.
 
         Returns:
           bool: whether ``owner`` holds the lease now.
         """
 
     @abc.abstractmethod
-    def release_sweep_lease(self, owner: str) -> None:
-        """Give the recovery lease up if ``owner`` holds it (a worker shutting down); else do nothing."""
+    def release_sweep_lease(self, owner: str, *, name: str = "recovery") -> None:
+        """Give the recovery lease ``name`` up if ``owner`` holds it (a worker shutting down); else do nothing."""
 
     @abc.abstractmethod
     def renew(self, claim: Claim, lease_seconds: float) -> Claim:

@@ -64,7 +64,7 @@ class MemoryStepStore(StepStore):
         self._next_dead_id = 1
         self._events: dict[int, EventRecord] = {}
         self._next_event_id = 1
-        self._sweep_lease: tuple[str | None, float | None] = (None, None)
+        self._sweep_leases: dict[str, tuple[str | None, float | None]] = {}
 
     def now(self) -> float:
         """Return the store's clock, epoch seconds."""
@@ -102,20 +102,20 @@ class MemoryStepStore(StepStore):
                 due = now + max(delay_seconds, 0.0)
                 self._runs[run_key] = dataclasses.replace(run, status="queued", job_id=job_id, wake_at=due)
 
-    def acquire_sweep_lease(self, owner: str, lease_seconds: float) -> bool:
+    def acquire_sweep_lease(self, owner: str, lease_seconds: float, *, name: str = "recovery") -> bool:
         """See :meth:`StepStore.acquire_sweep_lease`."""
         with self._lock:
             now = self.now()
-            if not may_take_sweep_lease(*self._sweep_lease, owner=owner, now=now):
+            if not may_take_sweep_lease(*self._sweep_leases.get(name, (None, None)), owner=owner, now=now):
                 return False
-            self._sweep_lease = (owner, now + lease_seconds)
+            self._sweep_leases[name] = (owner, now + lease_seconds)
             return True
 
-    def release_sweep_lease(self, owner: str) -> None:
+    def release_sweep_lease(self, owner: str, *, name: str = "recovery") -> None:
         """See :meth:`StepStore.release_sweep_lease`."""
         with self._lock:
-            if self._sweep_lease[0] == owner:
-                self._sweep_lease = (None, None)
+            if self._sweep_leases.get(name, (None, None))[0] == owner:
+                self._sweep_leases.pop(name)
 
     def _new_run(self, run_key: str, envelope: JobEnvelope, now: float) -> RunRecord:
         return RunRecord(

@@ -305,8 +305,10 @@ class Sweeper:
       grace(str | float): see :func:`find_stranded`.
       stale_after(str | float): see :func:`find_stranded`.
       queued_after(str | float): see :func:`find_stranded`.
-      lease(bool): sweep only while holding the store's recovery lease
-        (held for three intervals, renewed at every tick).
+      lease(bool): sweep only while holding the store's recovery lease of
+        these publishers' frameworks (``recovery:celery``, held for three
+        intervals, renewed at every tick): a Dramatiq worker never holds up
+        the recovery of Celery runs sharing the store.
       name(str): names this sweeper in log lines (e.g. ``"celery worker"``).
 
     Raises:
@@ -336,6 +338,7 @@ class Sweeper:
         self.lease = lease
         self.name = name
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.lease_name = "recovery:" + "+".join(sorted(self.publishers))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._unreachable = False
@@ -354,7 +357,7 @@ class Sweeper:
             self._thread.join(timeout)
         if self.lease:
             try:
-                self.store.release_sweep_lease(self.owner)
+                self.store.release_sweep_lease(self.owner, name=self.lease_name)
             except Exception as exc:  # the lease then expires by itself
                 logger.debug("%s: could not release the recovery lease: %s", self.name, exc)
 
@@ -374,7 +377,7 @@ class Sweeper:
         Raises:
           StoreUnavailable: the store cannot be reached.
         """
-        if self.lease and not self.store.acquire_sweep_lease(self.owner, 3 * self.interval):
+        if self.lease and not self.store.acquire_sweep_lease(self.owner, 3 * self.interval, name=self.lease_name):
             return None
         return self.sweep()
 

@@ -125,3 +125,17 @@ def test_c39_a_scheduled_job_is_not_stranded_before_it_is_due(store: StepStore) 
     assert store.get_run(later).wake_at is not None
     assert store.get_run(later).wake_at >= store.now() + 3500  # type: ignore[operator]
     assert [s.run.run_key for s in find_stranded(store, queued_after=0)] == [soon]
+
+
+def test_c39_sweepers_of_different_frameworks_hold_different_leases(store: StepStore) -> None:
+    """C39: a Dramatiq worker's sweeper (which can publish only Dramatiq jobs) never holds up the recovery of
+    Celery runs in the same store: each framework set has its own lease."""
+
+    def never(*_: object, **__: object) -> str:
+        raise AssertionError("nothing to publish")
+
+    celery_a, celery_b = Sweeper(store, {"celery": never}), Sweeper(store, {"celery": never})
+    dramatiq = Sweeper(store, {"dramatiq": never})
+    assert dramatiq.tick() is not None
+    assert celery_a.tick() is not None
+    assert celery_b.tick() is None

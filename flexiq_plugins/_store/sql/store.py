@@ -107,7 +107,6 @@ from .tables import DEFAULT_TABLE_PREFIX, store_tables
 __all__ = ["SqlStepStore"]
 
 _DEADLOCK_RETRIES = 3
-_SWEEP_LEASE = "recovery"
 _CLOCKS = {
     "postgresql": "extract(epoch from clock_timestamp())",
     "mysql": "UNIX_TIMESTAMP(NOW(6))",
@@ -349,7 +348,7 @@ class SqlStepStore(StepStore):
         )
         self._write(lambda conn: conn.execute(statement))
 
-    def acquire_sweep_lease(self, owner: str, lease_seconds: float) -> bool:
+    def acquire_sweep_lease(self, owner: str, lease_seconds: float, *, name: str = "recovery") -> bool:
         """Take or renew the recovery lease on the database's clock (C39); see :meth:`StepStore.acquire_sweep_lease`.
 
         One transaction: insert the lease row if absent, lock it, decide with
@@ -361,25 +360,25 @@ class SqlStepStore(StepStore):
         sweep = self._t.sweep
 
         def work(conn: Connection) -> bool:
-            conn.execute(self._insert_if_absent(sweep, {"name": _SWEEP_LEASE}, "name"))
-            row = conn.execute(sa.select(sweep).where(sweep.c.name == _SWEEP_LEASE).with_for_update()).one()
+            conn.execute(self._insert_if_absent(sweep, {"name": name}, "name"))
+            row = conn.execute(sa.select(sweep).where(sweep.c.name == name).with_for_update()).one()
             now = self._now(conn)
             if not may_take_sweep_lease(row.owner, row.lease_until, owner=owner, now=now):
                 return False
             values = {"owner": owner, "lease_until": now + lease_seconds}
-            conn.execute(sa.update(sweep).where(sweep.c.name == _SWEEP_LEASE).values(**values))
+            conn.execute(sa.update(sweep).where(sweep.c.name == name).values(**values))
             return True
 
         return self._write(work)
 
-    def release_sweep_lease(self, owner: str) -> None:
-        """Give the recovery lease up if ``owner`` holds it (C39).
+    def release_sweep_lease(self, owner: str, *, name: str = "recovery") -> None:
+        """Give the recovery lease ``name`` up if ``owner`` holds it (C39).
 
         Raises:
           StoreUnavailable: the database cannot be reached.
         """
         sweep = self._t.sweep
-        held = sa.and_(sweep.c.name == _SWEEP_LEASE, sweep.c.owner == owner)
+        held = sa.and_(sweep.c.name == name, sweep.c.owner == owner)
         statement = sa.update(sweep).where(held).values(owner=None, lease_until=None)
         self._write(lambda conn: conn.execute(statement))
 
