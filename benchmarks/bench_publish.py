@@ -36,6 +36,7 @@ def celery_pair(store: str) -> tuple[Callable[[], Any], Callable[[], Any], Calla
     from celery import Celery
 
     import celery_ext
+    from celery_ext import runtime_of
 
     app = Celery(f"bench{uuid4().hex[:8]}", broker=REDIS, set_as_current=False)
     app.conf.task_default_queue = app.main
@@ -50,6 +51,7 @@ def celery_pair(store: str) -> tuple[Callable[[], Any], Callable[[], Any], Calla
     def cleanup() -> None:
         with app.connection_for_write() as conn:
             conn.default_channel.queue_delete(app.main)
+        _settle(runtime_of(app).store, f"{app.main}.on")  # type: ignore[union-attr]
         app.close()
 
     return on.delay, off.delay, cleanup
@@ -72,13 +74,24 @@ def dramatiq_pair(store: str) -> tuple[Callable[[], Any], Callable[[], Any], Cal
     @dramatiq.actor(broker=broker, queue_name="bench", record_at_publish=False)
     def off() -> None: ...
 
+    middleware = next(m for m in broker.middleware if isinstance(m, DurableSteps))
+
     def cleanup() -> None:
+        _settle(middleware.store, on.actor_name)
         keys = list(broker.client.scan_iter(f"{namespace}:*"))
         if keys:
             broker.client.delete(*keys)
         broker.close()
 
     return on.send, off.send, cleanup
+
+
+def _settle(store: Any, task_name: str) -> None:
+    """End the runs this benchmark recorded (no worker will): recovery must not re-publish them."""
+    from flexiq_plugins.integration import settle_unclaimed_run
+
+    for run in store.list_runs(status="queued", task_name=task_name, limit=100_000):
+        settle_unclaimed_run(store, run.run_key, "cancelled")
 
 
 def main() -> None:
