@@ -22,7 +22,9 @@ ended or ``--drain`` seconds pass, and prints
   killed after the body returned (before its commit could land).
 
 Workers recover by themselves (C39: recovery in the workers, runs recorded
-at publish), with short limits for a one-minute run. The same file is the
+at publish), with short limits for a one-minute run; ``recovered_by_workers``
+counts the runs their sweepers re-published (a lost wake-up, a lost message,
+or a job still waiting in the backlog after ``--queued-after`` seconds). The same file is the
 worker's app module: a worker imports it with ``FLEXIQ_CHAOS`` in its
 environment.
 """
@@ -61,6 +63,7 @@ class ChaosConfig:
     queue: str
     directory: str
     lease_seconds: float = 5.0
+    queued_after: float = 120.0
 
 
 # ------------------------------------------------------------------ the app
@@ -104,7 +107,7 @@ def _options(config: ChaosConfig) -> dict[str, Any]:
         "keep_succeeded_steps": True,
         "recovery_interval_seconds": 2.0,
         "recovery_grace_seconds": 5.0,
-        "recovery_queued_seconds": 30.0,
+        "recovery_queued_seconds": config.queued_after,
         "recovery_stale_seconds": 60.0,
         "max_hop_seconds": 5.0,
     }
@@ -153,8 +156,8 @@ def make_dramatiq(config: ChaosConfig) -> Any:
     dramatiq.set_broker(broker)
 
     @dramatiq.actor(actor_name="five_steps", queue_name=config.queue, max_retries=20, min_backoff=200)
-    def actor(n: int) -> int:
-        return five_steps(config, n)
+    def actor(n: int) -> None:
+        five_steps(config, n)
 
     return broker
 
@@ -288,7 +291,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     directory = args.directory or tempfile.mkdtemp(prefix="flexiq-chaos-")
     store_url = args.store or f"sqlite:///{Path(directory) / 'steps.db'}"
-    config = ChaosConfig(args.framework, args.broker, store_url, f"chaos{uuid4().hex[:8]}", directory)
+    queue = f"chaos{uuid4().hex[:8]}"
+    config = ChaosConfig(args.framework, args.broker, store_url, queue, directory, queued_after=args.queued_after)
     store = SqlStepStore(store_url)
     store.now()
     rng = random.Random(args.seed)
@@ -372,6 +376,8 @@ def _report(
         "unfinished_statuses": {s: n for s, n in statuses.items() if not _ended(s)},
         "dead_lettered": dict(Counter(d.reason for d in dead)),
         "bodies_started_again": sum(1 for n in starts.values() if n > 1),
+        "recovered_by_workers": sum(1 for r in runs if r.recovered_at is not None),
+        "takeovers": sum(r.takeovers for r in runs),
         "bodies_re_run": reruns,
         "re_runs_inside_commit_window": inside,
     }
@@ -408,6 +414,12 @@ def main() -> None:
     parser.add_argument("--kill-every", type=float, default=3.0, help="mean seconds between kills")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--drain", type=float, default=240.0, help="most seconds to wait for the runs to end")
+    parser.add_argument(
+        "--queued-after",
+        type=float,
+        default=120.0,
+        help="the workers' recovery_queued_seconds: above the run's backlog, or waiting jobs are re-published",
+    )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--directory", default=None)
     parser.add_argument("--json", action="store_true")
