@@ -64,6 +64,7 @@ class ChaosConfig:
     directory: str
     lease_seconds: float = 5.0
     queued_after: float = 120.0
+    grace: float = 30.0
 
 
 # ------------------------------------------------------------------ the app
@@ -106,7 +107,7 @@ def _options(config: ChaosConfig) -> dict[str, Any]:
         "lease_seconds": config.lease_seconds,
         "keep_succeeded_steps": True,
         "recovery_interval_seconds": 2.0,
-        "recovery_grace_seconds": 5.0,
+        "recovery_grace_seconds": config.grace,
         "recovery_queued_seconds": config.queued_after,
         "recovery_stale_seconds": 60.0,
         "max_hop_seconds": 5.0,
@@ -292,7 +293,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     directory = args.directory or tempfile.mkdtemp(prefix="flexiq-chaos-")
     store_url = args.store or f"sqlite:///{Path(directory) / 'steps.db'}"
     queue = f"chaos{uuid4().hex[:8]}"
-    config = ChaosConfig(args.framework, args.broker, store_url, queue, directory, queued_after=args.queued_after)
+    config = ChaosConfig(
+        args.framework, args.broker, store_url, queue, directory, queued_after=args.queued_after, grace=args.grace
+    )
     store = SqlStepStore(store_url)
     store.now()
     rng = random.Random(args.seed)
@@ -419,6 +422,12 @@ def main() -> None:
         type=float,
         default=120.0,
         help="the workers' recovery_queued_seconds: above the run's backlog, or waiting jobs are re-published",
+    )
+    parser.add_argument(
+        "--grace",
+        type=float,
+        default=30.0,
+        help="the workers' recovery_grace_seconds: how late a wake-up may be before it is re-published",
     )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--directory", default=None)
