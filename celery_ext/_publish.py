@@ -68,13 +68,13 @@ def stamp_new_job(
     arguments = _arguments(body)
     if arguments is None:  # a message protocol this does not read: the run is recorded when it starts
         return
-    headers[RECORDED_FLAG] = True
     route = {"exchange": exchange, "routing_key": routing_key}
-    envelope = _envelope(runtime, task_name, arguments, headers=headers, properties=properties, **route)
+    flagged = {**headers, RECORDED_FLAG: True}  # re-publishes of the run carry the flag too
+    envelope = _envelope(runtime, task_name, arguments, headers=flagged, properties=properties, **route)
     job_id = str(headers.get("id", run_key))
     delay = _seconds_until(headers.get("eta"))
-    if not record_at_publish(lambda: runtime.driver().store, run_key, job_id, envelope, delay_seconds=delay):
-        del headers[RECORDED_FLAG]
+    if record_at_publish(lambda: runtime.driver().store, run_key, job_id, envelope, delay_seconds=delay):
+        headers[RECORDED_FLAG] = True
 
 
 def _seconds_until(eta: object) -> float:

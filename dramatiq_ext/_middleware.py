@@ -230,12 +230,13 @@ class DurableSteps(Middleware):
         )
         if not opted:
             return
-        message.options[RECORDED_FLAG] = True
+        message.options[RECORDED_FLAG] = True  # in the envelope: re-publishes of the run carry the flag too
         job = job_info(message)
+        del message.options[RECORDED_FLAG]
         seconds = (delay or 0) / 1000
         job_id = str(message.message_id)
-        if not record_at_publish(lambda: self.store, job.run_key, job_id, job.envelope, delay_seconds=seconds):
-            del message.options[RECORDED_FLAG]
+        if record_at_publish(lambda: self.store, job.run_key, job_id, job.envelope, delay_seconds=seconds):
+            message.options[RECORDED_FLAG] = True
 
     def before_process_message(self, broker: dramatiq.Broker, message: Any) -> None:
         """Remember the message for the actor call that follows in this thread."""
