@@ -66,6 +66,17 @@ class ChaosConfig:
     queued_after: float = 120.0
     grace: float = 30.0
 
+    @property
+    def table_prefix(self) -> str:
+        """The run's own tables (``chaos<id>_runs`` …), dropped at its end: a shared database stays clean."""
+        return f"{self.queue}_"
+
+    def open_store(self) -> Any:
+        """A store on the run's own tables."""
+        from flexiq_plugins import SqlStepStore
+
+        return SqlStepStore(self.store, table_prefix=self.table_prefix)
+
 
 # ------------------------------------------------------------------ the app
 def _ledger(config: ChaosConfig, step: str, phase: str) -> None:
@@ -103,7 +114,7 @@ def five_steps(config: ChaosConfig, n: int) -> int:
 
 def _options(config: ChaosConfig) -> dict[str, Any]:
     return {
-        "store": config.store,
+        "store": config.open_store(),
         "lease_seconds": config.lease_seconds,
         "keep_succeeded_steps": True,
         "recovery_interval_seconds": 2.0,
@@ -288,15 +299,13 @@ def publish(config: ChaosConfig, jobs: int) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Publish, kill for ``args.duration`` seconds, drain; return the counts."""
-    from flexiq_plugins import SqlStepStore
-
     directory = args.directory or tempfile.mkdtemp(prefix="flexiq-chaos-")
     store_url = args.store or f"sqlite:///{Path(directory) / 'steps.db'}"
     queue = f"chaos{uuid4().hex[:8]}"
     config = ChaosConfig(
         args.framework, args.broker, store_url, queue, directory, queued_after=args.queued_after, grace=args.grace
     )
-    store = SqlStepStore(store_url)
+    store = config.open_store()
     store.now()
     rng = random.Random(args.seed)
     workers = Workers(config, args.workers)
@@ -309,6 +318,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     result = _report(store, runs, config, args.jobs, workers.kills)
     result.update(kills=kills, seconds=round(drained_s, 1), directory=directory, workers_started=workers.started)
     _cleanup(config)
+    _drop_tables(store)
     return result
 
 
@@ -384,6 +394,19 @@ def _report(
         "bodies_re_run": reruns,
         "re_runs_inside_commit_window": inside,
     }
+
+
+def _drop_tables(store: Any) -> None:
+    """Drop the run's own tables (a SQLite file in the run's directory is kept for a look)."""
+    import sqlalchemy as sa
+
+    if store.engine.dialect.name == "sqlite":
+        return
+    names = ("steps", "step_attempts", "dead_letters", "events", "sweep_lease", "runs", "alembic_version")
+    with store.engine.begin() as conn:
+        for name in names:
+            conn.execute(sa.text(f"DROP TABLE IF EXISTS {store.table_prefix}{name}"))
+    store.close()
 
 
 def _cleanup(config: ChaosConfig) -> None:

@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     url = f"postgresql://postgres@127.0.0.1:{proxy.port}/test"
     directory = tempfile.mkdtemp(prefix="flexiq-outage-")
     config = chaos.ChaosConfig(args.framework, args.broker, url, f"outage{uuid4().hex[:8]}", directory)
-    direct = SqlStepStore("postgresql://postgres@127.0.0.1:5432/test")
+    direct = SqlStepStore("postgresql://postgres@127.0.0.1:5432/test", table_prefix=config.table_prefix)
     workers = chaos.Workers(config, 2)
     try:
         workers.fill()
@@ -139,6 +139,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         workers.stop()
         chaos._cleanup(config)
+        chaos._drop_tables(direct)
     finished = sum(1 for r in runs if r.status == "succeeded")
     return {
         "framework": args.framework,
