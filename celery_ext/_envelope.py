@@ -15,6 +15,7 @@ from typing import Any
 
 from flexiq_plugins.integration import (
     PAYLOAD_OPTION,
+    RECORDED_FLAG,
     JobEnvelope,
     JobInfo,
     build_envelope,
@@ -64,6 +65,7 @@ def job_info(task: Any, request: Any) -> JobInfo:
         cancellation=caps,
         eager=bool(request.is_eager),
         lazy=not _may_continue(request),
+        recorded_at_publish=bool((request.headers or {}).get(RECORDED_FLAG) or getattr(request, RECORDED_FLAG, None)),
     )
 
 

@@ -9,6 +9,8 @@ from flexiq_plugins.integration import StoreSpec, check_store_spec, register_ins
 
 from ._options import CeleryConfig
 from ._prepare import prepare_app
+from ._publish import note_publishing_app
+from ._recovery import RecoveryStep
 from ._runtime import Runtime, runtime_of
 from ._signals import connect_signals, on_app_finalized
 from ._task import DurableTask
@@ -58,6 +60,8 @@ def install(app: Any, store: StoreSpec = None, **options: Any) -> None:
     register_installation("celery", app, runtime.driver)  # send_event / cancel_run in this process (C33, C34)
     app.Task = type("DurableTask", (DurableTask, app.Task), {"__module__": __name__})
     connect_signals()
+    note_publishing_app(app)
+    app.steps["worker"].add(RecoveryStep)
     install_quiet_ignored_filter()
     app.on_after_finalize.connect(on_app_finalized, weak=False)
     if app.finalized:

@@ -21,6 +21,7 @@ from flexiq_plugins.integration import (
     Outcome,
     PerProcess,
     StoreSpec,
+    Sweeper,
     driver_or_put_back,
     resolve_store,
 )
@@ -58,6 +59,8 @@ class Runtime:
         self.config = config
         self._driver: PerProcess[AttemptDriver] = PerProcess(self._make_driver)
         self._native_dead_letter: bool | None = None
+        self.sweeper: Sweeper | None = None
+        """The worker's recovery sweeper (C39), in the worker's main process while it runs."""
         _RUNTIMES[app] = self
 
     @property

@@ -1,5 +1,5 @@
-"""Celery signal receivers: the run key at publish, fresh stores after fork, tasks made durable, the start
-line, revokes.
+"""Celery signal receivers: the run key (and the run) at publish, fresh stores after fork, tasks made durable,
+the start line, revokes.
 
 They are connected once per process (``dispatch_uid``), whatever the number
 of apps, and do nothing for an app that :func:`celery_ext.install` was not
@@ -15,34 +15,45 @@ from celery import signals
 
 from flexiq_plugins import FlexiqError, InvalidRunKey
 from flexiq_plugins.integration import (
+    RECORDED_FLAG,
     cancel_run,
     check_store_at_start,
     log_worker_start,
-    new_run_key,
-    resume_mark_at_publish,
+    settle_unclaimed_run,
 )
 
 from ._adapter import publisher
 from ._envelope import run_key_of
-from ._options import RESUME_HEADER, RUN_KEY_HEADER
 from ._prepare import prepare_app
+from ._publish import stamp_new_job
 from ._request import driver_for
 from ._runtime import all_runtimes, runtime_of
 
 logger = logging.getLogger("flexiq_plugins.celery")
 
-__all__ = ["announce_store", "connect_signals", "on_app_finalized", "settle_revoked"]
+__all__ = [
+    "announce_store",
+    "connect_signals",
+    "on_app_finalized",
+    "settle_plain_task",
+    "settle_revoked",
+]
 
 
-def stamp_run_key(sender: Any = None, headers: dict[str, Any] | None = None, **_: Any) -> None:
-    """``before_task_publish``: stamp the ``flexiq_run_key`` header unless given, and the resume mark (C11, C23)."""
+def stamp_run_key(
+    sender: Any = None,
+    *,
+    body: Any = None,
+    exchange: str | None = None,
+    routing_key: str | None = None,
+    headers: dict[str, Any] | None = None,
+    properties: dict[str, Any] | None = None,
+    **_: Any,
+) -> None:
+    """``before_task_publish``: a new job gets a ``flexiq_run_key`` header and its run recorded (C11, C39)."""
     if headers is None or str(sender or "").startswith("celery."):
         return
-    given = bool(headers.get(RUN_KEY_HEADER))
-    if not given:
-        headers[RUN_KEY_HEADER] = new_run_key()
-    # a run key the producer chose may name an existing run: the job claims before its body (C37)
-    headers[RESUME_HEADER] = resume_mark_at_publish(headers.get(RESUME_HEADER), run_key_given=given)
+    stamp_new_job(str(sender), body, headers, properties or {}, exchange=exchange, routing_key=routing_key)
 
 
 def forget_parent_stores(**_: Any) -> None:
@@ -66,10 +77,30 @@ def prepare_worker_app(sender: Any = None, **_: Any) -> None:
 
 def announce_store(sender: Any = None, **_: Any) -> None:
     """``worker_ready``: log the step store the worker's app uses, once per worker (issue 15)."""
-    app = getattr(sender, "app", None)
+    app: Any = getattr(sender, "app", None)
     runtime = runtime_of(app) if app is not None else None
-    if runtime is not None:
-        log_worker_start(runtime.driver, "celery worker")
+    if runtime is None:
+        return
+    log_worker_start(runtime.driver, "celery worker")
+
+
+def settle_plain_task(sender: Any = None, task_id: str | None = None, state: str | None = None, **_: Any) -> None:
+    """``task_postrun``: a job recorded at publish whose task turned out not durable ends its run (C39).
+
+    The producer recorded the run ``queued`` (it could not tell that the
+    worker runs the task with ``durable=False``); no attempt will ever claim
+    it, so it is settled here, or recovery would re-publish it.
+    """
+    request = getattr(sender, "request", None)
+    runtime = runtime_of(sender.app) if sender is not None else None
+    if runtime is None or request is None or getattr(sender, "durable", True) is not False:
+        return
+    if not ((request.headers or {}).get(RECORDED_FLAG) or getattr(request, RECORDED_FLAG, None)):
+        return
+    try:
+        settle_unclaimed_run(runtime.store, run_key_of(request), "succeeded" if state == "SUCCESS" else "failed")
+    except FlexiqError:
+        logger.exception("could not settle the run of job %s", task_id)
 
 
 def on_app_finalized(sender: Any = None, **_: Any) -> None:
@@ -115,3 +146,4 @@ def connect_signals() -> None:
     signals.worker_init.connect(prepare_worker_app, weak=False, dispatch_uid="flexiq.worker_init")
     signals.worker_ready.connect(announce_store, weak=False, dispatch_uid="flexiq.worker_ready")
     signals.task_revoked.connect(settle_revoked, weak=False, dispatch_uid="flexiq.task_revoked")
+    signals.task_postrun.connect(settle_plain_task, weak=False, dispatch_uid="flexiq.task_postrun")

@@ -76,9 +76,13 @@ class DurableTask(Task):  # type: ignore[misc]
     ``@app.task(max_run_seconds="7d", max_suspended_seconds="3d")`` caps each
     run's duration and its time in sleeps and waits: over a cap it is
     cancelled (C34); the integration's options apply otherwise.
+    ``@app.task(record_at_publish=False)`` publishes the task's new jobs
+    without recording their runs first (C39): one store write less per
+    publish, and a message lost before a worker starts it is lost for good.
     """
 
     durable: bool = True
+    record_at_publish: bool | None = None
     step_retry: RetryPolicy | None = None
     max_run_seconds: float | str | None = None
     max_suspended_seconds: float | str | None = None

@@ -21,6 +21,7 @@ from dramatiq.message import generate_unique_id
 
 from flexiq_plugins.integration import (
     PAYLOAD_OPTION,
+    RECORDED_FLAG,
     JobEnvelope,
     JobInfo,
     build_envelope,
@@ -79,6 +80,7 @@ def job_info(message: Any, **fields: Any) -> JobInfo:
         envelope,
         lazy=first_delivery(message),
         task_name=message.actor_name,
+        recorded_at_publish=bool(message.options.get(RECORDED_FLAG)),
         **fields,
     )
 

@@ -1,6 +1,8 @@
 """The ``DurableSteps`` middleware: durable steps in ordinary Dramatiq actors.
 
-It stamps a run key on every message at enqueue, swaps each durable actor's
+It stamps a run key on every new message at enqueue and records its run
+``queued`` before the message leaves (C39), runs recovery in every worker
+(one sweep at a time across them, C39), swaps each durable actor's
 function for one that runs the body inside an attempt (see ``_actor``), and
 turns the attempt's outcome into Dramatiq's verb (see ``_verbs``). A failure
 the core calls retryable is re-raised unchanged, so the Retries middleware
@@ -31,6 +33,9 @@ from dramatiq.middleware import Middleware, MiddlewareError
 
 from flexiq_plugins import ConfigurationError
 from flexiq_plugins.integration import (
+    RECORD_OPTION,
+    RECORD_TASK_OPTION,
+    RECORDED_FLAG,
     AttemptDriver,
     CancellationPolicy,
     DurableConfig,
@@ -40,6 +45,7 @@ from flexiq_plugins.integration import (
     RetryPolicy,
     StepStore,
     StoreSpec,
+    Sweeper,
     body_traceback,
     cancellation_option,
     check_store_at_start,
@@ -48,13 +54,18 @@ from flexiq_plugins.integration import (
     log_worker_start,
     new_run_key,
     no_current_job,
+    record_at_publish,
     register_installation,
     resolve_store,
     resume_mark_at_publish,
     retry_policy_option,
+    settle_unclaimed_run,
+    start_recovery,
+    wants_record,
 )
 
 from . import _actor, _config, _verbs
+from ._adapter import publisher
 from ._envelope import RESUME_OPTION, RUN_KEY_OPTION, job_info, run_key_of
 
 __all__ = ["DurableSteps", "InvalidActorOption"]
@@ -114,13 +125,15 @@ class DurableSteps(Middleware):
         self._driver: PerProcess[AttemptDriver] = PerProcess(self._make_driver)
         self._failing: dict[str, Failure] = {}
         self._stopping = False
+        self._sweeper: Sweeper | None = None
         _verbs.install_quiet_skip_filter()
 
     @property
     def actor_options(self) -> set[str]:
         """``durable``: ``False`` opts an actor out; ``step_retry``: its steps' default budget (C31);
-        ``max_run_seconds``, ``max_suspended_seconds``: its runs' caps (C34)."""
-        return {"durable", "step_retry", "max_run_seconds", "max_suspended_seconds"}
+        ``max_run_seconds``, ``max_suspended_seconds``: its runs' caps (C34); ``record_at_publish``:
+        ``False`` publishes its new jobs without recording their runs first (C39)."""
+        return {"durable", "step_retry", "max_run_seconds", "max_suspended_seconds", RECORD_TASK_OPTION}
 
     @property
     def driver(self) -> AttemptDriver:
@@ -153,8 +166,21 @@ class DurableSteps(Middleware):
         self._stopping = True
 
     def after_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
-        """Log the one start line: the step store (password hidden) and its schema revision."""
+        """Log the one start line (the step store, password hidden, and its schema revision); start recovery (C39).
+
+        Each worker process runs a sweeper unless ``recovery=False``; the
+        store's lease lets one sweep run at a time across all of them.
+        """
         log_worker_start(self._driver.get, "dramatiq worker")
+        if self._sweeper is None:
+            publishers = {"dramatiq": publisher(broker)}
+            self._sweeper = start_recovery(lambda: self.store, publishers, self._config, name="dramatiq worker")
+
+    def after_worker_shutdown(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        """Stop this process's recovery sweeper and give its lease up (C39)."""
+        sweeper, self._sweeper = self._sweeper, None
+        if sweeper is not None:
+            sweeper.stop(timeout=5)
 
     # ----------------------------------------------------------- declaring
     def before_declare_actor(self, broker: dramatiq.Broker, actor: dramatiq.Actor[Any, Any]) -> None:
@@ -179,20 +205,46 @@ class DurableSteps(Middleware):
 
     # ------------------------------------------------------------ messages
     def before_enqueue(self, broker: dramatiq.Broker, message: Any, delay: int | None) -> None:
-        """Stamp a run key unless the message has one, and the resume mark; a retry of a claimed attempt resumes.
+        """Stamp a run key on a new message, record its run (C11, C39) and set the resume mark (C23, C37).
 
         A run key the producer chose may name an existing run, so the job
         claims before its body (C37); one stamped here is a new run, claimed
-        at its first step (``integration.resume_mark_at_publish``).
+        at its first step (``integration.resume_mark_at_publish``). A message
+        that carries a run key already (a sleep hop, a put-back, a retry, a
+        recovery) is not recorded again; a retry of an attempt that claimed
+        its run resumes it.
         """
         given = bool(message.options.get(RUN_KEY_OPTION))
         if not given:
             message.options[RUN_KEY_OPTION] = new_run_key()
         mark = resume_mark_at_publish(message.options.get(RESUME_OPTION), run_key_given=given)
         message.options[RESUME_OPTION] = mark
+        if not given:
+            self._record(broker, message, delay)
         failure = self._failing.pop(message.message_id, None)
         if failure is not None and failure.claimed:
             message.options[RESUME_OPTION] = True  # the retry continues a run: it claims first (C23)
+
+    def _record(self, broker: dramatiq.Broker, message: Any, delay: int | None) -> None:
+        """Record a new message's run ``queued`` unless its actor or the message opts out (C39)."""
+        try:
+            options = broker.get_actor(message.actor_name).options
+        except ActorNotFound:  # a producer that does not declare the actor: durable by default
+            options = {}
+        if options.get("durable", True) is False:
+            return
+        opted = wants_record(
+            self._config, task_option=options.get(RECORD_TASK_OPTION), call_option=message.options.get(RECORD_OPTION)
+        )
+        if not opted:
+            return
+        message.options[RECORDED_FLAG] = True  # in the envelope: re-publishes of the run carry the flag too
+        job = job_info(message)
+        del message.options[RECORDED_FLAG]
+        seconds = (delay or 0) / 1000
+        job_id = str(message.message_id)
+        if record_at_publish(lambda: self.store, job.run_key, job_id, job.job_envelope, delay_seconds=seconds):
+            message.options[RECORDED_FLAG] = True
 
     def before_process_message(self, broker: dramatiq.Broker, message: Any) -> None:
         """Remember the message for the actor call that follows in this thread."""
@@ -201,9 +253,11 @@ class DurableSteps(Middleware):
     def after_process_message(
         self, broker: dramatiq.Broker, message: Any, *, result: Any = None, exception: BaseException | None = None
     ) -> None:
-        """Forget the current message."""
+        """Forget the current message; a recorded job of an actor that is not durable ends its run (C39)."""
         _message.set(None)
         _handled.set(None)
+        if message.options.get(RECORDED_FLAG) and not self._is_durable(broker, message):
+            settle_unclaimed_run(self.store, run_key_of(message), "succeeded" if exception is None else "failed")
 
     def after_skip_message(self, broker: dramatiq.Broker, message: Any) -> None:
         """Forget the current message; a durable job skipped before its body ran ends its run (C38)."""

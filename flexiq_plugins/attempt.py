@@ -124,6 +124,10 @@ class JobInfo:
         a put-back, a redelivery, a re-publish) claims before the body, so
         its run is settled however the body ends.
       task_name(str | None): the task or actor name; ``None``: the envelope's.
+      recorded_at_publish(bool): the message says its run was recorded
+        ``queued`` when it was published (C39): a run row exists even if this
+        attempt never claims it, and must be settled
+        (:func:`flexiq_plugins.recording.settle_unclaimed_run`).
     """
 
     run_key: str
@@ -134,6 +138,7 @@ class JobInfo:
     eager: bool = False
     lazy: bool = False
     task_name: str | None = None
+    recorded_at_publish: bool = False
 
     @functools.cached_property
     def job_envelope(self) -> JobEnvelope:
@@ -269,13 +274,16 @@ class AttemptDriver:
     def ended_unclaimed(self, job: JobInfo, value: Any = None, error: BaseException | None = None) -> outcomes.Outcome:
         """The outcome of an attempt that ended without claiming its run: its body took no step.
 
-        The one place that decides what such an attempt is (issue 16); today
-        no run exists for it, so nothing is written: a value is
-        :class:`~flexiq_plugins.outcomes.Completed`, a worker shutdown puts
-        the job back (C38), any other error is a ``Failure`` with
-        ``claimed=False``, left to the framework's own retry policy as
+        The one place that decides what such an attempt is (issue 16): a
+        value is :class:`~flexiq_plugins.outcomes.Completed`, a worker
+        shutdown puts the job back (C38), any other error is a ``Failure``
+        with ``claimed=False``, left to the framework's own retry policy as
         without the integration (no dead letter of the library's, C29/C30
-        apply to runs only).
+        apply to runs only). No run exists for such a job unless it was
+        recorded ``queued`` at publish (C39): then a value settles the run
+        ``succeeded`` with its outcome (C37), one write, and a failure is
+        settled ``failed`` once the framework gives up (:meth:`give_up`);
+        otherwise nothing is written.
 
         Parameters:
           job(JobInfo): the job.
@@ -283,10 +291,29 @@ class AttemptDriver:
           error(BaseException | None): what it raised.
         """
         if error is None:
+            if job.recorded_at_publish:
+                outcome = replays.value_outcome(value, self.codec, self.config.limits.step_bytes)
+                self._settle_recorded(job.run_key, "succeeded", outcome)
             return outcomes.Completed(value)
         if classify(error) is Disposition.INTERRUPTED:
             return outcomes.PutBack(outcomes.PutBackReason.SHUTDOWN, 0.0, str(error))
-        return outcomes.Failure(error, job.run_key, 0, claimed=False)
+        return outcomes.Failure(error, job.run_key, 0, claimed=False, recorded=job.recorded_at_publish)
+
+    def _settle_recorded(self, run_key: str, status: base.RunStatus, outcome: bytes) -> None:
+        """End a run recorded at publish that no attempt claimed (C39); a store error is logged, not raised.
+
+        Left ``queued``, the run would be re-published by recovery after
+        ``recovery_queued_seconds``: the WARNING says so.
+        """
+        try:
+            self.store.release_run(run_key, status, while_status={"queued"}, outcome=outcome)
+        except StoreError:
+            logger.warning(
+                "could not end run %s (recorded at publish, no step taken) as %s; recovery may publish it again",
+                run_key,
+                status,
+                exc_info=True,
+            )
 
     def replay_finished(self, job: JobInfo, finished: base.Finished) -> outcomes.Replay | outcomes.Ack:
         """The outcome of a job whose run is already finished: replay its stored outcome (C26, C37).
@@ -413,7 +440,9 @@ class AttemptDriver:
         store error is logged, not raised.
         """
         if not failure.claimed:
-            return False  # no run was claimed: nothing to settle (ended_unclaimed)
+            if failure.recorded:  # recorded at publish, never claimed (C39)
+                self._settle_recorded(failure.run_key, "failed", replays.error_outcome(failure.error))
+            return False  # no run was claimed: nothing else to settle (ended_unclaimed)
         try:
             return self.store.settle_failed(failure.run_key, failure.attempt)
         except StoreError:
@@ -432,7 +461,8 @@ class AttemptDriver:
         logged, not raised.
         """
         if not failure.claimed:
-            return None  # no run was claimed: no step to undo, nothing to settle (ended_unclaimed)
+            self.settle_failed(failure)  # a run recorded at publish is settled; no step to undo (ended_unclaimed)
+            return None
         try:
             if compensation.start_after_failure(self.store, failure.run_key, failure.attempt, failure.error):
                 return outcomes.PutBack(outcomes.PutBackReason.COMPENSATE, 0.0, "its compensations run next")

@@ -35,7 +35,18 @@ __all__ = ["DurableConfig", "Limits", "StoreSpec", "resolve_store", "resolve_sto
 
 C = TypeVar("C", bound="DurableConfig")
 
-_SECONDS = ("max_hop_seconds", "lease_seconds", "busy_retry_seconds", "store_retry_seconds", "store_retry_max_seconds")
+_SECONDS = (
+    "max_hop_seconds",
+    "lease_seconds",
+    "busy_retry_seconds",
+    "store_retry_seconds",
+    "store_retry_max_seconds",
+    "recovery_interval_seconds",
+    "recovery_grace_seconds",
+    "recovery_stale_seconds",
+    "recovery_queued_seconds",
+)
+_FLAGS = ("keep_succeeded_steps", "record_at_publish", "recovery")
 _COUNTS = ("step_bytes", "run_bytes", "run_steps")
 
 
@@ -130,6 +141,43 @@ class DurableConfig:
         ),
     )
 
+    record_at_publish: bool = field(
+        default=True,
+        metadata=_doc(
+            "record each new durable job's run as 'queued' when it is published, before the message leaves, so "
+            "recovery can re-publish a message the broker lost; a task's or actor's record_at_publish=False, or a "
+            "message's flexiq_record=False, opts out (default True, C39)"
+        ),
+    )
+    recovery: bool = field(
+        default=True,
+        metadata=_doc("run recovery in every worker, one sweep at a time across them all (default True, C39)"),
+    )
+    recovery_interval_seconds: float = field(
+        default=60.0, metadata=_doc("time between two recovery ticks of a worker, seconds (default 60, C39)")
+    )
+    recovery_grace_seconds: float = field(
+        default=60.0,
+        metadata=_doc(
+            "how long past its wake time, deadline or lease a run may be before recovery re-publishes it, "
+            "seconds (default 60, C35)"
+        ),
+    )
+    recovery_stale_seconds: float = field(
+        default=3600.0,
+        metadata=_doc(
+            "how long a pending or retrying run, or a run already re-published, may go without a start before "
+            "recovery re-publishes it (again), seconds (default 3600, C35)"
+        ),
+    )
+    recovery_queued_seconds: float = field(
+        default=600.0,
+        metadata=_doc(
+            "how long a run recorded at publish may stay queued without a start before recovery re-publishes "
+            "it, seconds; longer than the queue's usual backlog (default 600, C39)"
+        ),
+    )
+
     def __post_init__(self) -> None:
         for name in _SECONDS:
             self._set(name, _positive_seconds(name, getattr(self, name)))
@@ -142,8 +190,9 @@ class DurableConfig:
                 f"option serializer={self.serializer!r} has no name/dumps/loads; pass a Serializer "
                 "(e.g. JsonSerializer() or FunctionSerializer(name, dumps, loads))"
             )
-        if not isinstance(self.keep_succeeded_steps, bool):
-            raise ConfigurationError(f"option keep_succeeded_steps={self.keep_succeeded_steps!r} must be a bool")
+        for name in _FLAGS:
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigurationError(f"option {name}={getattr(self, name)!r} must be a bool")
         self._set("step_retry", retry_policy_option(self.step_retry, where="option step_retry"))
         caps = cancellation_option(self.max_run_seconds, self.max_suspended_seconds, where="options")
         self._set("max_run_seconds", caps.max_run_seconds if caps else None)

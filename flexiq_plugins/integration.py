@@ -3,7 +3,11 @@
 ``celery_ext`` and ``dramatiq_ext`` import only this module and the package
 root; a third integration would too. The shape of an adapter:
 
-1. At publish, stamp a run key on each new job (:func:`new_run_key`).
+1. At publish, stamp a run key on each new job (:func:`new_run_key`) and,
+   unless the task or the message opts out (:func:`wants_record`), record
+   its run ``queued`` before the message leaves (:func:`record_at_publish`,
+   C39); flag the message with :data:`RECORDED_FLAG` when it was recorded.
+   A worker starts recovery with :func:`start_recovery` (C39).
 2. At delivery, describe the message as a :class:`JobInfo` (the run key by
    :func:`run_key_from`, the envelope by :func:`build_envelope`) and run it
    with the per-process :class:`AttemptDriver` (:class:`PerProcess`):
@@ -68,15 +72,21 @@ from .errors import (
     classify,
 )
 from .identity import new_run_key, run_key_from
-from .operations import CancelResult, cancel_run
+from .operations import CancelResult, Sweeper, cancel_run
 from .outcomes import Ack, AckReason, Completed, DeadLetter, Ended, Failure, Outcome, PutBack, PutBackReason, Replay
 from .policies import CancellationPolicy, RetryPolicy, cancellation_option, retry_policy_option
+from .recording import (
+    RECORD_OPTION,
+    RECORD_TASK_OPTION,
+    RECORDED_FLAG,
+    record_at_publish,
+    settle_unclaimed_run,
+    start_recovery,
+    wants_record,
+)
 from .registry import Adapter, Publisher, ValueReader, register_adapter, register_installation
 
 __all__ = [
-    "EXIT_CONFIGURATION",
-    "HAND_OFF_PAUSES",
-    "PAYLOAD_OPTION",
     "Ack",
     "AckReason",
     "Adapter",
@@ -90,22 +100,29 @@ __all__ = [
     "DeadLettered",
     "Disposition",
     "DurableConfig",
+    "EXIT_CONFIGURATION",
     "Ended",
     "Failure",
     "FunctionSerializer",
+    "HAND_OFF_PAUSES",
     "JobEnvelope",
     "JobInfo",
     "Outcome",
+    "PAYLOAD_OPTION",
     "PerProcess",
     "Publisher",
     "PutBack",
     "PutBackReason",
+    "RECORDED_FLAG",
+    "RECORD_OPTION",
+    "RECORD_TASK_OPTION",
     "Replay",
     "RetryPolicy",
     "Serializer",
     "StepSignal",
     "StepStore",
     "StoreSpec",
+    "Sweeper",
     "UnsupportedInEagerMode",
     "ValueReader",
     "WorkerInterrupted",
@@ -124,6 +141,7 @@ __all__ = [
     "log_worker_start",
     "new_run_key",
     "no_current_job",
+    "record_at_publish",
     "register_adapter",
     "register_installation",
     "resolve_store",
@@ -131,6 +149,9 @@ __all__ = [
     "resume_mark_at_publish",
     "retry_policy_option",
     "run_key_from",
+    "settle_unclaimed_run",
+    "start_recovery",
+    "wants_record",
 ]
 
 logger = logging.getLogger("flexiq_plugins.integration")

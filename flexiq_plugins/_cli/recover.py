@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..operations import DEFAULT_GRACE_SECONDS, DEFAULT_STALE_SECONDS, RecoveryReport, recover
+from ..operations import DEFAULT_GRACE_SECONDS, DEFAULT_QUEUED_SECONDS, DEFAULT_STALE_SECONDS, RecoveryReport, recover
 from . import render
 from .dlq import publisher_options
 from .state import EXIT_FAILED, EXIT_USAGE, CliState, console, emit_json, fail, pass_state
@@ -29,6 +29,13 @@ __all__ = ["recover_command"]
     show_default="1h",
     help="How long a pending or retrying run may go without an update.",
 )
+@click.option(
+    "--queued-after",
+    type=DURATION,
+    default=DEFAULT_QUEUED_SECONDS,
+    show_default="10m",
+    help="How long a run recorded at publish may stay queued without a start (C39).",
+)
 @publisher_options
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_state
@@ -38,11 +45,16 @@ def recover_command(
     dry_run: bool,
     grace: float,
     stale_after: float,
+    queued_after: float,
     app_ref: str | None,
     broker_ref: str | None,
     as_json: bool,
 ) -> None:
-    """Re-publish sleeping runs past their wake time, runs whose worker died, and stale pending runs.
+    """Re-publish runs whose message was lost before they started, sleeping runs past their wake time, runs
+    whose worker died, and stale pending runs.
+
+    Workers run this by themselves by default (C39); the command is for a
+    worker set-up with ``recovery=False``, or to look with ``--dry-run``.
 
     Safe to run from several places at once: each stranded run is re-published
     by exactly one of them.
@@ -52,7 +64,9 @@ def recover_command(
         fail("pass --app module:app (Celery) and/or --broker module:broker (Dramatiq)", EXIT_USAGE)
     if dry_run:
         publishers = publishers or {"celery": _never, "dramatiq": _never}
-    report = recover(state.store, publishers, grace=grace, stale_after=stale_after, dry_run=dry_run)
+    report = recover(
+        state.store, publishers, grace=grace, stale_after=stale_after, queued_after=queued_after, dry_run=dry_run
+    )
     _print(report, as_json)
     if report.failed:
         raise click.exceptions.Exit(EXIT_FAILED)

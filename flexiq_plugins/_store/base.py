@@ -57,6 +57,7 @@ __all__ = [
 ]
 
 RunStatus = Literal[
+    "queued",
     "pending",
     "running",
     "sleeping",
@@ -70,6 +71,9 @@ RunStatus = Literal[
 ]
 """The states of a run. ``succeeded``, ``failed``, ``dead``, ``cancelled`` and ``compensated`` are terminal.
 
+``queued``: recorded when its job was published, no attempt has started yet
+(C39); the first claim takes it to ``running`` like a ``pending`` run.
+
 ``waiting``: the run waits for an event (C33); ``cancelled``: it was
 cancelled on request or over a cap of its task, its compensations run (C34);
 ``compensated``: the run failed for good and the compensations of its
@@ -77,7 +81,7 @@ committed steps all ran (C32).
 """
 
 TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "dead", "cancelled", "compensated"})
-LIVE_STATUSES: frozenset[str] = frozenset({"pending", "running", "sleeping", "waiting", "retrying"})
+LIVE_STATUSES: frozenset[str] = frozenset({"queued", "pending", "running", "sleeping", "waiting", "retrying"})
 """The states a run can still leave: those that are not terminal."""
 CLEANABLE_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "compensated"})
 """Terminal states that :meth:`StepStore.cleanup` may drop; ``dead`` runs stay until purged (C27)."""
@@ -402,7 +406,7 @@ class RunRecord:
     """A stored run, as operators see it.
 
     ``wake_at`` is the wake time of a ``sleeping`` run (a ``waiting`` run's
-    deadline) and ``recovered_at`` when a recoverer last re-published it
+    deadline, a ``queued`` run's due time: C39) and ``recovered_at`` when a recoverer last re-published it
     (epoch seconds, store clock; both ``None`` otherwise). ``wait_topic`` and
     ``wait_key`` name the event a ``waiting`` run waits for (C33);
     ``cancel_reason`` is a ``cancelled`` run's reason, or a cancellation
@@ -521,6 +525,46 @@ class StepStore(abc.ABC):
 
         ``lease_seconds`` is in seconds.
         """
+
+    @abc.abstractmethod
+    def record_queued(self, run_key: str, job_id: str, envelope: JobEnvelope, delay_seconds: float = 0.0) -> None:
+        """Record a run as ``queued`` when its job is published, before the message leaves (C39).
+
+        One small transaction: inserts the run (status ``queued``, attempt 0,
+        no claim, ``envelope`` and ``job_id`` stored, ``wake_at`` = ``now +
+        delay_seconds`` on the store's clock: when the job is due to start)
+        only if no run has this key; an existing run is left exactly as it
+        is (a new job with an existing run key never resets it).
+        :meth:`begin` then claims a ``queued`` run like a ``pending`` one.
+
+        Parameters:
+          run_key(str): the new job's run key (at most 255 characters).
+          job_id(str): the framework's job id.
+          envelope(JobEnvelope): what re-publishes the job (C35); JSON-compatible.
+          delay_seconds(float): how long after now the job is due (a countdown or ETA), seconds.
+        """
+
+    @abc.abstractmethod
+    def acquire_sweep_lease(self, owner: str, lease_seconds: float, *, name: str = "recovery") -> bool:
+        """Take or renew the recovery lease ``name``, so one sweep runs at a time across all workers (C39).
+
+        One transaction on the store's clock: the lease is granted (to
+        ``now + lease_seconds``) if nobody holds it, ``owner`` already holds
+        it, or its holder's lease has expired; otherwise nothing changes.
+
+        Parameters:
+          owner(str): the sweeping process's id.
+          lease_seconds(float): how long the lease lasts without renewal, seconds.
+          name(str): which lease (at most 64 characters): sweepers that
+            publish for different frameworks hold different leases.
+
+        Returns:
+          bool: whether ``owner`` holds the lease now.
+        """
+
+    @abc.abstractmethod
+    def release_sweep_lease(self, owner: str, *, name: str = "recovery") -> None:
+        """Give the recovery lease ``name`` up if ``owner`` holds it (a worker shutting down); else do nothing."""
 
     @abc.abstractmethod
     def renew(self, claim: Claim, lease_seconds: float) -> Claim:

@@ -42,6 +42,7 @@ __all__ = [
     "holds",
     "lease_remaining",
     "may_recover",
+    "may_take_sweep_lease",
 ]
 
 
@@ -130,7 +131,8 @@ def decide_claim(run: RunState, *, now: float, owner: str, lease_seconds: float)
     The caller reads ``run`` and ``now`` atomically with writing the answer.
 
     Parameters:
-      run(RunState): the run as stored (a new run is ``pending`` with attempt 0).
+      run(RunState): the run as stored (a new run is ``pending``, or ``queued`` when
+        recorded at publish (C39), with attempt 0).
       now(float): the store's clock, epoch seconds.
       owner(str): the claiming worker's id.
       lease_seconds(float): the new lease, in seconds.
@@ -234,3 +236,15 @@ def may_recover(run: RunState, *, status: str, updated_at: float, now: float) ->
     if run.status != status or run.updated_at != updated_at:
         return False
     return not (status == "running" and lease_remaining(run.lease_until, now) is not None)
+
+
+def may_take_sweep_lease(holder: str | None, lease_until: float | None, *, owner: str, now: float) -> bool:
+    """Whether ``owner`` may take or renew the recovery lease held by ``holder`` until ``lease_until`` (C39).
+
+    Parameters:
+      holder(str | None): the current holder, ``None`` when nobody holds it.
+      lease_until(float | None): its expiry, epoch seconds, store clock.
+      owner(str): the process asking.
+      now(float): the store's clock, epoch seconds.
+    """
+    return holder is None or holder == owner or lease_remaining(lease_until, now) is None

@@ -36,7 +36,7 @@ from .base import (
     StepRow,
     StepStore,
 )
-from .claims import Granted, already_committed, claim_lost, decide_claim, holds, may_recover
+from .claims import Granted, already_committed, claim_lost, decide_claim, holds, may_recover, may_take_sweep_lease
 from .control import consumed_event_ids, first_receivable, may_settle_cancelled, poll_result, wakes
 from .step_attempts import close_lost, decide_step_attempt, failed_attempt, retry_cut_position
 
@@ -64,6 +64,7 @@ class MemoryStepStore(StepStore):
         self._next_dead_id = 1
         self._events: dict[int, EventRecord] = {}
         self._next_event_id = 1
+        self._sweep_leases: dict[str, tuple[str | None, float | None]] = {}
 
     def now(self) -> float:
         """Return the store's clock, epoch seconds."""
@@ -91,6 +92,30 @@ class MemoryStepStore(StepStore):
             snapshot = tuple(self._steps.get(run_key, ()))
             claim = decision.claim(run_key)
             return Begun(claim, snapshot, now, decision.takeovers, run.envelope, run.created_at, run.cancel_reason)
+
+    def record_queued(self, run_key: str, job_id: str, envelope: JobEnvelope, delay_seconds: float = 0.0) -> None:
+        """See :meth:`StepStore.record_queued`."""
+        with self._lock:
+            if run_key not in self._runs:
+                now = self.now()
+                run = self._new_run(run_key, envelope, now)
+                due = now + max(delay_seconds, 0.0)
+                self._runs[run_key] = dataclasses.replace(run, status="queued", job_id=job_id, wake_at=due)
+
+    def acquire_sweep_lease(self, owner: str, lease_seconds: float, *, name: str = "recovery") -> bool:
+        """See :meth:`StepStore.acquire_sweep_lease`."""
+        with self._lock:
+            now = self.now()
+            if not may_take_sweep_lease(*self._sweep_leases.get(name, (None, None)), owner=owner, now=now):
+                return False
+            self._sweep_leases[name] = (owner, now + lease_seconds)
+            return True
+
+    def release_sweep_lease(self, owner: str, *, name: str = "recovery") -> None:
+        """See :meth:`StepStore.release_sweep_lease`."""
+        with self._lock:
+            if self._sweep_leases.get(name, (None, None))[0] == owner:
+                self._sweep_leases.pop(name)
 
     def _new_run(self, run_key: str, envelope: JobEnvelope, now: float) -> RunRecord:
         return RunRecord(

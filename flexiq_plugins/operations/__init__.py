@@ -26,6 +26,8 @@ from ._events import EventSent, cleanup_events, send_event, wake_run
 from ._publishing import DEFAULT_TARGET_ATTRS, load_object, publishers_for
 from ._recovery import (
     DEFAULT_GRACE_SECONDS,
+    DEFAULT_INTERVAL_SECONDS,
+    DEFAULT_QUEUED_SECONDS,
     DEFAULT_STALE_SECONDS,
     RecoveryReport,
     Stranded,
@@ -39,6 +41,8 @@ from ._values import DecodedValue, decode_step_value
 __all__ = [
     "DEFAULT_CANCEL_REASON",
     "DEFAULT_GRACE_SECONDS",
+    "DEFAULT_INTERVAL_SECONDS",
+    "DEFAULT_QUEUED_SECONDS",
     "DEFAULT_STALE_SECONDS",
     "DEFAULT_TARGET_ATTRS",
     "AlreadyRetried",

@@ -1,6 +1,8 @@
 """Recovery of runs no broker message will wake (C35): find them, re-publish each exactly once.
 
-Besides lost sleepers and dead workers, recovery wakes a ``waiting`` run
+Besides lost sleepers and dead workers, recovery re-publishes a run recorded
+at publish that stayed ``queued`` without a start (C39: its message was lost
+before any worker took it; the claim makes a late original harmless), wakes a ``waiting`` run
 whose event has arrived when no sender could (C33: a sender without the run's
 integration in its process), and runs a cancellation no attempt carried out
 yet (C34: its undos to run, or a run that suspended as it was cancelled).
@@ -12,24 +14,35 @@ moves ``updated_at`` past the run's due time, so a recovered run is not
 recovered again until ``stale_after`` has passed without it starting. A
 duplicate would still be harmless (the core's claim lets one delivery run the
 body), but it is avoided.
+
+**One sweep at a time (C39).** Every worker runs a :class:`Sweeper` by
+default; each tick it asks the store for the one recovery lease
+(:meth:`StepStore.acquire_sweep_lease`, on the database's clock) and sweeps
+only while it holds it. The holder renews it at every tick; when it dies, the
+lease expires after three intervals and another worker takes over.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .._store.base import RunRecord, StepStore
 from ..durations import parse_duration
-from ..errors import ConfigurationError, PublishFailed
+from ..errors import ConfigurationError, PublishFailed, StoreUnavailable
 from ..registry import Publisher
 from ._publishing import publish
 from ._runs import latest_wake_at
 
 __all__ = [
     "DEFAULT_GRACE_SECONDS",
+    "DEFAULT_INTERVAL_SECONDS",
+    "DEFAULT_QUEUED_SECONDS",
     "DEFAULT_STALE_SECONDS",
     "RecoveryReport",
     "Stranded",
@@ -46,9 +59,19 @@ DEFAULT_GRACE_SECONDS = 60.0
 DEFAULT_STALE_SECONDS = 3600.0
 """How long a ``pending`` or ``retrying`` run may go without an update before :func:`recover` takes it, seconds."""
 
+DEFAULT_QUEUED_SECONDS = 600.0
+"""How long a run recorded at publish may stay ``queued`` without a start before :func:`recover` takes it, seconds.
+
+Longer than :data:`DEFAULT_GRACE_SECONDS`: a queue's backlog delays a start
+without anything being lost, and every copy re-published for it is work the
+claim then throws away (C39)."""
+
+DEFAULT_INTERVAL_SECONDS = 60.0
+"""Time between two ticks of a :class:`Sweeper`, seconds."""
+
 _SCAN_LIMIT = 100_000
 _STALE_STATUSES = ("pending", "retrying")
-_SCANNED = ("pending", "running", "sleeping", "waiting", "retrying")
+_SCANNED = ("queued", "pending", "running", "sleeping", "waiting", "retrying")
 
 
 @dataclass(frozen=True)
@@ -57,9 +80,9 @@ class Stranded:
 
     Parameters:
       run(RunRecord): the run as read.
-      why(str): ``"sleep_overdue"``, ``"wait_overdue"``, ``"event_arrived"``,
+      why(str): ``"never_started"``, ``"sleep_overdue"``, ``"wait_overdue"``, ``"event_arrived"``,
         ``"cancel_requested"``, ``"lease_expired"`` or ``"stale"``.
-      due_at(float): when it should have moved on: the wake time, the wait's
+      due_at(float): when it should have moved on: its publish, the wake time, the wait's
         deadline, the event's arrival, the lease expiry or the last update,
         epoch seconds.
     """
@@ -91,9 +114,13 @@ def find_stranded(
     *,
     grace: str | float = DEFAULT_GRACE_SECONDS,
     stale_after: str | float = DEFAULT_STALE_SECONDS,
+    queued_after: str | float = DEFAULT_QUEUED_SECONDS,
 ) -> list[Stranded]:
-    """Return the runs :func:`recover` would re-publish, oldest due first (C35).
+    """Return the runs :func:`recover` would re-publish, oldest due first (C35, C39).
 
+    - ``queued`` (recorded at publish, C39) and not started ``queued_after``
+      after it was due (its publish, or the end of its countdown or ETA):
+      its message was lost before any worker took it;
     - ``sleeping`` past its recorded wake time (a sleep's, or a step retry's time, C31)
       by more than ``grace``; ``waiting`` past its deadline by more than ``grace``;
     - ``waiting`` for an event that has arrived (C33), at once;
@@ -117,17 +144,20 @@ def find_stranded(
       store(StepStore): the store.
       grace(str | float): a duration (``"60s"``) or seconds.
       stale_after(str | float): a duration (``"1h"``) or seconds.
+      queued_after(str | float): a duration (``"10m"``) or seconds.
 
     Raises:
       ValueError: a duration cannot be parsed.
       StoreUnavailable: the store cannot be reached.
     """
+    queued_before = store.now() - parse_duration(queued_after)
     grace_s = parse_duration(grace)
     stale_s = max(parse_duration(stale_after), grace_s)
     now = store.now()
     due, stale = now - grace_s, now - stale_s
     runs = {status: store.list_runs(status=status, limit=_SCAN_LIMIT) for status in _SCANNED}
     found = [
+        *_never_started(runs["queued"], queued_before, stale),
         *_overdue_sleepers(store, runs["sleeping"], due, stale),
         *_waiters(store, runs["waiting"], due, stale),
         *_lost_claims(runs["running"], due, stale),
@@ -144,6 +174,17 @@ def find_stranded(
 def _unclaimed_since(run: RunRecord, due_at: float, stale: float) -> bool:
     """Not recovered since it fell due at ``due_at``, or recovered longer than ``stale`` ago."""
     return run.recovered_at is None or run.recovered_at < due_at or run.recovered_at < stale
+
+
+def _never_started(queued: list[RunRecord], before: float, stale: float) -> list[Stranded]:
+    """Runs recorded at publish, due to start before ``before`` (their publish, or their countdown's end),
+    that no attempt started (C39)."""
+    found = []
+    for run in queued:
+        due = max(run.created_at, run.wake_at or 0.0)
+        if due < before and _unclaimed_since(run, due, stale):
+            found.append(Stranded(run, "never_started", due))
+    return found
 
 
 def _overdue_sleepers(store: StepStore, sleeping: list[RunRecord], due: float, stale: float) -> list[Stranded]:
@@ -195,9 +236,10 @@ def recover(
     *,
     grace: str | float = DEFAULT_GRACE_SECONDS,
     stale_after: str | float = DEFAULT_STALE_SECONDS,
+    queued_after: str | float = DEFAULT_QUEUED_SECONDS,
     dry_run: bool = False,
 ) -> RecoveryReport:
-    """Re-publish stranded runs, each exactly once even with several recoverers at once (C35).
+    """Re-publish stranded runs, each exactly once even with several recoverers at once (C35, C39).
 
     Each candidate of :func:`find_stranded` is won with
     :meth:`StepStore.mark_recovered`, then re-published through its framework's
@@ -209,6 +251,7 @@ def recover(
         runs of another framework are skipped.
       grace(str | float): see :func:`find_stranded`.
       stale_after(str | float): see :func:`find_stranded`.
+      queued_after(str | float): see :func:`find_stranded`.
       dry_run(bool): only report what would be re-published.
 
     Raises:
@@ -216,7 +259,7 @@ def recover(
       StoreUnavailable: the store cannot be reached.
     """
     report = RecoveryReport(dry_run=dry_run)
-    for stranded in find_stranded(store, grace=grace, stale_after=stale_after):
+    for stranded in find_stranded(store, grace=grace, stale_after=stale_after, queued_after=queued_after):
         _recover_one(store, publishers, stranded, report)
     return report
 
@@ -245,18 +288,28 @@ def _recover_one(
 
 
 class Sweeper:
-    """A daemon thread that calls :func:`recover` every ``interval`` seconds (C35).
+    """A daemon thread that calls :func:`recover` every ``interval`` seconds (C35, C39).
 
-    Safe to run in every worker at once: :meth:`StepStore.mark_recovered`
-    lets one of them re-publish each stranded run. Errors are logged and the
-    next sweep goes on.
+    Safe to run in every worker at once: with ``lease`` (the default) a tick
+    sweeps only while this sweeper holds the store's one recovery lease, so
+    one sweep runs at a time across all workers; and
+    :meth:`StepStore.mark_recovered` lets one recoverer re-publish each
+    stranded run in any case. A store that cannot be reached is logged once
+    as a WARNING when it starts failing and once at INFO when it is back;
+    other errors are logged and the next tick goes on.
 
     Parameters:
       store(StepStore): the store.
       publishers(Mapping[str, Publisher]): a publisher per framework name.
-      interval(str | float): time between sweeps (``"1m"`` or seconds).
+      interval(str | float): time between ticks (``"1m"`` or seconds).
       grace(str | float): see :func:`find_stranded`.
       stale_after(str | float): see :func:`find_stranded`.
+      queued_after(str | float): see :func:`find_stranded`.
+      lease(bool): sweep only while holding the store's recovery lease of
+        these publishers' frameworks (``recovery:celery``, held for three
+        intervals, renewed at every tick): a Dramatiq worker never holds up
+        the recovery of Celery runs sharing the store.
+      name(str): names this sweeper in log lines (e.g. ``"celery worker"``).
 
     Raises:
       ConfigurationError: (a ``ValueError``) a duration cannot be parsed, or ``interval`` is zero.
@@ -267,9 +320,12 @@ class Sweeper:
         store: StepStore,
         publishers: Mapping[str, Publisher],
         *,
-        interval: str | float = 60.0,
+        interval: str | float = DEFAULT_INTERVAL_SECONDS,
         grace: str | float = DEFAULT_GRACE_SECONDS,
         stale_after: str | float = DEFAULT_STALE_SECONDS,
+        queued_after: str | float = DEFAULT_QUEUED_SECONDS,
+        lease: bool = True,
+        name: str = "sweeper",
     ) -> None:
         self.store = store
         self.publishers = dict(publishers)
@@ -278,8 +334,14 @@ class Sweeper:
             raise ConfigurationError(f"the sweeper's interval must be positive, got {interval!r}")
         self.grace = parse_duration(grace)
         self.stale_after = parse_duration(stale_after)
+        self.queued_after = parse_duration(queued_after)
+        self.lease = lease
+        self.name = name
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.lease_name = "recovery:" + "+".join(sorted(self.publishers))
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._unreachable = False
 
     def start(self) -> Sweeper:
         """Start the thread (once); return ``self``."""
@@ -289,21 +351,61 @@ class Sweeper:
         return self
 
     def stop(self, timeout: float | None = None) -> None:
-        """Ask the thread to stop and wait for it up to ``timeout`` seconds."""
+        """Ask the thread to stop, wait for it up to ``timeout`` seconds, and give the lease up."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self.lease:
+            try:
+                self.store.release_sweep_lease(self.owner, name=self.lease_name)
+            except Exception as exc:  # the lease then expires by itself
+                logger.debug("%s: could not release the recovery lease: %s", self.name, exc)
 
     def sweep(self) -> RecoveryReport:
-        """Run one recovery now and return its report."""
-        return recover(self.store, self.publishers, grace=self.grace, stale_after=self.stale_after)
+        """Run one recovery now, whether or not this sweeper holds the lease, and return its report."""
+        return recover(
+            self.store,
+            self.publishers,
+            grace=self.grace,
+            stale_after=self.stale_after,
+            queued_after=self.queued_after,
+        )
+
+    def tick(self) -> RecoveryReport | None:
+        """One tick: take or renew the lease, then sweep; ``None`` when another process holds the lease.
+
+        Raises:
+          StoreUnavailable: the store cannot be reached.
+        """
+        if self.lease and not self.store.acquire_sweep_lease(self.owner, 3 * self.interval, name=self.lease_name):
+            return None
+        return self.sweep()
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                report = self.sweep()
-            except Exception:
-                logger.exception("recovery sweep failed; the next one runs in %s s", self.interval)
+                report = self.tick()
+            except StoreUnavailable as exc:
+                self._note_unreachable(exc)
                 continue
-            if report.recovered or report.failed:
-                logger.info("recovery sweep: %d re-published, %d failed", len(report.recovered), len(report.failed))
+            except Exception:
+                logger.exception("%s: recovery sweep failed; the next one runs in %s s", self.name, self.interval)
+                continue
+            self._note_reachable()
+            if report is not None and (report.recovered or report.failed):
+                logger.info(
+                    "%s: recovery sweep: %d re-published, %d failed",
+                    self.name,
+                    len(report.recovered),
+                    len(report.failed),
+                )
+
+    def _note_unreachable(self, exc: StoreUnavailable) -> None:
+        if not self._unreachable:
+            logger.warning("%s: recovery paused, the step store cannot be reached: %s", self.name, exc)
+        self._unreachable = True
+
+    def _note_reachable(self) -> None:
+        if self._unreachable:
+            logger.info("%s: the step store is reachable again; recovery resumes", self.name)
+        self._unreachable = False

@@ -55,6 +55,7 @@ class CeleryHarness(Harness):
         self._redis: Any = redis.Redis.from_url(BROKER_URLS["redis"]) if config.broker == "redis" else None
         self._dead_seen: list[tuple[str, str]] = []
         self._workers_started = 0
+        self._stamped: dict[str, str] = {}
 
     # --------------------------------------------------------------- workers
     @contextmanager
@@ -101,6 +102,16 @@ class CeleryHarness(Harness):
             headers={RUN_KEY_HEADER: job.run_key},
         )
 
+    def _send_new(self, scenario: str, args: tuple[Any, ...], job_id: str) -> str:
+        """``app.send_task`` with no headers: ``before_task_publish`` stamps the run key (and records the run)."""
+        self.app.send_task(self.task_name(scenario), args=list(args), task_id=job_id)
+        return self._stamped.pop(job_id)
+
+    def purge(self) -> int:
+        """``queue_purge`` of the harness's queue on the broker."""
+        with self.app.connection_for_write() as conn:
+            return int(conn.default_channel.queue_purge(self.config.queue) or 0)
+
     def _send_unstamped(self, job: Job) -> None:
         """A protocol-2 task message published with kombu, as a client without ``celery_ext`` sends it.
 
@@ -141,7 +152,9 @@ class CeleryHarness(Harness):
             raise OperationalError("[Errno 111] Connection refused (injected by the conformance harness)")
         if action == "lost":
             return None
-        return self._real_send(producer, name, message, **options)
+        sent = self._real_send(producer, name, message, **options)
+        self._stamped[str(message.headers["id"])] = str(message.headers.get(RUN_KEY_HEADER))
+        return sent
 
     def _on_postrun(self, sender: Any = None, task_id: str | None = None, task: Any = None, **_: Any) -> None:
         if task is not None and task.app is self.app:

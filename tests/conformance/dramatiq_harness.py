@@ -109,6 +109,24 @@ class DramatiqHarness(Harness):
         else:
             self.broker.enqueue(message)
 
+    def _send_new(self, scenario: str, args: tuple[Any, ...], job_id: str) -> str:
+        """``broker.enqueue`` of a message with no run key: ``before_enqueue`` stamps it (and records the run)."""
+        message: dramatiq.Message[Any] = dramatiq.Message(
+            queue_name=self.config.queue,
+            actor_name=self.task_name(scenario),
+            args=args,
+            kwargs={},
+            options={},
+            message_id=job_id,
+        )
+        sent = self.broker.enqueue(message)
+        return str(sent.options[RUN_KEY_OPTION])
+
+    def purge(self) -> int:
+        """``broker.flush`` of the harness's queue (and its delay queue)."""
+        self.broker.flush(self.config.queue)
+        return 0
+
     def _send_without_middleware(self, message: dramatiq.Message[Any]) -> None:
         """Enqueue ``message`` on a broker of the same kind with no middleware: a producer without ``DurableSteps``."""
         plain = make_plain_broker(self.config)

@@ -78,6 +78,9 @@ class HarnessConfig:
       directory(str): where the ledger, the store file and the worker logs live.
       lease_seconds(float): the adapter's claim lease, seconds (C23).
       busy_retry_seconds(float): the most a busy run's duplicate is put back for, seconds (C24).
+      recovery_interval_seconds(float): time between the workers' recovery ticks, seconds (C39).
+      recovery_grace_seconds(float): how long past its wake time a run may be before it is recovered (C35).
+      recovery_queued_seconds(float): how long a run recorded at publish may stay queued (C39).
     """
 
     name: str
@@ -88,6 +91,9 @@ class HarnessConfig:
     directory: str
     lease_seconds: float = 30.0
     busy_retry_seconds: float = 0.5
+    recovery_interval_seconds: float = 60.0
+    recovery_grace_seconds: float = 60.0
+    recovery_queued_seconds: float = 600.0
 
     def to_env(self) -> dict[str, str]:
         """The environment of a worker process that builds this configuration's app."""
@@ -244,6 +250,27 @@ class Harness(abc.ABC):
         self._send_directly(job)
         return job
 
+    def publish_new(self, scenario: str, *args: Any) -> Job:
+        """Publish a job of ``scenario`` as a producer with the integration does: the adapter mints its run key.
+
+        The returned :class:`Job` holds the run key the adapter stamped on the message (C11, C39).
+        """
+        job_id = str(uuid4())
+        self._local.direct = True
+        try:
+            run_key = self._send_new(scenario, args, job_id)
+        finally:
+            self._local.direct = False
+        return Job(scenario, args, job_id, run_key)
+
+    @abc.abstractmethod
+    def _send_new(self, scenario: str, args: tuple[Any, ...], job_id: str) -> str:
+        """Publish a new job through the framework's own publish path (no run key given); return its run key."""
+
+    @abc.abstractmethod
+    def purge(self) -> int:
+        """Delete every message waiting in the harness's queue (what a purge or a lost list does); return how many."""
+
     def publish_duplicate(self, job: Job) -> None:
         """Publish ``job`` again: the same job id and run key (what a broker redelivery looks like)."""
         self._send_directly(job)
@@ -396,4 +423,7 @@ def adapter_options(config: HarnessConfig) -> Mapping[str, Any]:
         "busy_retry_seconds": config.busy_retry_seconds,
         "store_retry_seconds": 0.2,  # an injected store outage puts the job back for 0.2 s
         "keep_succeeded_steps": True,  # the tests read the step rows of finished runs
+        "recovery_interval_seconds": config.recovery_interval_seconds,
+        "recovery_grace_seconds": config.recovery_grace_seconds,
+        "recovery_queued_seconds": config.recovery_queued_seconds,
     }

@@ -92,7 +92,9 @@ def test_c38_a_sleeping_job_its_age_limit_drops_fails_its_run(
 
     start_worker(broker)
     run_key = late.send().options[RUN_KEY_OPTION]
-    wait_until(lambda: status_of(sqlite_store, run_key) not in (None, "running", "sleeping"), what="the run to end")
+    wait_until(
+        lambda: status_of(sqlite_store, run_key) not in (None, "queued", "running", "sleeping"), what="the run to end"
+    )
     assert status_of(sqlite_store, run_key) == "failed"
     assert run_key not in stranded(sqlite_store)
     assert after == []
@@ -124,7 +126,9 @@ def test_c38_a_sleeping_job_another_middleware_skips_is_cancelled(
 
     start_worker(broker)
     run_key = nap.send().options[RUN_KEY_OPTION]
-    wait_until(lambda: status_of(sqlite_store, run_key) not in (None, "running", "sleeping"), what="the run to end")
+    wait_until(
+        lambda: status_of(sqlite_store, run_key) not in (None, "queued", "running", "sleeping"), what="the run to end"
+    )
     assert status_of(sqlite_store, run_key) == "cancelled"
     assert run_key not in stranded(sqlite_store)
     assert after == []

@@ -42,6 +42,7 @@ from typing import Any, Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import StaticPool
 
@@ -78,7 +79,17 @@ from ..base import (
     StepRow,
     StepStore,
 )
-from ..claims import Granted, already_committed, claim_lost, claim_of_new_run, decide_claim, fence, holds, may_recover
+from ..claims import (
+    Granted,
+    already_committed,
+    claim_lost,
+    claim_of_new_run,
+    decide_claim,
+    fence,
+    holds,
+    may_recover,
+    may_take_sweep_lease,
+)
 from ..control import WAITER_STATUSES, may_settle_cancelled, poll_result
 from ..step_attempts import decide_step_attempt, failed_attempt, retry_cut_position
 from .engine import READ_ONLY, bad_store_message, create_engine, normalize_url, register_fork_hook, safe_url
@@ -401,6 +412,95 @@ class SqlStepStore(StepStore):
         stored = load_envelope(run.envelope, task_name=run.task_name, framework=run.framework, queue=run.queue)
         claim = decision.claim(run_key)
         return Begun(claim, snapshot, now, decision.takeovers, stored, run.created_at, run.cancel_reason)
+
+    def record_queued(self, run_key: str, job_id: str, envelope: JobEnvelope, delay_seconds: float = 0.0) -> None:
+        """Record a new job's run as ``queued``, unless the run exists (C39); see :meth:`StepStore.record_queued`.
+
+        One statement in one transaction: an insert that does nothing on an
+        existing run key.
+
+        Raises:
+          StoreUnavailable: the database cannot be reached.
+          StoreError: the envelope is not JSON-compatible, or another database error.
+        """
+        envelope_json = dump_envelope(envelope)
+        due = self._clock + max(delay_seconds, 0.0)
+        statement = self._insert_run_if_absent(
+            run_key, envelope, envelope_json, status="queued", job_id=job_id, wake_at=due
+        )
+        self._write(lambda conn: conn.execute(statement))
+
+    def acquire_sweep_lease(self, owner: str, lease_seconds: float, *, name: str = "recovery") -> bool:
+        """Take or renew the recovery lease on the database's clock (C39); see :meth:`StepStore.acquire_sweep_lease`.
+
+        One transaction: insert the lease row if absent, lock it, decide with
+        :func:`~flexiq_plugins._store.claims.may_take_sweep_lease`, write.
+
+        Raises:
+          StoreUnavailable: the database cannot be reached.
+        """
+        sweep = self._t.sweep
+
+        def work(conn: Connection) -> bool:
+            conn.execute(self._insert_if_absent(sweep, {"name": name}, "name"))
+            row = conn.execute(sa.select(sweep).where(sweep.c.name == name).with_for_update()).one()
+            now = self._now(conn)
+            if not may_take_sweep_lease(row.owner, row.lease_until, owner=owner, now=now):
+                return False
+            values = {"owner": owner, "lease_until": now + lease_seconds}
+            conn.execute(sa.update(sweep).where(sweep.c.name == name).values(**values))
+            return True
+
+        return self._write(work)
+
+    def release_sweep_lease(self, owner: str, *, name: str = "recovery") -> None:
+        """Give the recovery lease ``name`` up if ``owner`` holds it (C39).
+
+        Raises:
+          StoreUnavailable: the database cannot be reached.
+        """
+        sweep = self._t.sweep
+        held = sa.and_(sweep.c.name == name, sweep.c.owner == owner)
+        statement = sa.update(sweep).where(held).values(owner=None, lease_until=None)
+        self._write(lambda conn: conn.execute(statement))
+
+    def _insert_run_if_absent(
+        self,
+        run_key: str,
+        envelope: JobEnvelope,
+        envelope_json: str,
+        *,
+        status: str = "pending",
+        job_id: str | None = None,
+        wake_at: Any = None,
+    ) -> sa.Insert:
+        values = {
+            "run_key": run_key,
+            "task_name": envelope.task_name,
+            "framework": envelope.framework,
+            "queue": envelope.queue,
+            "status": status,
+            "job_id": job_id,
+            "wake_at": wake_at,
+            "attempt": 0,
+            "takeovers": 0,
+            "envelope": envelope_json,
+            "step_count": 0,
+            "step_bytes": 0,
+            "created_at": self._clock,
+            "updated_at": self._clock,
+        }
+        return self._insert_if_absent(self._t.runs, values, "run_key")
+
+    def _insert_if_absent(self, table: sa.Table, values: dict[str, Any], key: str) -> sa.Insert:
+        """An insert of ``values`` into ``table`` that does nothing when the primary key ``key`` exists."""
+        if self._dialect == "postgresql":
+            return postgresql.insert(table).values(values).on_conflict_do_nothing(index_elements=[key])
+        if self._dialect == "sqlite":
+            return sqlite.insert(table).values(values).on_conflict_do_nothing(index_elements=[key])
+        stmt = mysql.insert(table).values(values)
+        # Unlike INSERT IGNORE, this X-locks an existing row: no S→X upgrade deadlock.
+        return stmt.on_duplicate_key_update({key: stmt.inserted[key]})
 
     def renew(self, claim: Claim, lease_seconds: float) -> Claim:
         """Extend the lease to the database's ``now + lease_seconds`` (C23).

@@ -1,4 +1,4 @@
-"""The SQL store's five tables, as SQLAlchemy Core ``Table`` objects.
+"""The SQL store's six tables, as SQLAlchemy Core ``Table`` objects.
 
 The schema is created and changed only by the Alembic migrations shipped in
 ``flexiq_plugins/_store/migrations``; the queries are built on these objects.
@@ -82,15 +82,16 @@ class ExactKey(sa.types.TypeDecorator[str]):
 
 @dataclass(frozen=True)
 class StoreTables:
-    """The five tables of one ``table_prefix``, as Core ``Table`` objects.
+    """The six tables of one ``table_prefix``, as Core ``Table`` objects.
 
     Parameters:
-      metadata(MetaData): the metadata holding exactly these five tables.
+      metadata(MetaData): the metadata holding exactly these six tables.
       runs(Table): ``<prefix>runs``, one row per run key.
       steps(Table): ``<prefix>steps``, the committed steps.
       dead(Table): ``<prefix>dead_letters``.
       attempts(Table): ``<prefix>step_attempts``, the journaled and failed step attempts (C31).
       events(Table): ``<prefix>events``, the events sent for waiting runs (C33).
+      sweep(Table): ``<prefix>sweep_lease``, the one recovery lease of all workers (C39).
     """
 
     metadata: sa.MetaData
@@ -99,6 +100,7 @@ class StoreTables:
     dead: sa.Table
     attempts: sa.Table
     events: sa.Table
+    sweep: sa.Table
 
 
 def _time() -> sa.Double[float]:
@@ -118,7 +120,7 @@ def _event_id() -> sa.types.TypeEngine[int]:
 
 
 def store_tables(prefix: str) -> StoreTables:
-    """Return the five tables of ``prefix``: runs, steps, dead letters, step attempts and events.
+    """Return the six tables of ``prefix``: runs, steps, dead letters, step attempts, events and the sweep lease.
 
     Parameters:
       prefix(str): the store's table prefix (``flexiq_`` by default).
@@ -131,6 +133,7 @@ def store_tables(prefix: str) -> StoreTables:
         _dead_letters(metadata, prefix),
         _step_attempts(metadata, prefix),
         _events(metadata, prefix),
+        _sweep_lease(metadata, prefix),
     )
 
 
@@ -243,5 +246,16 @@ def _events(metadata: sa.MetaData, p: str) -> sa.Table:
         sa.Index(f"ix_{p}events_topic_key", "topic", "event_key"),
         sa.Index(f"ix_{p}events_created", "created_at"),
         sqlite_autoincrement=True,  # ids are never reused after a cleanup: a run's received ids stay its own
+        **_MYSQL,
+    )
+
+
+def _sweep_lease(metadata: sa.MetaData, p: str) -> sa.Table:
+    return sa.Table(
+        f"{p}sweep_lease",
+        metadata,
+        sa.Column("name", sa.String(64), primary_key=True),
+        sa.Column("owner", sa.String(255), nullable=True),
+        sa.Column("lease_until", _time(), nullable=True),
         **_MYSQL,
     )

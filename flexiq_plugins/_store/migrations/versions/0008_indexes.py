@@ -1,7 +1,7 @@
 """Indexes that give every runs listing its order, so its cost does not grow with the history (issue 14).
 
 Revision ID: 0008
-Revises: 0006
+Revises: 0007
 Create Date: 2026-12-01
 
 ``list_runs`` (``flexiq runs list``, and the recovery sweep, per status)
@@ -33,7 +33,7 @@ from alembic import context, op
 
 # revision identifiers, used by Alembic.
 revision: str = "0008"
-down_revision: str | Sequence[str] | None = "0006"
+down_revision: str | Sequence[str] | None = "0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -68,5 +68,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    """Back to the indexes of revision 0006 (the same as 0005)."""
+    """Back to the indexes of revision 0007 (the same as 0005)."""
     _swap(_OLD, _NEW)

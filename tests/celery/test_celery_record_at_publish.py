@@ -1,0 +1,92 @@
+"""Celery: a new job's run is recorded ``queued`` when it is published, unless the task or the message opts out
+(C39). Published on a real broker; no worker runs, so what the store holds is what the publish wrote."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from celery import Celery
+
+from celery_ext import RUN_KEY_HEADER
+from flexiq_plugins import SqlStepStore, UnknownRun
+
+
+def _run_status(store: SqlStepStore, run_key: str) -> str | None:
+    try:
+        return store.get_run(run_key).status
+    except UnknownRun:
+        return None
+
+
+def _published(app: Celery, send: Callable[[], Any]) -> dict[str, Any]:
+    """Publish with ``send`` and return the headers of the message that left."""
+    seen: dict[str, Any] = {}
+
+    def note(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        seen.update(headers or {})
+
+    from celery import signals
+
+    signals.after_task_publish.connect(note, weak=False)
+    try:
+        send()
+    finally:
+        signals.after_task_publish.disconnect(note)
+    return seen
+
+
+def test_c39_a_new_job_is_queued_before_a_worker_sees_it(
+    redis_broker: str, sqlite_store: SqlStepStore, make_celery_app: Callable[..., Celery]
+) -> None:
+    """C39: ``delay`` records the run ``queued`` with the job's envelope and flags the message."""
+    app = make_celery_app(redis_broker, sqlite_store)
+
+    @app.task(name=f"{app.main}.ship")
+    def ship(order: str) -> str:
+        return order
+
+    headers = _published(app, lambda: ship.delay("A-1"))
+    run = sqlite_store.get_run(headers[RUN_KEY_HEADER])
+    assert (run.status, run.job_id, run.envelope.args) == ("queued", headers["id"], ["A-1"])
+    assert run.envelope.task_name == f"{app.main}.ship"
+    assert headers["flexiq_recorded"] is True
+
+
+def test_c39_a_task_or_a_message_opts_out(
+    redis_broker: str, sqlite_store: SqlStepStore, make_celery_app: Callable[..., Celery]
+) -> None:
+    """C39: ``record_at_publish=False`` on the task, or the header ``flexiq_record=False``, records nothing;
+    a message carrying a run key already (the library's own re-publish) is not recorded either."""
+    app = make_celery_app(redis_broker, sqlite_store)
+
+    @app.task(name=f"{app.main}.hot", record_at_publish=False)
+    def hot() -> None: ...
+
+    @app.task(name=f"{app.main}.ship")
+    def ship() -> None: ...
+
+    for send in (
+        hot.delay,
+        lambda: ship.apply_async(headers={"flexiq_record": False}),
+        lambda: ship.apply_async(headers={RUN_KEY_HEADER: "an-existing-run"}),
+    ):
+        headers = _published(app, send)
+        assert _run_status(sqlite_store, headers[RUN_KEY_HEADER]) is None
+        assert "flexiq_recorded" not in headers
+
+
+def test_c39_a_countdown_is_recorded_as_the_runs_due_time(
+    redis_broker: str, sqlite_store: SqlStepStore, make_celery_app: Callable[..., Celery]
+) -> None:
+    """C39: ``apply_async(countdown=...)`` records when the job is due, so recovery never runs it early."""
+    app = make_celery_app(redis_broker, sqlite_store)
+
+    @app.task(name=f"{app.main}.later")
+    def later() -> None: ...
+
+    headers = _published(app, lambda: later.apply_async(countdown=3600))
+    run = sqlite_store.get_run(headers[RUN_KEY_HEADER])
+    assert run.status == "queued"
+    assert run.wake_at is not None
+    assert run.wake_at - run.created_at > 3500
