@@ -1,6 +1,7 @@
 """The cost of the integration for a task that takes no step, against the same task without it (issue 16).
 
     .venv/bin/python benchmarks/bench_no_step.py [--rounds 7] [--messages 300] [--redis redis://127.0.0.1:6379/14]
+        [--recorded]
 
 A task that never touches ``current_job.step`` claims no run (C23): it should
 cost about what it costs without the integration. In one process run, with
@@ -16,6 +17,12 @@ alike, it times per message:
 
 It prints the median per-message time of each and the RATIO durable / plain
 (the target is ≤ 1.2). Ratios, not absolute times, compare between machines.
+
+By default the durable side runs with ``record_at_publish=False``: that is
+the cost of the integration itself for a step-less task (lazy claims, C23).
+With ``--recorded`` it keeps the default, recording each run at publish
+(C39): one insert when the job is published and one update when the
+step-less body ends, so a broker that loses the message cannot lose the job.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ Timer = Callable[[int], float]
 
 # ------------------------------------------------------------------ Dramatiq
 @contextmanager
-def dramatiq_pair(store_url: str, redis_url: str | None = None) -> Iterator[dict[str, Timer]]:
+def dramatiq_pair(store_url: str, redis_url: str | None = None, record: bool = False) -> Iterator[dict[str, Timer]]:
     """Timers for a no-op and a failing actor, on a plain broker and one with ``DurableSteps``.
 
     The brokers are StubBrokers, or RedisBrokers on ``redis_url``.
@@ -59,7 +66,7 @@ def dramatiq_pair(store_url: str, redis_url: str | None = None) -> Iterator[dict
     for kind in ("plain", "durable"):
         broker: Any = StubBroker() if redis_url is None else RedisBroker(url=redis_url, namespace=f"{namespace}-{kind}")
         if kind == "durable":
-            broker.add_middleware(DurableSteps(store=store_url), before=Retries)
+            broker.add_middleware(DurableSteps(store=store_url, record_at_publish=record), before=Retries)
         broker.emit_after("process_boot")
         queue = f"bench_{kind}"
 
@@ -106,14 +113,14 @@ def _dramatiq_timer(broker: Any, worker: Any, queue: str, actor: Any) -> Timer:
 
 
 # -------------------------------------------------------------------- Celery
-def celery_eager(store_url: str) -> dict[str, Timer]:
+def celery_eager(store_url: str, record: bool = False) -> dict[str, Timer]:
     """Timers for ``Task.apply`` of a no-op task, durable and not."""
     from celery import Celery
 
     import celery_ext
 
     app = Celery(f"bench{uuid.uuid4().hex[:6]}", broker="memory://", backend="cache+memory://", set_as_current=False)
-    celery_ext.install(app, store=store_url)
+    celery_ext.install(app, store=store_url, record_at_publish=record)
 
     @app.task(name="noop_durable")
     def noop_durable() -> None:
@@ -136,7 +143,7 @@ def celery_eager(store_url: str) -> dict[str, Timer]:
 
 
 @contextmanager
-def celery_worker(store_url: str, redis_url: str) -> Iterator[dict[str, Timer]]:
+def celery_worker(store_url: str, redis_url: str, record: bool = False) -> Iterator[dict[str, Timer]]:
     """Timers for a no-op task through a real in-process worker on Redis, durable and not."""
     from celery import Celery
     from celery.contrib.testing.worker import start_worker
@@ -147,7 +154,7 @@ def celery_worker(store_url: str, redis_url: str) -> Iterator[dict[str, Timer]]:
     app = Celery(name, broker=redis_url, set_as_current=False)
     app.conf.update(task_default_queue=name, task_ignore_result=True, worker_hijack_root_logger=False)
     app.conf.worker_prefetch_multiplier = 16
-    celery_ext.install(app, store=store_url)
+    celery_ext.install(app, store=store_url, record_at_publish=record)
     done = {"n": 0}
     lock = threading.Lock()
 
@@ -220,16 +227,20 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--messages", type=int, default=300)
     parser.add_argument("--redis", default="redis://127.0.0.1:6379/14")
+    parser.add_argument("--recorded", action="store_true", help="keep recording at publish on (C39)")
     args = parser.parse_args()
+    record = bool(args.recorded)
+    print(f"record_at_publish={record}")
     with tempfile.TemporaryDirectory() as tmp:
         store_url = f"sqlite:///{Path(tmp) / 'steps.db'}"
-        with dramatiq_pair(store_url) as timers:
+        with dramatiq_pair(store_url, record=record) as timers:
             report("Dramatiq, StubBroker, SQLite store", measure(timers, args.rounds, args.messages))
-        report("Celery, eager Task.apply, SQLite store", measure(celery_eager(store_url), args.rounds, args.messages))
+        eager = measure(celery_eager(store_url, record), args.rounds, args.messages)
+        report("Celery, eager Task.apply, SQLite store", eager)
         if _reachable(args.redis):
-            with dramatiq_pair(store_url, args.redis) as timers:
+            with dramatiq_pair(store_url, args.redis, record) as timers:
                 report("Dramatiq, Redis broker, SQLite store", measure(timers, args.rounds, args.messages))
-            with celery_worker(store_url, args.redis) as timers:
+            with celery_worker(store_url, args.redis, record) as timers:
                 report("Celery, threads worker on Redis, SQLite store", measure(timers, args.rounds, args.messages))
         else:
             print(f"\nCelery worker: Redis not reachable at {args.redis}; skipped")

@@ -16,6 +16,7 @@ from celery.signals import task_failure
 from conftest import in_process_worker, wait_for
 
 from flexiq_plugins import current_job
+from flexiq_plugins._store.base import TERMINAL_STATUSES
 from flexiq_plugins.outcomes import Failure
 
 pytestmark = pytest.mark.timeout(120)
@@ -174,9 +175,14 @@ def test_c23_a_task_that_takes_no_step_runs_without_its_store(redis_broker: str,
     assert calls == [7, 7, 7]
 
 
-def test_c23_only_a_task_that_took_a_step_has_a_run(redis_broker: str, sqlite_store: Any, make_celery_app: Any) -> None:
-    """C23: a step-less task leaves no run (not even when it fails); a task that took a step has its run."""
-    app: Celery = make_celery_app(redis_broker, sqlite_store)
+@pytest.mark.parametrize("recorded", [False, True], ids=["not_recorded", "recorded"])
+def test_c23_only_a_task_that_took_a_step_has_a_run(
+    redis_broker: str, sqlite_store: Any, make_celery_app: Any, recorded: bool
+) -> None:
+    """C23, C39: only a task that took a step claims its run. Without recording at publish a step-less
+    task leaves no run (not even when it fails); with it, its run ends unclaimed (attempt 0) as
+    ``succeeded`` or ``failed``, so recovery never publishes it again."""
+    app: Celery = make_celery_app(redis_broker, sqlite_store, record_at_publish=recorded)
 
     @app.task(name=f"{app.main}.no_step")
     def plain(fail: bool) -> str:
@@ -193,7 +199,14 @@ def test_c23_only_a_task_that_took_a_step_has_a_run(redis_broker: str, sqlite_st
         with pytest.raises(ValueError, match="boom"):
             plain.delay(True).get(timeout=20)
         assert stepping.delay().get(timeout=20) == 1
-    assert [(r.task_name, r.status) for r in sqlite_store.list_runs()] == [(f"{app.main}.stepping", "succeeded")]
+        expected = [("stepping", "succeeded", 1)]
+        if recorded:
+            expected += [("no_step", "failed", 0), ("no_step", "succeeded", 0)]
+
+        def runs() -> list[tuple[str, str, int]]:
+            return sorted((r.task_name.rsplit(".", 1)[1], r.status, r.attempt) for r in sqlite_store.list_runs())
+
+        wait_for(lambda: runs() == sorted(expected), timeout=20, what=f"the runs {sorted(expected)}")
     assert sqlite_store.list_dead_letters() == []
 
 
@@ -261,11 +274,12 @@ def test_c26_celery_canvas_works_for_durable_tasks(
         later.revoke()
         wait_for(lambda: later.state == "REVOKED", timeout=20, what="the revoke")
     runs = {r.task_name.rsplit(".", 1)[1]: r.status for r in sqlite_store.list_runs()}
-    if steps:
-        assert runs["replaced"] == "succeeded"
-        assert runs["fails"] == "failed"
-    else:
-        assert runs == {}
+    assert runs["replaced"] == "succeeded"  # recorded at publish (C39)
+    assert runs["fails"] == "failed"
+    if not steps:  # none of them ever claimed its run (C23)
+        assert {r.attempt for r in sqlite_store.list_runs()} == {0}
+    left = {name: status for name, status in runs.items() if status not in TERMINAL_STATUSES}
+    assert left == {}  # nothing left for recovery to publish again (C39)
 
 
 @pytest.mark.parametrize(

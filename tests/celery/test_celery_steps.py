@@ -119,7 +119,7 @@ def test_c15_sleep_under_eager_mode_is_a_clear_error(
 def test_c26_plain_tasks_behave_exactly_as_before(redis_broker: str, sqlite_store: Any, make_celery_app: Any) -> None:
     """Tasks that never touch ``current_job.step`` return, retry and fail exactly as on an app
     without the adapter (C26 aside: they are acknowledged late). Compared side by side."""
-    durable = make_celery_app(redis_broker, sqlite_store)
+    durable = make_celery_app(redis_broker, sqlite_store, record_at_publish=False)
     plain = Celery(durable.main + "p", broker=redis_broker, backend=durable.conf.result_backend, set_as_current=False)
     plain.conf.task_default_queue = durable.main + "p"
     from flexiq_celery_testapp import register_tasks
@@ -136,7 +136,7 @@ def test_c26_plain_tasks_behave_exactly_as_before(redis_broker: str, sqlite_stor
             got += [failing.state, type(info.value), len(app.tasks[f"{app.main}.plain"].__class__.__mro__) > 0]
         outcomes.append(got)
     assert outcomes[0] == outcomes[1] == [42, 2, "FAILURE", ValueError, True]
-    assert sqlite_store.list_runs() == []  # no step, no claim: no run at all (C23)
+    assert sqlite_store.list_runs() == []  # no step, no claim, not recorded at publish: no run at all (C23)
 
 
 def test_c26_durable_tasks_ack_late_unless_they_say_otherwise(

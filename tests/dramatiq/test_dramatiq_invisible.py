@@ -20,7 +20,7 @@ from dramatiq.middleware import AsyncIO, Retries
 
 from dramatiq_ext import DurableSteps
 from flexiq_plugins import current_job
-from flexiq_plugins._store.base import StepStore
+from flexiq_plugins._store.base import TERMINAL_STATUSES, StepStore
 from tests.dramatiq.dq_support import wait_until
 
 
@@ -154,8 +154,11 @@ def test_c10_a_durable_actor_calling_itself_directly_is_a_plain_call(
     assert seen == [("inner job", False), ("value", 3)]
     if steps:
         wait_until(lambda: [r.status for r in sqlite_store.list_runs()] == ["succeeded"], what="the run to succeed")
-    else:
-        assert sqlite_store.list_runs() == []  # no step, no claim, no run (C23)
+    else:  # recorded at publish (C39), never claimed (C23): settled in one write with the value
+        wait_until(
+            lambda: [(r.status, r.attempt) for r in sqlite_store.list_runs()] == [("succeeded", 0)],
+            what="the recorded run to be settled",
+        )
 
 
 def test_c23_an_actor_that_takes_no_step_runs_without_its_store(
@@ -178,12 +181,19 @@ def test_c23_an_actor_that_takes_no_step_runs_without_its_store(
     assert calls == [7, 7, 7]
 
 
+@pytest.mark.parametrize("recorded", [False, True], ids=["not_recorded", "recorded"])
 def test_c23_a_step_less_actor_leaves_no_run_and_a_stepping_one_does(
-    broker: dramatiq.Broker, queue: str, sqlite_store: StepStore, start_worker: Callable[..., dramatiq.Worker]
+    broker: dramatiq.Broker,
+    queue: str,
+    sqlite_store: StepStore,
+    start_worker: Callable[..., dramatiq.Worker],
+    recorded: bool,
 ) -> None:
-    """C23: only a job that took a step has a run in the store; a failure of a step-less job is Dramatiq's:
-    dead-lettered by the broker when its retries are spent, no run, no dead letter of the library's."""
-    broker.add_middleware(DurableSteps(store=sqlite_store), before=Retries)
+    """C23, C39: only a job that took a step claims a run; a failure of a step-less job is Dramatiq's:
+    dead-lettered by the broker when its retries are spent, no dead letter of the library's. Without
+    recording at publish a step-less job leaves no run at all; with it, its run ends unclaimed (attempt 0)
+    as ``succeeded`` or, once Retries gives up, ``failed``, so recovery never publishes it again."""
+    broker.add_middleware(DurableSteps(store=sqlite_store, record_at_publish=recorded), before=Retries)
     done: list[str] = []
 
     @dramatiq.actor(broker=broker, queue_name=queue, max_retries=0)
@@ -202,8 +212,15 @@ def test_c23_a_step_less_actor_leaves_no_run_and_a_stepping_one_does(
     plain.send(True)
     stepping.send()
     wait_until(lambda: len(done) == 3, timeout=15, what="the three jobs")
-    wait_until(lambda: [r.status for r in sqlite_store.list_runs()] == ["succeeded"], what="one run, succeeded")
-    assert [r.task_name for r in sqlite_store.list_runs()] == ["stepping"]
+    if recorded:
+        expected = [("plain", "failed", 0), ("plain", "succeeded", 0), ("stepping", "succeeded", 1)]
+    else:
+        expected = [("stepping", "succeeded", 1)]
+
+    def runs() -> list[tuple[str, str, int]]:
+        return sorted((r.task_name, r.status, r.attempt) for r in sqlite_store.list_runs())
+
+    wait_until(lambda: runs() == expected, what=f"the runs {expected}")
     assert sqlite_store.list_dead_letters() == []
 
 
@@ -283,5 +300,9 @@ def test_c26_dramatiq_features_work_for_durable_actors(  # noqa: PLR0917
         aged.send_with_options(max_age=1, delay=200).get_result(block=True, timeout=20_000)
     assert "slow finished" not in seen
     assert "aged ran" not in seen
-    if not steps:
-        assert sqlite_store.list_runs() == []
+    if not steps:  # each run was recorded at publish (C39) and ended without ever being claimed (C23)
+        wait_until(
+            lambda: all(r.status in TERMINAL_STATUSES for r in sqlite_store.list_runs()),
+            what="every recorded run to end",
+        )
+        assert {r.attempt for r in sqlite_store.list_runs()} == {0}
