@@ -7,7 +7,9 @@ what they need in the process they run in:
 - **the store**: the ``store`` argument; else the store of the integration
   configured in this process (``celery_ext.install(app, ...)``, the
   ``DurableSteps`` middleware on a broker); else ``FLEXIQ_STORE_URL``, else the
-  default SQLite file, as a worker would (:func:`flexiq_plugins.open_store`);
+  default SQLite file, as a worker would (:func:`flexiq_plugins.open_store`).
+  A SQLite file that does not exist is refused (``ConfigurationError``), never
+  created: no run waits in a new, empty store;
 - **the publishers**: the app or broker of each integration configured in this
   process. A run that must be woken (an event arrived) or re-published (its
   undos must run) is published through it at once. A process with no
@@ -24,8 +26,10 @@ from typing import Any
 
 from ._store.base import StepStore
 from ._store.factory import DEFAULT_STORE_URL, STORE_URL_ENV, StoreSpec, open_store
+from ._store.sql import normalize_url
 from .codec import CodecChain
 from .config import DurableConfig
+from .errors import ConfigurationError
 from .operations import CancelResult, EventSent, Publisher, publishers_for
 from .operations import cancel_run as _cancel_run
 from .operations import send_event as _send_event
@@ -62,7 +66,7 @@ def send_event(
 
     Raises:
       InvalidEvent: a bad topic, key or payload; nothing is stored.
-      ConfigurationError: an unusable store setting.
+      ConfigurationError: an unusable store setting, or a SQLite file that does not exist.
       StoreUnavailable: the store cannot be reached.
     """
     installed = installations()
@@ -95,7 +99,7 @@ def cancel_run(run_key: str, *, reason: str = "", store: StoreSpec = None) -> Ca
 
     Raises:
       UnknownRun: no run has ``run_key``.
-      ConfigurationError: an unusable store setting.
+      ConfigurationError: an unusable store setting, or a SQLite file that does not exist.
       StoreUnavailable: the store cannot be reached.
     """
     installed = installations()
@@ -111,11 +115,33 @@ def _store_of(spec: StoreSpec, installed: list[Installation]) -> tuple[StepStore
     if isinstance(spec, StepStore):
         return spec, DurableConfig(), None
     setting = spec if spec is not None else os.environ.get(STORE_URL_ENV) or DEFAULT_STORE_URL
+    if isinstance(setting, str):
+        _require_existing_sqlite_file(setting)
     key = repr(setting)
     with _lock:
         if key not in _opened:  # one store (one connection pool) per setting and process
             _opened[key] = open_store(setting)
         return _opened[key], DurableConfig(), None
+
+
+def _require_existing_sqlite_file(setting: str) -> None:
+    """Refuse a SQLite store whose file does not exist: no run can be waiting there (C41).
+
+    A sender that opened it would create an empty store beside the real one
+    and put the event (or the cancellation) where no worker ever looks.
+
+    Raises:
+      ConfigurationError: naming the missing file and the ways to point at the real store.
+    """
+    url = normalize_url(setting)
+    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+        return
+    if not os.path.exists(url.database):
+        raise ConfigurationError(
+            f"no step store at {os.path.abspath(url.database)}: pass store=URL (the store your workers use), "
+            f"set {STORE_URL_ENV}, or configure the integration in this process first "
+            "(celery_ext.install(app, ...) or the DurableSteps middleware)"
+        )
 
 
 def _publishers(installed: list[Installation]) -> dict[str, Publisher]:
