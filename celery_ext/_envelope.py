@@ -65,7 +65,6 @@ def job_info(task: Any, request: Any) -> JobInfo:
         cancellation=caps,
         eager=bool(request.is_eager),
         lazy=not _may_continue(request),
-        recorded_at_publish=bool((request.headers or {}).get(RECORDED_FLAG) or getattr(request, RECORDED_FLAG, None)),
     )
 
 
@@ -97,7 +96,12 @@ def _may_continue(request: Any) -> bool:
     if mark is None:
         mark = (request.headers or {}).get(RESUME_HEADER)
     redelivered = bool((request.delivery_info or {}).get("redelivered"))
-    return claims_before_body(mark, run_key_given=bool(_header(request, RUN_KEY_HEADER)), redelivered=redelivered)
+    return claims_before_body(
+        mark,
+        run_key_given=bool(_header(request, RUN_KEY_HEADER)),
+        redelivered=redelivered,
+        recorded=bool(_header(request, RECORDED_FLAG)),
+    )
 
 
 def _header(request: Any, name: str) -> Any:

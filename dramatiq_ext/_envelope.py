@@ -80,7 +80,6 @@ def job_info(message: Any, **fields: Any) -> JobInfo:
         envelope,
         lazy=first_delivery(message),
         task_name=message.actor_name,
-        recorded_at_publish=bool(message.options.get(RECORDED_FLAG)),
         **fields,
     )
 
@@ -95,7 +94,11 @@ def first_delivery(message: Any) -> bool:
     no store I/O at all.
     """
     options = message.options
-    return not claims_before_body(options.get(RESUME_OPTION), run_key_given=bool(options.get(RUN_KEY_OPTION)))
+    return not claims_before_body(
+        options.get(RESUME_OPTION),
+        run_key_given=bool(options.get(RUN_KEY_OPTION)),
+        recorded=bool(options.get(RECORDED_FLAG)),
+    )
 
 
 def _job_options(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -120,14 +120,12 @@ class JobInfo:
       lazy(bool): claim the run at the body's first use of ``current_job.step``
         (or ``current_job.attempt``) instead of before the body: a body that
         takes no step does no store I/O at all. Adapters set it for a first
-        delivery, which cannot continue a run; a delivery that may (a retry,
-        a put-back, a redelivery, a re-publish) claims before the body, so
-        its run is settled however the body ends.
+        delivery of a new job that was not recorded at publish; a delivery
+        that may continue a run (a retry, a put-back, a redelivery, a
+        re-publish, a producer's own run key) or whose run was recorded at
+        publish claims before the body, so its run is settled however the
+        body ends (:func:`~flexiq_plugins.integration.claims_before_body`).
       task_name(str | None): the task or actor name; ``None``: the envelope's.
-      recorded_at_publish(bool): the message says its run was recorded
-        ``queued`` when it was published (C39): a run row exists even if this
-        attempt never claims it, and must be settled
-        (:func:`flexiq_plugins.recording.settle_unclaimed_run`).
     """
 
     run_key: str
@@ -138,7 +136,6 @@ class JobInfo:
     eager: bool = False
     lazy: bool = False
     task_name: str | None = None
-    recorded_at_publish: bool = False
 
     @functools.cached_property
     def job_envelope(self) -> JobEnvelope:
@@ -274,16 +271,14 @@ class AttemptDriver:
     def ended_unclaimed(self, job: JobInfo, value: Any = None, error: BaseException | None = None) -> outcomes.Outcome:
         """The outcome of an attempt that ended without claiming its run: its body took no step.
 
-        The one place that decides what such an attempt is (issue 16): a
-        value is :class:`~flexiq_plugins.outcomes.Completed`, a worker
-        shutdown puts the job back (C38), any other error is a ``Failure``
-        with ``claimed=False``, left to the framework's own retry policy as
-        without the integration (no dead letter of the library's, C29/C30
-        apply to runs only). No run exists for such a job unless it was
-        recorded ``queued`` at publish (C39): then a value settles the run
-        ``succeeded`` with its outcome (C37), one write, and a failure is
-        settled ``failed`` once the framework gives up (:meth:`give_up`);
-        otherwise nothing is written.
+        The one place that decides what such an attempt is (issue 16); no
+        run exists for it (a job recorded at publish claims before its body,
+        :func:`~flexiq_plugins.integration.claims_before_body`), so nothing
+        is written: a value is :class:`~flexiq_plugins.outcomes.Completed`, a
+        worker shutdown puts the job back (C38), any other error is a
+        ``Failure`` with ``claimed=False``, left to the framework's own retry
+        policy as without the integration (no dead letter of the library's,
+        C29/C30 apply to runs only).
 
         Parameters:
           job(JobInfo): the job.
@@ -291,29 +286,10 @@ class AttemptDriver:
           error(BaseException | None): what it raised.
         """
         if error is None:
-            if job.recorded_at_publish:
-                outcome = replays.value_outcome(value, self.codec, self.config.limits.step_bytes)
-                self._settle_recorded(job.run_key, "succeeded", outcome)
             return outcomes.Completed(value)
         if classify(error) is Disposition.INTERRUPTED:
             return outcomes.PutBack(outcomes.PutBackReason.SHUTDOWN, 0.0, str(error))
-        return outcomes.Failure(error, job.run_key, 0, claimed=False, recorded=job.recorded_at_publish)
-
-    def _settle_recorded(self, run_key: str, status: base.RunStatus, outcome: bytes) -> None:
-        """End a run recorded at publish that no attempt claimed (C39); a store error is logged, not raised.
-
-        Left ``queued``, the run would be re-published by recovery after
-        ``recovery_queued_seconds``: the WARNING says so.
-        """
-        try:
-            self.store.release_run(run_key, status, while_status={"queued"}, outcome=outcome)
-        except StoreError:
-            logger.warning(
-                "could not end run %s (recorded at publish, no step taken) as %s; recovery may publish it again",
-                run_key,
-                status,
-                exc_info=True,
-            )
+        return outcomes.Failure(error, job.run_key, 0, claimed=False)
 
     def replay_finished(self, job: JobInfo, finished: base.Finished) -> outcomes.Replay | outcomes.Ack:
         """The outcome of a job whose run is already finished: replay its stored outcome (C26, C37).
@@ -440,9 +416,7 @@ class AttemptDriver:
         store error is logged, not raised.
         """
         if not failure.claimed:
-            if failure.recorded:  # recorded at publish, never claimed (C39)
-                self._settle_recorded(failure.run_key, "failed", replays.error_outcome(failure.error))
-            return False  # no run was claimed: nothing else to settle (ended_unclaimed)
+            return False  # no run was claimed: nothing to settle (ended_unclaimed)
         try:
             return self.store.settle_failed(failure.run_key, failure.attempt)
         except StoreError:
@@ -461,8 +435,7 @@ class AttemptDriver:
         logged, not raised.
         """
         if not failure.claimed:
-            self.settle_failed(failure)  # a run recorded at publish is settled; no step to undo (ended_unclaimed)
-            return None
+            return None  # no run was claimed: no step to undo, nothing to settle (ended_unclaimed)
         try:
             if compensation.start_after_failure(self.store, failure.run_key, failure.attempt, failure.error):
                 return outcomes.PutBack(outcomes.PutBackReason.COMPENSATE, 0.0, "its compensations run next")

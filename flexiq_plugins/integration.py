@@ -171,13 +171,19 @@ EXIT_CONFIGURATION = 78
 
 
 # ---------------------------------------------------------------- claims
-def claims_before_body(resume: bool | None, *, run_key_given: bool, redelivered: bool = False) -> bool:
-    """Whether a delivery claims its run before the body runs, or lazily at its first step (C23, C37).
+def claims_before_body(
+    resume: bool | None, *, run_key_given: bool, redelivered: bool = False, recorded: bool = False
+) -> bool:
+    """Whether a delivery claims its run before the body runs, or lazily at its first step (C23, C37, C39).
 
     The one rule both adapters follow. A delivery that may continue an
     existing run claims first, so a duplicate of a finished run replays its
     outcome without running any of the body (C37) and a busy run is never run
-    twice at once (C24). A genuinely new job claims at its first step, so a
+    twice at once (C24). So does a job whose run was recorded at publish
+    (C39): its run row exists, and recovery re-publishes a run that stays
+    ``queued``; claiming first marks it started, so neither a long body
+    before its first step nor a copy recovery published can run it twice. A
+    genuinely new job that was not recorded claims at its first step, so a
     body that takes no step costs no store I/O (issue 16).
 
     Parameters:
@@ -188,11 +194,12 @@ def claims_before_body(resume: bool | None, *, run_key_given: bool, redelivered:
         stamped at publish (a new run); ``None`` when no integration marked it.
       run_key_given(bool): whether the message carries a run key.
       redelivered(bool): whether the broker says it delivered the message before.
+      recorded(bool): whether the message says its run was recorded at publish (C39).
 
     Returns:
       bool: ``True`` to claim before the body.
     """
-    if redelivered:
+    if redelivered or recorded:
         return True
     if resume is None:
         return run_key_given  # a run key from a producer without the integration may name an existing run

@@ -136,15 +136,12 @@ class Failure:
       run_key(str): the run.
       attempt(int): the attempt that failed (``0`` when it never claimed its run).
       claimed(bool): whether the attempt claimed its run (lazy claims, C23).
-      recorded(bool): an unclaimed attempt's run was recorded ``queued`` at
-        publish (C39): when the framework gives up, it is settled ``failed``.
     """
 
     error: BaseException
     run_key: str
     attempt: int
     claimed: bool = True
-    recorded: bool = False
 
 
 @dataclass(frozen=True)

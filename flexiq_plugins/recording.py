@@ -27,10 +27,11 @@ naming the cause, once per process and cause; the job still goes out, and
 the worker that meets the same store refuses to start with that line.
 
 A message whose run was recorded carries the flag :data:`RECORDED_FLAG`
-(a Celery header, a Dramatiq message option), read into
-:attr:`~flexiq_plugins.integration.JobInfo.recorded_at_publish`: a run row
-exists for it even when its attempt never claims the run, and such a run is
-ended with :func:`settle_unclaimed_run`.
+(a Celery header, a Dramatiq message option): its run row exists, so its
+delivery claims the run before the body runs, even if the body takes no step
+(:func:`~flexiq_plugins.integration.claims_before_body`). A recorded job of a
+task the worker runs with ``durable=False`` never claims; it is ended with
+:func:`settle_unclaimed_run`.
 
 Every worker runs the recovery :class:`~flexiq_plugins.operations.Sweeper`
 by default (:func:`start_recovery`); the store's recovery lease lets one

@@ -205,6 +205,13 @@ def test_c37_a_delivery_that_may_name_an_existing_run_claims_before_its_body(
     assert claims_before_body(resume, run_key_given=given, redelivered=redelivered) is first
 
 
+def test_c39_a_job_recorded_at_publish_claims_before_its_body() -> None:
+    """C23, C39: a recorded run exists, and recovery publishes a run left ``queued``: its job claims first,
+    so neither a long body before its first step nor a copy from recovery runs it twice."""
+    assert claims_before_body(False, run_key_given=True, recorded=True) is True
+    assert claims_before_body(False, run_key_given=True, recorded=False) is False
+
+
 def test_c37_a_producers_own_run_key_is_marked_to_claim_first() -> None:
     """C37: the publish hook marks a producer's run key as possibly an existing run's; a stamped one as new."""
     assert resume_mark_at_publish(None, run_key_given=True) is True

@@ -154,10 +154,10 @@ def test_c10_a_durable_actor_calling_itself_directly_is_a_plain_call(
     assert seen == [("inner job", False), ("value", 3)]
     if steps:
         wait_until(lambda: [r.status for r in sqlite_store.list_runs()] == ["succeeded"], what="the run to succeed")
-    else:  # recorded at publish (C39), never claimed (C23): settled in one write with the value
+    else:  # recorded at publish (C39), so claimed before the body (C23): one attempt, no second for the inner call
         wait_until(
-            lambda: [(r.status, r.attempt) for r in sqlite_store.list_runs()] == [("succeeded", 0)],
-            what="the recorded run to be settled",
+            lambda: [(r.status, r.attempt) for r in sqlite_store.list_runs()] == [("succeeded", 1)],
+            what="the recorded run to succeed",
         )
 
 
@@ -191,8 +191,9 @@ def test_c23_a_step_less_actor_leaves_no_run_and_a_stepping_one_does(
 ) -> None:
     """C23, C39: only a job that took a step claims a run; a failure of a step-less job is Dramatiq's:
     dead-lettered by the broker when its retries are spent, no dead letter of the library's. Without
-    recording at publish a step-less job leaves no run at all; with it, its run ends unclaimed (attempt 0)
-    as ``succeeded`` or, once Retries gives up, ``failed``, so recovery never publishes it again."""
+    recording at publish a step-less job leaves no run at all; with it, the job claims its recorded run
+    before its body and ends it ``succeeded`` or, once Retries gives up, ``failed``, so recovery never
+    publishes it again."""
     broker.add_middleware(DurableSteps(store=sqlite_store, record_at_publish=recorded), before=Retries)
     done: list[str] = []
 
@@ -213,7 +214,7 @@ def test_c23_a_step_less_actor_leaves_no_run_and_a_stepping_one_does(
     stepping.send()
     wait_until(lambda: len(done) == 3, timeout=15, what="the three jobs")
     if recorded:
-        expected = [("plain", "failed", 0), ("plain", "succeeded", 0), ("stepping", "succeeded", 1)]
+        expected = [("plain", "failed", 1), ("plain", "succeeded", 1), ("stepping", "succeeded", 1)]
     else:
         expected = [("stepping", "succeeded", 1)]
 
@@ -300,9 +301,8 @@ def test_c26_dramatiq_features_work_for_durable_actors(  # noqa: PLR0917
         aged.send_with_options(max_age=1, delay=200).get_result(block=True, timeout=20_000)
     assert "slow finished" not in seen
     assert "aged ran" not in seen
-    if not steps:  # each run was recorded at publish (C39) and ended without ever being claimed (C23)
-        wait_until(
-            lambda: all(r.status in TERMINAL_STATUSES for r in sqlite_store.list_runs()),
-            what="every recorded run to end",
-        )
-        assert {r.attempt for r in sqlite_store.list_runs()} == {0}
+    # every run was recorded at publish (C39); each one ends, none is left for recovery to publish again
+    wait_until(
+        lambda: all(r.status in TERMINAL_STATUSES for r in sqlite_store.list_runs()),
+        what="every recorded run to end",
+    )
