@@ -94,10 +94,11 @@ class DurableConfig:
         default=5.0, metadata=_doc("delay before a job that met a store outage runs again, seconds (default 5, C28)")
     )
     store_retry_max_seconds: float = field(
-        default=60.0,
+        default=10.0,
         metadata=_doc(
             "longest delay of a job put back for a store that stays unreachable, seconds; the delay doubles "
-            "from store_retry_seconds up to it (default 60, C28, C41)"
+            "from store_retry_seconds up to it (default 10: the backlog drains within about that long once "
+            "the store is back, whatever the outage's length; C28, C41)"
         ),
     )
     max_takeovers: int = field(
