@@ -205,11 +205,7 @@ class Folded:
         if self._claim_new is None:
             self._claim_new = self._claim_new_statement()
         params = {
-            "p_run_key": run_key,
-            "p_task_name": envelope.task_name,
-            "p_framework": envelope.framework,
-            "p_queue": envelope.queue,
-            "p_envelope": envelope_json,
+            **_new_run_params(run_key, envelope, envelope_json),
             "p_job_id": job_id,
             **{f"v_{k}": v for k, v in granted.values().items()},
         }
@@ -248,13 +244,7 @@ class Folded:
         Returns:
           Row: every column of the run, and ``now``.
         """
-        params = {
-            "p_run_key": run_key,
-            "p_task_name": envelope.task_name,
-            "p_framework": envelope.framework,
-            "p_queue": envelope.queue,
-            "p_envelope": envelope_json,
-        }
+        params = _new_run_params(run_key, envelope, envelope_json)
         if self._lock_run is None:
             self._lock_run = self._lock_run_statements()
         upsert, locked = self._lock_run
@@ -371,3 +361,14 @@ class Folded:
             *(_p(k, letters.c[k]) for k in given), runs.c.task_name, runs.c.envelope, runs.c.updated_at
         ).where(runs.c.run_key == _p("run_key", runs.c.run_key))
         return sa.insert(letters).from_select([*given, "task_name", "envelope", "created_at"], source)
+
+
+def _new_run_params(run_key: str, envelope: JobEnvelope, envelope_json: str) -> dict[str, Any]:
+    """The bound parameters naming a new run: its key, task, framework, queue and stored envelope."""
+    return {
+        "p_run_key": run_key,
+        "p_task_name": envelope.task_name,
+        "p_framework": envelope.framework,
+        "p_queue": envelope.queue,
+        "p_envelope": envelope_json,
+    }
