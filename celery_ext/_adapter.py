@@ -28,8 +28,8 @@ def publisher(app: Any) -> Publisher:
       app(celery.Celery): the application whose broker receives the job.
     """
 
-    def publish(envelope: JobEnvelope, run_key: str, *, job_id: str | None = None) -> str:
-        return str(republish(app, envelope, run_key, task_id=job_id).id)
+    def publish(envelope: JobEnvelope, run_key: str, *, job_id: str | None = None, unstarted_only: bool = False) -> str:
+        return str(republish(app, envelope, run_key, task_id=job_id, unstarted_only=unstarted_only).id)
 
     return publish
 

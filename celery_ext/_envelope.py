@@ -16,6 +16,7 @@ from typing import Any
 from flexiq_plugins.integration import (
     PAYLOAD_OPTION,
     RECORDED_FLAG,
+    UNSTARTED_ONLY,
     JobEnvelope,
     JobInfo,
     build_envelope,
@@ -65,6 +66,8 @@ def job_info(task: Any, request: Any) -> JobInfo:
         cancellation=caps,
         eager=bool(request.is_eager),
         lazy=not _may_continue(request),
+        # a recovery copy of a queued run; its own redelivery (its worker died) claims as usual
+        unstarted_only=bool(_header(request, UNSTARTED_ONLY)) and not (request.delivery_info or {}).get("redelivered"),
     )
 
 
@@ -82,6 +85,11 @@ def _eager_run_key(request: Any) -> str:
     if _header(request, RUN_KEY_HEADER):
         return run_key_of(request)
     return f"{request.id}.{secrets.token_hex(6)}"
+
+
+def without_unstarted_only(headers: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``headers`` without the recovery copy's mark: the job's own later messages (a wake-up, a retry) run (C39)."""
+    return {k: v for k, v in (headers or {}).items() if k != UNSTARTED_ONLY}
 
 
 def _may_continue(request: Any) -> bool:
@@ -140,6 +148,7 @@ def republish(
     *,
     task_id: str | None = None,
     countdown: float | None = None,
+    unstarted_only: bool = False,
 ) -> Any:
     """Publish a stored job again with the run key ``run_key`` (C11, C30, C35, C36).
 
@@ -154,6 +163,7 @@ def republish(
       run_key(str): the run key to carry.
       task_id(str | None): the new job's task id (a fresh UUID when ``None``).
       countdown(float | None): delay before the job runs, seconds.
+      unstarted_only(bool): the copy runs only while its run never started (C39).
 
     Returns:
       celery.result.AsyncResult: the new job's result handle.
@@ -166,6 +176,8 @@ def republish(
     options = dict(envelope.options)
     args, kwargs = envelope_arguments(envelope, _payload_serializer(options))
     headers = {**dict(options.get("headers") or {}), RUN_KEY_HEADER: run_key, RESUME_HEADER: True}
+    if unstarted_only:
+        headers[UNSTARTED_ONLY] = True
     route: dict[str, Any] = {}
     if options.get("exchange"):
         route = {"exchange": options["exchange"], "routing_key": options.get("routing_key")}

@@ -47,7 +47,7 @@ from flexiq_plugins.integration import (
     no_current_job,
 )
 
-from ._envelope import job_info
+from ._envelope import job_info, without_unstarted_only
 from ._options import RESUME_HEADER, RUN_KEY_HEADER
 from ._runtime import Runtime, runtime_of
 from ._verbs import act
@@ -156,7 +156,7 @@ def _retry_options(request: Any, options: dict[str, Any]) -> dict[str, Any]:
     job = current_job.get()
     if job is None or not (request.is_eager or job.claimed):
         return options
-    headers = {**(request.headers or {}), **(options.get("headers") or {}), RUN_KEY_HEADER: job.run_key}
+    headers = {**without_unstarted_only(request.headers), **(options.get("headers") or {}), RUN_KEY_HEADER: job.run_key}
     if job.claimed:
         headers[RESUME_HEADER] = True
     return {**options, "headers": headers}

@@ -57,6 +57,7 @@ from flexiq_plugins.integration import (
 )
 
 from ._deadletter import dead_letter_error, publish_dead_letter
+from ._envelope import without_unstarted_only
 from ._options import RESUME_HEADER, RUN_KEY_HEADER
 from ._runtime import Runtime
 
@@ -147,7 +148,7 @@ def _republish(task: Any, request: Any, job: JobInfo, outcome: PutBack) -> None:
             f"job {request.id} of {task.name!r} must go back to its queue for {outcome.delay:.3f} s ({why}), "
             "which eager mode (task_always_eager / Task.apply) cannot do; run durable tasks that sleep on a worker"
         )
-    headers = {**(request.headers or {}), RUN_KEY_HEADER: job.run_key, RESUME_HEADER: True}
+    headers = {**without_unstarted_only(request.headers), RUN_KEY_HEADER: job.run_key, RESUME_HEADER: True}
     # expires=None: a job that started before its expiry is not killed by it while it sleeps
     signature = task.signature_from_request(
         request, countdown=outcome.delay, retries=request.retries, expires=None, headers=headers

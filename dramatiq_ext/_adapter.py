@@ -27,10 +27,10 @@ def publisher(broker: Any) -> Publisher:
       broker(dramatiq.Broker): the broker to enqueue on.
     """
 
-    def publish(envelope: JobEnvelope, run_key: str, *, job_id: str | None = None) -> str:
+    def publish(envelope: JobEnvelope, run_key: str, *, job_id: str | None = None, unstarted_only: bool = False) -> str:
         # always a new message id: a delayed copy of the job may still be in the broker, and two
         # messages of one id would share one entry of the Redis broker's message table
-        return str(republish(broker, envelope, run_key).message_id)
+        return str(republish(broker, envelope, run_key, unstarted_only=unstarted_only).message_id)
 
     return publish
 

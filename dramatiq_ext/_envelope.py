@@ -22,6 +22,7 @@ from dramatiq.message import generate_unique_id
 from flexiq_plugins.integration import (
     PAYLOAD_OPTION,
     RECORDED_FLAG,
+    UNSTARTED_ONLY,
     JobEnvelope,
     JobInfo,
     build_envelope,
@@ -80,6 +81,8 @@ def job_info(message: Any, **fields: Any) -> JobInfo:
         envelope,
         lazy=first_delivery(message),
         task_name=message.actor_name,
+        # read once: the message's own later enqueues (Retries, a sleep's copy) must not carry it (C39)
+        unstarted_only=bool(message.options.pop(UNSTARTED_ONLY, False)),
         **fields,
     )
 
@@ -113,6 +116,7 @@ def republish(
     *,
     message_id: str | None = None,
     delay_ms: int | None = None,
+    unstarted_only: bool = False,
 ) -> dramatiq.Message[Any]:
     """Publish a stored job again, carrying its run key (C11, C30, C35, C36).
 
@@ -126,6 +130,7 @@ def republish(
       run_key(str): the run key to carry.
       message_id(str | None): the new message id; a fresh UUID by default.
       delay_ms(int | None): milliseconds to delay the message by.
+      unstarted_only(bool): the copy runs only while its run never started (C39).
 
     Returns:
       dramatiq.Message: the enqueued message.
@@ -144,7 +149,11 @@ def republish(
         actor_name=envelope.task_name,
         args=tuple(args),
         kwargs=kwargs,
-        options={**options, RUN_KEY_OPTION: run_key, RESUME_OPTION: True},
+        options={**options, RUN_KEY_OPTION: run_key, RESUME_OPTION: True, **_unstarted_only(unstarted_only)},
         message_id=message_id or generate_unique_id(),
     )
     return broker.enqueue(message, delay=delay_ms)
+
+
+def _unstarted_only(wanted: bool) -> dict[str, Any]:
+    return {UNSTARTED_ONLY: True} if wanted else {}

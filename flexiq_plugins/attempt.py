@@ -126,6 +126,10 @@ class JobInfo:
         publish claims before the body, so its run is settled however the
         body ends (:func:`~flexiq_plugins.integration.claims_before_body`).
       task_name(str | None): the task or actor name; ``None``: the envelope's.
+      unstarted_only(bool): recovery's copy of a run that was still ``queued``
+        (C39): it runs only while the run has never started; once another
+        delivery (the original, out of a backlog) has claimed it, the copy is
+        acknowledged as a duplicate (or replays a finished run's outcome).
     """
 
     run_key: str
@@ -136,6 +140,7 @@ class JobInfo:
     eager: bool = False
     lazy: bool = False
     task_name: str | None = None
+    unstarted_only: bool = False
 
     @functools.cached_property
     def job_envelope(self) -> JobEnvelope:
@@ -147,6 +152,10 @@ class JobInfo:
     def name(self) -> str:
         """The task or actor name."""
         return self.task_name if self.task_name is not None else self.job_envelope.task_name
+
+
+_HANDED_ON = frozenset({"sleeping", "waiting", "retrying"})
+"""Live statuses of a started run whose own message (a wake-up, a retry) is in the broker."""
 
 
 def default_owner() -> str:
@@ -249,7 +258,11 @@ class AttemptDriver:
         return Attempt(self, job, claimed, owner=owner) if isinstance(claimed, base.Begun) else claimed
 
     def claim(self, job: JobInfo, owner: str | None = None) -> base.Begun | outcomes.Outcome:
-        """Claim ``job``'s run (C23): the claim, or the outcome that ends the attempt without a body (C24–C28)."""
+        """Claim ``job``'s run (C23): the claim, or the outcome that ends the attempt without a body (C24–C28, C39)."""
+        dropped = self._started_meanwhile(job) if job.unstarted_only else None
+        return dropped if dropped is not None else self._claim(job, owner)
+
+    def _claim(self, job: JobInfo, owner: str | None) -> base.Begun | outcomes.Outcome:
         try:
             result = self.store.begin(
                 job.run_key, job.job_id, job.job_envelope, owner or default_owner(), self.config.lease_seconds
@@ -267,6 +280,29 @@ class AttemptDriver:
         if result.envelope.corrupt:
             return self._dead_at_start(job, result, "corrupt_record", f"run {job.run_key!r}: {result.envelope.corrupt}")
         return result
+
+    def _started_meanwhile(self, job: JobInfo) -> outcomes.Outcome | None:
+        """A recovery copy of a ``queued`` run that another delivery has started and handed on: a duplicate (C39).
+
+        One read. A run that is sleeping, waiting or retrying has a message
+        of its own in the broker (its wake-up, its retry); the copy is
+        dropped. ``None`` otherwise: the run never started, is running (the
+        claim then puts the copy back while the lease lives, or takes a dead
+        claimant's run over, C24, C25), or is finished (the claim replays its
+        outcome, C37).
+        """
+        try:
+            run = self.store.get_run(job.run_key)
+        except UnknownRun:
+            return None
+        except StoreUnavailable as exc:
+            return self.store_outage(exc)
+        if run.attempt == 0 or run.status not in _HANDED_ON:
+            return None
+        logger.info(
+            "job %s: run %s started meanwhile (%s); this recovery copy is dropped", job.job_id, job.run_key, run.status
+        )
+        return outcomes.Ack(outcomes.AckReason.DUPLICATE, run.status)
 
     def ended_unclaimed(self, job: JobInfo, value: Any = None, error: BaseException | None = None) -> outcomes.Outcome:
         """The outcome of an attempt that ended without claiming its run: its body took no step.

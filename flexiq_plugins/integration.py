@@ -84,7 +84,7 @@ from .recording import (
     start_recovery,
     wants_record,
 )
-from .registry import Adapter, Publisher, ValueReader, register_adapter, register_installation
+from .registry import UNSTARTED_ONLY, Adapter, Publisher, ValueReader, register_adapter, register_installation
 
 __all__ = [
     "Ack",
@@ -118,6 +118,7 @@ __all__ = [
     "RECORD_TASK_OPTION",
     "Replay",
     "RetryPolicy",
+    "UNSTARTED_ONLY",
     "Serializer",
     "StepSignal",
     "StepStore",

@@ -57,14 +57,22 @@ ENTRY_POINT_GROUP = "flexiq_plugins.adapters"
 class Publisher(Protocol):
     """``publish(envelope, run_key) -> job id``: re-publishes a stored job carrying ``run_key`` (C11, C36)."""
 
-    def __call__(self, envelope: JobEnvelope, run_key: str, *, job_id: str | None = None) -> str:
+    def __call__(
+        self, envelope: JobEnvelope, run_key: str, *, job_id: str | None = None, unstarted_only: bool = False
+    ) -> str:
         """Publish ``envelope`` again carrying ``run_key``; return the new message's job id.
 
         ``job_id``: reuse this job id where the framework allows two messages
         of one id (Celery: a result waiter then sees the run's outcome);
-        otherwise, or when ``None``, a new id is made.
+        otherwise, or when ``None``, a new id is made. ``unstarted_only``:
+        mark the message (:data:`UNSTARTED_ONLY`) so that it runs only while
+        its run has never started: recovery's copy of a ``queued`` run whose
+        original may still be in a backlog (C39).
         """
 
+
+UNSTARTED_ONLY = "flexiq_unstarted_only"
+"""The header (Celery) or option (Dramatiq) of a copy that runs only while its run never started (C39)."""
 
 ValueReader = Callable[[bytes], Any]
 """``loads(serialized bytes) -> value``: reads step values for display only, never to run a job."""

@@ -82,9 +82,16 @@ def value_outcome(value: Any, codec: CodecChain, cap: int) -> bytes:
 
 
 def error_outcome(error: BaseException) -> bytes:
-    """The stored outcome of a run that failed with ``error``: its class name and message."""
+    """The stored outcome of a run that failed with ``error``: its class name and message.
+
+    An error made from one string (``KeyError("ar")``) keeps that string, not
+    ``str(error)`` (``"'ar'"`` for a ``KeyError``), so the replayed error
+    equals the original (C37).
+    """
     text = error_text(error, max_traceback=0)
-    return _error_bytes("error", text.error_type, text.message)
+    args: tuple[Any, ...] = tuple(getattr(error, "args", ()))
+    message = args[0] if len(args) == 1 and isinstance(args[0], str) else text.message
+    return _error_bytes("error", text.error_type, message)
 
 
 def failure_outcome(error_type: str, message: str) -> bytes:

@@ -80,11 +80,19 @@ def require_readable(envelope: JobEnvelope, run_key: str) -> None:
         )
 
 
-def publish(publisher: Publisher, envelope: JobEnvelope, run_key: str, *, job_id: str | None = None) -> str:
+def publish(
+    publisher: Publisher,
+    envelope: JobEnvelope,
+    run_key: str,
+    *,
+    job_id: str | None = None,
+    unstarted_only: bool = False,
+) -> str:
     """Re-publish ``envelope`` carrying ``run_key``; return the new job id (C11, C36).
 
     ``job_id`` asks to reuse that job id where the framework allows it (a run
-    woken by an event keeps its task id on Celery, C33).
+    woken by an event keeps its task id on Celery, C33). ``unstarted_only``
+    marks a copy that runs only while its run never started (C39).
 
     Raises:
       CorruptRecord: the stored envelope could not be read.
@@ -92,6 +100,8 @@ def publish(publisher: Publisher, envelope: JobEnvelope, run_key: str, *, job_id
     """
     require_readable(envelope, run_key)
     try:
+        if unstarted_only:
+            return publisher(envelope, run_key, unstarted_only=True)
         return publisher(envelope, run_key) if job_id is None else publisher(envelope, run_key, job_id=job_id)
     except Exception as exc:
         raise PublishFailed(

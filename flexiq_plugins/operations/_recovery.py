@@ -279,7 +279,8 @@ def _recover_one(
         report.skipped.append((stranded, "changed meanwhile, or recovered by another process"))
     else:
         try:
-            job_id = publish(publisher, run.envelope, run.run_key)
+            unstarted_only = stranded.why == "never_started"  # the original may still be in a backlog (C39)
+            job_id = publish(publisher, run.envelope, run.run_key, unstarted_only=unstarted_only)
         except PublishFailed as exc:
             report.failed.append((stranded, str(exc)))
             return

@@ -124,3 +124,19 @@ def test_c37_a_run_that_finished_before_outcomes_were_kept_is_acknowledged_as_a_
     begun = driver.store.begin("run-1", "job-1", JobEnvelope("shop.checkout", "test"), "w", 30.0)
     driver.store.finish(begun.claim, "succeeded")  # type: ignore[union-attr]
     assert _run(driver, _never, job_id="job-2") == outcomes.Ack(outcomes.AckReason.DUPLICATE, "succeeded")
+
+
+def test_c37_a_replayed_key_error_equals_the_original():
+    """C37: ``str(KeyError("ar"))`` is ``"'ar'"``; the replay rebuilds ``KeyError("ar")``, not ``KeyError("'ar'")``."""
+    driver = _driver()
+
+    def missing() -> None:
+        raise KeyError("ar")
+
+    failure = _run(driver, missing)
+    assert isinstance(failure, outcomes.Failure)
+    assert driver.give_up(failure) is None
+    replay = _run(driver, _never, job_id="job-2")
+    assert isinstance(replay, outcomes.Replay)
+    assert type(replay.error) is KeyError
+    assert replay.error.args == ("ar",)

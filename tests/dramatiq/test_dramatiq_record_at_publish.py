@@ -66,3 +66,38 @@ def test_c39_a_delay_is_recorded_as_the_runs_due_time(tmp_path: Path) -> None:
     assert run.wake_at - run.created_at > 3500
     broker.close()
     store.close()
+
+
+def test_c39_a_recovery_copy_does_not_run_a_job_its_original_handed_to_retries(tmp_path: Path) -> None:
+    """C39: a recorded message waits in a backlog past ``recovery_queued_seconds``, so recovery publishes a
+    copy; the original then runs first and fails, and ``Retries`` schedules its retry. The copy, marked to
+    run only while the run never started, is dropped: the body runs twice (the original and its one
+    retry), not three or four times."""
+    from dramatiq.middleware import Retries
+
+    from flexiq_plugins import operations
+
+    store = SqlStepStore(f"sqlite:///{tmp_path / 'steps.db'}")
+    broker = StubBroker()
+    broker.add_middleware(DurableSteps(store=store, recovery=False), before=Retries)
+    ran: list[str] = []
+
+    @dramatiq.actor(broker=broker, queue_name="orders", max_retries=1, min_backoff=200, max_backoff=200)
+    def charge(order: str) -> None:
+        ran.append(order)
+        raise ValueError("card declined")
+
+    run_key = charge.send("o-1").options[RUN_KEY_OPTION]
+    report = operations.recover(store, operations.publishers_for(broker), grace=0, queued_after=0)
+    assert [why for stranded, _ in report.recovered for why in [stranded.why]] == ["never_started"]
+    worker = dramatiq.Worker(broker, worker_threads=1, worker_timeout=100)
+    worker.start()
+    try:
+        broker.join("orders", fail_fast=False)
+        worker.join()
+    finally:
+        worker.stop()
+    assert ran == ["o-1", "o-1"]
+    assert store.get_run(run_key).status == "failed"
+    broker.close()
+    store.close()
