@@ -90,3 +90,34 @@ def test_c39_a_countdown_is_recorded_as_the_runs_due_time(
     assert run.status == "queued"
     assert run.wake_at is not None
     assert run.wake_at - run.created_at > 3500
+
+
+def test_c39_a_recovery_copy_does_not_run_a_job_its_original_handed_to_a_retry(
+    redis_broker: str, sqlite_store: SqlStepStore, make_celery_app: Callable[..., Celery]
+) -> None:
+    """C39: the job waits past ``recovery_queued_seconds`` and recovery publishes a copy; the original runs
+    first, fails, and Celery schedules its one retry. The copy (``flexiq_unstarted_only``) is dropped: the body
+    runs twice, the original and its retry, and the run ends ``failed``."""
+    from conftest import in_process_worker, wait_for
+
+    from flexiq_plugins import operations
+
+    app = make_celery_app(redis_broker, sqlite_store, recovery=False)
+    ran: list[str] = []
+
+    @app.task(name=f"{app.main}.declines", autoretry_for=(ValueError,), max_retries=1, default_retry_delay=0.5)
+    def declines(order: str) -> None:
+        ran.append(order)
+        raise ValueError("card declined")
+
+    declines.delay("o-1")
+    declines.delay("o-2")
+    report = operations.recover(sqlite_store, operations.publishers_for(app), grace=0, queued_after=0)
+    assert [stranded.why for stranded, _ in report.recovered] == ["never_started", "never_started"]
+    with in_process_worker(app):
+        wait_for(
+            lambda: [r.status for r in sqlite_store.list_runs()] == ["failed", "failed"],
+            30,
+            "both runs to fail for good",
+        )
+    assert sorted(ran) == ["o-1", "o-1", "o-2", "o-2"]
