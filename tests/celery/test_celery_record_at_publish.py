@@ -7,9 +7,10 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
+from conftest import in_process_worker, wait_for
 
 from celery_ext import RUN_KEY_HEADER
-from flexiq_plugins import SqlStepStore, UnknownRun
+from flexiq_plugins import SqlStepStore, UnknownRun, operations
 
 
 def _run_status(store: SqlStepStore, run_key: str) -> str | None:
@@ -98,10 +99,6 @@ def test_c39_a_recovery_copy_does_not_run_a_job_its_original_handed_to_a_retry(
     """C39: the job waits past ``recovery_queued_seconds`` and recovery publishes a copy; the original runs
     first, fails, and Celery schedules its one retry. The copy (``flexiq_unstarted_only``) is dropped: the body
     runs twice, the original and its retry, and the run ends ``failed``."""
-    from conftest import in_process_worker, wait_for
-
-    from flexiq_plugins import operations
-
     app = make_celery_app(redis_broker, sqlite_store, recovery=False)
     ran: list[str] = []
 
