@@ -44,3 +44,4 @@ class RecoveryStep(bootsteps.StartStopStep):  # type: ignore[misc]
             sweeper.stop(timeout=5)
 
     shutdown = stop
+    terminate = stop  # an embedded worker (celery.contrib.testing) and a cold shutdown end through terminate

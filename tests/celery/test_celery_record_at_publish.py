@@ -118,3 +118,21 @@ def test_c39_a_recovery_copy_does_not_run_a_job_its_original_handed_to_a_retry(
             "both runs to fail for good",
         )
     assert sorted(ran) == ["o-1", "o-1", "o-2", "o-2"]
+
+
+def test_c39_an_embedded_worker_stops_its_sweeper_when_it_stops(
+    redis_broker: str, sqlite_store: SqlStepStore, make_celery_app: Callable[..., Celery]
+) -> None:
+    """C39: a worker embedded with ``celery.contrib.testing`` (as in a user's own tests) runs the recovery
+    sweeper while it runs and stops it when it stops (it ends through the bootstep's ``terminate``)."""
+    import threading
+
+    app = make_celery_app(redis_broker, sqlite_store)
+
+    def sweepers() -> int:
+        return sum(t.name == "flexiq-sweeper" and t.is_alive() for t in threading.enumerate())
+
+    before = sweepers()
+    with in_process_worker(app):
+        assert sweepers() == before + 1
+    wait_for(lambda: sweepers() == before, 10, "the sweeper to stop with its worker")
