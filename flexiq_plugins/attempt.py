@@ -164,12 +164,13 @@ def default_owner() -> str:
 
 
 class _Outage:
-    """A store outage as this process sees it: its backoff, logged when it starts, grows and ends (C28, C41).
+    """A store outage as this process sees it: its backoff, logged once when it starts and once when it ends (C28, C41).
 
     Consecutive put-backs for the store wait ``first`` seconds, then twice as
-    long each time up to ``cap``; the first one of an outage, and each longer
-    wait, is logged (a :class:`StoreMisconfigured` store at ERROR: it will not
-    pass by itself). One job that reaches the store ends the outage.
+    long each time up to ``cap``. The first one of an outage is logged at
+    WARNING (a :class:`StoreMisconfigured` store at ERROR: it will not pass
+    by itself), each longer wait at DEBUG; one job that reaches the store
+    ends the outage, logged at INFO.
 
     Parameters:
       first(float): the first delay, seconds (``store_retry_seconds``).
@@ -188,9 +189,17 @@ class _Outage:
             before = self._delay
             self._delay = self._first if before == 0.0 else min(before * 2, self._cap)
             delay = self._delay
-        if delay != before:
+        if before == 0.0:
             level = logging.ERROR if isinstance(exc, StoreMisconfigured) else logging.WARNING
-            logger.log(level, "step store unavailable: %s; jobs are put back for %.3g s until it returns", exc, delay)
+            logger.log(
+                level,
+                "step store unavailable: %s; jobs are put back after %.3g s, then up to %.3g s, until it returns",
+                exc,
+                delay,
+                self._cap,
+            )
+        elif delay != before:
+            logger.debug("step store still unavailable; jobs are put back for %.3g s", delay)
         return delay
 
     def ok(self) -> None:
