@@ -1,0 +1,84 @@
+"""Celery: a durable job sent for a task the worker does not have is dead-lettered, not left ``queued`` (C30, C39).
+
+A real worker (in a thread of this process) receives a job whose task name it
+does not know; Celery logs ``Received unregistered task``, rejects the message
+and marks the result ``NotRegistered``, as it does without the integration.
+The run recorded at publish is dead-lettered once with the reason
+``unregistered_task``, recovery leaves it alone, and a dead-letter retry runs
+it once the worker has the task.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from celery import Celery
+from conftest import in_process_worker, wait_for
+
+from celery_ext import RUN_KEY_HEADER
+from flexiq_plugins import SqlStepStore, operations
+
+
+def test_c39_a_job_of_an_unregistered_task_is_dead_lettered_once_and_retried_once_deployed(
+    broker: str, sqlite_store: SqlStepStore, make_celery_app: Callable[..., Celery]
+) -> None:
+    """C39, C30: ``send_task`` with a misspelt name records the run ``queued``; the worker discards the job and
+    the run becomes ``dead`` with one dead letter (reason ``unregistered_task``, naming the task and the
+    worker's closest task). Celery's own result is still ``NotRegistered``. Recovery does not re-publish the
+    run; once the task is deployed, ``retry_dead_letter`` runs it under the same run key."""
+    app = make_celery_app(broker, sqlite_store, recovery=False)
+    typo = f"{app.main}.chekcout"
+    sent = app.send_task(typo, args=["A-1"])
+    [run] = sqlite_store.list_runs(task_name=typo)
+    assert run.status == "queued"
+
+    with in_process_worker(app):
+        wait_for(lambda: sqlite_store.get_run(run.run_key).status == "dead", 30, "the run to be dead-lettered")
+        wait_for(lambda: app.AsyncResult(sent.id).state == "FAILURE", 30, "Celery's own NotRegistered result")
+    assert type(app.AsyncResult(sent.id).result).__name__ == "NotRegistered"
+
+    [dead] = sqlite_store.list_dead_letters(task_name=typo)
+    assert (dead.run_key, dead.job_id, dead.reason) == (run.run_key, sent.id, "unregistered_task")
+    assert repr(typo) in dead.message
+    assert f"did you mean {f'{app.main}.checkout'!r}" in dead.message
+    assert dead.envelope.args == ["A-1"]
+
+    report = operations.recover(sqlite_store, operations.publishers_for(app), grace=0, queued_after=0, stale_after=0)
+    assert [s.run.run_key for s, _ in report.recovered] == []
+    assert sqlite_store.get_run(run.run_key).status == "dead"
+
+    @app.task(name=typo)
+    def deployed(order: str) -> str:
+        return f"shipped {order}"
+
+    retried = operations.retry_dead_letter(sqlite_store, dead.id, operations.publishers_for(app))
+    with in_process_worker(app):
+        wait_for(lambda: sqlite_store.get_run(run.run_key).status == "succeeded", 30, "the retried run to succeed")
+    assert app.AsyncResult(retried.job_id).get(timeout=10) == "shipped A-1"
+    assert len(sqlite_store.list_dead_letters(task_name=typo, include_retried=True)) == 1
+
+
+def test_c39_a_late_copy_at_a_worker_without_the_task_leaves_a_started_run_alone(
+    redis_broker: str, sqlite_store: SqlStepStore, make_celery_app: Callable[..., Celery]
+) -> None:
+    """C39, C25: a worker that has the task runs the job; a copy of its message (same run key) then reaches a
+    worker that does not (a rolling deploy). Celery discards the copy; the run stays ``succeeded``, no dead
+    letter. A copy for a run still ``queued`` in the same worker is dead-lettered: the fence is the run's state."""
+    app = make_celery_app(redis_broker, sqlite_store, recovery=False)
+
+    @app.task(name=f"{app.main}.ship")
+    def ship(order: str) -> str:
+        return order
+
+    result = ship.delay("B-2")
+    [run] = sqlite_store.list_runs(task_name=f"{app.main}.ship")
+    with in_process_worker(app):
+        assert result.get(timeout=30) == "B-2"
+        wait_for(lambda: sqlite_store.get_run(run.run_key).status == "succeeded", 30, "the run to succeed")
+        late = app.send_task(f"{app.main}.gone", headers={RUN_KEY_HEADER: run.run_key})
+        fresh = app.send_task(f"{app.main}.gone")
+        wait_for(lambda: app.AsyncResult(late.id).state == "FAILURE", 30, "Celery to discard the late copy")
+        wait_for(sqlite_store.list_dead_letters, 30, "the fresh job's dead letter")
+    assert sqlite_store.get_run(run.run_key).status == "succeeded"
+    [dead] = sqlite_store.list_dead_letters()
+    assert (dead.job_id, dead.reason) == (fresh.id, "unregistered_task")
