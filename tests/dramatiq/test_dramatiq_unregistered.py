@@ -57,9 +57,7 @@ def test_c39_a_job_of_an_undeclared_actor_is_dead_lettered_once_and_retried_once
     assert (dead.run_key, dead.reason, dead.envelope.args) == (run_key, "unregistered_task", ["A-1"])
     assert "does not have the actor 'chekcout' (did you mean 'checkout'?)" in dead.message
 
-    report = operations.recover(
-        sqlite_store, operations.publishers_for(broker), grace=0, queued_after=0, stale_after=0
-    )
+    report = operations.recover(sqlite_store, operations.publishers_for(broker), grace=0, queued_after=0, stale_after=0)
     assert report.recovered == []
     assert status_of(sqlite_store, run_key) == "dead"
 
