@@ -22,19 +22,24 @@ from flexiq_plugins import SqlStepStore, operations
 def test_c39_a_job_of_an_unregistered_task_is_dead_lettered_once_and_retried_once_deployed(
     broker: str, sqlite_store: SqlStepStore, make_celery_app: Callable[..., Celery]
 ) -> None:
-    """C39, C30: ``send_task`` with a misspelt name records the run ``queued``; the worker discards the job and
-    the run becomes ``dead`` with one dead letter (reason ``unregistered_task``, naming the task and the
-    worker's closest task). Celery's own result is still ``NotRegistered``. Recovery does not re-publish the
+    """C39, C30: ``send_task`` with a misspelt name records the run ``queued``; recovery (whose app does not
+    have the task either) publishes a copy before any worker runs. The worker discards both; the run
+    becomes ``dead`` with one dead letter (reason ``unregistered_task``, naming the task and the worker's
+    closest task). Celery's own results are still ``NotRegistered``. Recovery no longer re-publishes the
     run; once the task is deployed, ``retry_dead_letter`` runs it under the same run key."""
     app = make_celery_app(broker, sqlite_store, recovery=False)
     typo = f"{app.main}.chekcout"
     sent = app.send_task(typo, args=["A-1"])
     [run] = sqlite_store.list_runs(task_name=typo)
     assert run.status == "queued"
+    publishers = operations.publishers_for(app)
+    copied = operations.recover(sqlite_store, publishers, grace=0, queued_after=0)  # before any worker runs
+    [(_, copy_id)] = [(s, job_id) for s, job_id in copied.recovered if s.run.run_key == run.run_key]
 
     with in_process_worker(app):
         wait_for(lambda: sqlite_store.get_run(run.run_key).status == "dead", 30, "the run to be dead-lettered")
-        wait_for(lambda: app.AsyncResult(sent.id).state == "FAILURE", 30, "Celery's own NotRegistered result")
+        for job_id in (sent.id, copy_id):
+            wait_for(lambda j=job_id: app.AsyncResult(j).state == "FAILURE", 30, "Celery's NotRegistered result")
     assert type(app.AsyncResult(sent.id).result).__name__ == "NotRegistered"
 
     [dead] = sqlite_store.list_dead_letters(task_name=typo)
@@ -51,7 +56,7 @@ def test_c39_a_job_of_an_unregistered_task_is_dead_lettered_once_and_retried_onc
     def deployed(order: str) -> str:
         return f"shipped {order}"
 
-    retried = operations.retry_dead_letter(sqlite_store, dead.id, operations.publishers_for(app))
+    retried = operations.retry_dead_letter(sqlite_store, dead.id, publishers)
     with in_process_worker(app):
         wait_for(lambda: sqlite_store.get_run(run.run_key).status == "succeeded", 30, "the retried run to succeed")
     assert app.AsyncResult(retried.job_id).get(timeout=10) == "shipped A-1"

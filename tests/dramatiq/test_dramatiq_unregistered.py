@@ -36,10 +36,11 @@ def test_c39_a_job_of_an_undeclared_actor_is_dead_lettered_once_and_retried_once
     sqlite_store: StepStore,
     start_worker: Callable[..., dramatiq.Worker],
 ) -> None:
-    """C39, C30: a message for a misspelt actor records the run ``queued``; the worker rejects it to the
-    dead-letter queue as usual and the run becomes ``dead`` with one dead letter (reason
-    ``unregistered_task``, naming the actor and the worker's closest actor). Recovery does not re-publish
-    it; once the actor is declared, ``retry_dead_letter`` runs it under the same run key."""
+    """C39, C30: a message for a misspelt actor records the run ``queued``; recovery publishes a copy (an
+    actor it does not have either) before any worker runs. The worker rejects both to the dead-letter queue
+    as usual and the run becomes ``dead`` with one dead letter (reason ``unregistered_task``, naming the
+    actor and the worker's closest actor). Recovery no longer re-publishes it; once the actor is declared,
+    ``retry_dead_letter`` runs it under the same run key."""
     broker.add_middleware(DurableSteps(store=sqlite_store, recovery=False))
     ran: list[str] = []
 
@@ -49,9 +50,12 @@ def test_c39_a_job_of_an_undeclared_actor_is_dead_lettered_once_and_retried_once
 
     run_key = _send(broker, queue, "chekcout", "A-1")
     assert status_of(sqlite_store, run_key) == "queued"
+    publishers = operations.publishers_for(broker)
+    copied = operations.recover(sqlite_store, publishers, grace=0, queued_after=0)  # before any worker runs
+    assert [s.run.run_key for s, _ in copied.recovered] == [run_key]
     start_worker(broker)
     wait_until(lambda: status_of(sqlite_store, run_key) == "dead", 30, "the run to be dead-lettered")
-    wait_until(lambda: dead_letter_count(broker, queue, namespace) == 1, 30, "Dramatiq's own dead letter")
+    wait_until(lambda: dead_letter_count(broker, queue, namespace) == 2, 30, "Dramatiq's own dead letters")
 
     [dead] = sqlite_store.list_dead_letters(task_name="chekcout")
     assert (dead.run_key, dead.reason, dead.envelope.args) == (run_key, "unregistered_task", ["A-1"])
@@ -65,7 +69,7 @@ def test_c39_a_job_of_an_undeclared_actor_is_dead_lettered_once_and_retried_once
     def deployed(order: str) -> None:
         ran.append(f"deployed {order}")
 
-    operations.retry_dead_letter(sqlite_store, dead.id, operations.publishers_for(broker))
+    operations.retry_dead_letter(sqlite_store, dead.id, publishers)
     wait_until(lambda: status_of(sqlite_store, run_key) == "succeeded", 30, "the retried run to succeed")
     assert ran == ["deployed A-1"]
     assert len(sqlite_store.list_dead_letters(include_retried=True)) == 1
