@@ -39,8 +39,8 @@ def test_c39_a_job_of_an_undeclared_actor_is_dead_lettered_once_and_retried_once
     """C39, C30: a message for a misspelt actor records the run ``queued``; recovery publishes a copy (an
     actor it does not have either) before any worker runs. The worker rejects both to the dead-letter queue
     as usual and the run becomes ``dead`` with one dead letter (reason ``unregistered_task``, naming the
-    actor and the worker's closest actor). Recovery no longer re-publishes it; once the actor is declared,
-    ``retry_dead_letter`` runs it under the same run key."""
+    actor and the worker's closest actor). Recovery no longer re-publishes it; a retry before the actor is
+    deployed is dead-lettered again; once the actor is declared, a retry runs it under the same run key."""
     broker.add_middleware(DurableSteps(store=sqlite_store, recovery=False))
     ran: list[str] = []
 
@@ -65,14 +65,20 @@ def test_c39_a_job_of_an_undeclared_actor_is_dead_lettered_once_and_retried_once
     assert report.recovered == []
     assert status_of(sqlite_store, run_key) == "dead"
 
+    operations.retry_dead_letter(sqlite_store, dead.id, publishers)  # too early: the actor is not deployed yet
+    wait_until(sqlite_store.list_dead_letters, 30, "the early retry to be dead-lettered again")
+    [again] = sqlite_store.list_dead_letters()
+    assert (again.run_key, again.reason) == (run_key, "unregistered_task")
+    assert status_of(sqlite_store, run_key) == "dead"
+
     @dramatiq.actor(broker=broker, queue_name=queue, actor_name="chekcout")
     def deployed(order: str) -> None:
         ran.append(f"deployed {order}")
 
-    operations.retry_dead_letter(sqlite_store, dead.id, publishers)
+    operations.retry_dead_letter(sqlite_store, again.id, publishers)
     wait_until(lambda: status_of(sqlite_store, run_key) == "succeeded", 30, "the retried run to succeed")
     assert ran == ["deployed A-1"]
-    assert len(sqlite_store.list_dead_letters(include_retried=True)) == 1
+    assert len(sqlite_store.list_dead_letters(include_retried=True)) == 2
 
 
 def test_c39_a_late_copy_at_a_worker_without_the_actor_leaves_a_started_run_alone(
