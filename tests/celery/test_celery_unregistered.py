@@ -11,9 +11,12 @@ it once the worker has the task.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
+from uuid import uuid4
 
 from celery import Celery
-from conftest import in_process_worker, wait_for
+from conftest import delete_queues, in_process_worker, wait_for, worker_process
+from flexiq_celery_testapp import make_app
 
 from celery_ext import RUN_KEY_HEADER
 from flexiq_plugins import SqlStepStore, operations
@@ -87,3 +90,35 @@ def test_c39_a_late_copy_at_a_worker_without_the_task_leaves_a_started_run_alone
     assert sqlite_store.get_run(run.run_key).status == "succeeded"
     [dead] = sqlite_store.list_dead_letters()
     assert (dead.job_id, dead.reason) == (fresh.id, "unregistered_task")
+
+
+def test_c39_a_prefork_worker_process_dead_letters_a_job_of_an_unregistered_task(
+    redis_broker: str, tmp_path: Path
+) -> None:
+    """C39: ``celery -A … worker -P prefork`` (a real subprocess): Celery's consumer in the main process drops
+    the job of a task it does not have and its ``task_unknown`` receiver dead-letters the run; the log keeps
+    Celery's own ``Received unregistered task`` line and the library's one WARNING line."""
+    queue = f"fqu{uuid4().hex[:8]}"
+    calls, log = str(tmp_path / "calls.db"), tmp_path / "worker.log"
+    store_url = f"sqlite:///{tmp_path / 'steps.db'}"
+    client = make_app(queue, redis_broker, store_url, calls, recovery=False)
+    env = {
+        "FLEXIQ_TEST_BROKER": redis_broker,
+        "FLEXIQ_TEST_STORE": store_url,
+        "FLEXIQ_TEST_CALLS": calls,
+        "FLEXIQ_TEST_QUEUE": queue,
+    }
+    store = SqlStepStore(store_url)
+    try:
+        with worker_process(env, log, concurrency=1):
+            sent = client.send_task(f"{queue}.not_deployed", args=[7])
+            run_key = store.list_runs(task_name=f"{queue}.not_deployed")[0].run_key
+            wait_for(lambda: store.get_run(run_key).status == "dead", 60, "the run to be dead-lettered")
+    finally:
+        delete_queues(client, [queue])
+    [dead] = store.list_dead_letters()
+    assert (dead.run_key, dead.job_id, dead.reason) == (run_key, sent.id, "unregistered_task")
+    text = log.read_text()
+    assert f"Received unregistered task of type '{queue}.not_deployed'" in text
+    assert f"dead-lettered (unregistered_task): celery worker {queue}@" in text
+    store.close()
