@@ -123,6 +123,9 @@ def dead_letter_unregistered(
     except FlexiqError as exc:  # ConfigurationError, StoreError: already one line at the worker's start (C41)
         logger.warning("could not dead-letter run %s of unregistered %s %r: %s", run_key, kind, task_name, exc)
         return False
+    except Exception:  # a bug must not break the framework's consumer, which is rejecting the message
+        logger.exception("could not dead-letter run %s of unregistered %s %r", run_key, kind, task_name)
+        return False
     if applied:
         logger.warning("job %s (run %s) dead-lettered (%s): %s", job_id, run_key, UNREGISTERED_REASON, message)
     else:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from uuid import uuid4
 
+import pytest
 from celery import Celery
 from conftest import delete_queues, in_process_worker, wait_for, worker_process
 from flexiq_celery_testapp import make_app
@@ -92,6 +93,7 @@ def test_c39_a_late_copy_at_a_worker_without_the_task_leaves_a_started_run_alone
     assert (dead.job_id, dead.reason) == (fresh.id, "unregistered_task")
 
 
+@pytest.mark.slow
 def test_c39_a_prefork_worker_process_dead_letters_a_job_of_an_unregistered_task(
     redis_broker: str, tmp_path: Path
 ) -> None:
