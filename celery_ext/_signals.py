@@ -1,5 +1,5 @@
 """Celery signal receivers: the run key (and the run) at publish, fresh stores after fork, tasks made durable,
-the start line, revokes.
+the start line, revokes, jobs of tasks the worker does not have.
 
 They are connected once per process (``dispatch_uid``), whatever the number
 of apps, and do nothing for an app that :func:`celery_ext.install` was not
@@ -18,12 +18,14 @@ from flexiq_plugins.integration import (
     RECORDED_FLAG,
     cancel_run,
     check_store_at_start,
+    dead_letter_unregistered,
     log_worker_start,
     settle_unclaimed_run,
 )
 
 from ._adapter import publisher
 from ._envelope import run_key_of
+from ._options import RUN_KEY_HEADER
 from ._prepare import prepare_app
 from ._publish import stamp_new_job
 from ._request import driver_for
@@ -34,6 +36,7 @@ logger = logging.getLogger("flexiq_plugins.celery")
 __all__ = [
     "announce_store",
     "connect_signals",
+    "dead_letter_unknown_task",
     "on_app_finalized",
     "settle_plain_task",
     "settle_revoked",
@@ -139,6 +142,35 @@ def settle_revoked(sender: Any = None, request: Any = None, expired: bool = Fals
     logger.info("run %s of revoked job %s: %s", run_key, getattr(request, "id", "?"), done.outcome)
 
 
+def dead_letter_unknown_task(
+    sender: Any = None, message: Any = None, name: str | None = None, id: str | None = None, **_: Any
+) -> None:
+    """``task_unknown``: the worker does not have the job's task and Celery discarded it; its run is dead-lettered.
+
+    Sent by the worker's consumer (main process) after it logged ``Received
+    unregistered task of type …``, rejected the message and marked the result
+    ``NotRegistered``; none of that changes. A run recorded at publish that no
+    attempt started (C39) would otherwise stay ``queued`` and be re-published
+    by recovery forever: the core dead-letters it with the reason
+    ``unregistered_task`` (:func:`~flexiq_plugins.integration.dead_letter_unregistered`),
+    to be retried with ``flexiq dlq retry`` once the workers have the task. The
+    run key is read from the message's headers (task protocol 2).
+    """
+    app: Any = getattr(sender, "app", None)
+    runtime = runtime_of(app) if app is not None else None
+    if runtime is None or message is None or not name or str(name).startswith("celery."):
+        return
+    headers = getattr(message, "headers", None) or {}
+    dead_letter_unregistered(
+        lambda: runtime.store,
+        headers.get(RUN_KEY_HEADER),
+        str(id or headers.get("id") or ""),
+        str(name),
+        known=[task for task in app.tasks if not task.startswith("celery.")],
+        worker=f"celery worker {getattr(sender, 'hostname', '')}".rstrip(),
+    )
+
+
 def connect_signals() -> None:
     """Connect the process-wide receivers (idempotent)."""
     signals.before_task_publish.connect(stamp_run_key, weak=False, dispatch_uid="flexiq.stamp_run_key")
@@ -147,3 +179,4 @@ def connect_signals() -> None:
     signals.worker_ready.connect(announce_store, weak=False, dispatch_uid="flexiq.worker_ready")
     signals.task_revoked.connect(settle_revoked, weak=False, dispatch_uid="flexiq.task_revoked")
     signals.task_postrun.connect(settle_plain_task, weak=False, dispatch_uid="flexiq.task_postrun")
+    signals.task_unknown.connect(dead_letter_unknown_task, weak=False, dispatch_uid="flexiq.task_unknown")

@@ -16,7 +16,8 @@ the run, so recovery never brings it back (C38): a message another
 middleware skips before the body runs (``AgeLimit``, a user's
 ``SkipMessage``) makes the run ``cancelled``, or ``failed`` if it was failed;
 any other message rejected to the dead-letter queue (``nack``) makes it
-``failed``.
+``failed``; a message of an actor the worker does not have, which Dramatiq
+rejects, dead-letters a run that never started (reason ``unregistered_task``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from flexiq_plugins.integration import (
     cancellation_option,
     check_store_at_start,
     check_store_spec,
+    dead_letter_unregistered,
     driver_or_put_back,
     log_worker_start,
     new_run_key,
@@ -273,8 +275,25 @@ class DurableSteps(Middleware):
         self._give_up(broker, message)
 
     def before_nack(self, broker: dramatiq.Broker, message: Any) -> None:
-        """A durable job rejected to the dead-letter queue: its run is ``failed`` before the broker hears (C26, C38)."""
-        if not self._give_up(broker, message) and self._is_durable(broker, message):
+        """A durable job rejected to the dead-letter queue: its run is ``failed`` before the broker hears (C26, C38).
+
+        A job of an actor this worker does not have (Dramatiq logs ``Received
+        message for undefined actor`` and rejects it) is dead-lettered with
+        the reason ``unregistered_task`` if its run never started (C39).
+        """
+        if self._give_up(broker, message):
+            return
+        if message.actor_name not in broker.get_declared_actors():
+            dead_letter_unregistered(
+                lambda: self.store,
+                message.options.get(RUN_KEY_OPTION),
+                str(message.message_id),
+                message.actor_name,
+                known=broker.get_declared_actors(),
+                worker="dramatiq worker",
+                kind="actor",
+            )
+        elif self._is_durable(broker, message):
             self.driver.framework_ended(run_key_of(message), Ended.FAILED)
 
     def _give_up(self, broker: dramatiq.Broker, message: Any) -> bool:

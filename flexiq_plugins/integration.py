@@ -27,7 +27,11 @@ and travels in :attr:`JobInfo.step_retry`; its caps (``max_run_seconds``,
 ``max_suspended_seconds``, C34) are checked with :func:`cancellation_option`
 and travel in :attr:`JobInfo.cancellation`. When the framework gives up on a
 :class:`Failure`, call :meth:`AttemptDriver.give_up`: a run with undos to run
-(C32) comes back as a :class:`PutBack` to re-enqueue. A store setting is
+(C32) comes back as a :class:`PutBack` to re-enqueue. A worker that
+receives a recorded job for a task or actor it does not have (the framework
+discards the message) calls :func:`dead_letter_unregistered` from the
+framework's hook, so the run is dead-lettered instead of staying ``queued``
+(C39). A store setting is
 checked when the integration is configured (:func:`check_store_spec`) and the
 store is reached once when a worker starts (:func:`check_store_at_start`), so
 a misconfiguration stops the worker with one line instead of failing jobs
@@ -85,6 +89,7 @@ from .recording import (
     wants_record,
 )
 from .registry import UNSTARTED_ONLY, Adapter, Publisher, ValueReader, register_adapter, register_installation
+from .unregistered import UNREGISTERED_REASON, dead_letter_unregistered
 
 __all__ = [
     "Ack",
@@ -118,6 +123,7 @@ __all__ = [
     "RECORD_TASK_OPTION",
     "Replay",
     "RetryPolicy",
+    "UNREGISTERED_REASON",
     "UNSTARTED_ONLY",
     "Serializer",
     "StepSignal",
@@ -131,6 +137,7 @@ __all__ = [
     "build_envelope",
     "cancel_run",
     "cancellation_option",
+    "dead_letter_unregistered",
     "check_store_at_start",
     "check_store_spec",
     "claims_before_body",

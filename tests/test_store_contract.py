@@ -9,6 +9,7 @@ clock, never by a bare sleep.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from uuid import uuid4
@@ -494,6 +495,66 @@ def test_c38_a_run_released_to_pending_is_claimed_again_without_a_takeover(store
     assert store.release_run(key, "pending", while_status={"running"}) is True
     begun = claim_run(store, key, owner="worker-2")
     assert (begun.claim.attempt, begun.takeovers) == (2, 0)
+
+
+# --------------------------------------------------- dead_letter_unstarted
+UNREGISTERED = NewDeadLetter("job-u", "unregistered_task", "the worker does not have the task 'shop.chekcout'")
+
+
+def test_c39_dead_letter_unstarted_ends_a_queued_run_once_with_its_dead_letter(store: StepStore) -> None:
+    """C39, C30: a run recorded ``queued`` whose message the framework dropped becomes ``dead`` with one dead
+    letter carrying its envelope, its outcome written and its due time cleared; a second call changes nothing."""
+    key = new_key()
+    store.record_queued(key, "job-u", ENVELOPE, delay_seconds=60)
+    assert store.dead_letter_unstarted(key, UNREGISTERED, outcome=b"E-dead") is True
+    run = store.get_run(key)
+    assert (run.status, run.owner, run.wake_at, run.attempt, run.outcome) == ("dead", None, None, 0, b"E-dead")
+    [letter] = store.list_dead_letters()
+    assert (letter.run_key, letter.job_id, letter.reason, letter.task_name) == (
+        key,
+        "job-u",
+        "unregistered_task",
+        "shop.checkout",
+    )
+    assert (letter.message, letter.envelope) == (UNREGISTERED.message, ENVELOPE)
+    assert store.dead_letter_unstarted(key, UNREGISTERED) is False
+    assert len(store.list_dead_letters()) == 1
+    assert store.begin(key, "job-2", ENVELOPE, "worker-2", 30.0) == Finished("dead", b"E-dead")
+
+
+def test_c39_dead_letter_unstarted_never_touches_a_run_an_attempt_started(store: StepStore) -> None:
+    """C39, C25: a run claimed by an attempt (running, put back ``pending``, sleeping, finished) or an unknown
+    one is left exactly as it is, with no dead letter: a late copy of its message cannot harm it."""
+    running = new_key()
+    store.record_queued(running, "job-1", ENVELOPE)
+    claim = claim_run(store, running).claim
+    assert store.dead_letter_unstarted(running, UNREGISTERED) is False
+    assert store.get_run(running).status == "running"
+    store.commit_step(claim, run_row(0, "charge#0"))  # the attempt still holds its claim
+    put_back = new_key()
+    claim_run(store, put_back)
+    assert store.release_run(put_back, "pending", while_status={"running"}) is True
+    sleeping = new_key()
+    store.finish(claim_run(store, sleeping).claim, "sleeping", wake_at=store.now() + 60)
+    done = terminal_run(store, "succeeded")
+    for key, status in ((put_back, "pending"), (sleeping, "sleeping"), (done, "succeeded")):
+        assert store.dead_letter_unstarted(key, UNREGISTERED) is False
+        assert store.get_run(key).status == status
+    assert store.dead_letter_unstarted("no-such-run", UNREGISTERED) is False
+    assert store.list_dead_letters() == []
+
+
+def test_c39_a_retried_dead_letter_of_a_never_started_run_can_be_dead_lettered_again(store: StepStore) -> None:
+    """C39, C30: a dead-letter retry makes the never-started run ``pending`` (attempt 0); if its new message is
+    dropped too, it is dead-lettered again rather than left for recovery."""
+    key = new_key()
+    store.record_queued(key, "job-u", ENVELOPE)
+    assert store.dead_letter_unstarted(key, UNREGISTERED) is True
+    [first] = store.list_dead_letters()
+    store.prepare_retry(first.id)
+    assert (store.get_run(key).status, store.get_run(key).attempt) == ("pending", 0)
+    assert store.dead_letter_unstarted(key, dataclasses.replace(UNREGISTERED, job_id="job-v")) is True
+    assert [d.job_id for d in store.list_dead_letters(include_retried=True)] == ["job-u", "job-v"]
 
 
 # ------------------------------------------------------------ C37 outcomes

@@ -30,6 +30,7 @@ __all__ = [
     "CLEANABLE_STATUSES",
     "LIVE_STATUSES",
     "TERMINAL_STATUSES",
+    "UNSTARTED_STATUSES",
     "AttemptNotDue",
     "AttemptStarted",
     "AttemptsSpent",
@@ -83,6 +84,8 @@ committed steps all ran (C32).
 TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "dead", "cancelled", "compensated"})
 LIVE_STATUSES: frozenset[str] = frozenset({"queued", "pending", "running", "sleeping", "waiting", "retrying"})
 """The states a run can still leave: those that are not terminal."""
+UNSTARTED_STATUSES: frozenset[str] = frozenset({"queued", "pending"})
+"""With ``attempt`` 0, the states of a run no attempt ever started (:meth:`StepStore.dead_letter_unstarted`)."""
 CLEANABLE_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "compensated"})
 """Terminal states that :meth:`StepStore.cleanup` may drop; ``dead`` runs stay until purged (C27)."""
 
@@ -706,6 +709,29 @@ class StepStore(abc.ABC):
         clears it, C37), no takeover is counted, steps are kept. A write of
         the attempt that held the claim is then fenced out (C25). Returns
         whether it applied (``False`` for an unknown run).
+        """
+
+    @abc.abstractmethod
+    def dead_letter_unstarted(self, run_key: str, dead_letter: NewDeadLetter, *, outcome: bytes | None = None) -> bool:
+        """Dead-letter a run that no attempt ever started, whose message the framework dropped (C30, C38, C39).
+
+        For a job recorded at publish (or re-published by a dead-letter
+        retry) that a worker discarded without running it, e.g. a Celery
+        task or Dramatiq actor the worker does not have. One transaction;
+        applies only while the run is ``queued`` or ``pending`` with
+        ``attempt`` 0 (no attempt ever claimed it), so a run a delivery has
+        started is never touched (a late copy of its message cannot harm
+        it). The run becomes ``dead`` with its claim and wake time cleared,
+        ``outcome`` written with the status (C37), steps kept, and
+        ``dead_letter`` recorded carrying the run's envelope (C30).
+
+        Parameters:
+          run_key(str): the run.
+          dead_letter(NewDeadLetter): the dead letter to record.
+          outcome(bytes | None): the run's outcome (``None`` clears it).
+
+        Returns:
+          bool: whether it applied (``False`` for a started, terminal or unknown run).
         """
 
     @abc.abstractmethod

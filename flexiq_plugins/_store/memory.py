@@ -17,6 +17,7 @@ from ..errors import CancelRequested, UnknownDeadLetter, UnknownRun
 from .base import (
     CLEANABLE_STATUSES,
     TERMINAL_STATUSES,
+    UNSTARTED_STATUSES,
     AttemptStarted,
     BeginResult,
     Begun,
@@ -373,6 +374,19 @@ class MemoryStepStore(StepStore):
                 return False
             run = dataclasses.replace(run, status=status, owner=None, lease_until=None, wake_at=None)
             self._runs[run_key] = dataclasses.replace(run, updated_at=self.now(), outcome=outcome)
+            return True
+
+    def dead_letter_unstarted(self, run_key: str, dead_letter: NewDeadLetter, *, outcome: bytes | None = None) -> bool:
+        """See :meth:`StepStore.dead_letter_unstarted`."""
+        with self._lock:
+            run = self._runs.get(run_key)
+            if run is None or run.status not in UNSTARTED_STATUSES or run.attempt != 0:
+                return False
+            now = self.now()
+            run = dataclasses.replace(run, status="dead", owner=None, lease_until=None, wake_at=None)
+            run = dataclasses.replace(run, updated_at=now, outcome=outcome)
+            self._runs[run_key] = run
+            self._add_dead_letter(run, dead_letter, now)
             return True
 
     # ------------------------------------------------------------ operators

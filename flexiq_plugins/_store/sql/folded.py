@@ -314,8 +314,12 @@ class Folded:
         if conn.execute(statement, params).rowcount != 1:
             raise claim_lost(claim)
         if dead is not None:
-            given = {"job_id": dead.job_id, "reason": dead.reason, "message": dead.message, "traceback": dead.traceback}
-            conn.execute(self._dead, {f"p_{k}": v for k, v in {"run_key": claim.run_key, **given}.items()})
+            self.add_dead_letter(conn, claim.run_key, dead)
+
+    def add_dead_letter(self, conn: Connection, run_key: str, dead: NewDeadLetter) -> None:
+        """Record ``dead`` for the run ``run_key``, copying its task, envelope and ``updated_at`` (C30)."""
+        given = {"job_id": dead.job_id, "reason": dead.reason, "message": dead.message, "traceback": dead.traceback}
+        conn.execute(self._dead, {f"p_{k}": v for k, v in {"run_key": run_key, **given}.items()})
 
     def finish_in_one(self, conn: Connection, claim: Claim, values: dict[str, Any], drop_steps: bool) -> None:
         """PostgreSQL: :meth:`finish` without a dead letter, and the step rows dropped, in one statement.

@@ -60,6 +60,7 @@ from ...transactions import CallerConnection, family, ignore_engine
 from ..base import (
     CLEANABLE_STATUSES,
     TERMINAL_STATUSES,
+    UNSTARTED_STATUSES,
     AttemptStarted,
     BeginResult,
     Begun,
@@ -1032,6 +1033,41 @@ class SqlStepStore(StepStore):
                 .values(updated_at=self._now(conn))
             )
             return result.rowcount == 1
+
+        return self._write(work)
+
+    def dead_letter_unstarted(self, run_key: str, dead_letter: NewDeadLetter, *, outcome: bytes | None = None) -> bool:
+        """Dead-letter a run no attempt ever started, whose message the framework dropped (C30, C38, C39).
+
+        One transaction: a conditional ``UPDATE`` (``queued`` or ``pending``,
+        ``attempt`` 0) to ``dead`` with the claim and wake time cleared and
+        ``outcome`` written, then, if it applied, the dead letter copied from
+        the run (task, envelope, the update's clock stamp).
+
+        Parameters:
+          run_key(str): the run.
+          dead_letter(NewDeadLetter): the dead letter to record.
+          outcome(bytes | None): the run's outcome (``None`` clears it, C37).
+
+        Returns:
+          bool: whether it applied.
+
+        Raises:
+          StoreUnavailable: the database cannot be reached.
+        """
+        runs = self._t.runs
+
+        def work(conn: Connection) -> bool:
+            result = conn.execute(
+                sa.update(runs)
+                .where(runs.c.run_key == run_key, runs.c.status.in_(sorted(UNSTARTED_STATUSES)), runs.c.attempt == 0)
+                .values(status="dead", owner=None, lease_until=None, wake_at=None, outcome=outcome)
+                .values(updated_at=self._now(conn))
+            )
+            if result.rowcount != 1:
+                return False
+            self._folded.add_dead_letter(conn, run_key, dead_letter)
+            return True
 
         return self._write(work)
 
