@@ -1,6 +1,6 @@
 """Where a new step's time goes on PostgreSQL, next to the database's floor, in one run.
 
-    python -m benchmarks.bench_step_cost [--rounds 15] [--steps 50] [--url postgresql://…]
+    python -m benchmarks.bench_step_cost [--rounds 15] [--steps 50] [--history N] [--url postgresql://…]
 
 ``bench_store`` shows that a new step costs about twice a committed
 ``INSERT`` on PostgreSQL although it is one autocommitted statement. This
@@ -40,10 +40,12 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import sqlalchemy as sa
 
+from benchmarks.bench_store import fill_history
 from flexiq_plugins import AttemptDriver, JobEnvelope, JobInfo, SqlStepStore, current_job
 from flexiq_plugins._store.base import Claim, StepRow
 from flexiq_plugins._store.sql.folded import Folded
@@ -280,16 +282,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--url", default=URL)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--steps", type=int, default=50, help="steps (and floor inserts) per variant a round")
+    parser.add_argument("--history", type=int, default=0, help="fill N finished runs (5 steps each) first")
     args = parser.parse_args(argv)
     bench = Bench(args.url, args.steps)
     try:
+        for store in bench.stores if args.history else ():
+            fill_history(SimpleNamespace(store=store, engine=store.engine), args.history)  # type: ignore[arg-type]
         for _ in range(args.rounds):  # interleaved: every variant once per round
             bench.floor()
             bench.floor_autocommit()
             bench.server()
             bench.layers()
         floor = statistics.median(bench.samples["floor"])
-        print(f"machine: {os.cpu_count()} cores; {args.rounds} rounds × {args.steps} steps; medians")
+        history = f"; {args.history} finished runs in each store's tables" if args.history else "; empty store"
+        print(f"machine: {os.cpu_count()} cores; {args.rounds} rounds × {args.steps} steps; medians{history}")
         print(f"{'':<40} {'median ms':>9} {'× floor':>8} {'client CPU ms':>13} {'n':>6}")
         for key, values in bench.samples.items():
             med = statistics.median(values)
