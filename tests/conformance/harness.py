@@ -150,12 +150,15 @@ class Fault:
         ``"lost"`` (the broker accepts the message and loses it).
       budget(int): how many publishes are hit; later ones go through.
       statuses(list[str | None]): the run's status in the store at each hit.
+      only_status(str | None): hit only publishes made while the run has this status
+        (e.g. ``"sleeping"``: its wake-up, not a recovery copy of the ``queued`` run).
     """
 
     run_key: str
     action: Literal["refused", "lost"]
     budget: int
     statuses: list[str | None] = field(default_factory=list)
+    only_status: str | None = None
 
     @property
     def used(self) -> int:
@@ -344,13 +347,14 @@ class Harness(abc.ABC):
         """
         return self._arm(Fault(run_key, "refused", count))
 
-    def lose_publishes(self, run_key: str, count: int = 1) -> Fault:
+    def lose_publishes(self, run_key: str, count: int = 1, *, only_status: str | None = None) -> Fault:
         """Make the broker accept the next ``count`` publishes of ``run_key``'s messages and lose them.
 
         What a broker that restarts without persisting the message does: the
-        publish call returns as usual and nothing is ever delivered.
+        publish call returns as usual and nothing is ever delivered. With
+        ``only_status``, only publishes made while the run has that status are hit.
         """
-        return self._arm(Fault(run_key, "lost", count))
+        return self._arm(Fault(run_key, "lost", count, only_status=only_status))
 
     def _arm(self, fault: Fault) -> Fault:
         with self._lock:
@@ -364,9 +368,10 @@ class Harness(abc.ABC):
         with self._lock:
             fault = self._faults.get(run_key)
             action = "sent"
-            if fault is not None and fault.used < fault.budget:
+            status = self.status(run_key) if fault is not None and fault.used < fault.budget else None
+            if fault is not None and fault.used < fault.budget and fault.only_status in (None, status):
                 action = fault.action
-                fault.statuses.append(self.status(run_key))
+                fault.statuses.append(status)
             self._published.append((run_key, Publish(job_id, delay, retries, action)))
         return action
 
