@@ -90,8 +90,8 @@ class TransactionLog:
 # Statements of a begin and of a new step (issue 14): PostgreSQL folds them most, SQLite has
 # RETURNING but no DML in WITH, MySQL/MariaDB neither. (new run's begin, new step, redelivery's begin)
 FOLDED_STATEMENTS = {
-    "sqlite": (1, 2, (2, 1 + 3)),  # insert claimed | fenced UPDATE RETURNING, INSERT | + upsert, claim, snapshot
-    "postgres": (1, 1, (2, 1 + 2)),  # insert claimed | WITH fenced UPDATE, INSERT | + upsert, WITH claim SELECT
+    "sqlite": (1, 2, (1, 3)),  # insert claimed | fenced UPDATE RETURNING, INSERT | + read run and steps, claim
+    "postgres": (1, 1, (2, 2)),  # insert claimed | WITH fenced UPDATE, INSERT | insert or read, WITH claim SELECT
     "mysql": (4, 3, (1, 4)),  # upsert, locking read + clock, claim, snapshot | fenced UPDATE, read stamp, INSERT
 }
 
@@ -102,8 +102,9 @@ def test_c9_begin_and_commit_step_are_one_transaction_each(
 ) -> None:
     """``begin`` and ``commit_step`` each run in exactly one committed transaction, in few statements (C9).
 
-    A redelivery's ``begin`` on PostgreSQL and SQLite first tries the new-run
-    insert (which writes nothing for an existing run), then claims in a second transaction.
+    A redelivery's ``begin`` on PostgreSQL is two autocommitted statements (the
+    insert that reads the stored run instead, then the claim's compare-and-set
+    with the snapshot); on SQLite one transaction of three statements.
     """
     store = make_sql_store(request.getfixturevalue(f"{backend}_url"))
     store.now()
