@@ -23,7 +23,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from flexiq_plugins._store.base import Begun, Busy, Claim, JobEnvelope, NewDeadLetter, StepRow, StepStore
+from flexiq_plugins._store.base import Begun, Busy, Claim, Finished, JobEnvelope, NewDeadLetter, StepRow, StepStore
 from flexiq_plugins._store.factory import DEFAULT_STORE_URL, STORE_URL_ENV, open_store
 from flexiq_plugins._store.memory import MemoryStepStore
 from flexiq_plugins._store.sql import SqlStepStore, normalize_url, upgrade_store
@@ -208,6 +208,37 @@ def test_c23_an_attempt_starts_in_two_round_trips_on_postgresql(
     assert run.lease_until == pytest.approx(begun.claim.lease_until)
     assert begun.now <= begun.claim.lease_until - 30.0 + 1e-3
     assert run.updated_at == pytest.approx(begun.now)
+
+
+DUPLICATE_COST = {"sqlite": (2, 1), "postgres": (1, 0), "mysql": (3, 1)}  # (round trips, transactions)
+
+
+@pytest.mark.parametrize("how", ["busy", "finished"])
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
+def test_c24_a_duplicate_delivery_is_answered_after_one_round_trip_on_postgresql(
+    backend: str, how: str, request: pytest.FixtureRequest, make_sql_store: Callable[..., SqlStepStore]
+) -> None:
+    """A delivery of a run another attempt holds, or of a finished run, writes nothing: 1 round trip on PostgreSQL.
+
+    SQLite: the claimed insert and the read, 2 statements; MariaDB: the
+    upsert and the locking read, and the ``COMMIT`` (C24, C26).
+    """
+    store = make_sql_store(request.getfixturevalue(f"{backend}_url"))
+    held = claim(store, "run-dup", owner="worker-0").claim
+    if how == "finished":
+        store.finish(held, "succeeded", outcome=b"done")
+    log = TransactionLog(store.engine)
+
+    result = store.begin("run-dup", "job-2", ENVELOPE, "worker-1", 30.0)
+
+    assert (log.round_trips(backend), log.begins - log.autocommitted) == DUPLICATE_COST[backend], log.statements
+    if how == "finished":
+        assert result == Finished("succeeded", b"done")
+    else:
+        assert isinstance(result, Busy)
+        assert 0 < result.lease_remaining <= 30.0
+    run = store.get_run("run-dup")
+    assert (run.owner, run.attempt) == (None if how == "finished" else "worker-0", 1)
 
 
 @pytest.mark.postgres

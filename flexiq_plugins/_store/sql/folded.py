@@ -14,15 +14,40 @@ writes nothing (C25). Only how many statements carry them changes:
   ``UPDATE … RETURNING`` and the ``INSERT``; MySQL/MariaDB (no ``UPDATE …
   RETURNING``) three: the fenced ``UPDATE``, a read of what it stamped, the
   ``INSERT``.
-- **An attempt start** inserts the run if absent and locks it in one upsert
-  that returns the row and the clock (PostgreSQL, SQLite: ``ON CONFLICT DO
-  UPDATE … RETURNING``; MySQL/MariaDB: the upsert, then one locking read with
-  the clock). The claim is decided in Python by
-  :func:`~flexiq_plugins._store.claims.decide_claim`; when granted, the claim
-  is written and the snapshot read in one more statement on PostgreSQL (a
-  ``WITH … UPDATE`` in front of the ``SELECT`` of the steps, whose snapshot
-  is taken after the lock, so no step the previous holder committed is
-  missed), two elsewhere.
+- **An attempt start** is decided in Python by
+  :func:`~flexiq_plugins._store.claims.decide_claim` on the run as stored;
+  only how it is read and written differs.
+
+  PostgreSQL: two autocommitted statements, one for a new run. The first is
+  a ``WITH`` of the insert of the run already claimed (``ON CONFLICT DO
+  NOTHING``) in front of a read of the stored run with the clock and the
+  row's version (``xmin``). A new run is then claimed. Otherwise the granted
+  claim is written by a compare-and-set on that version, a ``WITH … UPDATE
+  … WHERE xmin = …`` in front of the ``SELECT`` of the steps. Any write to
+  the run in between, by anyone, makes it match nothing; every step commit
+  writes the run's row, so a matched row also means the steps are those of
+  the statement's snapshot. The decision is therefore exactly the one a
+  transaction that held the row locked from the read to the write would
+  have taken: the clock only moves on, so a lease expired at the read is
+  still expired. The claim's ``updated_at`` and lease are the clock read
+  once the row is locked (C23). Why not simply lock the row in a
+  transaction: psycopg sends its ``BEGIN`` and ``COMMIT`` as round trips of
+  their own, so a locked read and a write cost four. When the read saw no
+  row (a concurrent first delivery's insert it could not see yet) or the
+  compare-and-set matched nothing (someone else wrote the run first), the
+  start is decided again in one transaction that locks the row first (the
+  upsert ``ON CONFLICT DO UPDATE … RETURNING`` the row and the clock, then
+  the claim and the snapshot in one ``WITH``), as it always was before.
+
+  SQLite (3.35 or later: ``RETURNING``): one ``BEGIN IMMEDIATE`` transaction
+  (the database's write lock comes first): the insert of the run already
+  claimed, and, for a stored run, one read of it, the clock and its steps
+  (a ``UNION ALL``: nothing repeated per step), then the claim's ``UPDATE``.
+  Three statements, one for a new run.
+
+  MySQL/MariaDB (no ``UPDATE … RETURNING``): one transaction of an upsert
+  that X-locks the row, a locking read with the clock, the claim's
+  ``UPDATE`` and the read of the steps (four statements and the ``COMMIT``).
 - **A finish** stamps the clock inside its fenced ``UPDATE`` (no separate
   clock read), and a dead letter copies the run's task, envelope and that
   stamp with one ``INSERT … SELECT``.

@@ -8,12 +8,16 @@ their own modules, each with its reasons):
   lock it needs is held (PostgreSQL ``clock_timestamp()``, MySQL/MariaDB
   ``NOW(6)``, SQLite ``julianday('now')``). A worker whose own clock runs an hour
   ahead therefore cannot see a live lease as expired and steal the claim.
-- **One transaction per interface call (C9, C25).** ``begin`` inserts the run if
-  absent and locks its row (an upsert that returns the row; SQLite serializes
+- **One transaction per interface call (C9, C25).** ``begin`` decides on the
+  run with its row locked (an upsert that returns the row; SQLite serializes
   writers with ``BEGIN IMMEDIATE`` as well), so two deliveries of one job decide
   Finished / Busy / claim one after the other; a run not stored yet is
-  inserted already claimed in one statement. ``mark_recovered`` locks the row
-  the same way. ``renew``, ``commit_step`` and ``finish`` are fenced ``UPDATE …
+  inserted already claimed in one statement. On PostgreSQL ``begin`` first
+  tries without holding the lock: it reads the run and its row version, and
+  writes the claim with a compare-and-set on that version, two autocommitted
+  statements (:mod:`.folded` says why that decides the same); only a lost
+  race takes the locking transaction. ``mark_recovered`` locks the row the
+  same way. ``renew``, ``commit_step`` and ``finish`` are fenced ``UPDATE …
   WHERE run_key AND owner AND attempt``: a zero row count means another
   attempt took the run over, and nothing is written (:class:`ClaimLost`). The
   hot paths (a step, a start, a finish) are folded into as few statements as
@@ -348,8 +352,13 @@ class SqlStepStore(StepStore):
     def begin(self, run_key: str, job_id: str, envelope: JobEnvelope, owner: str, lease_seconds: float) -> BeginResult:
         """Claim the run for a new attempt and read its snapshot (C23–C26).
 
-        One transaction: insert the run if absent, lock its row, read the
-        database clock, then decide as :meth:`StepStore.begin` states.
+        Insert the run if absent, read it with the database clock, decide as
+        :meth:`StepStore.begin` states (:func:`decide_claim`), and write the
+        claim only on the run as read: PostgreSQL, two autocommitted statements
+        (one for a new run), the claim a compare-and-set on the row version,
+        else one transaction that locks the row; SQLite, one ``BEGIN
+        IMMEDIATE`` transaction of three statements (one for a new run);
+        MySQL/MariaDB, one transaction that locks the row (four statements).
 
         Parameters:
           run_key(str): the run (at most 255 characters).
