@@ -13,8 +13,11 @@ noisy neighbour slows all of them alike), it times:
   least any durable write can cost;
 - **new step**: ``current_job.step.run`` of a new step inside an attempt, the
   store's step-commit path exactly as a worker uses it (``AttemptDriver``);
-- **attempt start** (``AttemptDriver.start``: the claim) and **finish**
-  (``Attempt.conclude``: the run ends ``succeeded``);
+- **attempt start** (``AttemptDriver.start``: the claim) of a new run, of a
+  run recorded ``queued`` at publish (C39: the first delivery of a job
+  published through an integration) and of a redelivery (a run left
+  ``retrying`` by its previous attempt, as after a framework retry), and
+  **finish** (``Attempt.conclude``: the run ends ``succeeded``);
 - **memo hit**: a replayed step (must send no statement, C9);
 - **1,000 replayed steps**: an attempt of a run with 1,000 committed steps,
   the start (it loads the steps) and the body that replays them.
@@ -251,6 +254,41 @@ class Bench:
             finishes.append(time.perf_counter() - t0)
         return {"attempt start": starts, "finish": finishes}
 
+    def queued_job(self) -> JobInfo:
+        """A new job whose run was recorded ``queued`` at publish (C39), as an integration records it."""
+        job = self.job()
+        self.store.record_queued(job.run_key, job.job_id, job.envelope)
+        return job
+
+    def retrying_job(self) -> JobInfo:
+        """A job whose run's first attempt committed one step and ended ``retrying``: its next delivery."""
+        job = self.job()
+        attempt = self.start(job)
+        with attempt.activate():
+            current_job.step.run("s", _const(1))
+        attempt.conclude(error=RuntimeError("retried"))
+        return self.job(job.run_key)
+
+    def other_starts(self) -> dict[str, list[float]]:
+        """``STARTS`` starts of a run recorded at publish, and of a redelivery; each then finishes ``succeeded``."""
+        out: dict[str, list[float]] = {"attempt start (queued)": [], "attempt start (redelivery)": []}
+        for _ in range(STARTS):
+            for key, job in (
+                ("attempt start (queued)", self.queued_job()),
+                ("attempt start (redelivery)", self.retrying_job()),
+            ):
+                t0 = time.perf_counter()
+                attempt = self.start(job)
+                out[key].append(time.perf_counter() - t0)
+                self.replay_and_succeed(attempt)
+        return out
+
+    def replay_and_succeed(self, attempt: Attempt) -> None:
+        """Run the one-step body (a memo hit on a redelivery) and end the run ``succeeded``."""
+        with attempt.activate():
+            current_job.step.run("s", _const(1))
+        attempt.conclude(value=None)
+
     def _long_run(self, steps: int) -> JobInfo:
         """A run with ``steps`` committed steps, left retrying (not finished) so it can be replayed."""
         job = self.job()
@@ -307,6 +345,14 @@ class Bench:
         with c.counting() as counts:
             attempt.conclude(value=None)
         out["finish"] = counts
+        for key, job in (
+            ("attempt start (queued)", self.queued_job()),
+            ("attempt start (redelivery)", self.retrying_job()),
+        ):
+            with c.counting() as counts:
+                attempt = self.start(job)
+            out[key] = counts
+            self.replay_and_succeed(attempt)
         attempt = self.start(self.job(self.long_run.run_key))
         with attempt.activate():
             with c.counting() as counts:
@@ -456,6 +502,7 @@ def run_store(name: str, args: argparse.Namespace) -> None:
                 bench.floor_autocommit,
                 bench.new_steps,
                 bench.starts_and_finishes,
+                bench.other_starts,
                 bench.replay,
                 bench.history_ops,
             ):

@@ -10,6 +10,7 @@ opens its own connections, and that concurrent deliveries claim a run once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -22,11 +23,12 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from flexiq_plugins._store.base import Begun, Busy, Claim, JobEnvelope, NewDeadLetter, StepRow, StepStore
+from flexiq_plugins._store.base import Begun, Busy, Claim, Finished, JobEnvelope, NewDeadLetter, StepRow, StepStore
 from flexiq_plugins._store.factory import DEFAULT_STORE_URL, STORE_URL_ENV, open_store
 from flexiq_plugins._store.memory import MemoryStepStore
 from flexiq_plugins._store.sql import SqlStepStore, normalize_url, upgrade_store
 from flexiq_plugins.errors import ClaimLost, ConfigurationError, StoreError, StoreMisconfigured, StoreUnavailable
+from flexiq_plugins.transactions import CallerConnection
 from tests.conftest import MYSQL, POSTGRES, require_service
 from tests.polling import wait_for
 
@@ -57,6 +59,7 @@ class TransactionLog:
 
     def __init__(self, engine: sa.Engine) -> None:
         self.begins = 0
+        self.autocommitted = 0
         self.commits = 0
         self.rollbacks = 0
         self.statements: list[str] = []
@@ -67,6 +70,8 @@ class TransactionLog:
 
     def _begin(self, conn: Any) -> None:
         self.begins += 1
+        if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+            self.autocommitted += 1
 
     def _commit(self, conn: Any) -> None:
         self.commits += 1
@@ -78,8 +83,21 @@ class TransactionLog:
         self.statements.append(statement)
 
     def reset(self) -> None:
-        self.begins = self.commits = self.rollbacks = 0
+        self.begins = self.autocommitted = self.commits = self.rollbacks = 0
         self.statements.clear()
+
+    def round_trips(self, backend: str) -> int:
+        """Round trips to the server, as ``benchmarks/bench_store.py`` counts them; SQLite: its statements.
+
+        A statement is one; psycopg sends a transaction's ``BEGIN`` as one more and
+        PyMySQL does not; a ``COMMIT`` is one unless the statement was autocommitted.
+        """
+        transactions = self.begins - self.autocommitted
+        if backend == "postgres":
+            return len(self.statements) + 2 * transactions
+        if backend == "mysql":
+            return len(self.statements) + transactions
+        return len(self.work_statements())
 
     def work_statements(self) -> list[str]:
         """The statements other than SQLite's explicit ``BEGIN``."""
@@ -90,8 +108,8 @@ class TransactionLog:
 # Statements of a begin and of a new step (issue 14): PostgreSQL folds them most, SQLite has
 # RETURNING but no DML in WITH, MySQL/MariaDB neither. (new run's begin, new step, redelivery's begin)
 FOLDED_STATEMENTS = {
-    "sqlite": (1, 2, (2, 1 + 3)),  # insert claimed | fenced UPDATE RETURNING, INSERT | + upsert, claim, snapshot
-    "postgres": (1, 1, (2, 1 + 2)),  # insert claimed | WITH fenced UPDATE, INSERT | + upsert, WITH claim SELECT
+    "sqlite": (1, 2, (1, 3)),  # insert claimed | fenced UPDATE RETURNING, INSERT | + read run and steps, claim
+    "postgres": (1, 1, (2, 2)),  # insert claimed | WITH fenced UPDATE, INSERT | insert or read, WITH claim SELECT
     "mysql": (4, 3, (1, 4)),  # upsert, locking read + clock, claim, snapshot | fenced UPDATE, read stamp, INSERT
 }
 
@@ -102,8 +120,9 @@ def test_c9_begin_and_commit_step_are_one_transaction_each(
 ) -> None:
     """``begin`` and ``commit_step`` each run in exactly one committed transaction, in few statements (C9).
 
-    A redelivery's ``begin`` on PostgreSQL and SQLite first tries the new-run
-    insert (which writes nothing for an existing run), then claims in a second transaction.
+    A redelivery's ``begin`` on PostgreSQL is two autocommitted statements (the
+    insert that reads the stored run instead, then the claim's compare-and-set
+    with the snapshot); on SQLite one transaction of three statements.
     """
     store = make_sql_store(request.getfixturevalue(f"{backend}_url"))
     store.now()
@@ -132,6 +151,257 @@ def test_c9_begin_and_commit_step_are_one_transaction_each(
     log.reset()
     store.finish(begun.claim, "succeeded", drop_steps=True)
     assert (log.begins, log.commits) == (1, 1)
+
+
+# How an attempt starts, by what is stored (issue 14): its round trips (SQLite: statements) and
+# its transactions. A new run is inserted already claimed; a run recorded at publish (C39),
+# a retried, a sleeping and a taken-over run are read, decided on, then claimed.
+START_COST = {
+    "sqlite": {"new": (1, 1), "stored": (3, 1)},  # one BEGIN IMMEDIATE transaction each
+    "postgres": {"new": (1, 0), "stored": (2, 0)},  # autocommitted statements: no BEGIN, no COMMIT
+    "mysql": {"new": (5, 1), "stored": (5, 1)},  # upsert, locking read, claim, snapshot, COMMIT
+}
+STORED_RUNS = ["queued", "retrying", "sleeping", "taken over"]
+
+
+def stored_run(store: SqlStepStore, run_key: str, how: str) -> None:
+    """Leave ``run_key`` as the next delivery finds it: recorded ``queued``, or after one attempt with one step."""
+    if how == "queued":
+        store.record_queued(run_key, "job-0", ENVELOPE)
+        return
+    lease = 0.0 if how == "taken over" else 30.0  # a lease of 0 s has expired at once: its worker "died"
+    begun = claim(store, run_key, owner="worker-0", lease=lease)
+    store.commit_step(begun.claim, StepRow(0, "charge#0", "run", b"v"))
+    if how != "taken over":
+        store.finish(begun.claim, how, wake_at=store.now() if how == "sleeping" else None)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("how", ["new", *STORED_RUNS])
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
+def test_c23_an_attempt_starts_in_two_round_trips_on_postgresql(
+    backend: str, how: str, request: pytest.FixtureRequest, make_sql_store: Callable[..., SqlStepStore]
+) -> None:
+    """An attempt start costs 1 round trip for a new run and 2 for a stored one on PostgreSQL (issue 14, C23).
+
+    SQLite: 1 and 3 statements in one transaction; MariaDB: 5 round trips
+    (no ``UPDATE … RETURNING``). The claim is still the one :func:`decide_claim`
+    grants: attempt n+1, a takeover counted only when the lease had expired,
+    the previous attempt's steps in the snapshot.
+    """
+    store = make_sql_store(request.getfixturevalue(f"{backend}_url"))
+    store.now()
+    if how != "new":
+        stored_run(store, "run-start", how)
+    log = TransactionLog(store.engine)
+
+    begun = claim(store, "run-start", owner="worker-1")
+
+    round_trips, transactions = START_COST[backend]["new" if how == "new" else "stored"]
+    assert (log.round_trips(backend), log.begins - log.autocommitted) == (round_trips, transactions), log.statements
+    assert log.rollbacks == 0
+    first = how in ("new", "queued")
+    assert begun.claim.attempt == (1 if first else 2)
+    assert begun.takeovers == (1 if how == "taken over" else 0)
+    assert [r.step_key for r in begun.snapshot] == ([] if first else ["charge#0"])
+    run = store.get_run("run-start")
+    assert (run.status, run.owner, run.attempt, run.job_id) == ("running", "worker-1", begun.claim.attempt, "job-1")
+    assert run.lease_until == pytest.approx(begun.claim.lease_until)
+    assert begun.now <= begun.claim.lease_until - 30.0 + 1e-3
+    assert run.updated_at == pytest.approx(begun.now)
+
+
+DUPLICATE_COST = {"sqlite": (2, 1), "postgres": (1, 0), "mysql": (3, 1)}  # (round trips, transactions)
+
+
+@pytest.mark.parametrize("how", ["busy", "finished"])
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
+def test_c24_a_duplicate_delivery_is_answered_after_one_round_trip_on_postgresql(
+    backend: str, how: str, request: pytest.FixtureRequest, make_sql_store: Callable[..., SqlStepStore]
+) -> None:
+    """A delivery of a run another attempt holds, or of a finished run, writes nothing: 1 round trip on PostgreSQL.
+
+    SQLite: the claimed insert and the read, 2 statements; MariaDB: the
+    upsert and the locking read, and the ``COMMIT`` (C24, C26).
+    """
+    store = make_sql_store(request.getfixturevalue(f"{backend}_url"))
+    held = claim(store, "run-dup", owner="worker-0").claim
+    if how == "finished":
+        store.finish(held, "succeeded", outcome=b"done")
+    log = TransactionLog(store.engine)
+
+    result = store.begin("run-dup", "job-2", ENVELOPE, "worker-1", 30.0)
+
+    assert (log.round_trips(backend), log.begins - log.autocommitted) == DUPLICATE_COST[backend], log.statements
+    if how == "finished":
+        assert result == Finished("succeeded", b"done")
+    else:
+        assert isinstance(result, Busy)
+        assert 0 < result.lease_remaining <= 30.0
+    run = store.get_run("run-dup")
+    assert (run.owner, run.attempt) == (None if how == "finished" else "worker-0", 1)
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("how", ["new", *STORED_RUNS])
+def test_c23_an_attempt_start_is_one_or_two_round_trips_on_the_wire(
+    how: str, postgres_url: str, make_sql_store: Callable[..., SqlStepStore], tmp_path: Path
+) -> None:
+    """What libpq itself sends and receives: one ``ReadyForQuery`` per round trip (issue 14).
+
+    Independent of SQLAlchemy's events: the protocol trace of every pooled
+    connection the start uses counts each exchange the server ends with
+    ``ReadyForQuery`` (a statement, a ``BEGIN``, a ``COMMIT``, a ping).
+    """
+    store = make_sql_store(postgres_url)
+    store.now()
+    if how != "new":
+        stored_run(store, "run-wire", how)
+    trace = tmp_path / "libpq.trace"
+    with trace.open("w") as out, traced(store.engine, out.fileno()):
+        claim(store, "run-wire", owner="worker-1")
+    replies = [line for line in trace.read_text().splitlines() if "ReadyForQuery" in line]
+    assert len(replies) == (1 if how == "new" else 2), trace.read_text()
+
+
+@contextlib.contextmanager
+def traced(engine: sa.Engine, fileno: int) -> Iterator[None]:
+    """Trace the libpq protocol of every connection checked out of ``engine`` to ``fileno`` (psycopg 3)."""
+    from psycopg import pq
+
+    def checkout(dbapi_connection: Any, *_: Any) -> None:
+        dbapi_connection.pgconn.trace(fileno)
+        dbapi_connection.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+
+    def checkin(dbapi_connection: Any, *_: Any) -> None:
+        if dbapi_connection is not None:
+            dbapi_connection.pgconn.untrace()
+
+    event.listen(engine, "checkout", checkout)
+    event.listen(engine, "checkin", checkin)
+    try:
+        yield
+    finally:
+        event.remove(engine, "checkout", checkout)
+        event.remove(engine, "checkin", checkin)
+
+
+@pytest.mark.postgres
+def test_c24_a_claim_taken_between_the_read_and_the_write_is_busy(
+    postgres_url: str, make_sql_store: Callable[..., SqlStepStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two deliveries of a retried run both read it claimable; the second to write finds it changed and is ``Busy``.
+
+    The other delivery claims the run between this one's read and its
+    compare-and-set, which then writes nothing; the start decides again with
+    the row locked (C24).
+    """
+    store = make_sql_store(postgres_url)
+    stored_run(store, "run-race", "retrying")
+    other: list[object] = []
+    between(store, monkeypatch, lambda: other.append(store.begin("run-race", "job-2", ENVELOPE, "worker-2", 30.0)))
+
+    result = store.begin("run-race", "job-1", ENVELOPE, "worker-1", 30.0)
+
+    assert isinstance(other[0], Begun)
+    assert other[0].claim.attempt == 2
+    assert isinstance(result, Busy)
+    run = store.get_run("run-race")
+    assert (run.owner, run.attempt, run.takeovers) == ("worker-2", 2, 0)
+
+
+@pytest.mark.postgres
+def test_c24_a_lease_renewed_between_the_read_and_the_write_is_not_taken_over(
+    postgres_url: str, make_sql_store: Callable[..., SqlStepStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A delivery that read an expired lease does not take the claim over if its holder renews it first (C24).
+
+    The renewal changes the run's row between the start's read and its
+    compare-and-set, which then writes nothing; decided again with the row
+    locked, the lease is live: ``Busy``, and the holder keeps the run.
+    """
+    store = make_sql_store(postgres_url)
+    held = claim(store, "run-renewed", owner="worker-0", lease=0.0).claim
+    renewed: list[Claim] = []
+    between(store, monkeypatch, lambda: renewed.append(store.renew(held, 30.0)))
+
+    result = store.begin("run-renewed", "job-1", ENVELOPE, "worker-1", 30.0)
+
+    assert renewed
+    assert isinstance(result, Busy)
+    run = store.get_run("run-renewed")
+    assert (run.owner, run.attempt, run.takeovers) == ("worker-0", 1, 0)
+
+
+class _Caller(CallerConnection):
+    """A caller's SQLAlchemy connection inside its open transaction (C42)."""
+
+    dialect_name = "postgresql"
+    description = "the test's connection"
+
+    def __init__(self, conn: sa.Connection) -> None:
+        self.conn = conn
+
+    def execute(self, statement: Any) -> Any:
+        return self.conn.execute(statement)
+
+
+@pytest.mark.postgres
+def test_c25_a_step_committing_while_the_takeover_is_written_is_in_the_snapshot(
+    postgres_url: str, make_sql_store: Callable[..., SqlStepStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A step the expired attempt commits while the takeover waits for the run's row is replayed, not re-run (C25).
+
+    The old attempt's step is written in an open transaction (C42) after the
+    start read the run; the takeover's compare-and-set waits for that row
+    lock and, once the step commits, finds the row changed and writes
+    nothing; decided again with the row locked, the snapshot has the step.
+    """
+    store = make_sql_store(postgres_url)
+    old = claim(store, "run-zombie", owner="worker-0", lease=0.0).claim
+    caller_engine = sa.create_engine(postgres_url)
+    watcher = sa.create_engine(postgres_url)
+    runs_table = store._t.runs.name
+
+    def waiting_on_the_row() -> bool:
+        query = sa.text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE :q")
+        with watcher.connect() as conn:
+            return bool(conn.execute(query, {"q": f"%claimed AS%UPDATE {runs_table} %"}).scalar_one())
+
+    with caller_engine.connect() as conn:
+        transaction = conn.begin()
+
+        def step_in_flight() -> None:
+            store.commit_step_on(_Caller(conn), old, StepRow(0, "charge#0", "run", b"v"))
+
+            def commit_once_waited_on() -> None:
+                wait_for(waiting_on_the_row, 30.0, "the takeover to wait for the run's row")
+                transaction.commit()
+
+            threading.Thread(target=commit_once_waited_on, daemon=True).start()
+
+        between(store, monkeypatch, step_in_flight)
+        begun = claim(store, "run-zombie", owner="worker-1")
+
+    caller_engine.dispose()
+    watcher.dispose()
+    assert (begun.claim.attempt, begun.takeovers) == (2, 1)
+    assert [(r.step_key, r.value, r.attempt) for r in begun.snapshot] == [("charge#0", b"v", 1)]
+    with pytest.raises(ClaimLost):
+        store.commit_step(old, StepRow(1, "ship#0", "run", b"w"))
+
+
+def between(store: SqlStepStore, monkeypatch: pytest.MonkeyPatch, meanwhile: Callable[[], object]) -> None:
+    """Run ``meanwhile`` once, after a start's read and before its claim's compare-and-set (PostgreSQL)."""
+    folded = store._folded
+    write = folded.claim_if_unchanged
+    pending = [meanwhile]
+
+    def claim_if_unchanged(*args: Any, **kwargs: Any) -> Any:
+        if pending:
+            pending.pop()()
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(folded, "claim_if_unchanged", claim_if_unchanged)
 
 
 def test_c25_a_refused_write_rolls_back(sql_store: SqlStepStore) -> None:

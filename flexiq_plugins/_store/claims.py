@@ -16,8 +16,10 @@ claim fields and the store's clock ``now``:
 
 The stores only read the fields and write what the answer says, each under
 its own atomicity: the memory store under its lock, the SQL store inside one
-transaction after locking the run's row (or, for fenced writes, in the
-``WHERE`` clause :func:`fence` describes). So the two cannot drift apart.
+transaction after locking the run's row, or by a compare-and-set on the
+row's version that writes the answer only if the run is still exactly as
+read (PostgreSQL's attempt start), or, for fenced writes, in the ``WHERE``
+clause :func:`fence` describes. So the two cannot drift apart.
 Times are epoch seconds on the store's clock; a lease with ``lease_until <=
 now`` has expired.
 """
@@ -128,7 +130,9 @@ def lease_remaining(lease_until: float | None, now: float) -> float | None:
 def decide_claim(run: RunState, *, now: float, owner: str, lease_seconds: float) -> Finished | Busy | Granted:
     """Decide what a delivery gets when it begins an attempt on ``run`` (C24–C26).
 
-    The caller reads ``run`` and ``now`` atomically with writing the answer.
+    The caller reads ``run`` and ``now`` atomically with writing the answer,
+    or reads ``now`` after ``run`` and writes the answer only if the run is
+    still exactly as read (the clock only moves on, so the answer still holds).
 
     Parameters:
       run(RunState): the run as stored (a new run is ``pending``, or ``queued`` when

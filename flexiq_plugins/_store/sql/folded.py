@@ -14,15 +14,40 @@ writes nothing (C25). Only how many statements carry them changes:
   ``UPDATE … RETURNING`` and the ``INSERT``; MySQL/MariaDB (no ``UPDATE …
   RETURNING``) three: the fenced ``UPDATE``, a read of what it stamped, the
   ``INSERT``.
-- **An attempt start** inserts the run if absent and locks it in one upsert
-  that returns the row and the clock (PostgreSQL, SQLite: ``ON CONFLICT DO
-  UPDATE … RETURNING``; MySQL/MariaDB: the upsert, then one locking read with
-  the clock). The claim is decided in Python by
-  :func:`~flexiq_plugins._store.claims.decide_claim`; when granted, the claim
-  is written and the snapshot read in one more statement on PostgreSQL (a
-  ``WITH … UPDATE`` in front of the ``SELECT`` of the steps, whose snapshot
-  is taken after the lock, so no step the previous holder committed is
-  missed), two elsewhere.
+- **An attempt start** is decided in Python by
+  :func:`~flexiq_plugins._store.claims.decide_claim` on the run as stored;
+  only how it is read and written differs.
+
+  PostgreSQL: two autocommitted statements, one for a new run. The first is
+  a ``WITH`` of the insert of the run already claimed (``ON CONFLICT DO
+  NOTHING``) in front of a read of the stored run with the clock and the
+  row's version (``xmin``). A new run is then claimed. Otherwise the granted
+  claim is written by a compare-and-set on that version, a ``WITH … UPDATE
+  … WHERE xmin = …`` in front of the ``SELECT`` of the steps. Any write to
+  the run in between, by anyone, makes it match nothing; every step commit
+  writes the run's row, so a matched row also means the steps are those of
+  the statement's snapshot. The decision is therefore exactly the one a
+  transaction that held the row locked from the read to the write would
+  have taken: the clock only moves on, so a lease expired at the read is
+  still expired. The claim's ``updated_at`` and lease are the clock read
+  once the row is locked (C23). Why not simply lock the row in a
+  transaction: psycopg sends its ``BEGIN`` and ``COMMIT`` as round trips of
+  their own, so a locked read and a write cost four. When the read saw no
+  row (a concurrent first delivery's insert it could not see yet) or the
+  compare-and-set matched nothing (someone else wrote the run first), the
+  start is decided again in one transaction that locks the row first (the
+  upsert ``ON CONFLICT DO UPDATE … RETURNING`` the row and the clock, then
+  the claim and the snapshot in one ``WITH``), as it always was before.
+
+  SQLite (3.35 or later: ``RETURNING``): one ``BEGIN IMMEDIATE`` transaction
+  (the database's write lock comes first): the insert of the run already
+  claimed, and, for a stored run, one read of it, the clock and its steps
+  (a ``UNION ALL``: nothing repeated per step), then the claim's ``UPDATE``.
+  Three statements, one for a new run.
+
+  MySQL/MariaDB (no ``UPDATE … RETURNING``): one transaction of an upsert
+  that X-locks the row, a locking read with the clock, the claim's
+  ``UPDATE`` and the read of the steps (four statements and the ``COMMIT``).
 - **A finish** stamps the clock inside its fenced ``UPDATE`` (no separate
   clock read), and a dead letter copies the run's task, envelope and that
   stamp with one ``INSERT … SELECT``.
@@ -211,7 +236,7 @@ class Folded:
         }
         return conn.execute(self._claim_new, params).first()
 
-    def _claim_new_statement(self) -> sa.Executable:
+    def _claim_new_statement(self, returning: tuple[sa.Column[Any], ...] = ()) -> Any:
         """``INSERT … SELECT`` from one read of the clock, so ``created_at``, ``updated_at`` and the lease agree."""
         runs = self._t.runs
         given = ("run_key", "task_name", "framework", "queue", "envelope", "job_id")
@@ -231,7 +256,174 @@ class Folded:
         dialect_insert = postgresql.insert if self._dialect == "postgresql" else sqlite.insert
         insert = dialect_insert(runs).from_select(list(columns), source)
         insert = insert.on_conflict_do_nothing(index_elements=["run_key"])
-        return insert.returning(runs.c.lease_until, runs.c.created_at)
+        return insert.returning(*(returning or (runs.c.lease_until, runs.c.created_at)))
+
+    @property
+    def claims_optimistically(self) -> bool:
+        """Whether :meth:`claim_new_or_read` and :meth:`claim_if_unchanged` are available (PostgreSQL)."""
+        return self._dialect == "postgresql"
+
+    def claim_new_or_read(
+        self,
+        conn: Connection,
+        run_key: str,
+        envelope: JobEnvelope,
+        envelope_json: str,
+        *,
+        job_id: str,
+        granted: Granted,
+    ) -> Any:
+        """PostgreSQL: insert the run already claimed by ``granted`` if absent, else read it; one statement.
+
+        A ``WITH`` of :meth:`claim_new_run`'s insert in front of a ``UNION
+        ALL`` of what it inserted and of the stored row, the database's clock
+        (``now``) and the row's version (``xmin``, ``version``), which
+        :meth:`claim_if_unchanged` compares. The stored row is read, not
+        locked: the claim written afterwards applies only to that version.
+
+        Returns:
+          Row | None: every column of the run, ``inserted`` (the run was new
+          and is claimed: ``now`` is its ``created_at``), ``now`` and
+          ``version``; ``None`` when neither part sees a row (a concurrent
+          first delivery inserted it after this statement's snapshot was taken).
+        """
+        key = ("claim-new-or-read",)
+        if key not in self._statements:
+            self._statements[key] = self._claim_new_or_read_statement()
+        params = {
+            **_new_run_params(run_key, envelope, envelope_json),
+            "p_job_id": job_id,
+            **{f"v_{k}": v for k, v in granted.values().items()},
+        }
+        return conn.execute(self._statements[key], params).first()
+
+    def _claim_new_or_read_statement(self) -> sa.Executable:
+        runs = self._t.runs
+        inserted = self._claim_new_statement(returning=tuple(runs.c)).cte("inserted")
+        version = sa.cast(sa.literal_column("xmin"), sa.Text)
+        new = sa.select(
+            sa.true().label("inserted"),
+            *inserted.c,
+            inserted.c.created_at.label("now"),
+            sa.cast(sa.null(), sa.Text).label("version"),
+        )
+        stored = sa.select(
+            sa.false().label("inserted"), *runs.c, self._clock.label("now"), version.label("version")
+        ).where(runs.c.run_key == _p("run_key", runs.c.run_key))
+        return sa.union_all(new, stored)
+
+    def claim_if_unchanged(
+        self, conn: Connection, run_key: str, version: str, claimed: dict[str, Any], lease_seconds: float
+    ) -> tuple[float, float, list[Any]] | None:
+        """PostgreSQL: write the granted claim if the run's row is still ``version``; return it with the steps.
+
+        One statement: a ``WITH`` of the claim's ``UPDATE … WHERE run_key AND
+        xmin = version`` (a compare-and-set on the row version
+        :meth:`claim_new_or_read` read: any write to the run since, by anyone,
+        makes it match nothing) in front of the ``SELECT`` of the run's steps.
+        ``updated_at`` is the database's clock read once the row is locked,
+        and the lease ends ``lease_seconds`` after it (C23). Every step write
+        updates the run's row in its transaction, so when the row is unchanged
+        no step was committed since it was read.
+
+        Parameters:
+          run_key(str): the run.
+          version(str): the row version read with the run.
+          claimed(dict[str, Any]): the claim's columns (``lease_until`` and ``updated_at`` excepted).
+          lease_seconds(float): the lease, seconds from the clock at the write.
+
+        Returns:
+          tuple[float, float, list[Row]] | None: the claim's ``lease_until``,
+          its ``updated_at`` and the step rows by position; ``None`` if the row
+          changed (nothing was written).
+        """
+        key = ("claim-if-unchanged", *claimed)
+        if key not in self._statements:
+            self._statements[key] = self._claim_if_unchanged_statement(tuple(claimed))
+        params = {f"v_{k}": v for k, v in claimed.items()}
+        params.update(p_run_key=run_key, p_version=version, v_lease_seconds=lease_seconds)
+        rows = conn.execute(self._statements[key], params).all()
+        if not rows:
+            return None
+        first = rows[0]
+        steps = [r for r in rows if r.position is not None]
+        return float(first.claimed_lease_until), float(first.claimed_at), steps
+
+    def _claim_if_unchanged_statement(self, names: tuple[str, ...]) -> sa.Executable:
+        runs, steps = self._t.runs, self._t.steps
+        values: dict[str, Any] = {name: _v(name, runs.c[name]) for name in names}
+        values.update(
+            lease_until=self._clock + _v("lease_seconds", runs.c.lease_until),
+            updated_at=self._clock,
+        )
+        unchanged = sa.cast(sa.literal_column("xmin"), sa.Text) == _p("version")
+        claim = (
+            sa.update(runs)
+            .where(runs.c.run_key == _p("run_key", runs.c.run_key), unchanged)
+            .values(**values)
+            .returning(runs.c.run_key, runs.c.lease_until, runs.c.updated_at)
+            .cte("claimed")
+        )
+        joined = claim.outerjoin(steps, steps.c.run_key == claim.c.run_key)
+        return (
+            sa.select(
+                claim.c.lease_until.label("claimed_lease_until"), claim.c.updated_at.label("claimed_at"), *steps.c
+            )
+            .select_from(joined)
+            .order_by(steps.c.position)
+        )
+
+    def read_run_and_steps(self, conn: Connection, run_key: str) -> tuple[Any, list[Any]]:
+        """SQLite: the run (with the clock, ``now``) and its step rows, in one statement of the caller's transaction.
+
+        A ``UNION ALL`` of the run's row (with the clock) and its steps, each
+        part padded with ``NULL`` for the other's columns, so nothing is
+        repeated per step. The caller's write transaction (``BEGIN
+        IMMEDIATE``) already holds the database's write lock, so the clock is
+        read after the lock (C23) and nothing changes before the claim is written.
+
+        Returns:
+          tuple[Row | None, list[Row]]: the run's columns and ``now`` (``None``
+          if the run does not exist), and its step rows by position.
+        """
+        key = ("run-and-steps",)
+        if key not in self._statements:
+            self._statements[key] = self._run_and_steps_statement()
+        rows = conn.execute(self._statements[key], {"p_run_key": run_key}).all()
+        if not rows or rows[0].part != 0:
+            return None, []
+        return _RunColumns(rows[0]), [_StepColumns(r) for r in rows[1:]]
+
+    def _run_and_steps_statement(self) -> sa.Executable:
+        runs, steps = self._t.runs, self._t.steps
+        key = _p("run_key", runs.c.run_key)
+
+        def pad(column: sa.Column[Any]) -> sa.ColumnElement[Any]:
+            return sa.type_coerce(sa.null(), column.type)
+
+        run_part = sa.select(
+            sa.literal(0).label("part"),
+            *(c.label(f"r_{c.name}") for c in runs.c),
+            self._clock.label("r_now"),
+            *(pad(c).label(f"s_{c.name}") for c in steps.c),
+        ).where(runs.c.run_key == key)
+        step_part = sa.select(
+            sa.literal(1).label("part"),
+            *(pad(c).label(f"r_{c.name}") for c in runs.c),
+            sa.type_coerce(sa.null(), self._clock.type).label("r_now"),
+            *(c.label(f"s_{c.name}") for c in steps.c),
+        ).where(steps.c.run_key == key)
+        union = sa.union_all(run_part, step_part).subquery("read")
+        return sa.select(union).order_by(union.c.part, union.c.s_position)
+
+    def write_claim(self, conn: Connection, run_key: str, claimed: dict[str, Any]) -> None:
+        """Write the granted claim on the run, locked in the caller's transaction (one ``UPDATE``)."""
+        key = ("claim-only", *claimed)
+        if key not in self._statements:
+            runs = self._t.runs
+            values = {name: _v(name, runs.c[name]) for name in claimed}
+            self._statements[key] = sa.update(runs).where(runs.c.run_key == _p("run_key")).values(**values)
+        conn.execute(self._statements[key], {"p_run_key": run_key, **{f"v_{k}": v for k, v in claimed.items()}})
 
     def lock_run(self, conn: Connection, run_key: str, envelope: JobEnvelope, envelope_json: str) -> Any:
         """Insert the run if absent, lock its row and read it with the clock (label ``now``), after the lock.
@@ -365,6 +557,40 @@ class Folded:
             *(_p(k, letters.c[k]) for k in given), runs.c.task_name, runs.c.envelope, runs.c.updated_at
         ).where(runs.c.run_key == _p("run_key", runs.c.run_key))
         return sa.insert(letters).from_select([*given, "task_name", "envelope", "created_at"], source)
+
+
+class _Prefixed:
+    """One part of a row of :meth:`Folded.read_run_and_steps`: its columns named without their prefix."""
+
+    __slots__ = ("_prefix", "_row")
+
+    def __init__(self, row: Any, prefix: str) -> None:
+        self._row = row._mapping
+        self._prefix = prefix
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._row[self._prefix + name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+class _RunColumns(_Prefixed):
+    """The run's columns (and ``now``) of a row of :meth:`Folded.read_run_and_steps`."""
+
+    __slots__ = ()
+
+    def __init__(self, row: Any) -> None:
+        super().__init__(row, "r_")
+
+
+class _StepColumns(_Prefixed):
+    """A step's columns of a row of :meth:`Folded.read_run_and_steps`."""
+
+    __slots__ = ()
+
+    def __init__(self, row: Any) -> None:
+        super().__init__(row, "s_")
 
 
 def _new_run_params(run_key: str, envelope: JobEnvelope, envelope_json: str) -> dict[str, Any]:

@@ -8,12 +8,16 @@ their own modules, each with its reasons):
   lock it needs is held (PostgreSQL ``clock_timestamp()``, MySQL/MariaDB
   ``NOW(6)``, SQLite ``julianday('now')``). A worker whose own clock runs an hour
   ahead therefore cannot see a live lease as expired and steal the claim.
-- **One transaction per interface call (C9, C25).** ``begin`` inserts the run if
-  absent and locks its row (an upsert that returns the row; SQLite serializes
+- **One transaction per interface call (C9, C25).** ``begin`` decides on the
+  run with its row locked (an upsert that returns the row; SQLite serializes
   writers with ``BEGIN IMMEDIATE`` as well), so two deliveries of one job decide
   Finished / Busy / claim one after the other; a run not stored yet is
-  inserted already claimed in one statement. ``mark_recovered`` locks the row
-  the same way. ``renew``, ``commit_step`` and ``finish`` are fenced ``UPDATE …
+  inserted already claimed in one statement. On PostgreSQL ``begin`` first
+  tries without holding the lock: it reads the run and its row version, and
+  writes the claim with a compare-and-set on that version, two autocommitted
+  statements (:mod:`.folded` says why that decides the same); only a lost
+  race takes the locking transaction. ``mark_recovered`` locks the row the
+  same way. ``renew``, ``commit_step`` and ``finish`` are fenced ``UPDATE …
   WHERE run_key AND owner AND attempt``: a zero row count means another
   attempt took the run over, and nothing is written (:class:`ClaimLost`). The
   hot paths (a step, a start, a finish) are folded into as few statements as
@@ -137,6 +141,18 @@ class _Executes(Protocol):
 
     def execute(self, statement: Any, /) -> Any:
         """Execute ``statement``; the result has ``rowcount`` and ``scalar_one()``."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _StartArgs:
+    """What :meth:`SqlStepStore.begin` was given (the envelope also as stored: JSON text)."""
+
+    run_key: str
+    job_id: str
+    envelope: JobEnvelope
+    envelope_json: str
+    owner: str
+    lease_seconds: float
 
 
 class SqlStepStore(StepStore):
@@ -336,8 +352,13 @@ class SqlStepStore(StepStore):
     def begin(self, run_key: str, job_id: str, envelope: JobEnvelope, owner: str, lease_seconds: float) -> BeginResult:
         """Claim the run for a new attempt and read its snapshot (C23–C26).
 
-        One transaction: insert the run if absent, lock its row, read the
-        database clock, then decide as :meth:`StepStore.begin` states.
+        Insert the run if absent, read it with the database clock, decide as
+        :meth:`StepStore.begin` states (:func:`decide_claim`), and write the
+        claim only on the run as read: PostgreSQL, two autocommitted statements
+        (one for a new run), the claim a compare-and-set on the row version,
+        else one transaction that locks the row; SQLite, one ``BEGIN
+        IMMEDIATE`` transaction of three statements (one for a new run);
+        MySQL/MariaDB, one transaction that locks the row (four statements).
 
         Parameters:
           run_key(str): the run (at most 255 characters).
@@ -351,67 +372,104 @@ class SqlStepStore(StepStore):
           StoreError: the envelope is not JSON-compatible, or another database error.
         """
         envelope_json = dump_envelope(envelope)
-        if self._folded.claims_new_runs:
-            begun = self._begin_new_run(
-                run_key, job_id, envelope, envelope_json, owner=owner, lease_seconds=lease_seconds
-            )
+        args = _StartArgs(run_key, job_id, envelope, envelope_json, owner, lease_seconds)
+        if self._folded.claims_optimistically:
+            begun = self._begin_optimistic(args)
             if begun is not None:
                 return begun
-        return self._write(
-            lambda conn: self._begin(
-                conn,
-                run_key=run_key,
-                job_id=job_id,
-                envelope=envelope,
-                envelope_json=envelope_json,
-                owner=owner,
-                lease_seconds=lease_seconds,
-            )
-        )
+        elif self._folded.claims_new_runs:
+            return self._write(lambda conn: self._begin_in_three(conn, args))
+        return self._write(lambda conn: self._begin(conn, args))
 
-    def _begin_new_run(
-        self, run_key: str, job_id: str, envelope: JobEnvelope, envelope_json: str, *, owner: str, lease_seconds: float
-    ) -> Begun | None:
-        """The first delivery of a run not stored yet: insert it claimed, in one statement (PostgreSQL, SQLite).
+    def _begin_optimistic(self, args: _StartArgs) -> BeginResult | None:
+        """PostgreSQL: :meth:`begin` in two autocommitted statements, or one for a new run.
 
-        ``None`` if the run exists (nothing was written): :meth:`begin` then
-        claims it in its usual transaction.
+        The first inserts a new run already claimed, or reads the stored run
+        with the clock and its row version; :func:`decide_claim` decides on
+        what it read. A granted claim is then written with the snapshot's read
+        in one compare-and-set on that row version (:meth:`Folded.claim_if_unchanged`):
+        the decision stands only if nobody wrote the run in between, exactly as
+        if the row had stayed locked, and the claim's times are the clock read
+        when it is written (C23). ``None`` if a concurrent write got in between
+        (nothing was written): :meth:`begin` then decides again with the row locked.
         """
-        granted = claim_of_new_run(run_key, owner=owner, lease_seconds=lease_seconds)
-        row = self._single_statement(
-            lambda conn: self._folded.claim_new_run(
-                conn, run_key, envelope, envelope_json, job_id=job_id, granted=granted
+        granted_new = claim_of_new_run(args.run_key, owner=args.owner, lease_seconds=args.lease_seconds)
+        run = self._single_statement(
+            lambda conn: self._folded.claim_new_or_read(
+                conn, args.run_key, args.envelope, args.envelope_json, job_id=args.job_id, granted=granted_new
             )
         )
-        if row is None:
+        if run is None:
             return None
-        claim = dataclasses.replace(granted.claim(run_key), lease_until=float(row.lease_until))
-        stored = load_envelope(
-            envelope_json, task_name=envelope.task_name, framework=envelope.framework, queue=envelope.queue
-        )
-        now = float(row.created_at)
-        return Begun(claim, (), now, granted.takeovers, stored, now, None)
-
-    def _begin(
-        self,
-        conn: Connection,
-        *,
-        run_key: str,
-        job_id: str,
-        envelope: JobEnvelope,
-        envelope_json: str,
-        owner: str,
-        lease_seconds: float,
-    ) -> BeginResult:
-        run = self._folded.lock_run(conn, run_key, envelope, envelope_json)
+        stored = load_envelope(run.envelope, task_name=run.task_name, framework=run.framework, queue=run.queue)
+        if run.inserted:
+            claim = dataclasses.replace(granted_new.claim(args.run_key), lease_until=float(run.lease_until))
+            now = float(run.created_at)
+            return Begun(claim, (), now, granted_new.takeovers, stored, now, None)
         now = float(run.now)
-        decision = decide_claim(run, now=now, owner=owner, lease_seconds=lease_seconds)
+        decision = decide_claim(run, now=now, owner=args.owner, lease_seconds=args.lease_seconds)
         if not isinstance(decision, Granted):
             return decision
-        claimed = {**decision.values(), "job_id": job_id, "updated_at": now}
-        snapshot = tuple(step_row(r) for r in self._folded.claim_and_snapshot(conn, run_key, claimed))
+        claimed = {**decision.values(), "job_id": args.job_id}
+        del claimed["lease_until"]
+        written = self._single_statement(
+            lambda conn: self._folded.claim_if_unchanged(
+                conn, args.run_key, run.version, claimed, lease_seconds=decision.lease_until - now
+            )
+        )
+        if written is None:
+            return None
+        lease_until, claimed_at, rows = written
+        claim = dataclasses.replace(decision.claim(args.run_key), lease_until=lease_until)
+        snapshot = tuple(step_row(r) for r in rows)
+        return Begun(claim, snapshot, claimed_at, decision.takeovers, stored, run.created_at, run.cancel_reason)
+
+    def _begin_in_three(self, conn: Connection, args: _StartArgs) -> BeginResult:
+        """SQLite: :meth:`begin` in one write transaction of one statement for a new run, three otherwise.
+
+        ``BEGIN IMMEDIATE`` takes the database's write lock first. The new
+        run is inserted already claimed; a stored run is read with the clock
+        and its steps in one statement, and a granted claim written in one more.
+        """
+        granted_new = claim_of_new_run(args.run_key, owner=args.owner, lease_seconds=args.lease_seconds)
+        row = self._folded.claim_new_run(
+            conn, args.run_key, args.envelope, args.envelope_json, job_id=args.job_id, granted=granted_new
+        )
+        if row is not None:
+            claim = dataclasses.replace(granted_new.claim(args.run_key), lease_until=float(row.lease_until))
+            stored = load_envelope(
+                args.envelope_json,
+                task_name=args.envelope.task_name,
+                framework=args.envelope.framework,
+                queue=args.envelope.queue,
+            )
+            now = float(row.created_at)
+            return Begun(claim, (), now, granted_new.takeovers, stored, now, None)
+        run, rows = self._folded.read_run_and_steps(conn, args.run_key)
+        if run is None:  # not possible under the write lock; decide the usual way all the same
+            return self._begin(conn, args)
+        now = float(run.now)
+        decision = decide_claim(run, now=now, owner=args.owner, lease_seconds=args.lease_seconds)
+        if not isinstance(decision, Granted):
+            return decision
+        self._folded.write_claim(conn, args.run_key, {**decision.values(), "job_id": args.job_id, "updated_at": now})
         stored = load_envelope(run.envelope, task_name=run.task_name, framework=run.framework, queue=run.queue)
-        claim = decision.claim(run_key)
+        snapshot = tuple(step_row(r) for r in rows)
+        return Begun(
+            decision.claim(args.run_key), snapshot, now, decision.takeovers, stored, run.created_at, run.cancel_reason
+        )
+
+    def _begin(self, conn: Connection, args: _StartArgs) -> BeginResult:
+        """:meth:`begin` with the run's row locked all along (MySQL/MariaDB; PostgreSQL after a race)."""
+        run = self._folded.lock_run(conn, args.run_key, args.envelope, args.envelope_json)
+        now = float(run.now)
+        decision = decide_claim(run, now=now, owner=args.owner, lease_seconds=args.lease_seconds)
+        if not isinstance(decision, Granted):
+            return decision
+        claimed = {**decision.values(), "job_id": args.job_id, "updated_at": now}
+        snapshot = tuple(step_row(r) for r in self._folded.claim_and_snapshot(conn, args.run_key, claimed))
+        stored = load_envelope(run.envelope, task_name=run.task_name, framework=run.framework, queue=run.queue)
+        claim = decision.claim(args.run_key)
         return Begun(claim, snapshot, now, decision.takeovers, stored, run.created_at, run.cancel_reason)
 
     def record_queued(self, run_key: str, job_id: str, envelope: JobEnvelope, delay_seconds: float = 0.0) -> None:
