@@ -70,10 +70,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(2)
         before = _warnings(directory)
         proxy.cut()
+        cut_at = time.strftime("%H:%M:%S")
         time.sleep(args.outage)
         during = _warnings(directory) - before
         proxy.restore()
         back = time.time()
+        back_at = time.strftime("%H:%M:%S")
         deadline = back + args.drain
         runs = chaos._runs(direct, config)
         while time.time() < deadline and (len(runs) < args.jobs or any(not chaos._ended(r.status) for r in runs)):
@@ -100,6 +102,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "warning_lines_after_return": after,
         "unavailable_lines": _lines(directory, "step store unavailable"),
         "reachable_again_lines": _lines(directory, "step store reachable again"),
+        "cut_at": cut_at,
+        "back_at": back_at,
         "directory": directory,
     }
 
