@@ -20,7 +20,7 @@ goes unanswered. Both neighbour entries are pinned (``nud permanent``) so a
 failed ARP cannot report "host unreachable" early. :meth:`BlackHole.restore`
 sets the link up again and the same connections carry on.
 
-Names (namespace, veth, a /30 in 10.213.0.0/16) carry this process's id, so
+Names (namespace, veth, a /30 in 10.213.0.0/16) carry this process's id and a serial, so
 parallel runs do not clash; :meth:`BlackHole.close` removes everything, and a
 new black hole first removes those left by processes that no longer exist.
 Needs root (``CAP_NET_ADMIN`` and ``CAP_SYS_ADMIN``); without it the
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import itertools
 import os
 import random
 import re
@@ -48,6 +49,7 @@ import time
 PREFIX = "fqbh"
 """The prefix of our namespaces and veth names (followed by the owning process's id)."""
 _NETWORK = ipaddress.ip_network("10.213.0.0/16")
+_SERIAL = itertools.count()
 
 
 class BlackHoleUnavailable(RuntimeError):
@@ -150,7 +152,7 @@ class BlackHole:
         if shutil.which("ip") is None:
             raise BlackHoleUnavailable("iproute2's `ip` is not installed")
         remove_stale()
-        tag = f"{PREFIX}{os.getpid()}"
+        tag = f"{PREFIX}{os.getpid()}x{next(_SERIAL)}"
         self.namespace, self._host_if, self._ns_if = tag, f"{tag}h", f"{tag}n"
         self._forwarder: subprocess.Popen[bytes] | None = None
         self._proxy: Proxy | None = None
@@ -219,7 +221,7 @@ class BlackHole:
 def remove_stale() -> None:
     """Remove the namespaces and veths of black holes whose process no longer exists."""
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
-    for match in re.finditer(rf"^{PREFIX}(\d+)\b", listed, re.MULTILINE):
+    for match in re.finditer(rf"^{PREFIX}(\d+)x\d+", listed, re.MULTILINE):
         if not os.path.exists(f"/proc/{match.group(1)}"):
             _remove(match.group(0), f"{match.group(0)}h")
 

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     upstream = ("127.0.0.1", 5432)
     proxy: Proxy | BlackHole = BlackHole(upstream) if args.mode == "blackhole" else Proxy(upstream)
-    url = f"postgresql://postgres@{proxy.host}:{proxy.port}/test"
+    url = f"postgresql://postgres@{proxy.host}:{proxy.port}/test" + (f"?{args.url_query}" if args.url_query else "")
     directory = tempfile.mkdtemp(prefix="flexiq-outage-")
     config = chaos.ChaosConfig(args.framework, args.broker, url, f"outage{uuid4().hex[:8]}", directory)
     direct = SqlStepStore("postgresql://postgres@127.0.0.1:5432/test", table_prefix=config.table_prefix)
@@ -117,6 +117,11 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=100)
     parser.add_argument("--outage", type=float, default=10.0, help="seconds the store is cut")
     parser.add_argument("--drain", type=float, default=300.0)
+    parser.add_argument(
+        "--url-query",
+        default="",
+        help="appended to the workers' store URL, e.g. connect_timeout=2",
+    )
     try:
         result = run(parser.parse_args())
     except BlackHoleUnavailable as exc:
