@@ -109,7 +109,9 @@ class DurableSteps(Middleware):
         ``run_steps`` (C22), ``serializer`` (default: the broker's encoder)
         and ``codecs`` (C7), ``keep_succeeded_steps`` (C27), ``step_retry``
         (the default budget of every step, C31), ``max_run_seconds`` and
-        ``max_suspended_seconds`` (the default caps of every run, C34).
+        ``max_suspended_seconds`` (the default caps of every run, C34),
+        ``record_at_publish`` and ``recovery`` (C39). Each may also be set
+        in Django's ``FLEXIQ`` dict, upper case; a keyword option wins.
 
     Raises:
       ConfigurationError: an unknown option or unusable value, or a store of
