@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import MYSQL, MYSQL_URL, POSTGRES, POSTGRES_URL, in_ci, require_service
 
 from flexiq_plugins import StoreMisconfigured, StoreUnavailable, UnknownRun
 from flexiq_plugins._store.sql import SqlStepStore
+from tests.conftest import MYSQL, MYSQL_URL, POSTGRES, POSTGRES_URL, in_ci, require_service
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
