@@ -24,6 +24,7 @@ in all.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import sys
 import tempfile
@@ -122,8 +123,11 @@ def main() -> None:
         default="",
         help="appended to the workers' store URL, e.g. connect_timeout=2",
     )
+    args = parser.parse_args()
+    # A run that outlives its own budget prints every thread's stack (where it hangs) and exits.
+    faulthandler.dump_traceback_later(args.outage + args.drain + 120, exit=True)
     try:
-        result = run(parser.parse_args())
+        result = run(args)
     except BlackHoleUnavailable as exc:
         print(f"no black hole on this machine: {exc}", file=sys.stderr)
         sys.exit(UNAVAILABLE_EXIT)
