@@ -194,3 +194,24 @@ def _black_hole(port: int) -> Any:
         if in_ci():
             pytest.fail(message)
         pytest.skip(message)
+
+
+@pytest.mark.postgres
+def test_c28_postgres_sessions_end_a_transaction_left_idle_by_a_vanished_client(
+    make_sql_store: Callable[..., SqlStepStore],
+) -> None:
+    """C28: a client cut off mid-transaction by a silent network sends no reset; our sessions run with
+    ``idle_in_transaction_session_timeout`` (one minute) so the server frees its locks, unless the URL sets
+    ``options`` itself."""
+    require_service(*POSTGRES)
+    ours = make_sql_store(POSTGRES_URL)
+    theirs = make_sql_store(POSTGRES_URL + "?options=-c%20statement_timeout%3D5000")
+    with ours.engine.connect() as conn:
+        ours_value = conn.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar()
+    with theirs.engine.connect() as conn:
+        theirs_values = (
+            conn.exec_driver_sql("SHOW idle_in_transaction_session_timeout").scalar(),
+            conn.exec_driver_sql("SHOW statement_timeout").scalar(),
+        )
+    assert ours_value == "1min"
+    assert theirs_values == ("0", "5s")

@@ -49,6 +49,11 @@ Why it is built the way it is:
   wall-clock ``read_timeout`` (which would cut a slow statement, so it is
   not set) and the keepalive options are set on its socket when it connects,
   from the same names in the URL's query (``keepalives=0`` turns them off).
+  The other side of the same cut: a client that gave up mid-transaction
+  sends no reset, so its server session would keep its locks (a run's
+  claim) until the server's TCP keepalive notices, two hours by default.
+  PostgreSQL sessions therefore run with ``idle_in_transaction_session_timeout``
+  of one minute (libpq ``options``, unless the URL sets ``options``).
 - **Construction never connects.** Creating an engine only checks the URL and
   that its driver is installed; an unreachable server shows at first use.
 """
@@ -115,6 +120,12 @@ libpq's parameter names and units: ``keepalives`` (1 on, 0 off),
 packets vanish fails after about 20 s (``tcp_user_timeout`` bounds both the
 unacknowledged data and the unanswered probes); a slow statement is never cut.
 """
+_IDLE_IN_TRANSACTION_TIMEOUT_MS = 60_000
+_POSTGRES_SESSION_OPTIONS = f"-c idle_in_transaction_session_timeout={_IDLE_IN_TRANSACTION_TIMEOUT_MS}"
+"""libpq ``options`` for our PostgreSQL sessions unless the URL sets ``options``: the server ends a session idle
+inside a transaction for a minute. A client cut off by a silent network mid-transaction vanishes without a reset,
+and its session would otherwise hold its row locks (a run's claim) until the server's own TCP keepalive notices,
+two hours by default; the store's own transactions never idle between statements."""
 _DRIVERS = {
     "postgresql": "postgresql+psycopg",
     "postgres": "postgresql+psycopg",
@@ -188,7 +199,7 @@ def create_engine(url: URL) -> Engine:
     if backend == "sqlite" and _is_memory_sqlite(url):
         kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
     if backend == "postgresql":
-        defaults = {"connect_timeout": _CONNECT_TIMEOUT_S, **NETWORK_TIMEOUTS}
+        defaults = {"connect_timeout": _CONNECT_TIMEOUT_S, **NETWORK_TIMEOUTS, "options": _POSTGRES_SESSION_OPTIONS}
         kwargs["connect_args"] = {key: value for key, value in defaults.items() if key not in url.query}
     mysql_keepalive: dict[str, int] = {}
     if backend in ("mysql", "mariadb"):
