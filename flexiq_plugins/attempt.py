@@ -97,6 +97,9 @@ _CANCELLING = frozenset({outcomes.Ended.REVOKED, outcomes.Ended.EXPIRED, outcome
 """The ends that cancel a run (C34): through :func:`flexiq_plugins.cancellation.cancel`, undos included."""
 
 _FINISH_RETRY_PAUSES = (0.2, 0.5, 1.0)
+_FINISH_QUICK_FAILURE_S = 1.0
+"""A release that failed within this many seconds met a blip (refused, dropped) and is tried again; a slower
+failure waited for a network timeout (a black-holed store), and waiting for more of them only delays the put-back."""
 
 
 @dataclass(frozen=True)
@@ -831,13 +834,19 @@ class Attempt:
 
         A claim left held by a blip would make the next delivery wait for the
         lease and count as a dead worker's takeover (C25), so the release is
-        tried a few times (0.2, 0.5, 1 s apart) before the outage is reported.
+        tried a few times (0.2, 0.5, 1 s apart) before the outage is reported;
+        but not after a failure that took more than a second: that one waited
+        for a timeout on a silent network (the store black-holed), and each
+        more try would wait as long again.
         """
         for pause in _FINISH_RETRY_PAUSES:
+            started = time.monotonic()
             try:
                 self._store.finish(self._held(), status, **kwargs)
                 return
             except StoreUnavailable:
+                if time.monotonic() - started > _FINISH_QUICK_FAILURE_S:
+                    raise
                 logger.debug("run %s: store unavailable while ending the attempt; trying again", self.run_key)
                 time.sleep(pause)
         self._store.finish(self._held(), status, **kwargs)
@@ -854,7 +863,11 @@ def _caused_by(error: BaseException | None, cause: BaseException) -> bool:
 
 
 class _LeaseKeeper:
-    """Renews a claim's lease every third of the lease in a daemon thread (C23)."""
+    """Renews a claim's lease every third of the lease in a daemon thread (C23).
+
+    A failed renewal is logged at WARNING; the ones that follow it before a
+    renewal succeeds again (a store outage) at DEBUG.
+    """
 
     def __init__(self, store: StepStore, claim: base.Claim, lease_seconds: float) -> None:
         self._store = store
@@ -877,11 +890,15 @@ class _LeaseKeeper:
             thread.join()
 
     def _loop(self) -> None:
+        failing = False
         while not self._stop.wait(self._lease / 3):
             try:
                 self._claim = self._store.renew(self._claim, self._lease)
+                failing = False
             except ClaimLost as exc:
                 self.lost = exc
                 return
-            except StoreError as exc:
-                logger.warning("lease renewal of run %s failed (%s); will retry", self._claim.run_key, exc)
+            except StoreError as exc:  # one WARNING per run of failures, the rest at DEBUG (an outage, C28)
+                level = logging.DEBUG if failing else logging.WARNING
+                failing = True
+                logger.log(level, "lease renewal of run %s failed (%s); will retry", self._claim.run_key, exc)
