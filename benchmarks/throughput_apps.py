@@ -5,6 +5,12 @@ Configured from the environment (the worker is a subprocess):
 (the step store), ``FLEXIQ_BENCH_REDIS`` (broker and the counters),
 ``FLEXIQ_BENCH_RESULTS=1`` (Celery: store results in Redis).
 
+Every database connection the store opens names its process: on
+PostgreSQL its ``application_name`` is ``<APP_NAME>-<pid>`` (set when the
+connection is opened, so a forked child's connections carry the child's pid),
+which lets :mod:`benchmarks.bench_throughput` count the connections each
+worker process holds from ``pg_stat_activity``.
+
 Each job runs ``k`` trivial steps (``k`` = 3 or 5): durable ones through
 ``current_job.step.run``, or, for the plain task, the same functions called
 directly in a task declared ``durable=False``. Its last act is an ``INCR`` of
@@ -20,6 +26,7 @@ import zlib
 from typing import Any
 
 import redis
+from sqlalchemy import event
 
 from flexiq_plugins import SqlStepStore, current_job
 
@@ -27,12 +34,21 @@ QUEUE = os.environ.get("FLEXIQ_BENCH_QUEUE", "flexiq-bench")
 REDIS_URL = os.environ.get("FLEXIQ_BENCH_REDIS", "redis://127.0.0.1:6379/14")
 STORE_URL = os.environ.get("FLEXIQ_STORE_URL", "postgresql://postgres@127.0.0.1:5432/test")
 PREFIX = f"fqb{zlib.crc32(QUEUE.encode()):08x}_"  # short: index names carry it (PostgreSQL: 63 characters)
+APP_NAME = f"fqb{zlib.crc32(QUEUE.encode()):08x}"
+"""The ``application_name`` stem of this run's store connections (PostgreSQL), ``<APP_NAME>-<pid>`` each."""
 _redis = redis.Redis.from_url(REDIS_URL)
 
 
 def store() -> SqlStepStore:
-    """The step store of this benchmark run (its own table prefix)."""
-    return SqlStepStore(STORE_URL, table_prefix=PREFIX)
+    """The step store of this benchmark run (its own table prefix; each connection named by its process's pid)."""
+    opened = SqlStepStore(STORE_URL, table_prefix=PREFIX)
+    if opened.engine.dialect.name == "postgresql":
+
+        @event.listens_for(opened.engine, "do_connect")
+        def _name(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
+            cparams["application_name"] = f"{APP_NAME}-{os.getpid()}"  # the pid of the process connecting
+
+    return opened
 
 
 def _done() -> None:
