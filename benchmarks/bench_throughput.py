@@ -26,6 +26,9 @@ worker process names its store connections ``<run>-<pid>``
 most connections any one process held against that process's concurrency + 1
 (the issue-14 target; a process that runs no task, Celery's prefork parent or
 Dramatiq's supervisor, is allowed 1), and the most held by the whole worker.
+Each job also reports the statements and round trips (psycopg's ``BEGIN``
+and each ``COMMIT`` counted) its worker process sent to the store, printed
+per job.
 
 Needs Redis on 127.0.0.1:6379 and PostgreSQL on 127.0.0.1:5432 (database
 ``test``), or ``FLEXIQ_BENCH_REDIS`` / ``FLEXIQ_STORE_URL``.
@@ -147,6 +150,8 @@ class RoundResult:
     rate: float
     connections: Connections
     main_pid: int
+    statements: float = 0.0  # sent to the store per job by the worker (its finish counted with the next job)
+    round_trips: float = 0.0
 
 
 def _sa_url(url: str) -> str:
@@ -176,7 +181,8 @@ def one_round(config: WorkerConfig, kind: str, k: int, jobs: int, tag: str) -> R
     queue = f"flexiq-bench-{framework}-{kind}{k}-{tag}"
     app_name = f"fqb{zlib.crc32(queue.encode()):08x}"  # as benchmarks.throughput_apps.APP_NAME
     r = redis.Redis.from_url(REDIS_URL)
-    r.delete(f"{queue}:done", f"{queue}:first", f"{queue}:last")
+    counters = ("done", "first", "last", "statements", "round_trips", "counted")
+    r.delete(*(f"{queue}:{c}" for c in counters))
     _enqueue(framework, queue, kind, k, jobs)
     with ConnectionSampler(app_name) as sampler:
         worker = subprocess.Popen(
@@ -192,11 +198,13 @@ def one_round(config: WorkerConfig, kind: str, k: int, jobs: int, tag: str) -> R
                     raise RuntimeError(f"{config.label} {kind}{k}: only {done} of {jobs} jobs done")
                 time.sleep(0.05)
             first, last = float(r.get(f"{queue}:first") or 0), float(r.get(f"{queue}:last") or 0)
+            statements, trips = int(r.get(f"{queue}:statements") or 0), int(r.get(f"{queue}:round_trips") or 0)
+            counted = max(1, int(r.get(f"{queue}:counted") or 0))
         finally:
             worker.terminate()
             worker.wait(30)
             _drop_tables(queue)
-    return RoundResult((jobs - 1) / (last - first), sampler.seen, worker.pid)
+    return RoundResult((jobs - 1) / (last - first), sampler.seen, worker.pid, statements / counted, trips / counted)
 
 
 def _drop_tables(queue: str) -> None:
@@ -284,11 +292,13 @@ def main(argv: list[str] | None = None) -> None:
         rates = {label: [r.rate for r in got] for label, got in results[config].items()}
         plain = statistics.median(rates["plain"])
         print(f"\n== {config.label} + Redis + PostgreSQL{backend if config.framework == 'celery' else ''}")
-        print(f"{'task':<18} {'jobs/s (median)':>16} {'× plain':>8}  rounds")
+        print(f"{'task':<18} {'jobs/s (median)':>16} {'× plain':>8} {'stmts/job':>9} {'trips/job':>9}  rounds")
         for label, values in rates.items():
             med = statistics.median(values)
             shown = ", ".join(f"{v:.0f}" for v in values)
-            print(f"{label:<18} {med:>16.0f} {med / plain:>8.2f}  {shown}")
+            stmts = statistics.median(r.statements for r in results[config][label])
+            trips = statistics.median(r.round_trips for r in results[config][label])
+            print(f"{label:<18} {med:>16.0f} {med / plain:>8.2f} {stmts:>9.1f} {trips:>9.1f}  {shown}")
         print(connection_line(config, [r for got in results[config].values() for r in got]))
     load = os.getloadavg()
     print(f"\nload average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")

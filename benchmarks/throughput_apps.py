@@ -15,12 +15,16 @@ Each job runs ``k`` trivial steps (``k`` = 3 or 5): durable ones through
 ``current_job.step.run``, or, for the plain task, the same functions called
 directly in a task declared ``durable=False``. Its last act is an ``INCR`` of
 a Redis counter (and the first job sets the start time), so the benchmark
-sees completions without a result backend.
+sees completions without a result backend; it also adds the statements and
+round trips the process sent to the store since the previous job (so a
+job's finish is counted with the next one; a process's first job, which
+carries the worker's start, is not counted).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 import zlib
 from typing import Any
@@ -48,11 +52,46 @@ def store() -> SqlStepStore:
         def _name(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
             cparams["application_name"] = f"{APP_NAME}-{os.getpid()}"  # the pid of the process connecting
 
+    _count_round_trips(opened.engine)
     return opened
 
 
+_trips = {"statements": 0, "round_trips": 0}
+_pushed = {"statements": 0, "round_trips": 0}
+_trips_lock = threading.Lock()
+
+
+def _count_round_trips(engine: Any) -> None:
+    """Count the statements and round trips (with psycopg's ``BEGIN`` and every ``COMMIT``) this process sends."""
+    begin_trip = 1 if engine.dialect.name == "postgresql" else 0
+
+    def add(what: str, n: int = 1) -> None:
+        with _trips_lock:
+            _trips[what] += n
+
+    def autocommit(conn: Any) -> bool:
+        return bool(conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT")
+
+    event.listen(engine, "before_cursor_execute", lambda *_: (add("statements"), add("round_trips")))
+    event.listen(engine, "begin", lambda conn: None if autocommit(conn) else add("round_trips", begin_trip))
+    event.listen(engine, "commit", lambda conn: None if autocommit(conn) else add("round_trips"))
+    event.listen(engine, "rollback", lambda *_: add("round_trips"))
+
+
 def _done() -> None:
+    """Count the job done; add what this process sent to the store since the last job (the last one's finish too)."""
     now = time.time()
+    with _trips_lock:
+        delta = {k: _trips[k] - _pushed[k] for k in _trips}
+        _pushed.update(_trips)
+        first = _pushed.setdefault("jobs", 0) == 0  # a process's first job also carries its start (schema check)
+        _pushed["jobs"] += 1
+    if not first:
+        pipe = _redis.pipeline(transaction=False)
+        for what, n in delta.items():
+            pipe.incrby(f"{QUEUE}:{what}", n)
+        pipe.incr(f"{QUEUE}:counted")
+        pipe.execute()
     _redis.set(f"{QUEUE}:first", now, nx=True)
     _redis.set(f"{QUEUE}:last", now)
     _redis.incr(f"{QUEUE}:done")
