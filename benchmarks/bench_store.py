@@ -446,6 +446,15 @@ def fill_history(bench: Bench, runs: int, steps_each: int = HISTORY_STEPS, sprea
     _analyze(bench, [t.runs.name, t.steps.name])
 
 
+def _vacuum(bench: Bench) -> None:
+    """A plain ``VACUUM`` of the store's tables (PostgreSQL), as autovacuum runs it: dead rows' space is reused."""
+    t = bench.store._t
+    with bench.engine.connect() as conn:
+        conn.execution_options(isolation_level="AUTOCOMMIT")
+        for table in (t.runs, t.steps, t.attempts, t.events, t.dead):
+            conn.exec_driver_sql(f"VACUUM {table.name}")
+
+
 def _analyze(bench: Bench, tables: list[str]) -> None:
     dialect = bench.engine.dialect.name
     if dialect == "postgresql":
@@ -524,30 +533,37 @@ def cleanup_check(name: str, url: str, args: argparse.Namespace) -> None:
 
     try:
         measure("start", 0.0)
-        t0 = time.perf_counter()
-        run_jobs(subject, args.cleanup_check, args.cleanup_job_steps)
-        measure(f"after {args.cleanup_check:,} jobs", time.perf_counter() - t0)
-        t0 = time.perf_counter()
-        deleted = cleanup(subject.store, 0.0)
-        events = cleanup_events(subject.store, 0.0)
-        measure("after store cleanup", time.perf_counter() - t0)
+        deleted = events = 0
+        for cycle in range(1, args.cleanup_cycles + 1):
+            t0 = time.perf_counter()
+            run_jobs(subject, args.cleanup_check, args.cleanup_job_steps)
+            measure(f"{cycle}: after {args.cleanup_check:,} jobs", time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            deleted += cleanup(subject.store, 0.0)
+            events += cleanup_events(subject.store, 0.0)
+            measure(f"{cycle}: after store cleanup", time.perf_counter() - t0)
+            if subject.engine.dialect.name == "postgresql":  # what autovacuum does next: the space is reused
+                t0 = time.perf_counter()
+                _vacuum(subject)
+                measure(f"{cycle}: after VACUUM", time.perf_counter() - t0)
         load = os.getloadavg()
         print(
-            f"\n== {name}: {SqlStepStore(url).url}; {args.cleanup_check:,} jobs of {args.cleanup_job_steps} step(s),"
-            f" then store cleanup (deleted {deleted:,} runs, {events:,} events); load average {load[0]:.2f}"
+            f"\n== {name}: {SqlStepStore(url).url}; {args.cleanup_cycles} × ({args.cleanup_check:,} jobs of"
+            f" {args.cleanup_job_steps} step(s), then store cleanup); deleted {deleted:,} runs, {events:,} events;"
+            f" load average {load[0]:.2f}"
         )
         tables = list(phases[0][1])
         print(
-            f"{'phase':<22} "
+            f"{'phase':<25} "
             + " ".join(f"{t:>13}" for t in tables)
             + f" {'MiB':>7} {'step ms':>8} {'× control':>9} {'took s':>7}"
         )
         for phase, rows, size, own, ratio, seconds in phases:
             shown = "" if size is None else f"{size / 2**20:.1f}"
             print(
-                f"{phase:<22} "
+                f"{phase:<25} "
                 + " ".join(f"{rows[t]:>13,}" for t in tables)
-                + f" {shown:>7} {own * 1e3:>8.3f} {ratio:>9.2f} {seconds:>7.1f}"
+                + f" {shown:>7} {own * 1e3:>8.3f} {ratio:>9.2f} {seconds:>7.2f}"
             )
     finally:
         control.close()
@@ -697,6 +713,7 @@ def main(argv: list[str] | None = None) -> None:
         help="finished runs of the store --history compares with (a full page of every listing)",
     )
     parser.add_argument("--cleanup-check", type=int, default=0, metavar="N", help="N jobs, then store cleanup")
+    parser.add_argument("--cleanup-cycles", type=int, default=1, help="--cleanup-check's jobs-then-cleanup cycles")
     parser.add_argument("--cleanup-job-steps", type=int, default=1, help="new steps of each --cleanup-check job")
     parser.add_argument("--sqlite-url", default="", help="e.g. sqlite:////tmp/x.db?synchronous=full")
     parser.add_argument("--no-dbos", action="store_true", help="skip the DBOS comparison")

@@ -56,10 +56,10 @@ def test_bench_store_history_and_cleanup_check_print_their_tables(capsys: pytest
     assert "filled 300 finished runs (301 runs, 1,500 steps)" in out
     for operation in ("new step", "attempt start", "finish", "recovery sweep", "runs list", "runs list --task"):
         assert re.search(rf"^{re.escape(operation)}\s+[\d.]+\s+[\d.]+\s+[\d.]+", out, re.MULTILINE), operation
-    phase = re.compile(r"^(start|after [\d,]+ jobs|after store cleanup)\s+([\d,]+)", re.MULTILINE)
+    phase = re.compile(r"^(start|1: after [\d,]+ jobs|1: after store cleanup)\s+([\d,]+)", re.MULTILINE)
     phases = {m[1]: int(m[2].replace(",", "")) for m in phase.finditer(out)}  # the runs column
-    assert phases["after 40 jobs"] >= phases["start"] + 40
-    assert phases["after store cleanup"] == phases["start"]
+    assert phases["1: after 40 jobs"] >= phases["start"] + 40
+    assert phases["1: after store cleanup"] == phases["start"]
 
 
 @pytest.mark.slow
