@@ -341,17 +341,21 @@ class Bench:
 
     def table_bytes(self) -> int | None:
         """The store's tables with their indexes and TOAST, bytes (PostgreSQL; ``None`` elsewhere)."""
+        sizes = self.table_sizes()
+        return None if sizes is None else sum(sizes)
+
+    def table_sizes(self) -> tuple[int, int] | None:
+        """The store's tables (with TOAST) and their indexes, bytes (PostgreSQL; ``None`` elsewhere)."""
         if self.engine.dialect.name != "postgresql":
             return None
         t = self.store._t
-        names = [table.name for table in (t.runs, t.steps, t.attempts, t.events, t.dead)]
+        names = "{" + ",".join(table.name for table in (t.runs, t.steps, t.attempts, t.events, t.dead)) + "}"
+        query = sa.text(
+            "SELECT sum(pg_table_size(c)), sum(pg_indexes_size(c)) FROM unnest(CAST(:names AS regclass[])) AS c"
+        )
         with self.engine.connect() as conn:
-            return int(
-                conn.execute(
-                    sa.text("SELECT sum(pg_total_relation_size(c)) FROM unnest(CAST(:names AS regclass[])) AS c"),
-                    {"names": "{" + ",".join(names) + "}"},
-                ).scalar_one()
-            )
+            heap, indexes = conn.execute(query, {"names": names}).one()
+        return int(heap), int(indexes)
 
     def counted(self) -> dict[str, Counts]:
         """Statements and round trips of each operation, from one extra (untimed) pass."""
@@ -520,7 +524,7 @@ def cleanup_check(name: str, url: str, args: argparse.Namespace) -> None:
     """``args.cleanup_check`` jobs, then ``store cleanup``: rows, size and step cost at each phase."""
     control = Bench(name, url, args.steps, replayed=0, tag="c")
     subject = Bench(name, url, args.steps, replayed=0, tag="s")
-    phases: list[tuple[str, dict[str, int], int | None, float, float, float]] = []
+    phases: list[tuple[str, dict[str, int], tuple[int, int] | None, float, float, float]] = []
 
     def measure(phase: str, seconds: float) -> None:
         mine: list[float] = []
@@ -529,7 +533,7 @@ def cleanup_check(name: str, url: str, args: argparse.Namespace) -> None:
             for bench, out in ((subject, mine), (control, base)) if n % 2 == 0 else ((control, base), (subject, mine)):
                 out.extend(bench.new_steps()["new step"])
         own, ref = statistics.median(mine), statistics.median(base)
-        phases.append((phase, subject.rows(), subject.table_bytes(), own, own / ref, seconds))
+        phases.append((phase, subject.rows(), subject.table_sizes(), own, own / ref, seconds))
 
     try:
         measure("start", 0.0)
@@ -556,14 +560,14 @@ def cleanup_check(name: str, url: str, args: argparse.Namespace) -> None:
         print(
             f"{'phase':<25} "
             + " ".join(f"{t:>13}" for t in tables)
-            + f" {'MiB':>7} {'step ms':>8} {'× control':>9} {'took s':>7}"
+            + f" {'MiB table + indexes':>19} {'step ms':>8} {'× control':>9} {'took s':>7}"
         )
         for phase, rows, size, own, ratio, seconds in phases:
-            shown = "" if size is None else f"{size / 2**20:.1f}"
+            shown = "" if size is None else f"{size[0] / 2**20:.1f} + {size[1] / 2**20:.1f}"
             print(
                 f"{phase:<25} "
                 + " ".join(f"{rows[t]:>13,}" for t in tables)
-                + f" {shown:>7} {own * 1e3:>8.3f} {ratio:>9.2f} {seconds:>7.2f}"
+                + f" {shown:>19} {own * 1e3:>8.3f} {ratio:>9.2f} {seconds:>7.2f}"
             )
     finally:
         control.close()
