@@ -27,6 +27,14 @@ Why it is built the way it is:
   would otherwise send a ``ROLLBACK`` round trip after every commit).
 - **MySQL/MariaDB sessions.** Our engines run ``READ COMMITTED`` (no gap locks)
   with the session time zone at UTC so ``UNIX_TIMESTAMP(NOW(6))`` is exact.
+- **A connection per thread that uses the store, kept.** The pool has no size
+  limit (SQLAlchemy's ``pool_size=0``) and keeps every connection it opened:
+  a worker process holds as many connections as it ran store calls at once,
+  its concurrency plus its background threads (the sweeper, a lease renewal).
+  SQLAlchemy's default (keep 5, open up to 10 more and close those on return,
+  wait 30 s beyond 15) made a Dramatiq process of 8 threads open and close a
+  connection for most jobs, and a worker of more than 15 threads wait on the
+  pool.
 - **Processes and forks.** Celery prefork and Dramatiq fork worker processes; a
   pooled connection shared by parent and child corrupts both. A fork hook calls
   ``engine.dispose(close=False)`` in the child, the pattern SQLAlchemy
@@ -101,6 +109,8 @@ SQLITE_SYNCHRONOUS = "synchronous"
 """The SQLite URL option choosing ``PRAGMA synchronous`` (``normal``, the default, or ``full``/``extra``)."""
 _SQLITE_SYNCHRONOUS_LEVELS = ("normal", "full", "extra")
 _MYSQL_POOL_RECYCLE_S = 3600
+_POOL_SIZE_UNLIMITED = 0
+"""SQLAlchemy's ``QueuePool`` without a size limit: it opens on demand and keeps every connection it opened."""
 _PING_IF_IDLE_S = 10.0
 _IN_TRANSACTION = 1  # the MySQL protocol's SERVER_STATUS_IN_TRANS flag
 _IDLE_SINCE = "flexiq_idle_since"
@@ -198,6 +208,8 @@ def create_engine(url: URL) -> Engine:
     url = url.difference_update_query([SQLITE_SYNCHRONOUS]) if backend == "sqlite" else url
     if backend == "sqlite" and _is_memory_sqlite(url):
         kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
+    else:
+        kwargs["pool_size"] = _POOL_SIZE_UNLIMITED  # keep every connection opened: one per thread using the store
     if backend == "postgresql":
         defaults = {"connect_timeout": _CONNECT_TIMEOUT_S, **NETWORK_TIMEOUTS, "options": _POSTGRES_SESSION_OPTIONS}
         kwargs["connect_args"] = {key: value for key, value in defaults.items() if key not in url.query}
