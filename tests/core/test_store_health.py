@@ -23,6 +23,7 @@ from flexiq_plugins.attempt import AttemptDriver, JobInfo, _LeaseKeeper
 from flexiq_plugins.config import DurableConfig
 from flexiq_plugins.operations import Sweeper
 from flexiq_plugins.recording import record_at_publish
+from flexiq_plugins.unregistered import dead_letter_unregistered
 from tests.conftest import POSTGRES, require_service
 
 ENVELOPE = JobEnvelope(task_name="tasks.t", framework="celery", queue="q", args=[], kwargs={}, options={})
@@ -188,3 +189,22 @@ def test_c41_a_misconfiguration_met_during_an_outage_is_logged_as_an_error(
     errors = _store_lines(caplog, logging.ERROR)
     assert len(errors) == 1, caplog.records
     assert "does not exist" in errors[0]
+
+
+def test_c41_jobs_of_unknown_tasks_discarded_during_an_outage_share_its_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """C41: a worker that discards jobs of tasks it does not have while the store is unreachable (a refused
+    connection) cannot dead-letter their runs; that is the outage's one WARNING, not one WARNING per job."""
+    store = SqlStepStore("postgresql+psycopg://postgres@127.0.0.1:1/test")
+    caplog.set_level(logging.DEBUG, logger="flexiq_plugins")
+    try:
+        for i in range(3):
+            applied = dead_letter_unregistered(
+                lambda: store, uuid4().hex, f"job-{i}", "tasks.gone", known=["tasks.t"], worker="w", kind="task"
+            )
+            assert applied is False
+    finally:
+        store.close()
+    assert len(_store_lines(caplog, logging.WARNING)) == 1, caplog.records
+    assert store_health(store).down
