@@ -861,7 +861,9 @@ def _scalar(engine: sa.Engine, query: sa.TextClause, **params: Any) -> Any:
 
 
 @pytest.mark.postgres
-@pytest.mark.parametrize("meanwhile", ["cancel requested", "old holder dead-letters", "old holder succeeds", "recovered"])
+@pytest.mark.parametrize(
+    "meanwhile", ["cancel requested", "old holder dead-letters", "old holder succeeds", "recovered"]
+)
 def test_c25_a_run_changed_between_the_start_read_and_its_write_is_decided_on_its_new_state(
     meanwhile: str, postgres_url: str, make_sql_store: Callable[..., SqlStepStore], monkeypatch: pytest.MonkeyPatch
 ) -> None:
