@@ -207,7 +207,7 @@ class _Outage:
                 delay,
                 self._cap,
             )
-        elif before == 0.0:
+        elif before == 0.0 or not self._health.down:  # another part saw the store answer: a new outage (C41)
             self._health.failed(
                 "step store unavailable: %s; jobs are put back after %.3g s, then up to %.3g s, until it returns",
                 exc,

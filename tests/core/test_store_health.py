@@ -208,3 +208,30 @@ def test_c41_jobs_of_unknown_tasks_discarded_during_an_outage_share_its_one_warn
         store.close()
     assert len(_store_lines(caplog, logging.WARNING)) == 1, caplog.records
     assert store_health(store).down
+
+
+def test_c41_an_outage_that_starts_again_after_another_part_saw_the_store_answer_is_logged_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """C41: the store flaps: attempts are put back (WARNING), a publish reaches it (INFO ``reachable again``),
+    then it is down again while the attempts were never let through in between. That second outage is a second
+    WARNING: after ``reachable again`` the log must not stay silent while every job is put back."""
+    caplog.set_level(logging.DEBUG, logger="flexiq_plugins")
+    store = SwitchedStore()
+    driver = AttemptDriver(store, DurableConfig(store_retry_seconds=1, store_retry_max_seconds=5))
+    sweeper = Sweeper(store, {}, interval=60, name="test worker")
+    store.down = True
+    assert isinstance(driver.start(_job()), outcomes.PutBack)
+    sweeper._note_unreachable(StoreUnavailable("connection refused"))
+    assert len(_store_lines(caplog, logging.WARNING)) == 1
+
+    store.down = False
+    assert record_at_publish(lambda: store, uuid4().hex, "job-p", ENVELOPE) is True
+    assert _store_lines(caplog, logging.INFO).count(BACK_MESSAGE) == 1
+
+    store.down = True
+    caplog.clear()
+    assert isinstance(driver.start(_job()), outcomes.PutBack)
+    sweeper._note_unreachable(StoreUnavailable("connection refused"))
+    warnings = _store_lines(caplog, logging.WARNING)
+    assert len(warnings) == 1, caplog.records
