@@ -7,6 +7,7 @@ held PostgreSQL connection is killed with ``pg_terminate_backend``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -72,7 +73,7 @@ def sql_store(request: pytest.FixtureRequest, make_sql_store: Callable[..., SqlS
 def steps(n: int) -> Callable[[], str]:
     def body() -> str:
         for i in range(n):
-            current_job.step.run(f"s{i}", lambda i=i: i)
+            current_job.step.run(f"s{i}", functools.partial(int, i))
         return "done"
 
     return body
