@@ -18,7 +18,9 @@ Why it is built the way it is:
   statement. At checkout a pooled connection is checked locally instead: input
   waiting on its idle socket means the server closed it (it is replaced before
   use); one idle in the pool for more than 10 seconds is pinged as well. A connection the server dropped while in steady
-  use fails its statement instead; the store then retries the transaction
+  use fails its statement instead (a connection an attempt holds, see
+  ``SqlStepStore.held``, is checked the same way before each use: it is not
+  in the pool between its calls); the store then retries the transaction
   once on a fresh connection, unless the failure hit its ``COMMIT`` (or an
   autocommitted statement), whose outcome is then unknown
   (:class:`StoreUnavailable`, C28). MySQL/MariaDB connections are also
