@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -272,3 +273,34 @@ def test_c9_shared_memory_sqlite_and_the_memory_store_hold_nothing(make_sql_stor
         driver = AttemptDriver(store, DurableConfig(lease_seconds=600))
         assert driver.run_job(JobInfo("run-mem", "job-1", ENVELOPE), steps(3)) == Completed("done")
         assert store.get_run("run-mem").status == "succeeded"
+
+
+def _store_backend_pid(store: SqlStepStore) -> int:
+    return int(store._read(lambda conn: conn.exec_driver_sql("SELECT pg_backend_pid()").scalar_one()))
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("sql_store", ["postgres"], indirect=True)
+def test_c9_a_fork_inside_a_hold_leaves_the_parents_connection_alone(sql_store: SqlStepStore) -> None:
+    """A child forked while its parent holds a connection opens its own, and leaving the hold in the child
+    neither closes nor rolls back the parent's: the parent goes on on the same live connection (C9)."""
+    in_child, status = False, 1
+    try:
+        with sql_store.held():
+            parent_backend = _store_backend_pid(sql_store)
+            child = os.fork()
+            if child == 0:
+                in_child = True
+                status = 0 if _store_backend_pid(sql_store) != parent_backend else 2
+            else:
+                _, code = os.waitpid(child, 0)
+                assert os.waitstatus_to_exitcode(code) == 0
+                assert _store_backend_pid(sql_store) == parent_backend, "the parent keeps its held connection"
+    except BaseException:
+        if in_child:
+            os._exit(3)
+        raise
+    if in_child:
+        os._exit(status)  # the hold ended in the child too (without touching the parent's connection)
+    with sql_store.held():
+        assert _store_backend_pid(sql_store) == parent_backend, "given back alive to the parent's pool"

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -152,6 +153,10 @@ def _driver_connection(conn: Connection) -> Any:
     return dbapi_connection
 
 
+_ORPHANED: list[_Hold] = []
+"""Holds a forked child inherited from its parent: kept, never closed (see :meth:`_Hold.orphan`)."""
+
+
 class _Hold:
     """The connection one thread keeps for an attempt (:meth:`SqlStepStore.held`); checked out at first use.
 
@@ -161,16 +166,30 @@ class _Hold:
     is switched back before a transaction and before it returns to the pool.
     """
 
-    __slots__ = ("autocommit", "conn", "depth", "used_at")
+    __slots__ = ("autocommit", "conn", "depth", "pid", "used_at")
 
     def __init__(self) -> None:
         self.depth = 1
         self.conn: Connection | None = None
         self.autocommit = False
         self.used_at = 0.0
+        self.pid = os.getpid()
+
+    def orphan(self) -> None:
+        """In a forked child: never touch the parent's connection, nor let it be garbage-collected.
+
+        Closing it, or SQLAlchemy closing it when it is collected, would send
+        the parent's server a rollback or a goodbye on the socket the parent
+        still uses.
+        """
+        if self.conn is not None:
+            _ORPHANED.append(self)
 
     def drop(self, engine: Engine) -> None:
         """Give the connection back to the pool (rolled back by the pool; a dead one is discarded)."""
+        if os.getpid() != self.pid:  # the block began before a fork: the connection is the parent's
+            self.orphan()
+            return
         conn, self.conn = self.conn, None
         if conn is None:
             return
@@ -290,6 +309,9 @@ class SqlStepStore(StepStore):
     def _make_locks(self) -> None:
         self._schema_lock = threading.Lock()
         self._serial = threading.RLock()
+        inherited: _Hold | None = getattr(getattr(self, "_holds", None), "hold", None)
+        if inherited is not None:  # forked inside a hold: the connection stays the parent's
+            inherited.orphan()
         self._holds = threading.local()  # each thread's _Hold; a forked child starts with none
 
     @contextlib.contextmanager
