@@ -21,6 +21,7 @@ from flexiq_plugins import AttemptDriver, DurableConfig, JobInfo, current_job
 from flexiq_plugins._store.base import Begun, JobEnvelope, StepRow
 from flexiq_plugins._store.memory import MemoryStepStore
 from flexiq_plugins._store.sql import SqlStepStore, normalize_url
+from flexiq_plugins._store.sql import engine as engine_module
 from flexiq_plugins._store.sql import store as sql_store_module
 from flexiq_plugins.errors import StoreUnavailable
 from flexiq_plugins.outcomes import Completed, Failure, PutBack
@@ -304,3 +305,35 @@ def test_c9_a_fork_inside_a_hold_leaves_the_parents_connection_alone(sql_store: 
         os._exit(status)  # the hold ended in the child too (without touching the parent's connection)
     with sql_store.held():
         assert _store_backend_pid(sql_store) == parent_backend, "given back alive to the parent's pool"
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("sql_store", ["postgres"], indirect=True)
+def test_c28_a_held_connection_idle_past_the_threshold_is_pinged_before_use(
+    sql_store: SqlStepStore, postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A held connection idle longer than the ping threshold (a long step body) is pinged before its next
+    use; one found dead so is replaced before the step's autocommitted statement is sent, which then
+    commits instead of failing with an unknown outcome (C28). The socket check is blinded here, so only
+    the ping can see the kill."""
+    monkeypatch.setattr(engine_module, "_PING_IF_IDLE_S", 0.0)  # every pause counts as a long idle
+    monkeypatch.setattr(engine_module, "_closed_by_server", lambda _conn: False)
+    pings: list[bool] = []
+    real_ping = sql_store.engine.dialect.do_ping
+
+    def counted_ping(dbapi_connection: Any) -> bool:
+        pings.append(True)
+        return real_ping(dbapi_connection)
+
+    monkeypatch.setattr(sql_store.engine.dialect, "do_ping", counted_ping)
+    checkouts = Checkouts(sql_store.engine)
+    with sql_store.held():
+        begun = sql_store.begin("run-idle", "job-1", ENVELOPE, "w", 600)
+        assert isinstance(begun, Begun)
+        before = len(pings)  # the checkout of a pooled connection that idled pings as well
+        sql_store.commit_step(begun.claim, StepRow(0, "a#0", "run", b"1"))
+        assert len(pings) == before + 1, "the second use of the held connection pinged it"
+        _terminate(postgres_url, _backend_pid(checkouts.out[-1][1]))
+        sql_store.commit_step(begun.claim, StepRow(1, "b#0", "run", b"2"))
+        assert len(checkouts.out) == 2, "the dead connection was replaced before use"
+    assert [row.step_key for row in sql_store.get_steps("run-idle")] == ["a#0", "b#0"]
