@@ -1,15 +1,34 @@
 """Plain vs durable task throughput on a real Celery and a real Dramatiq worker (Redis broker, PostgreSQL store).
 
     python -m benchmarks.bench_throughput [--jobs 500] [--rounds 3] [--framework celery|dramatiq|all]
+        [--pool prefork,solo,threads] [-c N] [--dramatiq-workers 2x8,1x1]
 
-For each framework, each round and each body (a plain task, a durable task
-of 3 steps, one of 5 steps), it enqueues ``--jobs`` jobs, starts one worker
-process (Celery: ``-P solo``; Dramatiq: one process, one thread), and
-measures jobs per second from the first job's end to the last's (so the
-worker's start is not counted). Rounds are interleaved (plain, 3, 5, plain,
-3, 5 …); it prints the medians and the ratio of each durable body to the
-plain task. The steps are trivial: what is measured is the library's cost
-per job (attempt start, a commit per step, finish), not a workload.
+For each framework, each worker configuration, each round and each body (a
+plain task, a durable task of 3 steps, one of 5 steps), it enqueues
+``--jobs`` jobs, starts one worker, and measures jobs per second from the
+first job's end to the last's (so the worker's start is not counted). Rounds
+are interleaved (plain, 3, 5, plain, 3, 5 … for every configuration in
+turn); it prints the medians and the ratio of each durable body to the plain
+task of the same configuration. The steps are trivial: what is measured is
+the library's cost per job (attempt start, a commit per step, finish), not a
+workload.
+
+The workers, by default, are the frameworks' own defaults: Celery's prefork
+pool (``-c`` defaults to Celery's, the number of CPUs) and Dramatiq's
+``<CPUs> processes × 8 threads``. ``--pool solo`` (one process, one task at a
+time) and ``--dramatiq-workers 1x1`` measure a single execution thread, where
+the plain task costs much less and the ratios are lower; ``--pool`` and
+``--dramatiq-workers`` take comma-separated lists, run interleaved.
+
+While a worker runs, a thread samples ``pg_stat_activity`` every 50 ms: each
+worker process names its store connections ``<run>-<pid>``
+(:mod:`benchmarks.throughput_apps`), so it prints, per configuration, the
+most connections any one process held against that process's concurrency + 1
+(the issue-14 target; a process that runs no task, Celery's prefork parent or
+Dramatiq's supervisor, is allowed 1), and the most held by the whole worker.
+Each job also reports the statements and round trips (psycopg's ``BEGIN``
+and each ``COMMIT`` counted) its worker process sent to the store, printed
+per job.
 
 Needs Redis on 127.0.0.1:6379 and PostgreSQL on 127.0.0.1:5432 (database
 ``test``), or ``FLEXIQ_BENCH_REDIS`` / ``FLEXIQ_STORE_URL``.
@@ -22,8 +41,10 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import redis
@@ -33,6 +54,108 @@ ROOT = Path(__file__).resolve().parents[1]
 REDIS_URL = os.environ.get("FLEXIQ_BENCH_REDIS", "redis://127.0.0.1:6379/14")
 STORE_URL = os.environ.get("FLEXIQ_STORE_URL", "postgresql://postgres@127.0.0.1:5432/test")
 BODIES = [("plain", 3), ("durable", 3), ("durable", 5)]
+SAMPLE_EVERY_S = 0.05
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """One worker setup: Celery with a pool and a concurrency, or Dramatiq with processes × threads."""
+
+    framework: str
+    pool: str = "prefork"  # Celery: prefork, solo or threads
+    concurrency: int = 1  # Celery: -c; Dramatiq: threads per process
+    processes: int = 1  # Dramatiq: -p
+
+    @property
+    def label(self) -> str:
+        if self.framework == "celery":
+            return f"celery -P {self.pool}" + ("" if self.pool == "solo" else f" -c {self.concurrency}")
+        return f"dramatiq -p {self.processes} -t {self.concurrency}"
+
+    def command(self, queue: str) -> list[str]:
+        if self.framework == "celery":
+            return [
+                sys.executable, "-m", "celery", "-A", "benchmarks.throughput_apps", "worker", "-P", self.pool,
+                *([] if self.pool == "solo" else ["-c", str(self.concurrency)]),
+                "-Q", queue, "--loglevel", "WARNING", "--without-gossip", "--without-mingle", "--without-heartbeat",
+                "-n", f"{queue}@%h",
+            ]  # fmt: skip
+        return [
+            sys.executable, "-m", "dramatiq", "benchmarks.throughput_apps:broker",
+            "-p", str(self.processes), "-t", str(self.concurrency), "-Q", queue,
+        ]  # fmt: skip
+
+    def tasks_in(self, pid: int, main_pid: int) -> int:
+        """How many tasks process ``pid`` runs at once (0 for a parent that only supervises)."""
+        if self.framework == "celery":
+            if self.pool == "prefork":
+                return 0 if pid == main_pid else 1
+            return 1 if self.pool == "solo" else self.concurrency
+        return 0 if pid == main_pid else self.concurrency
+
+
+@dataclass
+class Connections:
+    """The store connections of one worker run, sampled from ``pg_stat_activity``."""
+
+    most_by_pid: dict[int, int] = field(default_factory=dict)
+    backends_by_pid: dict[int, set[int]] = field(default_factory=dict)
+    most_total: int = 0
+    samples: int = 0
+
+
+class ConnectionSampler:
+    """Samples, in a thread, how many connections each process of one run holds (``application_name``)."""
+
+    def __init__(self, app_name: str) -> None:
+        self.app_name = app_name
+        self.seen = Connections()
+        self._stop = threading.Event()
+        self._engine = sa.create_engine(_sa_url(STORE_URL), poolclass=sa.pool.NullPool)
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> ConnectionSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self._engine.dispose()
+
+    def _loop(self) -> None:
+        query = sa.text("SELECT application_name, pid FROM pg_stat_activity WHERE application_name LIKE :pattern")
+        with self._engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT")  # each sample sees the current activity
+            while True:
+                rows = conn.execute(query, {"pattern": f"{self.app_name}-%"}).all()
+                self._note(rows)
+                if self._stop.wait(SAMPLE_EVERY_S):
+                    return
+
+    def _note(self, rows: list[sa.Row[tuple[str, int]]]) -> None:
+        count: dict[int, int] = {}
+        for app, backend in rows:
+            pid = int(app.rsplit("-", 1)[1])
+            count[pid] = count.get(pid, 0) + 1
+            self.seen.backends_by_pid.setdefault(pid, set()).add(backend)
+        for pid, n in count.items():
+            self.seen.most_by_pid[pid] = max(self.seen.most_by_pid.get(pid, 0), n)
+        self.seen.most_total = max(self.seen.most_total, len(rows))
+        self.seen.samples += 1
+
+
+@dataclass
+class RoundResult:
+    rate: float
+    connections: Connections
+    main_pid: int
+    statements: float = 0.0  # sent to the store per job by the worker (its finish counted with the next job)
+    round_trips: float = 0.0
+
+
+def _sa_url(url: str) -> str:
+    return url.replace("postgresql://", "postgresql+psycopg://", 1)
 
 
 def _env(framework: str, queue: str) -> dict[str, str]:
@@ -46,57 +169,90 @@ def _env(framework: str, queue: str) -> dict[str, str]:
     }
 
 
-def _worker(framework: str, queue: str) -> subprocess.Popen[bytes]:
-    if framework == "celery":
-        command = [
-            sys.executable, "-m", "celery", "-A", "benchmarks.throughput_apps", "worker", "-P", "solo",
-            "-Q", queue, "--loglevel", "WARNING", "--without-gossip", "--without-mingle", "--without-heartbeat",
-            "-n", f"{queue}@%h",
-        ]  # fmt: skip
-    else:
-        command = [
-            sys.executable, "-m", "dramatiq", "benchmarks.throughput_apps:broker", "-p", "1", "-t", "1", "-Q", queue,
-        ]  # fmt: skip
-    return subprocess.Popen(command, env=_env(framework, queue), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-
-
 def _enqueue(framework: str, queue: str, kind: str, k: int, jobs: int) -> None:
     """Publish in a fresh process through the installed app, as a producer does."""
     code = f"from benchmarks.throughput_apps import enqueue; enqueue({kind!r}, {k}, {jobs})"
     subprocess.run([sys.executable, "-c", code], env=_env(framework, queue), check=True)
 
 
-def one_round(framework: str, kind: str, k: int, jobs: int, tag: str) -> float:
-    """Jobs per second of one worker over ``jobs`` jobs of ``kind`` with ``k`` steps."""
+def one_round(config: WorkerConfig, kind: str, k: int, jobs: int, tag: str) -> RoundResult:
+    """Jobs per second of one worker over ``jobs`` jobs of ``kind`` with ``k`` steps, and its connections."""
+    framework = config.framework
     queue = f"flexiq-bench-{framework}-{kind}{k}-{tag}"
+    app_name = f"fqb{zlib.crc32(queue.encode()):08x}"  # as benchmarks.throughput_apps.APP_NAME
     r = redis.Redis.from_url(REDIS_URL)
-    r.delete(f"{queue}:done", f"{queue}:first", f"{queue}:last")
+    counters = ("done", "first", "last", "statements", "round_trips", "counted")
+    r.delete(*(f"{queue}:{c}" for c in counters))
     _enqueue(framework, queue, kind, k, jobs)
-    worker = _worker(framework, queue)
-    try:
-        deadline = time.monotonic() + 600
-        while int(r.get(f"{queue}:done") or 0) < jobs:
-            if worker.poll() is not None:
-                raise RuntimeError(f"the {framework} worker exited: {worker.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
-            if time.monotonic() > deadline:
-                done = int(r.get(f"{queue}:done") or 0)
-                raise RuntimeError(f"{framework} {kind}{k}: only {done} of {jobs} jobs done")
-            time.sleep(0.05)
-        first, last = float(r.get(f"{queue}:first") or 0), float(r.get(f"{queue}:last") or 0)
-    finally:
-        worker.terminate()
-        worker.wait(30)
-        _drop_tables(queue)
-    return (jobs - 1) / (last - first)
+    with ConnectionSampler(app_name) as sampler:
+        worker = subprocess.Popen(
+            config.command(queue), env=_env(framework, queue), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        try:
+            deadline = time.monotonic() + 600
+            while int(r.get(f"{queue}:done") or 0) < jobs:
+                if worker.poll() is not None:
+                    raise RuntimeError(f"the {framework} worker exited: {worker.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+                if time.monotonic() > deadline:
+                    done = int(r.get(f"{queue}:done") or 0)
+                    raise RuntimeError(f"{config.label} {kind}{k}: only {done} of {jobs} jobs done")
+                time.sleep(0.05)
+            first, last = float(r.get(f"{queue}:first") or 0), float(r.get(f"{queue}:last") or 0)
+            statements, trips = int(r.get(f"{queue}:statements") or 0), int(r.get(f"{queue}:round_trips") or 0)
+            counted = max(1, int(r.get(f"{queue}:counted") or 0))
+        finally:
+            worker.terminate()
+            worker.wait(30)
+            _drop_tables(queue)
+    return RoundResult((jobs - 1) / (last - first), sampler.seen, worker.pid, statements / counted, trips / counted)
 
 
 def _drop_tables(queue: str) -> None:
     prefix = f"fqb{zlib.crc32(queue.encode()):08x}_"  # as benchmarks.throughput_apps.PREFIX
-    engine = sa.create_engine(STORE_URL.replace("postgresql://", "postgresql+psycopg://"))
+    engine = sa.create_engine(_sa_url(STORE_URL))
     with engine.begin() as conn:
-        for table in ("step_attempts", "steps", "events", "dead_letters", "runs", "alembic_version"):
+        for table in ("step_attempts", "steps", "events", "dead_letters", "runs", "sweep_lease", "alembic_version"):
             conn.execute(sa.text(f'DROP TABLE IF EXISTS "{prefix}{table}"'))
     engine.dispose()
+
+
+def configs(args: argparse.Namespace) -> list[WorkerConfig]:
+    """The worker configurations to run, from the command line."""
+    out: list[WorkerConfig] = []
+    if args.framework in ("celery", "all"):
+        for pool in args.pool.split(","):
+            if pool not in ("prefork", "solo", "threads"):
+                raise SystemExit(f"--pool: {pool!r} is not prefork, solo or threads")
+            out.append(WorkerConfig("celery", pool=pool, concurrency=1 if pool == "solo" else args.concurrency))
+    if args.framework in ("dramatiq", "all"):
+        for spec in args.dramatiq_workers.split(","):
+            processes, _, threads = spec.partition("x")
+            out.append(WorkerConfig("dramatiq", concurrency=int(threads), processes=int(processes)))
+    return out
+
+
+def connection_line(config: WorkerConfig, results: list[RoundResult]) -> str:
+    """The most connections per process (against its concurrency + 1) and in all, over every round."""
+    held: dict[int, int] = {}  # tasks a process runs at once -> most connections such a process held
+    opened: dict[int, int] = {}  # the same -> most distinct connections such a process opened in one round
+    most_total, processes = 0, 0
+    for result in results:
+        seen = result.connections
+        most_total = max(most_total, seen.most_total)
+        processes = max(processes, len(seen.most_by_pid))
+        for pid, most in seen.most_by_pid.items():
+            tasks = config.tasks_in(pid, result.main_pid)
+            held[tasks] = max(held.get(tasks, 0), most)
+            opened[tasks] = max(opened.get(tasks, 0), len(seen.backends_by_pid.get(pid, ())))
+    parts = []
+    for tasks in sorted(held, reverse=True):
+        role = "supervising process" if tasks == 0 else f"process running {tasks} at once"
+        verdict = "ok" if held[tasks] <= tasks + 1 else "OVER"
+        parts.append(f"{role}: held ≤ {held[tasks]} (target ≤ {tasks}+1: {verdict}), opened {opened[tasks]}")
+    return (
+        f"  store connections: {'; '.join(parts) or 'none seen'}; whole worker ≤ {most_total}"
+        f" ({processes} processes with a connection)"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -104,26 +260,48 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--framework", default="all", choices=["celery", "dramatiq", "all"])
     parser.add_argument("--jobs", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--pool", default="prefork", help="Celery pools, comma-separated: prefork, solo, threads")
+    parser.add_argument(
+        "-c", "--concurrency", type=int, default=os.cpu_count() or 1, help="Celery -c (default: Celery's, the CPUs)"
+    )
+    parser.add_argument(
+        "--dramatiq-workers",
+        default=f"{os.cpu_count() or 1}x8",
+        help="Dramatiq processes x threads, comma-separated (default: Dramatiq's, <CPUs>x8)",
+    )
     parser.add_argument("--results", action="store_true", help="Celery: a Redis result backend for every task")
     args = parser.parse_args(argv)
     if args.results:
         os.environ["FLEXIQ_BENCH_RESULTS"] = "1"
-    frameworks = ["celery", "dramatiq"] if args.framework == "all" else [args.framework]
-    print(f"machine: {os.cpu_count()} cores; {args.jobs} jobs a round, {args.rounds} rounds, one worker process")
-    for framework in frameworks:
-        rates: dict[str, list[float]] = {}
-        for n in range(args.rounds):
+    setups = configs(args)
+    load = os.getloadavg()
+    print(
+        f"machine: {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
+        f"{args.jobs} jobs a round, {args.rounds} rounds; one worker at a time"
+    )
+    results: dict[WorkerConfig, dict[str, list[RoundResult]]] = {config: {} for config in setups}
+    for n in range(args.rounds):  # interleaved: every configuration and body once per round
+        for config in setups:
             for kind, k in BODIES:
                 label = f"{kind} {k}-step" if kind == "durable" else "plain"
-                rates.setdefault(label, []).append(one_round(framework, kind, k, args.jobs, f"{os.getpid()}-{n}"))
+                tag = f"{os.getpid()}-{n}-{config.pool if config.framework == 'celery' else config.processes}"
+                got = one_round(config, kind, k, args.jobs, tag)
+                results[config].setdefault(label, []).append(got)
+    backend = ", Redis result backend" if args.results else ""
+    for config in setups:
+        rates = {label: [r.rate for r in got] for label, got in results[config].items()}
         plain = statistics.median(rates["plain"])
-        backend = ", Redis result backend" if args.results and framework == "celery" else ""
-        print(f"\n== {framework} + Redis + PostgreSQL{backend}")
-        print(f"{'task':<18} {'jobs/s (median)':>16} {'× plain':>8}  rounds")
+        print(f"\n== {config.label} + Redis + PostgreSQL{backend if config.framework == 'celery' else ''}")
+        print(f"{'task':<18} {'jobs/s (median)':>16} {'× plain':>8} {'stmts/job':>9} {'trips/job':>9}  rounds")
         for label, values in rates.items():
             med = statistics.median(values)
             shown = ", ".join(f"{v:.0f}" for v in values)
-            print(f"{label:<18} {med:>16.0f} {med / plain:>8.2f}  {shown}")
+            stmts = statistics.median(r.statements for r in results[config][label])
+            trips = statistics.median(r.round_trips for r in results[config][label])
+            print(f"{label:<18} {med:>16.0f} {med / plain:>8.2f} {stmts:>9.1f} {trips:>9.1f}  {shown}")
+        print(connection_line(config, [r for got in results[config].values() for r in got]))
+    load = os.getloadavg()
+    print(f"\nload average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
 
 if __name__ == "__main__":

@@ -5,21 +5,32 @@ Configured from the environment (the worker is a subprocess):
 (the step store), ``FLEXIQ_BENCH_REDIS`` (broker and the counters),
 ``FLEXIQ_BENCH_RESULTS=1`` (Celery: store results in Redis).
 
+Every database connection the store opens names its process: on
+PostgreSQL its ``application_name`` is ``<APP_NAME>-<pid>`` (set when the
+connection is opened, so a forked child's connections carry the child's pid),
+which lets :mod:`benchmarks.bench_throughput` count the connections each
+worker process holds from ``pg_stat_activity``.
+
 Each job runs ``k`` trivial steps (``k`` = 3 or 5): durable ones through
 ``current_job.step.run``, or, for the plain task, the same functions called
 directly in a task declared ``durable=False``. Its last act is an ``INCR`` of
 a Redis counter (and the first job sets the start time), so the benchmark
-sees completions without a result backend.
+sees completions without a result backend; it also adds the statements and
+round trips the process sent to the store since the previous job (so a
+job's finish is counted with the next one; a process's first job, which
+carries the worker's start, is not counted).
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 import zlib
 from typing import Any
 
 import redis
+from sqlalchemy import event
 
 from flexiq_plugins import SqlStepStore, current_job
 
@@ -27,16 +38,60 @@ QUEUE = os.environ.get("FLEXIQ_BENCH_QUEUE", "flexiq-bench")
 REDIS_URL = os.environ.get("FLEXIQ_BENCH_REDIS", "redis://127.0.0.1:6379/14")
 STORE_URL = os.environ.get("FLEXIQ_STORE_URL", "postgresql://postgres@127.0.0.1:5432/test")
 PREFIX = f"fqb{zlib.crc32(QUEUE.encode()):08x}_"  # short: index names carry it (PostgreSQL: 63 characters)
+APP_NAME = f"fqb{zlib.crc32(QUEUE.encode()):08x}"
+"""The ``application_name`` stem of this run's store connections (PostgreSQL), ``<APP_NAME>-<pid>`` each."""
 _redis = redis.Redis.from_url(REDIS_URL)
 
 
 def store() -> SqlStepStore:
-    """The step store of this benchmark run (its own table prefix)."""
-    return SqlStepStore(STORE_URL, table_prefix=PREFIX)
+    """The step store of this benchmark run (its own table prefix; each connection named by its process's pid)."""
+    opened = SqlStepStore(STORE_URL, table_prefix=PREFIX)
+    if opened.engine.dialect.name == "postgresql":
+
+        @event.listens_for(opened.engine, "do_connect")
+        def _name(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
+            cparams["application_name"] = f"{APP_NAME}-{os.getpid()}"  # the pid of the process connecting
+
+    _count_round_trips(opened.engine)
+    return opened
+
+
+_trips = {"statements": 0, "round_trips": 0}
+_pushed = {"statements": 0, "round_trips": 0}
+_trips_lock = threading.Lock()
+
+
+def _count_round_trips(engine: Any) -> None:
+    """Count the statements and round trips (with psycopg's ``BEGIN`` and every ``COMMIT``) this process sends."""
+    begin_trip = 1 if engine.dialect.name == "postgresql" else 0
+
+    def add(what: str, n: int = 1) -> None:
+        with _trips_lock:
+            _trips[what] += n
+
+    def autocommit(conn: Any) -> bool:
+        return bool(conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT")
+
+    event.listen(engine, "before_cursor_execute", lambda *_: (add("statements"), add("round_trips")))
+    event.listen(engine, "begin", lambda conn: None if autocommit(conn) else add("round_trips", begin_trip))
+    event.listen(engine, "commit", lambda conn: None if autocommit(conn) else add("round_trips"))
+    event.listen(engine, "rollback", lambda *_: add("round_trips"))
 
 
 def _done() -> None:
+    """Count the job done; add what this process sent to the store since the last job (the last one's finish too)."""
     now = time.time()
+    with _trips_lock:
+        delta = {k: _trips[k] - _pushed[k] for k in _trips}
+        _pushed.update(_trips)
+        first = _pushed.setdefault("jobs", 0) == 0  # a process's first job also carries its start (schema check)
+        _pushed["jobs"] += 1
+    if not first:
+        pipe = _redis.pipeline(transaction=False)
+        for what, n in delta.items():
+            pipe.incrby(f"{QUEUE}:{what}", n)
+        pipe.incr(f"{QUEUE}:counted")
+        pipe.execute()
     _redis.set(f"{QUEUE}:first", now, nx=True)
     _redis.set(f"{QUEUE}:last", now)
     _redis.incr(f"{QUEUE}:done")

@@ -109,7 +109,9 @@ class DurableSteps(Middleware):
         ``run_steps`` (C22), ``serializer`` (default: the broker's encoder)
         and ``codecs`` (C7), ``keep_succeeded_steps`` (C27), ``step_retry``
         (the default budget of every step, C31), ``max_run_seconds`` and
-        ``max_suspended_seconds`` (the default caps of every run, C34).
+        ``max_suspended_seconds`` (the default caps of every run, C34),
+        ``record_at_publish`` and ``recovery`` (C39). Each may also be set
+        in Django's ``FLEXIQ`` dict, upper case; a keyword option wins.
 
     Raises:
       ConfigurationError: an unknown option or unusable value, or a store of
@@ -124,6 +126,7 @@ class DurableSteps(Middleware):
         self.logger = logging.getLogger("dramatiq_ext.DurableSteps")
         self._store_arg = store
         self._options = options
+        self._settings: tuple[str | None, DurableConfig] | None = None
         self._driver: PerProcess[AttemptDriver] = PerProcess(self._make_driver)
         self._failing: dict[str, Failure] = {}
         self._stopping = False
@@ -151,10 +154,39 @@ class DurableSteps(Middleware):
         """This process's step store, opened on first use."""
         return self.driver.store
 
+    @property
+    def config(self) -> DurableConfig:
+        """The options in force: the keyword options over Django's ``FLEXIQ`` dict, read at first use.
+
+        Every option comes from here (the driver's, recording at publish and
+        recovery, C39), never from the keyword options alone, so a setting in
+        ``FLEXIQ`` means the same on every path. Read once per process, the
+        first time a message is enqueued or handled or a worker boots (never
+        at construction: django_dramatiq builds the middleware while Django
+        loads its apps).
+
+        Raises:
+          ConfigurationError: the ``FLEXIQ`` dict names an unknown option or an unusable value.
+        """
+        return self._read_settings()[1]
+
+    def _read_settings(self) -> tuple[str | None, DurableConfig]:
+        if self._settings is None:
+            django_url, django_options = _config.django_settings()
+            config = DurableConfig.from_options({**django_options, **self._options}, where="DurableSteps()")
+            self._settings = (django_url, config)
+        return self._settings
+
+    def _config_or_arguments(self) -> DurableConfig:
+        """:attr:`config`, or the keyword options alone when the settings are unusable (a put-back's delay)."""
+        try:
+            return self.config
+        except ConfigurationError:
+            return self._config
+
     def _make_driver(self) -> AttemptDriver:
-        django_url, django_options = _config.django_settings()
+        django_url, config = self._read_settings()
         store = resolve_store(self._store_arg, lambda: django_url)
-        config = DurableConfig.from_options({**django_options, **self._options}, where="DurableSteps()")
         serializer = _config.step_serializer(dramatiq.get_encoder())
         return AttemptDriver(store, config.with_default_serializer(serializer))
 
@@ -176,7 +208,7 @@ class DurableSteps(Middleware):
         log_worker_start(self._driver.get, "dramatiq worker")
         if self._sweeper is None:
             publishers = {"dramatiq": publisher(broker)}
-            self._sweeper = start_recovery(lambda: self.store, publishers, self._config, name="dramatiq worker")
+            self._sweeper = start_recovery(lambda: self.store, publishers, self.config, name="dramatiq worker")
 
     def after_worker_shutdown(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
         """Stop this process's recovery sweeper and give its lease up (C39)."""
@@ -236,7 +268,7 @@ class DurableSteps(Middleware):
         if options.get("durable", True) is False:
             return
         opted = wants_record(
-            self._config, task_option=options.get(RECORD_TASK_OPTION), call_option=message.options.get(RECORD_OPTION)
+            self.config, task_option=options.get(RECORD_TASK_OPTION), call_option=message.options.get(RECORD_OPTION)
         )
         if not opted:
             return
@@ -333,7 +365,7 @@ class DurableSteps(Middleware):
         _handled.set(message.message_id)
         body.check()
         job = job_info(message, step_retry=step_retry, cancellation=cancellation)
-        driver = driver_or_put_back(self._driver.get, self._config)
+        driver = driver_or_put_back(self._driver.get, self._config_or_arguments())
         if isinstance(driver, AttemptDriver):
             outcome = _actor.execute(driver, job, body, args, kwargs, stopping=lambda: self._stopping)
         else:

@@ -55,6 +55,7 @@ from ._store.base import (
     StepRow,
     StepStore,
 )
+from ._store_health import StoreHealth, store_health
 from .cancellation import RunCaps
 from .config import DurableConfig
 from .context import JobContext
@@ -97,6 +98,9 @@ _CANCELLING = frozenset({outcomes.Ended.REVOKED, outcomes.Ended.EXPIRED, outcome
 """The ends that cancel a run (C34): through :func:`flexiq_plugins.cancellation.cancel`, undos included."""
 
 _FINISH_RETRY_PAUSES = (0.2, 0.5, 1.0)
+_FINISH_QUICK_FAILURE_S = 1.0
+"""A release that failed within this many seconds met a blip (refused, dropped) and is tried again; a slower
+failure waited for a network timeout (a black-holed store), and waiting for more of them only delays the put-back."""
 
 
 @dataclass(frozen=True)
@@ -164,24 +168,28 @@ def default_owner() -> str:
 
 
 class _Outage:
-    """A store outage as this process sees it: its backoff, logged once when it starts and once when it ends (C28, C41).
+    """A store outage as this process's attempts see it: the put-back backoff (C28, C41).
 
     Consecutive put-backs for the store wait ``first`` seconds, then twice as
-    long each time up to ``cap``. The first one of an outage is logged at
-    WARNING (a :class:`StoreMisconfigured` store at ERROR: it will not pass
-    by itself), each longer wait at DEBUG; one job that reaches the store
-    ends the outage, logged at INFO.
+    long each time up to ``cap``. The process's ``StoreHealth`` logs
+    the outage: the first failure at WARNING unless another part of the
+    process (its lease renewals, its recovery sweeper, a publish) already
+    reported it, each longer wait at DEBUG, and its end once at INFO. A
+    :class:`StoreMisconfigured` store is an ERROR once per outage: it will
+    not pass by itself.
 
     Parameters:
       first(float): the first delay, seconds (``store_retry_seconds``).
       cap(float): the longest delay, seconds (``store_retry_max_seconds``).
+      health(StoreHealth): the store's health in this process (:func:`store_health`).
     """
 
-    def __init__(self, first: float, cap: float) -> None:
+    def __init__(self, first: float, cap: float, health: StoreHealth) -> None:
         self._lock = threading.Lock()
         self._first = first
         self._cap = max(cap, first)
         self._delay = 0.0
+        self._health = health
 
     def failed(self, exc: StoreUnavailable) -> float:
         """Note one more put-back for ``exc``; return its delay, seconds."""
@@ -189,10 +197,15 @@ class _Outage:
             before = self._delay
             self._delay = self._first if before == 0.0 else min(before * 2, self._cap)
             delay = self._delay
-        if before == 0.0:
-            level = logging.ERROR if isinstance(exc, StoreMisconfigured) else logging.WARNING
-            logger.log(
-                level,
+        if before == 0.0 and isinstance(exc, StoreMisconfigured):  # not an outage: it will not pass by itself
+            logger.error(
+                "step store unavailable: %s; jobs are put back after %.3g s, then up to %.3g s, until it is fixed",
+                exc,
+                delay,
+                self._cap,
+            )
+        elif before == 0.0:
+            self._health.failed(
                 "step store unavailable: %s; jobs are put back after %.3g s, then up to %.3g s, until it returns",
                 exc,
                 delay,
@@ -204,12 +217,10 @@ class _Outage:
 
     def ok(self) -> None:
         """The store answered: the outage (if any) is over."""
-        if self._delay == 0.0:
-            return
-        with self._lock:
-            was, self._delay = self._delay, 0.0
-        if was:
-            logger.info("step store reachable again")
+        if self._delay != 0.0:
+            with self._lock:
+                self._delay = 0.0
+        self._health.answered()
 
 
 class AttemptDriver:
@@ -224,7 +235,9 @@ class AttemptDriver:
         self.store = store
         self.config = config or DurableConfig()
         self.codec = self.config.codec_chain()
-        self._outage = _Outage(self.config.store_retry_seconds, self.config.store_retry_max_seconds)
+        self._outage = _Outage(
+            self.config.store_retry_seconds, self.config.store_retry_max_seconds, store_health(store)
+        )
         watch_sqlalchemy()  # a plain step inside a SQLAlchemy transaction that has written is refused (C42)
 
     # ------------------------------------------------------------ one call
@@ -836,13 +849,19 @@ class Attempt:
 
         A claim left held by a blip would make the next delivery wait for the
         lease and count as a dead worker's takeover (C25), so the release is
-        tried a few times (0.2, 0.5, 1 s apart) before the outage is reported.
+        tried a few times (0.2, 0.5, 1 s apart) before the outage is reported;
+        but not after a failure that took more than a second: that one waited
+        for a timeout on a silent network (the store black-holed), and each
+        more try would wait as long again.
         """
         for pause in _FINISH_RETRY_PAUSES:
+            started = time.monotonic()
             try:
                 self._store.finish(self._held(), status, **kwargs)
                 return
             except StoreUnavailable:
+                if time.monotonic() - started > _FINISH_QUICK_FAILURE_S:
+                    raise
                 logger.debug("run %s: store unavailable while ending the attempt; trying again", self.run_key)
                 time.sleep(pause)
         self._store.finish(self._held(), status, **kwargs)
@@ -859,7 +878,11 @@ def _caused_by(error: BaseException | None, cause: BaseException) -> bool:
 
 
 class _LeaseKeeper:
-    """Renews a claim's lease every third of the lease in a daemon thread (C23)."""
+    """Renews a claim's lease every third of the lease in a daemon thread (C23).
+
+    A failed renewal is reported to the store's health in this process: a
+    WARNING only if it is the first failure of an outage there, else DEBUG.
+    """
 
     def __init__(self, store: StepStore, claim: base.Claim, lease_seconds: float) -> None:
         self._store = store
@@ -882,11 +905,13 @@ class _LeaseKeeper:
             thread.join()
 
     def _loop(self) -> None:
+        health = store_health(self._store)
         while not self._stop.wait(self._lease / 3):
             try:
                 self._claim = self._store.renew(self._claim, self._lease)
+                health.answered()
             except ClaimLost as exc:
                 self.lost = exc
                 return
-            except StoreError as exc:
-                logger.warning("lease renewal of run %s failed (%s); will retry", self._claim.run_key, exc)
+            except StoreError as exc:  # one WARNING per outage and process, with the others (C28, C41)
+                health.failed("lease renewal of run %s failed (%s); will retry", self._claim.run_key, exc)

@@ -59,6 +59,7 @@ from typing import Any, Generic, NoReturn, TypeVar
 
 from ._store.base import JobEnvelope, StepStore
 from ._store.factory import StoreSpec, check_store_spec
+from ._store_health import store_health
 from .attempt import Attempt, AttemptDriver, JobInfo
 from .codec import CodecChain, FunctionSerializer, Serializer
 from .config import DurableConfig, resolve_store, resolve_store_spec
@@ -324,12 +325,16 @@ def check_store_at_start(open_driver: Callable[[], AttemptDriver], *, worker: st
     Raises:
       SystemExit: with :data:`EXIT_CONFIGURATION`, the store cannot be used.
     """
+    store: object = open_driver
     try:
-        open_driver().store.now()
+        store = open_driver().store
+        store.now()
     except ConfigurationError as exc:  # StoreMisconfigured included
         _refuse_to_start(worker, exc)
-    except StoreUnavailable as exc:
-        logger.warning("%s starts without its step store: %s; jobs are put back until it is reachable", worker, exc)
+    except StoreUnavailable as exc:  # the outage's one WARNING in this process (C41)
+        store_health(store).failed(
+            "%s starts without its step store: %s; jobs are put back until it is reachable", worker, exc
+        )
     except StoreError as exc:
         _refuse_to_start(worker, exc)
 

@@ -46,6 +46,7 @@ from collections.abc import Callable, Mapping
 from typing import Literal
 
 from ._store.base import JobEnvelope, StepStore
+from ._store_health import StoreHealth, store_health
 from .config import DurableConfig
 from .errors import FlexiqError, StoreUnavailable
 from .operations import Sweeper
@@ -86,28 +87,21 @@ def wants_record(config: DurableConfig, *, task_option: object = None, call_opti
 
 
 class _PublishLog:
-    """One line per outage and one per misconfiguration cause, not one per published job."""
+    """One line per outage (shared with the process's other parts, C41) and one per misconfiguration cause."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._unreachable = False
         self._misconfigured: set[str] = set()
 
-    def unreachable(self, exc: Exception) -> None:
-        with self._lock:
-            first, self._unreachable = not self._unreachable, True
-        if first:
-            logger.warning(
-                "new jobs are published without recording their runs: the step store cannot be reached (%s); "
-                "a message the broker loses before a worker starts it cannot be recovered",
-                exc,
-            )
+    def unreachable(self, health: StoreHealth, exc: Exception) -> None:
+        health.failed(  # a WARNING only for the first failure of an outage in this process
+            "new jobs are published without recording their runs: the step store cannot be reached (%s); "
+            "a message the broker loses before a worker starts it cannot be recovered",
+            exc,
+        )
 
-    def reachable(self) -> None:
-        with self._lock:
-            back, self._unreachable = self._unreachable, False
-        if back:
-            logger.info("the step store is reachable again: new jobs are recorded at publish")
+    def reachable(self, health: StoreHealth) -> None:
+        health.answered()
 
     def misconfigured(self, exc: Exception) -> None:
         with self._lock:
@@ -147,15 +141,17 @@ def record_at_publish(
     Returns:
       bool: ``True`` when the run is in the store: put :data:`RECORDED_FLAG` on the message.
     """
+    store: object = open_store
     try:
-        open_store().record_queued(run_key, job_id, envelope, delay_seconds)
+        store = open_store()
+        store.record_queued(run_key, job_id, envelope, delay_seconds)
     except StoreUnavailable as exc:
-        _LOG.unreachable(exc)
+        _LOG.unreachable(store_health(store), exc)
         return False
     except FlexiqError as exc:  # ConfigurationError, StoreMisconfigured, StoreError (C41)
         _LOG.misconfigured(exc)
         return False
-    _LOG.reachable()
+    _LOG.reachable(store_health(store))
     return True
 
 

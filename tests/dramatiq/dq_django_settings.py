@@ -1,5 +1,6 @@
 """A minimal Django settings module: django_dramatiq on the stub broker, DurableSteps by dotted path."""
 
+import json
 import os
 
 SECRET_KEY = "flexiq-tests"
@@ -19,4 +20,5 @@ DRAMATIQ_BROKER = {
 FLEXIQ = {
     "STORE_URL": os.environ["FLEXIQ_TEST_STORE"],
     "MAX_HOP_SECONDS": "200ms",
+    **json.loads(os.environ.get("FLEXIQ_TEST_OPTIONS", "{}")),
 }

@@ -70,3 +70,56 @@ def test_c15_c18_django_settings_only_setup_runs_a_durable_actor(sqlite_url: str
     assert hops[0] == 200  # the first hop of the 500 ms sleep is cut to MAX_HOP_SECONDS (C18)
     assert all(0 < d <= 200 for d in hops)
     assert run.attempt == len(hops) + 1
+
+
+OPTIONS_SCRIPT = """
+import json, threading, django, dramatiq
+django.setup()
+import dq_django_tasks
+from flexiq_plugins import SqlStepStore, UnknownRun
+broker = dramatiq.get_broker()
+message = dq_django_tasks.welcome.send(42)
+store = SqlStepStore(django.conf.settings.FLEXIQ["STORE_URL"])
+try:
+    recorded = store.get_run(message.options["flexiq_run_key"]).status
+except UnknownRun:
+    recorded = None
+worker = dramatiq.Worker(broker, worker_timeout=100)
+worker.start()
+sweeping = any(thread.name == "flexiq-sweeper" for thread in threading.enumerate())
+worker.stop()
+print(json.dumps({"recorded": recorded, "sweeping": sweeping}))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({}, {"recorded": "queued", "sweeping": True}),
+        ({"RECORD_AT_PUBLISH": False, "RECOVERY": False}, {"recorded": None, "sweeping": False}),
+    ],
+)
+def test_c39_recording_at_publish_and_recovery_are_read_from_the_django_flexiq_dict(
+    sqlite_url: str, options: dict[str, bool], expected: dict[str, object]
+) -> None:
+    """C39: ``FLEXIQ["RECORD_AT_PUBLISH"]`` and ``FLEXIQ["RECOVERY"]`` configure a middleware built with no arguments.
+
+    By default a message enqueued through django_dramatiq's broker has its run
+    recorded ``queued`` before it leaves, and a booted worker runs a recovery
+    sweeper; with both set to ``False`` in the settings' ``FLEXIQ`` dict, the
+    run is not recorded at enqueue and no sweeper thread starts.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "FLEXIQ_STORE_URL"}
+    env.update(
+        PYTHONPATH=os.pathsep.join([str(ROOT), str(HERE)]),
+        DJANGO_SETTINGS_MODULE="dq_django_settings",
+        FLEXIQ_TEST_STORE=sqlite_url,
+        FLEXIQ_TEST_OPTIONS=json.dumps(options),
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", OPTIONS_SCRIPT], env=env, cwd=HERE, capture_output=True, text=True, timeout=60,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == expected

@@ -29,11 +29,41 @@ Why it is built the way it is:
   would otherwise send a ``ROLLBACK`` round trip after every commit).
 - **MySQL/MariaDB sessions.** Our engines run ``READ COMMITTED`` (no gap locks)
   with the session time zone at UTC so ``UNIX_TIMESTAMP(NOW(6))`` is exact.
+- **A connection per thread that uses the store, kept.** The pool has no size
+  limit (SQLAlchemy's ``pool_size=0``) and keeps every connection it opened:
+  a worker process holds as many connections as it ran store calls at once,
+  its concurrency plus its background threads (the sweeper, a lease renewal).
+  SQLAlchemy's default (keep 5, open up to 10 more and close those on return,
+  wait 30 s beyond 15) made a Dramatiq process of 8 threads open and close a
+  connection for most jobs, and a worker of more than 15 threads wait on the
+  pool.
 - **Processes and forks.** Celery prefork and Dramatiq fork worker processes; a
   pooled connection shared by parent and child corrupts both. A fork hook calls
   ``engine.dispose(close=False)`` in the child, the pattern SQLAlchemy
   documents, so the child opens its own connections and the parent's stay
   untouched.
+- **A silent network is an outage, not a hang.** A database whose packets are
+  dropped without a reset (a firewall, a dead host, a partition) would leave
+  a statement waiting forever on its established connection, and a new
+  connection waiting on its SYN. Our PostgreSQL and MySQL/MariaDB engines
+  therefore add client-side timeouts that only a silent network reaches: a
+  10 s connect timeout, and TCP keepalives (first probe after 10 s of
+  silence, then every 5 s) with a 20 s TCP user timeout, so a dead
+  connection fails its statement with an operational error after about 20 s
+  (:class:`StoreUnavailable`, the outage handling of C28). A slow statement
+  is never cut: while the server works, its kernel answers the keepalive
+  probes and acknowledges our data. PostgreSQL takes these as libpq
+  parameters (``connect_timeout``, ``keepalives``, ``keepalives_idle``,
+  ``keepalives_interval``, ``keepalives_count``, ``tcp_user_timeout`` in ms),
+  each overridable in the URL's query; for MySQL/MariaDB, PyMySQL has only a
+  wall-clock ``read_timeout`` (which would cut a slow statement, so it is
+  not set) and the keepalive options are set on its socket when it connects,
+  from the same names in the URL's query (``keepalives=0`` turns them off).
+  The other side of the same cut: a client that gave up mid-transaction
+  sends no reset, so its server session would keep its locks (a run's
+  claim) until the server's TCP keepalive notices, two hours by default.
+  PostgreSQL sessions therefore run with ``idle_in_transaction_session_timeout``
+  of one minute (libpq ``options``, unless the URL sets ``options``).
 - **Construction never connects.** Creating an engine only checks the URL and
   that its driver is installed; an unreachable server shows at first use.
 """
@@ -42,6 +72,7 @@ from __future__ import annotations
 
 import os
 import select
+import socket
 import sqlite3
 import time
 import weakref
@@ -58,6 +89,7 @@ from ...errors import ConfigurationError
 
 __all__ = [
     "ACCEPTED_STORE_FORMS",
+    "NETWORK_TIMEOUTS",
     "READ_ONLY",
     "bad_store_message",
     "create_engine",
@@ -80,10 +112,33 @@ SQLITE_SYNCHRONOUS = "synchronous"
 """The SQLite URL option choosing ``PRAGMA synchronous`` (``normal``, the default, or ``full``/``extra``)."""
 _SQLITE_SYNCHRONOUS_LEVELS = ("normal", "full", "extra")
 _MYSQL_POOL_RECYCLE_S = 3600
+_POOL_SIZE_UNLIMITED = 0
+"""SQLAlchemy's ``QueuePool`` without a size limit: it opens on demand and keeps every connection it opened."""
 _PING_IF_IDLE_S = 10.0
 _IN_TRANSACTION = 1  # the MySQL protocol's SERVER_STATUS_IN_TRANS flag
 _IDLE_SINCE = "flexiq_idle_since"
 _CONNECT_TIMEOUT_S = 10
+NETWORK_TIMEOUTS: dict[str, int] = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 20_000,
+}
+"""The client-side network timeouts our PostgreSQL and MySQL/MariaDB engines add unless the URL sets them.
+
+libpq's parameter names and units: ``keepalives`` (1 on, 0 off),
+``keepalives_idle`` and ``keepalives_interval`` (seconds), ``keepalives_count``
+(probes), ``tcp_user_timeout`` (milliseconds). With them a connection whose
+packets vanish fails after about 20 s (``tcp_user_timeout`` bounds both the
+unacknowledged data and the unanswered probes); a slow statement is never cut.
+"""
+_IDLE_IN_TRANSACTION_TIMEOUT_MS = 60_000
+_POSTGRES_SESSION_OPTIONS = f"-c idle_in_transaction_session_timeout={_IDLE_IN_TRANSACTION_TIMEOUT_MS}"
+"""libpq ``options`` for our PostgreSQL sessions unless the URL sets ``options``: the server ends a session idle
+inside a transaction for a minute. A client cut off by a silent network mid-transaction vanishes without a reset,
+and its session would otherwise hold its row locks (a run's claim) until the server's own TCP keepalive notices,
+two hours by default; the store's own transactions never idle between statements."""
 _DRIVERS = {
     "postgresql": "postgresql+psycopg",
     "postgres": "postgresql+psycopg",
@@ -156,9 +211,17 @@ def create_engine(url: URL) -> Engine:
     url = url.difference_update_query([SQLITE_SYNCHRONOUS]) if backend == "sqlite" else url
     if backend == "sqlite" and _is_memory_sqlite(url):
         kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
-    if backend == "postgresql" and "connect_timeout" not in url.query:
-        kwargs["connect_args"] = {"connect_timeout": _CONNECT_TIMEOUT_S}
+    else:
+        kwargs["pool_size"] = _POOL_SIZE_UNLIMITED  # keep every connection opened: one per thread using the store
+    if backend == "postgresql":
+        defaults = {"connect_timeout": _CONNECT_TIMEOUT_S, **NETWORK_TIMEOUTS, "options": _POSTGRES_SESSION_OPTIONS}
+        kwargs["connect_args"] = {key: value for key, value in defaults.items() if key not in url.query}
+    mysql_keepalive: dict[str, int] = {}
     if backend in ("mysql", "mariadb"):
+        mysql_keepalive = _mysql_network_timeouts(url)
+        url = url.difference_update_query(list(NETWORK_TIMEOUTS))
+        if "connect_timeout" not in url.query:
+            kwargs["connect_args"] = {"connect_timeout": _CONNECT_TIMEOUT_S}
         kwargs.update(isolation_level="READ COMMITTED", pool_recycle=_MYSQL_POOL_RECYCLE_S, pool_reset_on_return=None)
     try:
         engine = sa.create_engine(url, **kwargs)
@@ -173,8 +236,54 @@ def create_engine(url: URL) -> Engine:
         _install_idle_ping(engine)
     if backend in ("mysql", "mariadb"):
         event.listen(engine, "connect", _on_mysql_connect)
+        event.listen(engine, "connect", _mysql_keepalive_hook(mysql_keepalive))
         event.listen(engine.pool, "reset", _reset_mysql_if_in_transaction)
     return engine
+
+
+def _mysql_network_timeouts(url: URL) -> dict[str, int]:
+    """:data:`NETWORK_TIMEOUTS` with the URL's own values of those names, checked (MySQL/MariaDB)."""
+    options = dict(NETWORK_TIMEOUTS)
+    for key in NETWORK_TIMEOUTS:
+        raw = url.query.get(key)
+        if raw is None:
+            continue
+        try:
+            value = int(str(raw))
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise ConfigurationError(f"the option {key}={raw!r} in {safe_url(url)} is not a whole number >= 0")
+        options[key] = value
+    return options
+
+
+def _mysql_keepalive_hook(options: dict[str, int]) -> Callable[[Any, Any], None]:
+    """A ``connect`` listener setting TCP keepalive and user timeout on a PyMySQL connection's socket.
+
+    Options the platform lacks (``TCP_USER_TIMEOUT``, ``TCP_KEEPIDLE`` outside
+    Linux) are skipped; a Unix-domain socket has none of them.
+    """
+    keepalive = [
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPIDLE", None), options["keepalives_idle"]),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPINTVL", None), options["keepalives_interval"]),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_KEEPCNT", None), options["keepalives_count"]),
+    ]
+    settings = [
+        (socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1 if options["keepalives"] else 0),
+        *(keepalive if options["keepalives"] else []),
+        (socket.IPPROTO_TCP, getattr(socket, "TCP_USER_TIMEOUT", None), options["tcp_user_timeout"]),
+    ]
+
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        sock = getattr(dbapi_connection, "_sock", None)
+        if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return
+        for level, name, value in settings:
+            if name is not None and (value or name == socket.SO_KEEPALIVE):
+                sock.setsockopt(level, name, value)
+
+    return on_connect
 
 
 def _install_idle_ping(engine: Engine) -> None:

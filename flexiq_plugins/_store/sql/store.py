@@ -127,6 +127,12 @@ from .tables import DEFAULT_TABLE_PREFIX, store_tables
 __all__ = ["SqlStepStore"]
 
 _DEADLOCK_RETRIES = 3
+_QUICK_DROP_S = 1.0
+"""A connection found dead within this many seconds was stale (the server had closed it): worth one retry.
+
+One that failed later timed out on a silent network (see :mod:`.engine`); a
+new connection would only wait for its connect timeout too.
+"""
 _CLOCKS = {
     "postgresql": "extract(epoch from clock_timestamp())",
     "mysql": "UNIX_TIMESTAMP(NOW(6))",
@@ -399,10 +405,11 @@ class SqlStepStore(StepStore):
         guard: AbstractContextManager[Any] = self._serial if self._shared_connection else nullcontext()
         with guard:
             self._ensure_schema()
+            started = time.monotonic()
             try:
                 return self._transaction(work, read_only=read_only, autocommit=autocommit)
             except _Dropped as dropped:  # a pooled connection the server had closed: once more, on a new one
-                if dropped.committing:
+                if dropped.committing or time.monotonic() - started > _QUICK_DROP_S:
                     raise dropped.error  # noqa: B904 - the driver error, as translated() expects
             try:
                 return self._transaction(work, read_only=read_only, autocommit=autocommit)

@@ -1,0 +1,126 @@
+"""One WARNING per store outage per process, whichever parts of the process meet it; one INFO at its end (C28, C41).
+
+A worker process meets an outage in several places at once: its attempts
+(put back), its lease renewals, its recovery sweeper, its publishes that
+record their runs (C39). Issue 11 asked for one clear line per worker per
+outage and one on recovery, not a line per part (or per job). The failures
+here are real refused connections (a PostgreSQL URL on a closed port) or a
+memory store switched down, as each part would meet them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from uuid import uuid4
+
+import pytest
+
+from flexiq_plugins import MemoryStepStore, StoreUnavailable, outcomes
+from flexiq_plugins._store.base import JobEnvelope
+from flexiq_plugins._store_health import BACK_MESSAGE, store_health
+from flexiq_plugins.attempt import AttemptDriver, JobInfo, _LeaseKeeper
+from flexiq_plugins.config import DurableConfig
+from flexiq_plugins.operations import Sweeper
+from flexiq_plugins.recording import record_at_publish
+
+ENVELOPE = JobEnvelope(task_name="tasks.t", framework="celery", queue="q", args=[], kwargs={}, options={})
+
+
+class SwitchedStore(MemoryStepStore):
+    """A memory store whose calls raise ``StoreUnavailable`` while ``down`` (a real outage's error type)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+        self.calls = threading.Event()
+
+    def _check(self) -> None:
+        self.calls.set()
+        if self.down:
+            raise StoreUnavailable("connection refused")
+
+    def now(self) -> float:
+        self._check()
+        return super().now()
+
+    def begin(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self._check()
+        return super().begin(*args, **kwargs)
+
+    def renew(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self._check()
+        return super().renew(*args, **kwargs)
+
+    def record_queued(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self._check()
+        return super().record_queued(*args, **kwargs)
+
+    def list_runs(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self._check()
+        return super().list_runs(*args, **kwargs)
+
+    def acquire_sweep_lease(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self._check()
+        return super().acquire_sweep_lease(*args, **kwargs)
+
+
+def _job() -> JobInfo:
+    return JobInfo(uuid4().hex, f"job-{uuid4().hex[:6]}", ENVELOPE)
+
+
+def _store_lines(caplog: pytest.LogCaptureFixture, level: int) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == level and r.name.startswith("flexiq_plugins")]
+
+
+def test_c41_every_part_of_a_process_meeting_one_outage_logs_one_warning_and_one_info_at_its_end(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """C28, C41: put-backs, a lease renewal, a sweep and a publish of one process in one outage: one WARNING
+    (the first part's, naming what follows from it), the others at DEBUG; one INFO when the store answers."""
+    caplog.set_level(logging.DEBUG, logger="flexiq_plugins")
+    store = SwitchedStore()
+    driver = AttemptDriver(store, DurableConfig(store_retry_seconds=1, store_retry_max_seconds=5))
+    claimed = store.begin("held-run", "job-h", ENVELOPE, "me", 30.0)
+    store.down = True
+
+    assert all(isinstance(driver.start(_job()), outcomes.PutBack) for _ in range(3))
+    keeper = _LeaseKeeper(store, claimed.claim, 0.03)  # type: ignore[union-attr]
+    store.calls.clear()
+    keeper.start()
+    assert store.calls.wait(10)
+    keeper.stop()
+    sweeper = Sweeper(store, {}, interval=60, name="test worker")
+    sweeper._note_unreachable(StoreUnavailable("connection refused"))
+    assert record_at_publish(lambda: store, uuid4().hex, "job-p", ENVELOPE) is False
+
+    warnings = _store_lines(caplog, logging.WARNING)
+    assert len(warnings) == 1, warnings
+    assert "jobs are put back after 1 s" in warnings[0]
+    debug = "\n".join(_store_lines(caplog, logging.DEBUG))
+    assert "lease renewal of run held-run failed" in debug
+    assert "recovery paused" in debug
+    assert "published without recording their runs" in debug
+
+    store.down = False
+    assert not isinstance(driver.start(_job()), outcomes.PutBack)
+    assert record_at_publish(lambda: store, uuid4().hex, "job-q", ENVELOPE) is True
+    sweeper._note_reachable()
+    assert _store_lines(caplog, logging.INFO).count(BACK_MESSAGE) == 1
+
+    store.down = True  # a second outage is a second WARNING
+    assert record_at_publish(lambda: store, uuid4().hex, "job-r", ENVELOPE) is False
+    warnings = _store_lines(caplog, logging.WARNING)
+    assert len(warnings) == 2, warnings
+    assert "published without recording" in warnings[1]
+
+
+def test_c41_two_stores_of_one_process_report_their_own_outages(caplog: pytest.LogCaptureFixture) -> None:
+    """C41: an outage of one store does not hide the outage of another store of the same process."""
+    first, second = SwitchedStore(), SwitchedStore()
+    first.down = second.down = True
+    assert record_at_publish(lambda: first, uuid4().hex, "job-1", ENVELOPE) is False
+    assert record_at_publish(lambda: second, uuid4().hex, "job-2", ENVELOPE) is False
+    assert len(_store_lines(caplog, logging.WARNING)) == 2
+    assert store_health(first) is not store_health(second)
+    assert store_health(first) is store_health(first)

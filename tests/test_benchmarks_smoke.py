@@ -1,0 +1,84 @@
+"""The issue-14 benchmark options run, with tiny sizes (benchmarks are not tests: nothing here is timed).
+
+- ``bench_store --history N`` fills exactly N finished runs of 5 steps with
+  its set-based SQL on each database, and prints every operation's ratio;
+- ``bench_store --cleanup-check N`` leaves the tables where they started;
+- ``bench_throughput`` runs a Celery prefork and a Dramatiq worker and sees
+  each worker process's store connections (named by pid) within the
+  process's concurrency + 1.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from benchmarks import bench_store
+
+ROOT = Path(__file__).resolve().parents[1]
+BACKENDS = [
+    "sqlite",
+    pytest.param("postgres", marks=pytest.mark.postgres),
+    pytest.param("mariadb", marks=pytest.mark.mysql),
+]
+SERVICES = {"postgres": ("PostgreSQL", "127.0.0.1", 5432), "mariadb": ("MariaDB", "127.0.0.1", 3306)}
+
+
+@pytest.mark.parametrize("store", BACKENDS)
+def test_bench_store_history_fill_writes_exactly_n_finished_runs_with_their_steps(
+    store: str, require_service: Callable[[str, str, int], None], tmp_path: Path
+) -> None:
+    if store in SERVICES:
+        require_service(*SERVICES[store])
+    url = bench_store.URLS.get(store) or f"sqlite:///{tmp_path}/bench.db"
+    bench = bench_store.Bench(store, url, steps=2, replayed=0, tag="smoke")
+    try:
+        before = bench.rows()
+        bench_store.fill_history(bench, 250)
+        rows = bench.rows()
+        assert rows["runs"] - before["runs"] == 250
+        assert rows["steps"] - before["steps"] == 250 * bench_store.HISTORY_STEPS
+        statuses = {r.status for r in bench.store.list_runs(task_name=bench_store.HISTORY_TASK, limit=300)}
+        assert statuses == {"succeeded", "failed", "cancelled"}
+    finally:
+        bench.close()
+
+
+def test_bench_store_history_and_cleanup_check_print_their_tables(capsys: pytest.CaptureFixture[str]) -> None:
+    sizes = ["--history", "300", "--history-base", "120", "--cleanup-check", "40", "--rounds", "1", "--steps", "2"]
+    bench_store.main(["--store", "sqlite", *sizes, "--no-dbos"])
+    out = capsys.readouterr().out
+    assert "filled 300 finished runs (301 runs, 1,500 steps)" in out
+    for operation in ("new step", "attempt start", "finish", "recovery sweep", "runs list", "runs list --task"):
+        assert re.search(rf"^{re.escape(operation)}\s+[\d.]+\s+[\d.]+\s+[\d.]+", out, re.MULTILINE), operation
+    phase = re.compile(r"^(start|1: after [\d,]+ jobs|1: after store cleanup)\s+([\d,]+)", re.MULTILINE)
+    phases = {m[1]: int(m[2].replace(",", "")) for m in phase.finditer(out)}  # the runs column
+    assert phases["1: after 40 jobs"] >= phases["start"] + 40
+    assert phases["1: after store cleanup"] == phases["start"]
+
+
+@pytest.mark.slow
+@pytest.mark.redis
+@pytest.mark.postgres
+@pytest.mark.timeout(240)
+def test_bench_throughput_sees_each_worker_process_connections_within_its_concurrency_plus_one(
+    require_service: Callable[[str, str, int], None],
+) -> None:
+    require_service("Redis", "127.0.0.1", 6379)
+    require_service(*SERVICES["postgres"])
+    command = [
+        sys.executable, "-m", "benchmarks.bench_throughput", "--jobs", "20", "--rounds", "1",
+        "--pool", "prefork", "-c", "2", "--dramatiq-workers", "1x2",
+    ]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=220, check=False, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if "store connections" in line]
+    assert len(lines) == 2, done.stdout
+    for line in lines:
+        assert "none seen" not in line, line
+        assert "OVER" not in line, line
