@@ -1252,17 +1252,21 @@ class SqlStepStore(StepStore):
           StoreUnavailable: the database cannot be reached.
         """
         runs = self._t.runs
+        where = (runs.c.run_key == run_key, runs.c.status.in_(sorted(while_status)))
+        return self._write(lambda conn: self._release_where(conn, where, status, outcome))
 
-        def work(conn: Connection) -> bool:
-            result = conn.execute(
-                sa.update(runs)
-                .where(runs.c.run_key == run_key, runs.c.status.in_(sorted(while_status)))
-                .values(status=status, owner=None, lease_until=None, wake_at=None, outcome=outcome)
-                .values(updated_at=self._now(conn))
-            )
-            return result.rowcount == 1
-
-        return self._write(work)
+    def _release_where(
+        self, conn: Connection, where: tuple[sa.ColumnElement[bool], ...], status: str, outcome: bytes | None
+    ) -> bool:
+        """Set ``status`` on the run matching ``where``, its claim and wake time cleared; whether it did."""
+        runs = self._t.runs
+        result = conn.execute(
+            sa.update(runs)
+            .where(*where)
+            .values(status=status, owner=None, lease_until=None, wake_at=None, outcome=outcome)
+            .values(updated_at=self._now(conn))
+        )
+        return result.rowcount == 1
 
     def dead_letter_unstarted(self, run_key: str, dead_letter: NewDeadLetter, *, outcome: bytes | None = None) -> bool:
         """Dead-letter a run no attempt ever started, whose message the framework dropped (C30, C38, C39).
@@ -1284,15 +1288,10 @@ class SqlStepStore(StepStore):
           StoreUnavailable: the database cannot be reached.
         """
         runs = self._t.runs
+        where = (runs.c.run_key == run_key, runs.c.status.in_(sorted(UNSTARTED_STATUSES)), runs.c.attempt == 0)
 
         def work(conn: Connection) -> bool:
-            result = conn.execute(
-                sa.update(runs)
-                .where(runs.c.run_key == run_key, runs.c.status.in_(sorted(UNSTARTED_STATUSES)), runs.c.attempt == 0)
-                .values(status="dead", owner=None, lease_until=None, wake_at=None, outcome=outcome)
-                .values(updated_at=self._now(conn))
-            )
-            if result.rowcount != 1:
+            if not self._release_where(conn, where, "dead", outcome):
                 return False
             self._folded.add_dead_letter(conn, run_key, dead_letter)
             return True
