@@ -28,8 +28,10 @@ goes through, from the bottom: a held DBAPI connection (the server's part
 above); a pool checkout and return around it; SQLAlchemy's
 ``exec_driver_sql`` on a held connection; the store's compiled Core
 statement on a held connection (``Folded.commit_step``); ``store.commit_step``
-(a pooled connection, autocommit, error translation); ``step.run`` (the whole
-path of a worker's step: encoding, the step protocol, the store call).
+(a pooled connection, autocommit, error translation), and the same inside
+``store.held()`` (the connection the attempt holds); ``step.run`` (the whole
+path of a worker's step inside a held attempt, as ``AttemptDriver.run_job``
+runs it: encoding, the step protocol, the store call).
 """
 
 from __future__ import annotations
@@ -245,13 +247,16 @@ class Bench:
             self.plain.commit_step(claim, row)
 
         self.timed_steps("store.commit_step", variant, store_step)
-        attempt = variant.start()
-        with attempt.activate():
-            for i in range(self.steps):
-                t0, c0 = time.perf_counter(), time.thread_time()
-                current_job.step.run("s", lambda i=i: i)
-                self.add("step.run (the library's path)", t0, c0)
-        attempt.conclude(value=None)
+        with self.plain.held():
+            self.timed_steps("store.commit_step, held", variant, store_step)
+        with self.plain.held():  # as AttemptDriver.run_job holds the attempt's connection
+            attempt = variant.start()
+            with attempt.activate():
+                for i in range(self.steps):
+                    t0, c0 = time.perf_counter(), time.thread_time()
+                    current_job.step.run("s", lambda i=i: i)
+                    self.add("step.run (the library's path)", t0, c0)
+            attempt.conclude(value=None)
 
     def hot_counts(self) -> list[str]:
         """Each runs table's updates and HOT updates (all of them: starts and finishes too, never HOT)."""

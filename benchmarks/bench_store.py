@@ -13,7 +13,8 @@ noisy neighbour slows all of them alike), it times:
   the same ``INSERT`` committed by the server alone (one round trip), the
   least any durable write can cost;
 - **new step**: ``current_job.step.run`` of a new step inside an attempt, the
-  store's step-commit path exactly as a worker uses it (``AttemptDriver``);
+  store's step-commit path exactly as a worker uses it (``AttemptDriver``,
+  the attempt holding one connection as ``AttemptDriver.run_job`` does);
 - **attempt start** (``AttemptDriver.start``: the claim) of a new run, of a
   run recorded ``queued`` at publish (C39: the first delivery of a job
   published through an integration) and of a redelivery (a run left
@@ -256,14 +257,15 @@ class Bench:
         return started
 
     def new_steps(self) -> dict[str, list[float]]:
-        attempt = self.start(self.job())
         per_step = []
-        with attempt.activate():
-            for i in range(self.steps):
-                t0 = time.perf_counter()
-                current_job.step.run("s", _const(i))
-                per_step.append(time.perf_counter() - t0)
-        attempt.conclude(value=None)
+        with self.store.held():  # one connection for the attempt, as AttemptDriver.run_job holds it
+            attempt = self.start(self.job())
+            with attempt.activate():
+                for i in range(self.steps):
+                    t0 = time.perf_counter()
+                    current_job.step.run("s", _const(i))
+                    per_step.append(time.perf_counter() - t0)
+            attempt.conclude(value=None)
         return {"new step": per_step}
 
     def starts_and_finishes(self) -> dict[str, list[float]]:
@@ -271,14 +273,15 @@ class Bench:
         starts, finishes = [], []
         for _ in range(STARTS):
             job = self.job()
-            t0 = time.perf_counter()
-            attempt = self.start(job)
-            starts.append(time.perf_counter() - t0)
-            with attempt.activate():
-                current_job.step.run("s", _const(1))
-            t0 = time.perf_counter()
-            attempt.conclude(value=None)
-            finishes.append(time.perf_counter() - t0)
+            with self.store.held():
+                t0 = time.perf_counter()
+                attempt = self.start(job)
+                starts.append(time.perf_counter() - t0)
+                with attempt.activate():
+                    current_job.step.run("s", _const(1))
+                t0 = time.perf_counter()
+                attempt.conclude(value=None)
+                finishes.append(time.perf_counter() - t0)
         return {"attempt start": starts, "finish": finishes}
 
     def queued_job(self) -> JobInfo:
@@ -304,10 +307,11 @@ class Bench:
                 ("attempt start (queued)", self.queued_job()),
                 ("attempt start (redelivery)", self.retrying_job()),
             ):
-                t0 = time.perf_counter()
-                attempt = self.start(job)
-                out[key].append(time.perf_counter() - t0)
-                self.replay_and_succeed(attempt)
+                with self.store.held():
+                    t0 = time.perf_counter()
+                    attempt = self.start(job)
+                    out[key].append(time.perf_counter() - t0)
+                    self.replay_and_succeed(attempt)
         return out
 
     def replay_and_succeed(self, attempt: Attempt) -> None:

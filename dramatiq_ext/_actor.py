@@ -100,11 +100,13 @@ def execute(
     Parameters:
       stopping(Callable[[], bool]): whether the worker is shutting down.
     """
+    if not body.is_async:
+        with driver.store.held():  # one connection for the attempt's store calls in this thread (issue 14)
+            started = driver.start(job)
+            return started.run(body.interruptible, *args, **kwargs) if isinstance(started, Attempt) else started
     started = driver.start(job)
     if not isinstance(started, Attempt):
         return started
-    if not body.is_async:
-        return started.run(body.interruptible, *args, **kwargs)
     loop = get_event_loop_thread()
     assert loop is not None, "Body.check() was not called"
     concluded: list[Outcome] = []

@@ -248,11 +248,16 @@ class AttemptDriver:
     def run_job(self, job: JobInfo, body: Callable[[], Any], *, owner: str | None = None) -> outcomes.Outcome:
         """Run one attempt of ``job`` with ``body()`` as its task body; return its outcome.
 
+        The attempt's store calls in this thread (its start, its steps, its
+        finish) share one connection, given back when it ends
+        (:meth:`StepStore.held`).
+
         Raises:
           InvalidRunKey: the run key is not a ``str`` of 1 to 255 characters.
         """
-        started = self.start(job, owner=owner)
-        return started.run(body) if isinstance(started, Attempt) else started
+        with self.store.held():
+            started = self.start(job, owner=owner)
+            return started.run(body) if isinstance(started, Attempt) else started
 
     async def arun_job(
         self, job: JobInfo, body: Callable[[], Awaitable[Any]], *, owner: str | None = None

@@ -17,6 +17,7 @@ whose own clock is skewed can neither take a live claim nor extend a sleep.
 from __future__ import annotations
 
 import abc
+import contextlib
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -906,6 +907,23 @@ class StepStore(abc.ABC):
         store's clock from the offset it saw when it claimed the run.
         """
         return None
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Keep one connection for the calling thread's store calls inside the ``with`` block (issue 14).
+
+        An attempt's driver enters it around the attempt (its start, steps and
+        finish), so a SQL store checks one connection out of its pool for the
+        whole attempt instead of one per call. Re-entrant; only the calling
+        thread's calls use the held connection (a lease thread or the sweeper
+        keep using the pool). The connection goes back to the pool when the
+        outermost block exits, however it exits. A no-op here (the memory store
+        has no connections).
+
+        Yields:
+          None.
+        """
+        yield
 
     def describe(self) -> str:
         """How a worker's start line names the store (no secrets): ``repr`` unless the store says more."""

@@ -18,7 +18,9 @@ Why it is built the way it is:
   statement. At checkout a pooled connection is checked locally instead: input
   waiting on its idle socket means the server closed it (it is replaced before
   use); one idle in the pool for more than 10 seconds is pinged as well. A connection the server dropped while in steady
-  use fails its statement instead; the store then retries the transaction
+  use fails its statement instead (a connection an attempt holds, see
+  ``SqlStepStore.held``, is checked the same way before each use: it is not
+  in the pool between its calls); the store then retries the transaction
   once on a fresh connection, unless the failure hit its ``COMMIT`` (or an
   autocommitted statement), whose outcome is then unknown
   (:class:`StoreUnavailable`, C28). MySQL/MariaDB connections are also
@@ -91,6 +93,7 @@ __all__ = [
     "READ_ONLY",
     "bad_store_message",
     "create_engine",
+    "dead_after_idle",
     "normalize_url",
     "register_fork_hook",
     "safe_url",
@@ -299,20 +302,40 @@ def _install_idle_ping(engine: Engine) -> None:
         record.info[_IDLE_SINCE] = time.monotonic()
 
     def on_checkout(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
-        since = record.info.pop(_IDLE_SINCE, None)
-        if _closed_by_server(dbapi_connection):
-            raise sa_exc.DisconnectionError("the server closed this pooled connection")
-        if since is None or time.monotonic() - since <= _PING_IF_IDLE_S:
-            return
-        try:
-            alive = engine.dialect.do_ping(dbapi_connection)
-        except Exception as exc:
-            raise sa_exc.DisconnectionError(f"an idle pooled connection is dead: {exc}") from exc
-        if not alive:
-            raise sa_exc.DisconnectionError("an idle pooled connection is dead")
+        dead = dead_after_idle(engine, dbapi_connection, record.info.pop(_IDLE_SINCE, None))
+        if dead is not None:
+            raise sa_exc.DisconnectionError(f"{dead} (a pooled connection)")
 
     event.listen(engine, "checkin", on_checkin)
     event.listen(engine, "checkout", on_checkout)
+
+
+def dead_after_idle(engine: Engine, dbapi_connection: Any, idle_since: float | None) -> str | None:
+    """Why an idle connection must not be used, or ``None`` if it may; a round trip only after a long idle.
+
+    The check made at a pool checkout (:func:`_install_idle_ping`) and before
+    each use of a connection an attempt holds (``SqlStepStore.held``): input
+    waiting on its socket means the server closed it; one idle since
+    ``idle_since`` (``time.monotonic()`` seconds) for more than 10 seconds
+    is pinged as well. ``None`` for ``idle_since`` skips the ping.
+
+    Parameters:
+      engine(Engine): the engine the connection belongs to (its dialect pings).
+      dbapi_connection(Any): the driver's connection.
+      idle_since(float | None): when it was last used, ``time.monotonic()`` seconds.
+
+    Returns:
+      str | None: the reason it is dead, or ``None``.
+    """
+    if _closed_by_server(dbapi_connection):
+        return "the server closed this connection"
+    if idle_since is None or time.monotonic() - idle_since <= _PING_IF_IDLE_S:
+        return None
+    try:
+        alive = engine.dialect.do_ping(dbapi_connection)
+    except Exception as exc:
+        return f"an idle connection is dead: {exc}"
+    return None if alive else "an idle connection is dead"
 
 
 def _closed_by_server(dbapi_connection: Any) -> bool:

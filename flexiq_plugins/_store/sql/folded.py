@@ -229,12 +229,9 @@ class Folded:
         """
         if self._claim_new is None:
             self._claim_new = self._claim_new_statement()
-        params = {
-            **_new_run_params(run_key, envelope, envelope_json),
-            "p_job_id": job_id,
-            **{f"v_{k}": v for k, v in granted.values().items()},
-        }
-        return conn.execute(self._claim_new, params).first()
+        return conn.execute(
+            self._claim_new, _claimed_run_params(run_key, envelope, envelope_json, job_id, granted)
+        ).first()
 
     def _claim_new_statement(self, returning: tuple[sa.Column[Any], ...] = ()) -> Any:
         """``INSERT … SELECT`` from one read of the clock, so ``created_at``, ``updated_at`` and the lease agree."""
@@ -290,11 +287,7 @@ class Folded:
         key = ("claim-new-or-read",)
         if key not in self._statements:
             self._statements[key] = self._claim_new_or_read_statement()
-        params = {
-            **_new_run_params(run_key, envelope, envelope_json),
-            "p_job_id": job_id,
-            **{f"v_{k}": v for k, v in granted.values().items()},
-        }
+        params = _claimed_run_params(run_key, envelope, envelope_json, job_id, granted)
         return conn.execute(self._statements[key], params).first()
 
     def _claim_new_or_read_statement(self) -> sa.Executable:
@@ -591,6 +584,17 @@ class _StepColumns(_Prefixed):
 
     def __init__(self, row: Any) -> None:
         super().__init__(row, "s_")
+
+
+def _claimed_run_params(
+    run_key: str, envelope: JobEnvelope, envelope_json: str, job_id: str, granted: Granted
+) -> dict[str, Any]:
+    """The parameters of an insert of a new run already claimed by ``granted``."""
+    return {
+        **_new_run_params(run_key, envelope, envelope_json),
+        "p_job_id": job_id,
+        **{f"v_{k}": v for k, v in granted.values().items()},
+    }
 
 
 def _new_run_params(run_key: str, envelope: JobEnvelope, envelope_json: str) -> dict[str, Any]:

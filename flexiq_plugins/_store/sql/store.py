@@ -37,10 +37,12 @@ their own modules, each with its reasons):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import os
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any, Protocol, TypeVar
 
@@ -97,7 +99,15 @@ from ..claims import (
 )
 from ..control import WAITER_STATUSES, may_settle_cancelled, poll_result
 from ..step_attempts import decide_step_attempt, failed_attempt, retry_cut_position
-from .engine import READ_ONLY, bad_store_message, create_engine, normalize_url, register_fork_hook, safe_url
+from .engine import (
+    READ_ONLY,
+    bad_store_message,
+    create_engine,
+    dead_after_idle,
+    normalize_url,
+    register_fork_hook,
+    safe_url,
+)
 from .errors import describe, is_deadlock, is_missing_table, translated
 from .folded import Folded
 from .mapping import (
@@ -140,6 +150,63 @@ class _Dropped(Exception):
         super().__init__(str(error))
         self.error = error
         self.committing = committing
+
+
+def _driver_connection(conn: Connection) -> Any:
+    """The driver's connection under ``conn`` (which is checked out, so there is one)."""
+    dbapi_connection = conn.connection.dbapi_connection
+    assert dbapi_connection is not None
+    return dbapi_connection
+
+
+_ORPHANED: list[_Hold] = []
+"""Holds a forked child inherited from its parent: kept, never closed (see :meth:`_Hold.orphan`)."""
+
+
+class _Hold:
+    """The connection one thread keeps for an attempt (:meth:`SqlStepStore.held`); checked out at first use.
+
+    Between calls the connection has no open transaction. ``autocommit`` says
+    whether its driver connection is in autocommit mode now (PostgreSQL's
+    single statements): it stays so across consecutive single statements and
+    is switched back before a transaction and before it returns to the pool.
+    """
+
+    __slots__ = ("autocommit", "conn", "depth", "pid", "used_at")
+
+    def __init__(self) -> None:
+        self.depth = 1
+        self.conn: Connection | None = None
+        self.autocommit = False
+        self.used_at = 0.0
+        self.pid = os.getpid()
+
+    def orphan(self) -> None:
+        """In a forked child: never touch the parent's connection, nor let it be garbage-collected.
+
+        Closing it, or SQLAlchemy closing it when it is collected, would send
+        the parent's server a rollback or a goodbye on the socket the parent
+        still uses.
+        """
+        if self.conn is not None:
+            _ORPHANED.append(self)
+
+    def drop(self, engine: Engine) -> None:
+        """Give the connection back to the pool (rolled back by the pool; a dead one is discarded)."""
+        if os.getpid() != self.pid:  # the block began before a fork: the connection is the parent's
+            self.orphan()
+            return
+        conn, self.conn = self.conn, None
+        if conn is None:
+            return
+        try:
+            if self.autocommit and not conn.invalidated:
+                engine.dialect.reset_isolation_level(_driver_connection(conn))
+        except Exception:
+            conn.invalidate()  # it cannot be put back as it was: the pool discards it
+        finally:
+            self.autocommit = False
+            conn.close()
 
 
 class _Executes(Protocol):
@@ -248,6 +315,49 @@ class SqlStepStore(StepStore):
     def _make_locks(self) -> None:
         self._schema_lock = threading.Lock()
         self._serial = threading.RLock()
+        inherited: _Hold | None = getattr(getattr(self, "_holds", None), "hold", None)
+        if inherited is not None:  # forked inside a hold: the connection stays the parent's
+            inherited.orphan()
+        self._holds = threading.local()  # each thread's _Hold; a forked child starts with none
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """Keep one pooled connection for this thread's store calls inside the block (issue 14).
+
+        Without it every call checks a connection out of the pool and back in
+        (with the checks of :mod:`.engine`); inside it, the thread's first call
+        checks one out and the following calls reuse it, each first checking
+        it as a checkout would (closed by the server? idle for more than 10
+        seconds: pinged), so a step body that ran for minutes finds a live
+        connection. A call whose connection turned out dead drops it and is
+        retried once on a new one, exactly as outside a hold (never after an
+        unknown ``COMMIT`` outcome, C28); a call that raised gives its
+        connection back to the pool (rolled back) and the next call checks out
+        another. Other threads (the lease keeper, the sweeper) keep using the
+        pool. Re-entrant; the connection goes back to the pool when the
+        outermost block exits, also on an exception (a time limit, a sleep's
+        signal). In-memory SQLite (one connection shared by all threads) holds
+        nothing.
+
+        Yields:
+          None.
+        """
+        hold: _Hold | None = getattr(self._holds, "hold", None)
+        if hold is not None or self._shared_connection:
+            if hold is not None:
+                hold.depth += 1
+            try:
+                yield
+            finally:
+                if hold is not None:
+                    hold.depth -= 1
+            return
+        hold = self._holds.hold = _Hold()
+        try:
+            yield
+        finally:
+            self._holds.hold = None
+            hold.drop(self._engine)
 
     def _after_fork(self) -> None:
         self._make_locks()
@@ -318,6 +428,9 @@ class SqlStepStore(StepStore):
             that was at the ``COMMIT`` (the outcome is unknown) or before it
             (nothing was committed: safe to run again).
         """
+        hold: _Hold | None = getattr(self._holds, "hold", None)
+        if hold is not None:
+            return self._held_transaction(hold, work, read_only=read_only, autocommit=autocommit)
         committing = autocommit
         try:
             with self._engine.connect() as conn:
@@ -334,6 +447,56 @@ class SqlStepStore(StepStore):
         except sa_exc.DBAPIError as exc:
             if exc.connection_invalidated:
                 raise _Dropped(exc, committing) from exc
+            raise
+
+    def _held_connection(self, hold: _Hold) -> Connection:
+        """The hold's connection, checked as a pool checkout checks one; a new one if none or dead."""
+        conn = hold.conn
+        if conn is not None and self._dialect != "sqlite":
+            dead = dead_after_idle(self._engine, _driver_connection(conn), hold.used_at)
+            if dead is not None:
+                conn.invalidate()
+                hold.drop(self._engine)
+                conn = None
+        if conn is None:
+            conn = hold.conn = self._engine.connect()
+        return conn
+
+    def _held_transaction(
+        self, hold: _Hold, work: Callable[[Connection], T], *, read_only: bool, autocommit: bool
+    ) -> T:
+        """:meth:`_transaction` on the connection the thread holds; one that raised is given back to the pool."""
+        committing = autocommit
+        try:
+            conn = self._held_connection(hold)
+            if autocommit != hold.autocommit:
+                dbapi_connection = _driver_connection(conn)
+                if autocommit:
+                    self._engine.dialect.set_isolation_level(dbapi_connection, "AUTOCOMMIT")
+                else:
+                    self._engine.dialect.reset_isolation_level(dbapi_connection)
+                hold.autocommit = autocommit
+            if read_only:
+                conn.execution_options(**{READ_ONLY: True})
+                try:
+                    result = work(conn)
+                finally:
+                    conn.execution_options(**{READ_ONLY: False})
+                conn.rollback()
+            else:
+                with conn.begin() as transaction:
+                    result = work(conn)
+                    committing = True
+                    transaction.commit()
+            hold.used_at = time.monotonic()
+            return result
+        except sa_exc.DBAPIError as exc:
+            hold.drop(self._engine)
+            if exc.connection_invalidated:
+                raise _Dropped(exc, committing) from exc
+            raise
+        except BaseException:
+            hold.drop(self._engine)
             raise
 
     def _now(self, conn: _Executes) -> float:
@@ -1089,17 +1252,21 @@ class SqlStepStore(StepStore):
           StoreUnavailable: the database cannot be reached.
         """
         runs = self._t.runs
+        where = (runs.c.run_key == run_key, runs.c.status.in_(sorted(while_status)))
+        return self._write(lambda conn: self._release_where(conn, where, status, outcome))
 
-        def work(conn: Connection) -> bool:
-            result = conn.execute(
-                sa.update(runs)
-                .where(runs.c.run_key == run_key, runs.c.status.in_(sorted(while_status)))
-                .values(status=status, owner=None, lease_until=None, wake_at=None, outcome=outcome)
-                .values(updated_at=self._now(conn))
-            )
-            return result.rowcount == 1
-
-        return self._write(work)
+    def _release_where(
+        self, conn: Connection, where: tuple[sa.ColumnElement[bool], ...], status: str, outcome: bytes | None
+    ) -> bool:
+        """Set ``status`` on the run matching ``where``, its claim and wake time cleared; whether it did."""
+        runs = self._t.runs
+        result = conn.execute(
+            sa.update(runs)
+            .where(*where)
+            .values(status=status, owner=None, lease_until=None, wake_at=None, outcome=outcome)
+            .values(updated_at=self._now(conn))
+        )
+        return result.rowcount == 1
 
     def dead_letter_unstarted(self, run_key: str, dead_letter: NewDeadLetter, *, outcome: bytes | None = None) -> bool:
         """Dead-letter a run no attempt ever started, whose message the framework dropped (C30, C38, C39).
@@ -1121,15 +1288,10 @@ class SqlStepStore(StepStore):
           StoreUnavailable: the database cannot be reached.
         """
         runs = self._t.runs
+        where = (runs.c.run_key == run_key, runs.c.status.in_(sorted(UNSTARTED_STATUSES)), runs.c.attempt == 0)
 
         def work(conn: Connection) -> bool:
-            result = conn.execute(
-                sa.update(runs)
-                .where(runs.c.run_key == run_key, runs.c.status.in_(sorted(UNSTARTED_STATUSES)), runs.c.attempt == 0)
-                .values(status="dead", owner=None, lease_until=None, wake_at=None, outcome=outcome)
-                .values(updated_at=self._now(conn))
-            )
-            if result.rowcount != 1:
+            if not self._release_where(conn, where, "dead", outcome):
                 return False
             self._folded.add_dead_letter(conn, run_key, dead_letter)
             return True
