@@ -189,22 +189,25 @@ class _Outage:
         self._first = first
         self._cap = max(cap, first)
         self._delay = 0.0
+        self._misconfigured = False
         self._health = health
 
     def failed(self, exc: StoreUnavailable) -> float:
         """Note one more put-back for ``exc``; return its delay, seconds."""
+        misconfigured = isinstance(exc, StoreMisconfigured)
         with self._lock:
             before = self._delay
             self._delay = self._first if before == 0.0 else min(before * 2, self._cap)
             delay = self._delay
-        if before == 0.0 and isinstance(exc, StoreMisconfigured):  # not an outage: it will not pass by itself
+            first_misconfigured, self._misconfigured = misconfigured and not self._misconfigured, misconfigured
+        if first_misconfigured:  # not an outage: it will not pass by itself, even when met during one
             logger.error(
                 "step store unavailable: %s; jobs are put back after %.3g s, then up to %.3g s, until it is fixed",
                 exc,
                 delay,
                 self._cap,
             )
-        elif before == 0.0:
+        elif before == 0.0 or not self._health.down:  # another part saw the store answer: a new outage (C41)
             self._health.failed(
                 "step store unavailable: %s; jobs are put back after %.3g s, then up to %.3g s, until it returns",
                 exc,
@@ -220,6 +223,7 @@ class _Outage:
         if self._delay != 0.0:
             with self._lock:
                 self._delay = 0.0
+                self._misconfigured = False
         self._health.answered()
 
 

@@ -48,7 +48,7 @@ from typing import Literal
 from ._store.base import JobEnvelope, StepStore
 from ._store_health import StoreHealth, store_health
 from .config import DurableConfig
-from .errors import FlexiqError, StoreUnavailable
+from .errors import FlexiqError, StoreMisconfigured, StoreUnavailable
 from .operations import Sweeper
 from .registry import Publisher
 
@@ -146,9 +146,12 @@ def record_at_publish(
         store = open_store()
         store.record_queued(run_key, job_id, envelope, delay_seconds)
     except StoreUnavailable as exc:
-        _LOG.unreachable(store_health(store), exc)
+        if isinstance(exc, StoreMisconfigured):  # not an outage: an ERROR, never hidden behind one (C41)
+            _LOG.misconfigured(exc)
+        else:
+            _LOG.unreachable(store_health(store), exc)
         return False
-    except FlexiqError as exc:  # ConfigurationError, StoreMisconfigured, StoreError (C41)
+    except FlexiqError as exc:  # ConfigurationError, StoreError (C41)
         _LOG.misconfigured(exc)
         return False
     _LOG.reachable(store_health(store))

@@ -31,7 +31,8 @@ import logging
 from collections.abc import Callable, Iterable
 
 from ._store.base import NewDeadLetter, StepStore
-from .errors import FlexiqError, InvalidRunKey, StoreUnavailable
+from ._store_health import store_health
+from .errors import FlexiqError, InvalidRunKey, StoreMisconfigured, StoreUnavailable
 from .identity import run_key_from
 from .replays import dead_letter_outcome
 
@@ -89,7 +90,7 @@ def dead_letter_unregistered(
     message is :func:`unregistered_message`; a duplicate of the job then
     replays :class:`~flexiq_plugins.DeadLettered` (C37). One WARNING line
     when it applies. Never raises: it runs inside the framework's consumer;
-    a store that cannot be reached is one WARNING line (the run stays
+    a store that cannot be reached is the outage's one WARNING per process (C41; the run stays
     ``queued``, recovery re-publishes it, and the next worker to discard it
     tries again).
 
@@ -113,12 +114,17 @@ def dead_letter_unregistered(
         return False
     message = unregistered_message(task_name, known, worker=worker, kind=kind)
     dead = NewDeadLetter(job_id, UNREGISTERED_REASON, message)
+    store: object = open_store
     try:
-        applied = open_store().dead_letter_unstarted(
-            run_key, dead, outcome=dead_letter_outcome(UNREGISTERED_REASON, message)
-        )
+        store = open_store()
+        applied = store.dead_letter_unstarted(run_key, dead, outcome=dead_letter_outcome(UNREGISTERED_REASON, message))
     except StoreUnavailable as exc:
-        logger.warning("could not dead-letter run %s of unregistered %s %r: %s", run_key, kind, task_name, exc)
+        if isinstance(exc, StoreMisconfigured):
+            logger.error("could not dead-letter run %s of unregistered %s %r: %s", run_key, kind, task_name, exc)
+        else:  # the outage's one WARNING in this process, shared with its other parts (C41)
+            store_health(store).failed(
+                "could not dead-letter run %s of unregistered %s %r: %s", run_key, kind, task_name, exc
+            )
         return False
     except FlexiqError as exc:  # ConfigurationError, StoreError: already one line at the worker's start (C41)
         logger.warning("could not dead-letter run %s of unregistered %s %r: %s", run_key, kind, task_name, exc)

@@ -858,3 +858,48 @@ def test_c25_a_mysql_connection_returned_inside_a_transaction_is_rolled_back(
 def _scalar(engine: sa.Engine, query: sa.TextClause, **params: Any) -> Any:
     with engine.connect() as conn:
         return conn.execute(query, params).scalar_one()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize(
+    "meanwhile", ["cancel requested", "old holder dead-letters", "old holder succeeds", "recovered"]
+)
+def test_c25_a_run_changed_between_the_start_read_and_its_write_is_decided_on_its_new_state(
+    meanwhile: str, postgres_url: str, make_sql_store: Callable[..., SqlStepStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A takeover of an expired lease decided on a read the run no longer matches writes nothing (C24–C26, C35).
+
+    Between the start's read and its compare-and-set the run gets a
+    cancellation request, its old holder ends it (dead, succeeded), or a
+    recoverer stamps it: the start decides again on what is stored now.
+    """
+    store = make_sql_store(postgres_url)
+    old = claim(store, "run-moved", owner="worker-0", lease=0.0).claim
+    store.commit_step(old, StepRow(0, "charge#0", "run", b"v"))
+    read = store.get_run("run-moved")
+
+    def act() -> None:
+        if meanwhile == "cancel requested":
+            store.request_cancel("run-moved", "operator")
+        elif meanwhile == "old holder dead-letters":
+            store.finish(old, "dead", dead_letter=NewDeadLetter("job-0", "divergence", "changed"))
+        elif meanwhile == "old holder succeeds":
+            store.finish(old, "succeeded", drop_steps=True, outcome=b"done")
+        else:
+            assert store.mark_recovered("run-moved", status=read.status, updated_at=read.updated_at)
+
+    between(store, monkeypatch, act)
+    result = store.begin("run-moved", "job-1", ENVELOPE, "worker-1", 30.0)
+
+    if meanwhile == "cancel requested":
+        assert isinstance(result, Begun)
+        assert result.cancel_reason == "operator"
+        assert [r.step_key for r in result.snapshot] == ["charge#0"]
+    elif meanwhile == "recovered":
+        assert isinstance(result, Begun)
+        assert (result.claim.attempt, result.takeovers) == (2, 1)
+    else:
+        assert isinstance(result, Finished)
+        assert result.status == ("dead" if "dead" in meanwhile else "succeeded")
+        run = store.get_run("run-moved")
+        assert (run.owner, run.attempt) == (None, 1)

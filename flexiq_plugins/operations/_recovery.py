@@ -404,8 +404,9 @@ class Sweeper:
                 )
 
     def _note_unreachable(self, exc: StoreUnavailable) -> None:
-        if not self._unreachable:  # a WARNING only if no other part of this process reported the outage (C41)
-            store_health(self.store).failed("%s: recovery paused, the step store cannot be reached: %s", self.name, exc)
+        health = store_health(self.store)
+        if not self._unreachable or not health.down:  # a WARNING only if no other part reported this outage (C41)
+            health.failed("%s: recovery paused, the step store cannot be reached: %s", self.name, exc)
         self._unreachable = True
 
     def _note_reachable(self) -> None:

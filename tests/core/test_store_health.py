@@ -16,13 +16,15 @@ from uuid import uuid4
 
 import pytest
 
-from flexiq_plugins import MemoryStepStore, StoreUnavailable, outcomes
+from flexiq_plugins import MemoryStepStore, SqlStepStore, StoreMisconfigured, StoreUnavailable, outcomes
 from flexiq_plugins._store.base import JobEnvelope
 from flexiq_plugins._store_health import BACK_MESSAGE, store_health
 from flexiq_plugins.attempt import AttemptDriver, JobInfo, _LeaseKeeper
 from flexiq_plugins.config import DurableConfig
 from flexiq_plugins.operations import Sweeper
 from flexiq_plugins.recording import record_at_publish
+from flexiq_plugins.unregistered import dead_letter_unregistered
+from tests.conftest import POSTGRES, require_service
 
 ENVELOPE = JobEnvelope(task_name="tasks.t", framework="celery", queue="q", args=[], kwargs={}, options={})
 
@@ -124,3 +126,112 @@ def test_c41_two_stores_of_one_process_report_their_own_outages(caplog: pytest.L
     assert len(_store_lines(caplog, logging.WARNING)) == 2
     assert store_health(first) is not store_health(second)
     assert store_health(first) is store_health(first)
+
+
+def _misconfigured_store_error() -> StoreUnavailable:
+    """A real ``StoreMisconfigured``: PostgreSQL answers that the database does not exist."""
+    require_service(*POSTGRES)
+    store = SqlStepStore(f"postgresql+psycopg://postgres@127.0.0.1:5432/no_such_db_{uuid4().hex[:8]}")
+    try:
+        store.record_queued("k", "j", ENVELOPE)
+    except StoreMisconfigured as exc:
+        return exc
+    finally:
+        store.close()
+    raise AssertionError("a missing database was reachable")
+
+
+def _refused_store_error() -> StoreUnavailable:
+    """A real ``StoreUnavailable``: a refused connection."""
+    store = SqlStepStore("postgresql+psycopg://postgres@127.0.0.1:1/test")
+    try:
+        store.record_queued("k", "j", ENVELOPE)
+    except StoreUnavailable as exc:
+        return exc
+    finally:
+        store.close()
+    raise AssertionError("a closed port answered")
+
+
+@pytest.mark.postgres
+def test_c41_a_misconfigured_store_at_publish_is_an_error_not_an_outage_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """C41: a publish that meets a misconfigured store (its database does not exist) logs an ERROR naming it,
+    not the outage's WARNING ("cannot be reached"), even when an outage of that store was reported before."""
+    store = SqlStepStore(f"postgresql+psycopg://postgres@127.0.0.1:5432/no_such_db_{uuid4().hex[:8]}")
+    try:
+        store_health(store).failed("an earlier outage of this store")  # the outage is already reported
+        caplog.set_level(logging.DEBUG, logger="flexiq_plugins")
+        caplog.clear()
+        assert record_at_publish(lambda: store, uuid4().hex, "job-1", ENVELOPE) is False
+    finally:
+        store.close()
+    errors = _store_lines(caplog, logging.ERROR)
+    assert len(errors) == 1, caplog.records
+    assert "does not exist" in errors[0]
+
+
+@pytest.mark.postgres
+def test_c41_a_misconfiguration_met_during_an_outage_is_logged_as_an_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """C41: the store is first unreachable (WARNING), then answers that it cannot be used (the database was
+    dropped, the password changed): that is an ERROR once, not a DEBUG line of the running outage."""
+    refused, misconfigured = _refused_store_error(), _misconfigured_store_error()
+    driver = AttemptDriver(MemoryStepStore(), DurableConfig(store_retry_seconds=1, store_retry_max_seconds=8))
+    caplog.set_level(logging.DEBUG, logger="flexiq_plugins")
+    caplog.clear()
+    driver.store_outage(refused)
+    driver.store_outage(misconfigured)
+    driver.store_outage(misconfigured)
+    assert len(_store_lines(caplog, logging.WARNING)) == 1
+    errors = _store_lines(caplog, logging.ERROR)
+    assert len(errors) == 1, caplog.records
+    assert "does not exist" in errors[0]
+
+
+def test_c41_jobs_of_unknown_tasks_discarded_during_an_outage_share_its_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """C41: a worker that discards jobs of tasks it does not have while the store is unreachable (a refused
+    connection) cannot dead-letter their runs; that is the outage's one WARNING, not one WARNING per job."""
+    store = SqlStepStore("postgresql+psycopg://postgres@127.0.0.1:1/test")
+    caplog.set_level(logging.DEBUG, logger="flexiq_plugins")
+    try:
+        for i in range(3):
+            applied = dead_letter_unregistered(
+                lambda: store, uuid4().hex, f"job-{i}", "tasks.gone", known=["tasks.t"], worker="w", kind="task"
+            )
+            assert applied is False
+    finally:
+        store.close()
+    assert len(_store_lines(caplog, logging.WARNING)) == 1, caplog.records
+    assert store_health(store).down
+
+
+def test_c41_an_outage_that_starts_again_after_another_part_saw_the_store_answer_is_logged_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """C41: the store flaps: attempts are put back (WARNING), a publish reaches it (INFO ``reachable again``),
+    then it is down again while the attempts were never let through in between. That second outage is a second
+    WARNING: after ``reachable again`` the log must not stay silent while every job is put back."""
+    caplog.set_level(logging.DEBUG, logger="flexiq_plugins")
+    store = SwitchedStore()
+    driver = AttemptDriver(store, DurableConfig(store_retry_seconds=1, store_retry_max_seconds=5))
+    sweeper = Sweeper(store, {}, interval=60, name="test worker")
+    store.down = True
+    assert isinstance(driver.start(_job()), outcomes.PutBack)
+    sweeper._note_unreachable(StoreUnavailable("connection refused"))
+    assert len(_store_lines(caplog, logging.WARNING)) == 1
+
+    store.down = False
+    assert record_at_publish(lambda: store, uuid4().hex, "job-p", ENVELOPE) is True
+    assert _store_lines(caplog, logging.INFO).count(BACK_MESSAGE) == 1
+
+    store.down = True
+    caplog.clear()
+    assert isinstance(driver.start(_job()), outcomes.PutBack)
+    sweeper._note_unreachable(StoreUnavailable("connection refused"))
+    warnings = _store_lines(caplog, logging.WARNING)
+    assert len(warnings) == 1, caplog.records

@@ -83,3 +83,30 @@ def test_c39_an_unreachable_store_is_one_warning_never_an_error_in_the_consumer(
     assert done is False
     [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert "could not dead-letter run run-1 of unregistered task 'shop.chekcout'" in warning.getMessage()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review2: dead_letter_unstarted needs attempt 0, but prepare_retry keeps the attempt count: a retried "
+    "dead letter of a run that had started stays pending and recovery re-publishes it to workers without the "
+    "task forever (needs a design decision, not fixed)",
+)
+def test_c39_a_retried_dead_letter_of_a_started_run_whose_task_is_gone_is_dead_lettered_again() -> None:
+    """C30, C39: a run that ran an attempt, was dead-lettered, and is retried (``flexiq dlq retry``) while the
+    workers no longer have its task: the worker that discards the retried job dead-letters it again, so the run
+    is not left ``pending`` for recovery to re-publish every ``recovery_stale_seconds`` forever."""
+    from flexiq_plugins._store.base import Begun, NewDeadLetter
+
+    store = MemoryStepStore()
+    key = _queued(store)
+    begun = store.begin(key, "job-1", ENVELOPE, "worker-0", 30.0)
+    assert isinstance(begun, Begun)
+    store.finish(begun.claim, "dead", dead_letter=NewDeadLetter("job-1", "divergence", "the steps changed"))
+    [dead] = store.list_dead_letters()
+    store.prepare_retry(dead.id)
+    assert store.get_run(key).status == "pending"
+
+    done = dead_letter_unregistered(lambda: store, key, "job-2", "shop.chekcout", known=KNOWN, worker="w")
+
+    assert done is True
+    assert store.get_run(key).status == "dead"
