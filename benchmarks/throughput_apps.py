@@ -70,6 +70,11 @@ def _count_round_trips(engine: Any) -> None:
             _trips[what] += n
 
     def autocommit(conn: Any) -> bool:
+        # The attempt's held connection is switched to autocommit on the driver itself (psycopg's
+        # ``autocommit``), where SQLAlchemy's execution options do not show it; no BEGIN or COMMIT is sent then.
+        flag = getattr(conn.connection.driver_connection, "autocommit", None)
+        if isinstance(flag, bool):
+            return flag
         return bool(conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT")
 
     event.listen(engine, "before_cursor_execute", lambda *_: (add("statements"), add("round_trips")))
