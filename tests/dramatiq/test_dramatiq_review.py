@@ -143,6 +143,9 @@ def test_c35_non_json_arguments_under_a_pickle_encoder_run_and_republish(
         assert (run.status, seen) == ("succeeded", [when.isoformat()])
         again = republish(stub_broker, run.envelope, "another-run")
         assert again.args == (when,)
+        # The worker consumes the re-published message under the pickle encoder, before it is reset.
+        stub_broker.join(queue, fail_fast=True, timeout=10_000)
+        assert sqlite_store.get_run("another-run").status == "succeeded"
     finally:
         dramatiq.set_encoder(JSONEncoder())
 
