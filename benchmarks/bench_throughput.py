@@ -30,6 +30,17 @@ Each job also reports the statements and round trips (psycopg's ``BEGIN``
 and each ``COMMIT`` counted) its worker process sent to the store, printed
 per job.
 
+It also prints where the CPU goes, per job: between the 10th and the 90th
+percentile of a round's jobs (the worker's start and the last stragglers
+left out) it reads, from ``/proc``, the CPU time of the worker's processes,
+of the local PostgreSQL server's processes and of ``redis-server``, and how
+busy the machine was (Linux only; the servers counted only when they run on
+this machine). A durable job's database CPU is the least any client could
+add to a plain job for the same statements: ``plain CPU / (plain CPU +
+database CPU of the durable job)`` is the ratio a worker could reach if the
+library itself cost nothing and the machine were the limit, which the
+``ceiling`` column prints.
+
 Needs Redis on 127.0.0.1:6379 and PostgreSQL on 127.0.0.1:5432 (database
 ``test``), or ``FLEXIQ_BENCH_REDIS`` / ``FLEXIQ_STORE_URL``.
 """
@@ -152,6 +163,7 @@ class RoundResult:
     main_pid: int
     statements: float = 0.0  # sent to the store per job by the worker (its finish counted with the next job)
     round_trips: float = 0.0
+    cpu: CpuPerJob | None = None  # between the 10th and the 90th percentile of the round's jobs
 
 
 def _sa_url(url: str) -> str:
@@ -167,6 +179,89 @@ def _env(framework: str, queue: str) -> dict[str, str]:
         "FLEXIQ_STORE_URL": STORE_URL,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
+
+
+@dataclass(frozen=True)
+class CpuSnapshot:
+    """CPU seconds used so far by the worker's processes, the database's and Redis', and by the whole machine."""
+
+    done: int
+    worker: float
+    database: float
+    redis: float
+    busy: float  # all CPUs, seconds not idle
+    elapsed: float  # all CPUs, seconds in all
+
+    @classmethod
+    def read(cls, done: int, worker_pid: int) -> CpuSnapshot:
+        tick = os.sysconf("SC_CLK_TCK")
+        worker = database = redis_cpu = 0.0
+        tree = _descendants(worker_pid)
+        for pid, (name, cpu) in _proc_cpu().items():
+            if pid in tree:
+                worker += cpu / tick
+            elif name == "postgres":
+                database += cpu / tick
+            elif name == "redis-server":
+                redis_cpu += cpu / tick
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        idle = fields[3] + fields[4]
+        return cls(done, worker, database, redis_cpu, (sum(fields) - idle) / tick, sum(fields) / tick)
+
+
+@dataclass(frozen=True)
+class CpuPerJob:
+    """Milliseconds of CPU per job between two snapshots, and how busy the machine was (0–1)."""
+
+    worker: float
+    database: float
+    redis: float
+    busy: float
+
+    @classmethod
+    def between(cls, a: CpuSnapshot, b: CpuSnapshot) -> CpuPerJob:
+        jobs = max(1, b.done - a.done)
+        return cls(
+            1000 * (b.worker - a.worker) / jobs,
+            1000 * (b.database - a.database) / jobs,
+            1000 * (b.redis - a.redis) / jobs,
+            (b.busy - a.busy) / max(1e-9, b.elapsed - a.elapsed),
+        )
+
+
+def _proc_cpu() -> dict[int, tuple[str, int]]:
+    """Every process's name and CPU ticks (user + system), from ``/proc``; empty where there is none."""
+    out: dict[int, tuple[str, int]] = {}
+    for entry in Path("/proc").iterdir() if Path("/proc/stat").exists() else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        rest = stat[stat.rindex(")") + 2 :].split()
+        out[int(entry.name)] = (name, int(rest[11]) + int(rest[12]))
+    return out
+
+
+def _descendants(root: int) -> set[int]:
+    """``root`` and every process below it, from ``/proc/<pid>/stat``'s parent pids."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir() if Path("/proc/stat").exists() else ():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            parents[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+    tree = {root}
+    grew = True
+    while grew:
+        below = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= below
+        grew = bool(below)
+    return tree
 
 
 def _enqueue(framework: str, queue: str, kind: str, k: int, jobs: int) -> None:
@@ -188,9 +283,12 @@ def one_round(config: WorkerConfig, kind: str, k: int, jobs: int, tag: str) -> R
         worker = subprocess.Popen(
             config.command(queue), env=_env(framework, queue), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )
+        snapshots: list[CpuSnapshot] = []
         try:
             deadline = time.monotonic() + 600
-            while int(r.get(f"{queue}:done") or 0) < jobs:
+            while (done := int(r.get(f"{queue}:done") or 0)) < jobs:
+                if len(snapshots) < 2 and done >= jobs * (0.1 if not snapshots else 0.9):
+                    snapshots.append(CpuSnapshot.read(done, worker.pid))
                 if worker.poll() is not None:
                     raise RuntimeError(f"the {framework} worker exited: {worker.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
                 if time.monotonic() > deadline:
@@ -204,7 +302,9 @@ def one_round(config: WorkerConfig, kind: str, k: int, jobs: int, tag: str) -> R
             worker.terminate()
             worker.wait(30)
             _drop_tables(queue)
-    return RoundResult((jobs - 1) / (last - first), sampler.seen, worker.pid, statements / counted, trips / counted)
+    cpu = CpuPerJob.between(*snapshots) if len(snapshots) == 2 else None
+    rate = (jobs - 1) / (last - first)
+    return RoundResult(rate, sampler.seen, worker.pid, statements / counted, trips / counted, cpu)
 
 
 def _drop_tables(queue: str) -> None:
@@ -255,6 +355,28 @@ def connection_line(config: WorkerConfig, results: list[RoundResult]) -> str:
     )
 
 
+def cpu_table(by_label: dict[str, list[RoundResult]]) -> str:
+    """Per body: median CPU ms per job of the worker, the database and Redis, how busy the machine was, the ceiling."""
+    medians: dict[str, tuple[float, float, float, float]] = {}
+    for label, got in by_label.items():
+        cpus = [r.cpu for r in got if r.cpu is not None]
+        if cpus:
+            medians[label] = (
+                statistics.median(c.worker for c in cpus),
+                statistics.median(c.database for c in cpus),
+                statistics.median(c.redis for c in cpus),
+                statistics.median(c.busy for c in cpus),
+            )
+    if not medians:
+        return "  CPU ms per job: not measured (rounds too short to sample, or no /proc)"
+    plain = sum(medians["plain"][:3]) if "plain" in medians else None
+    lines = [f"  {'CPU ms per job':<16} {'worker':>8} {'database':>9} {'redis':>7} {'machine busy':>13} {'ceiling':>8}"]
+    for label, (worker, database, redis_cpu, busy) in medians.items():
+        ceiling = "" if plain is None or label == "plain" else f"{plain / (plain + database):.2f}"
+        lines.append(f"  {label:<16} {worker:>8.2f} {database:>9.2f} {redis_cpu:>7.2f} {busy:>12.0%} {ceiling:>8}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--framework", default="all", choices=["celery", "dramatiq", "all"])
@@ -300,6 +422,7 @@ def main(argv: list[str] | None = None) -> None:
             trips = statistics.median(r.round_trips for r in results[config][label])
             print(f"{label:<18} {med:>16.0f} {med / plain:>8.2f} {stmts:>9.1f} {trips:>9.1f}  {shown}")
         print(connection_line(config, [r for got in results[config].values() for r in got]))
+        print(cpu_table(results[config]))
     load = os.getloadavg()
     print(f"\nload average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 

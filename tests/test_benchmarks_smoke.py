@@ -82,3 +82,4 @@ def test_bench_throughput_sees_each_worker_process_connections_within_its_concur
     for line in lines:
         assert "none seen" not in line, line
         assert "OVER" not in line, line
+    assert len([line for line in done.stdout.splitlines() if "CPU ms per job" in line]) == 2, done.stdout
