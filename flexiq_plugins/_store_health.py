@@ -1,7 +1,7 @@
 """One WARNING line per store outage per process, and one INFO line when it ends (C28, C41).
 
 Several parts of a worker process meet a store outage on their own: an
-attempt's claim or step (its job is put back), the lease renewal thread, the
+attempt's claim or step (its job is put back), the lease renewer thread, the
 recovery sweeper, a publish that records its run (C39). Each logging its own
 WARNING gave an operator several lines per process for one outage, each
 repeated by every process. :class:`StoreHealth` is what they share instead:

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import cancellation, compensation, outcomes, replays
+from ._lease import LeaseKeeper
 from ._store import base
 from ._store.base import (
     EventPoll,
@@ -539,7 +540,7 @@ class Attempt:
         self._refused: outcomes.Outcome | None = None
         self._claiming = threading.Lock()
         self._active = False
-        self._lease: _LeaseKeeper | None = None
+        self._lease: LeaseKeeper | None = None
         self.context = JobContext(self.run_key, self.job_id, None, self.task_name, None, claim=self.claim_now)
         if begun is not None:
             self._take(begun)
@@ -559,7 +560,7 @@ class Attempt:
             begun.snapshot, label, self, self._driver.codec, self._config.limits, step_retry=step_retry
         )
         self._caps = self._arm_caps(begun)
-        self._lease = _LeaseKeeper(self._store, begun.claim, self._config.lease_seconds)
+        self._lease = LeaseKeeper(self._store, begun.claim, self._config.lease_seconds)
         self.number = begun.claim.attempt
         self.claim = begun.claim
         self.context.bind(self.number, self.journal)
@@ -879,43 +880,3 @@ def _caused_by(error: BaseException | None, cause: BaseException) -> bool:
         seen.add(id(error))
         error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
     return False
-
-
-class _LeaseKeeper:
-    """Renews a claim's lease every third of the lease in a daemon thread (C23).
-
-    A failed renewal is reported to the store's health in this process: a
-    WARNING only if it is the first failure of an outage there, else DEBUG.
-    """
-
-    def __init__(self, store: StepStore, claim: base.Claim, lease_seconds: float) -> None:
-        self._store = store
-        self._claim = claim
-        self._lease = lease_seconds
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.lost: ClaimLost | None = None
-
-    def start(self) -> None:
-        if self._thread is None or not self._thread.is_alive():  # started again for a compensation (C32)
-            self._stop = threading.Event()
-            self._thread = threading.Thread(target=self._loop, name="flexiq-lease", daemon=True)
-            self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join()
-
-    def _loop(self) -> None:
-        health = store_health(self._store)
-        while not self._stop.wait(self._lease / 3):
-            try:
-                self._claim = self._store.renew(self._claim, self._lease)
-                health.answered()
-            except ClaimLost as exc:
-                self.lost = exc
-                return
-            except StoreError as exc:  # one WARNING per outage and process, with the others (C28, C41)
-                health.failed("lease renewal of run %s failed (%s); will retry", self._claim.run_key, exc)

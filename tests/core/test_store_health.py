@@ -17,9 +17,10 @@ from uuid import uuid4
 import pytest
 
 from flexiq_plugins import MemoryStepStore, SqlStepStore, StoreMisconfigured, StoreUnavailable, outcomes
+from flexiq_plugins._lease import LeaseKeeper
 from flexiq_plugins._store.base import JobEnvelope
 from flexiq_plugins._store_health import BACK_MESSAGE, store_health
-from flexiq_plugins.attempt import AttemptDriver, JobInfo, _LeaseKeeper
+from flexiq_plugins.attempt import AttemptDriver, JobInfo
 from flexiq_plugins.config import DurableConfig
 from flexiq_plugins.operations import Sweeper
 from flexiq_plugins.recording import record_at_publish
@@ -87,7 +88,7 @@ def test_c41_every_part_of_a_process_meeting_one_outage_logs_one_warning_and_one
     store.down = True
 
     assert all(isinstance(driver.start(_job()), outcomes.PutBack) for _ in range(3))
-    keeper = _LeaseKeeper(store, claimed.claim, 0.03)  # type: ignore[union-attr]
+    keeper = LeaseKeeper(store, claimed.claim, 0.03)  # type: ignore[union-attr]
     store.calls.clear()
     keeper.start()
     assert store.calls.wait(10)

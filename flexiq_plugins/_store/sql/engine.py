@@ -32,7 +32,7 @@ Why it is built the way it is:
 - **A connection per thread that uses the store, kept.** The pool has no size
   limit (SQLAlchemy's ``pool_size=0``) and keeps every connection it opened:
   a worker process holds as many connections as it ran store calls at once,
-  its concurrency plus its background threads (the sweeper, a lease renewal).
+  its concurrency plus its background threads (the sweeper, the lease renewer).
   SQLAlchemy's default (keep 5, open up to 10 more and close those on return,
   wait 30 s beyond 15) made a Dramatiq process of 8 threads open and close a
   connection for most jobs, and a worker of more than 15 threads wait on the
