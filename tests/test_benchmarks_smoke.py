@@ -3,6 +3,7 @@
 - ``bench_store --history N`` fills exactly N finished runs of 5 steps with
   its set-based SQL on each database, and prints every operation's ratio;
 - ``bench_store --cleanup-check N`` leaves the tables where they started;
+- ``bench_cpu`` prints the client's and the server's CPU per operation;
 - ``bench_throughput`` runs a Celery prefork and a Dramatiq worker and sees
   each worker process's store connections (named by pid) within the
   process's concurrency + 1.
@@ -83,3 +84,17 @@ def test_bench_throughput_sees_each_worker_process_connections_within_its_concur
         assert "none seen" not in line, line
         assert "OVER" not in line, line
     assert len([line for line in done.stdout.splitlines() if "CPU ms per job" in line]) == 2, done.stdout
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(120)
+def test_bench_cpu_prints_client_and_server_cpu_of_each_operation(
+    require_service: Callable[[str, str, int], None],
+) -> None:
+    require_service(*SERVICES["postgres"])
+    command = [sys.executable, "-m", "benchmarks.bench_cpu", "--rounds", "1", "--ops", "60"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=110, check=False, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = {line.split("  ")[0].strip(): line.split() for line in done.stdout.splitlines()[2:]}
+    assert set(rows) == {"floor insert", "new step", "job of 3 steps"}, done.stdout
+    assert float(rows["job of 3 steps"][-3]) > 0, done.stdout  # the client's CPU was counted
