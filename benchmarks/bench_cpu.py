@@ -36,6 +36,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchmarks.bench_store import Bench
+from benchmarks.bench_throughput import proc_cpu
 from flexiq_plugins import JobEnvelope, JobInfo, current_job
 
 STORE_URL = os.environ.get("FLEXIQ_STORE_URL", "postgresql://postgres@127.0.0.1:5432/test").replace(
@@ -46,19 +47,8 @@ _ids = itertools.count()
 
 def server_cpu_seconds() -> float:
     """CPU seconds used so far by every process named ``postgres`` on this machine (``/proc``)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        if stat[stat.index("(") + 1 : stat.rindex(")")] == "postgres":
-            fields = stat[stat.rindex(")") + 2 :].split()
-            total += int(fields[11]) + int(fields[12])
-    return total / tick
+    ticks = sum(cpu for name, cpu in proc_cpu().values() if name == "postgres")
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def measured(work: Callable[[], int]) -> tuple[float, float]:

@@ -197,7 +197,7 @@ class CpuSnapshot:
         tick = os.sysconf("SC_CLK_TCK")
         worker = database = redis_cpu = 0.0
         tree = _descendants(worker_pid)
-        for pid, (name, cpu) in _proc_cpu().items():
+        for pid, (name, cpu) in proc_cpu().items():
             if pid in tree:
                 worker += cpu / tick
             elif name == "postgres":
@@ -229,7 +229,7 @@ class CpuPerJob:
         )
 
 
-def _proc_cpu() -> dict[int, tuple[str, int]]:
+def proc_cpu() -> dict[int, tuple[str, int]]:
     """Every process's name and CPU ticks (user + system), from ``/proc``; empty where there is none."""
     out: dict[int, tuple[str, int]] = {}
     for entry in Path("/proc").iterdir() if Path("/proc/stat").exists() else ():
