@@ -123,7 +123,18 @@ def main(argv: list[str] | None = None) -> None:
     for label, got in results.items():
         client = statistics.median(c for c, _ in got)
         server = statistics.median(s for _, s in got)
-        print(f"{label:<18} {client:>14.3f} {server:>14.3f} {server / floor_server:>17.2f}")
+        print(f"{label:<18} {client:>14.3f} {server:>14.3f} {ratio(server, floor_server):>17}")
+    if not floor_server:
+        print(
+            "the floor insert's server CPU read 0: either no postgres process is visible in /proc"
+            " (the server runs in another container or host) or a round was shorter than a clock"
+            f" tick (1/{os.sysconf('SC_CLK_TCK')} s; raise --ops); the server columns say nothing here"
+        )
+
+
+def ratio(server: float, floor_server: float) -> str:
+    """``server`` as a multiple of the floor's server CPU, or ``n/a`` when the floor read 0 (see ``main``)."""
+    return f"{server / floor_server:.2f}" if floor_server else "n/a"
 
 
 if __name__ == "__main__":
