@@ -7,8 +7,9 @@ started its own renewal thread and joined it at its end; that start and join
 cost about 14% of a Dramatiq worker thread's busy time. Now a process has one
 renewer daemon thread, started at the first keeper's start, and a schedule of
 the claims it keeps (a heap by due time, :func:`time.monotonic` seconds). The
-renewer sleeps on a condition until the earliest renewal is due; a keeper that
-registers with an earlier due time wakes it.
+renewer sleeps until the earliest renewal is due; a keeper that registers with
+an earlier due time wakes it (as every keeper's first renewal is a third of a
+lease away, that is rare: a busy worker's starts do not wake it).
 
 What sharing one thread costs: a process renews its claims one at a time. One
 slow renewal (a black-holed store: a statement or connection attempt that
@@ -21,6 +22,30 @@ held connection stays its thread's): each renewal checks one out of the
 store's pool and gives it back, and as one renewal runs at a time, a process
 needs at most one connection for all its renewals (its concurrency plus one).
 
+Interrupted callers: a task's thread can be interrupted anywhere by an
+exception it did not raise itself: Celery's soft time limit raises
+``SoftTimeLimitExceeded`` from a signal handler in the prefork child's main
+thread, Dramatiq's ``TimeLimit`` and shutdown raise asynchronous exceptions
+in worker threads. Had such an exception landed while the thread held a lock
+of the renewer taken by Python code (``threading.Condition.__enter__``
+returns after acquiring), the lock would stay held for good: the renewer
+thread, and every later attempt of the process, would wait on it forever
+(measured: SIGALRM raising in a loop of keeper starts and stops leaked it
+within milliseconds). So a keeper's :meth:`~LeaseKeeper.start` and
+:meth:`~LeaseKeeper.stop` take no lock but the keeper's own ``RLock`` (the
+renewer takes it only around that keeper's renewal) and, once per process,
+the lock that guards the thread's start, each a C lock entered by ``with``
+directly (CPython leaves no gap between acquiring it and the protected
+block, so an exception in the block releases it); they hand the
+registration over through a :class:`collections.deque` and wake the renewer
+through a :class:`queue.SimpleQueue`, both implemented in C (one call, no
+lock left behind), and the renewer thread is started by
+:func:`_thread.start_new_thread`, one C call (``threading.Thread.start`` can be
+interrupted after the thread was started and before it was recorded). The
+schedule (the heap) is the renewer thread's alone. A stop interrupted before
+it took effect leaves the claim renewed until the next stop: an attempt stops
+its keeper when its body ends and again when it concludes.
+
 Forks: a Celery prefork child inherits the parent's schedule but not its
 thread. :func:`os.register_at_fork` gives the child a fresh renewer, with an
 empty schedule and no thread, started at the child's first keeper.
@@ -28,15 +53,17 @@ empty schedule and no thread, started at the child's first keeper.
 
 from __future__ import annotations
 
-import functools
+import _thread
+import collections
+import contextlib
 import heapq
 import itertools
 import logging
 import math
 import os
+import queue
 import threading
 import time
-from collections.abc import Callable
 
 from ._store.base import Claim, StepStore
 from ._store_health import store_health
@@ -49,6 +76,9 @@ logger = logging.getLogger("flexiq_plugins")
 RENEWER_THREAD_NAME = "flexiq-lease-renewer"
 """The name of a process's one lease renewer thread."""
 
+_tickets = itertools.count(1)
+"""Each start of a keeper gets the next number (``next`` of a C iterator: one call, safe from any thread)."""
+
 
 class LeaseKeeper:
     """Keeps one claim's lease alive while started: renewed every ``lease_seconds / 3`` (C23).
@@ -57,7 +87,9 @@ class LeaseKeeper:
     renewal due a third of the lease later; :meth:`stop` unregisters it and
     returns once no renewal of it is running or will start. A stopped keeper
     can be started again (an attempt's compensation runs after its body, C32).
-    Both may be called from any thread, the renewer's included.
+    Both may be called from any thread, the renewer's included, and an
+    exception that interrupts either (a time limit's) leaves the renewer
+    working (see the module's documentation).
 
     A renewal that finds the claim taken over sets :attr:`lost` and renews no
     more (C25); one that meets the store unavailable is reported to the
@@ -75,7 +107,8 @@ class LeaseKeeper:
         self._claim = claim
         self.lease_seconds = lease_seconds
         self.lost: ClaimLost | None = None
-        self._renewing = threading.RLock()  # held by the renewer while it renews this claim; re-entrant for stop()
+        self._renewing = threading.RLock()  # held by a renewal, a start and a stop; re-entrant for stop()
+        self._ticket: int | None = None  # the registration in force; None while stopped
         self._renewer: _Renewer | None = None  # the process's renewer at the last start
 
     @property
@@ -90,27 +123,38 @@ class LeaseKeeper:
 
     def start(self) -> None:
         """Have the claim renewed every :attr:`interval` seconds from now; nothing if already started."""
-        self._renewer = _RENEWER
-        self._renewer.register(self)
+        renewer = _RENEWER
+        with self._renewing:
+            if self._ticket is not None and self._renewer is renewer:
+                return
+            self._renewer, self._ticket = renewer, next(_tickets)
+            renewer.submit(self, self._ticket)
 
     def stop(self) -> None:
         """Renew no more; return once a renewal in progress has ended (at once in the renewer's own thread)."""
-        renewer = self._renewer
-        if renewer is not _RENEWER:  # never started, or started before this process was forked from its parent
-            return  # (the parent's renewer has no thread here, and its locks may have been held at the fork)
-        renewer.unregister(self)
+        if self._renewer is not _RENEWER:  # never started, or started before this process was forked from its parent
+            return  # (the parent's renewer has no thread here, and this lock may have been held at the fork)
         with self._renewing:
-            pass
+            self._ticket = None
 
-    def renew_unless_stopped(self, still_registered: Callable[[], bool]) -> bool:
-        """Renew the lease once, unless ``still_registered()`` is false; return whether to renew again.
+    def is_current(self, ticket: int) -> bool:
+        """Whether ``ticket`` is the registration in force (a lock-free read: the renewer drops stale entries)."""
+        return self._ticket == ticket
 
-        Called by the renewer thread, holding this keeper's renewal lock, which
-        :meth:`stop` takes after unregistering: a stop waits for this renewal,
-        and a renewal that starts after a stop sees it and renews nothing.
+    def renew_if_current(self, ticket: int) -> bool:
+        """Renew the lease once if ``ticket`` is still in force; return whether to renew it again.
+
+        Called by the renewer thread, holding this keeper's lock, which
+        :meth:`stop` takes to end the registration: a stop waits for this
+        renewal, and a renewal after a stop renews nothing.
         """
         with self._renewing:
-            return still_registered() and self._renew()
+            if self._ticket != ticket:
+                return False
+            if self._renew():
+                return True
+            self._ticket = None  # renewed no more: a later start registers it again
+            return False
 
     def _renew(self) -> bool:
         """One renewal; False once the claim is lost (or renewing it failed in a way a retry will not fix)."""
@@ -130,95 +174,96 @@ class LeaseKeeper:
         return True
 
 
+_Entry = tuple[float, int, LeaseKeeper]
+"""A scheduled renewal: due (:func:`time.monotonic` seconds), the keeper's ticket, the keeper."""
+
+
 class _Renewer:
     """A process's schedule of claims to renew, and the one daemon thread that renews them.
 
-    Each start of a keeper gets a ticket (a number, increasing); the heap holds
-    ``(due, ticket)``, ``due`` in :func:`time.monotonic` seconds. A stopped
-    keeper's ticket is forgotten at once (the schedule does not keep the
-    keeper alive); its heap entry is dropped when it comes to the top, or
-    when stale entries outnumber the live ones (the heap is then rebuilt).
+    Keepers hand their registrations over through :attr:`_submitted` (a
+    deque: ``append`` and ``popleft`` are atomic); only the renewer thread
+    touches the heap. A stopped keeper's entries are dropped when they come
+    to the top, when they are taken from the deque, or when entries outnumber
+    twice the live ones (the heap is then rebuilt).
     """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._heap: list[tuple[float, int]] = []
-        self._tickets: dict[LeaseKeeper, int] = {}  # started keeper -> its ticket
-        self._keepers: dict[int, LeaseKeeper] = {}  # live ticket -> its keeper
-        self._numbers = itertools.count()
-        self._wake_at = math.inf  # when the sleeping renewer wakes; -inf while it is not sleeping
-        self._thread: threading.Thread | None = None
+        self._submitted: collections.deque[_Entry] = collections.deque()
+        self._doorbell: queue.SimpleQueue[None] = queue.SimpleQueue()
+        self._heap: list[_Entry] = []
+        self._live_at_rebuild = 0
+        self._wake_at = -math.inf  # when the sleeping renewer wakes; -inf while it is awake (no need to wake it)
+        self._starting = threading.Lock()
+        self._started = False
 
-    def register(self, keeper: LeaseKeeper) -> None:
-        """Schedule ``keeper``'s first renewal ``keeper.interval`` seconds from now, unless it is registered."""
-        with self._cond:
-            if keeper in self._tickets:
-                return
-            ticket = next(self._numbers)
-            self._tickets[keeper], self._keepers[ticket] = ticket, keeper
-            self._schedule(ticket, keeper.interval)
-            if self._thread is None:
-                thread = threading.Thread(target=self._run, name=RENEWER_THREAD_NAME, daemon=True)
-                thread.start()
-                self._thread = thread
+    def submit(self, keeper: LeaseKeeper, ticket: int) -> None:
+        """Schedule ``keeper``'s renewal under ``ticket`` ``keeper.interval`` seconds from now (any thread)."""
+        due = time.monotonic() + keeper.interval
+        self._submitted.append((due, ticket, keeper))
+        if due < self._wake_at or len(self._submitted) % _DRAIN_EVERY == 0:
+            self._doorbell.put(None)  # it sleeps past this renewal, or starts to hold many: wake it
+        if not self._started:
+            self._start_thread()
 
-    def unregister(self, keeper: LeaseKeeper) -> None:
-        """Forget ``keeper``'s registration, if any: none of its renewals starts from now on."""
-        with self._cond:
-            ticket = self._tickets.pop(keeper, None)
-            if ticket is not None:
-                del self._keepers[ticket]
-            if len(self._heap) > 2 * len(self._keepers) + _STALE_SLACK:
-                self._heap = [entry for entry in self._heap if entry[1] in self._keepers]
-                heapq.heapify(self._heap)
-
-    def holds(self, ticket: int) -> bool:
-        """Whether ``ticket`` is still a started keeper's."""
-        with self._cond:
-            return ticket in self._keepers
-
-    def _schedule(self, ticket: int, delay: float) -> None:
-        """Put ``ticket`` on the heap, due ``delay`` seconds from now; wake the renewer if it sleeps past that."""
-        due = time.monotonic() + delay
-        heapq.heappush(self._heap, (due, ticket))
-        if due < self._wake_at:
-            self._cond.notify()
+    def _start_thread(self) -> None:
+        """Start the renewer thread once: one C call, so an interrupting exception cannot leave it half started."""
+        with self._starting:
+            if not self._started:
+                self._started = True
+                try:
+                    _thread.start_new_thread(self._run, ())
+                except RuntimeError:  # could not start a thread (what it raises then): the next start tries again
+                    self._started = False  # (not on any exception: one raised by a signal handler or an
+                    raise  # asynchronous exception right after the call finds the thread started)
 
     def _run(self) -> None:
         """The renewer thread: renew each claim when due, for the life of the process."""
+        threading.current_thread().name = RENEWER_THREAD_NAME
         while True:
-            ticket, keeper = self._next_due()
-            again = keeper.renew_unless_stopped(functools.partial(self.holds, ticket))
-            self._renewed(ticket, keeper, again)
+            try:
+                self._turn()
+            except Exception:  # a bug of the renewer's own: log it and go on renewing the others
+                logger.exception("the lease renewer failed; it goes on")
 
-    def _next_due(self) -> tuple[int, LeaseKeeper]:
-        """Sleep until a live ticket is due; return it and its keeper."""
-        with self._cond:
-            while True:
-                while self._heap and self._heap[0][1] not in self._keepers:
-                    heapq.heappop(self._heap)  # a stopped keeper's entry
-                due = self._heap[0][0] if self._heap else math.inf
-                delay = due - time.monotonic()
-                if delay <= 0:
-                    ticket = heapq.heappop(self._heap)[1]
-                    self._wake_at = -math.inf
-                    return ticket, self._keepers[ticket]
-                self._wake_at = due
-                self._cond.wait(None if due == math.inf else delay)
+    def _turn(self) -> None:
+        """Sleep until the earliest renewal is due (or a keeper wakes it), then make every renewal that is due."""
+        self._take_submitted()
+        due = self._heap[0][0] if self._heap else math.inf
+        self._wake_at = due
+        if self._submitted:  # handed over before it announced its sleep: a submitter may not have woken it
+            self._wake_at = -math.inf
+            return
+        delay = due - time.monotonic()
+        if delay > 0:
+            with contextlib.suppress(queue.Empty):
+                self._doorbell.get(timeout=None if due == math.inf else delay)
+            self._wake_at = -math.inf
+            return
+        self._wake_at = -math.inf
+        _, ticket, keeper = heapq.heappop(self._heap)
+        if keeper.renew_if_current(ticket):
+            heapq.heappush(self._heap, (time.monotonic() + keeper.interval, ticket, keeper))
 
-    def _renewed(self, ticket: int, keeper: LeaseKeeper, again: bool) -> None:
-        """After a renewal: schedule the next one, or forget a keeper whose claim is no longer renewed."""
-        with self._cond:
-            if self._keepers.get(ticket) is not keeper:
-                return  # stopped during the renewal
-            if again:
-                self._schedule(ticket, keeper.interval)
-            else:
-                del self._keepers[ticket], self._tickets[keeper]
+    def _take_submitted(self) -> None:
+        """Move the keepers' registrations onto the heap, dropping stopped ones; rebuild a heap gone mostly stale."""
+        while self._submitted:
+            entry = self._submitted.popleft()
+            if entry[2].is_current(entry[1]):
+                heapq.heappush(self._heap, entry)
+        while self._heap and not self._heap[0][2].is_current(self._heap[0][1]):
+            heapq.heappop(self._heap)
+        if len(self._heap) > 2 * self._live_at_rebuild + _STALE_SLACK:
+            self._heap = [entry for entry in self._heap if entry[2].is_current(entry[1])]
+            heapq.heapify(self._heap)
+            self._live_at_rebuild = len(self._heap)
 
 
 _STALE_SLACK = 64
-"""Stopped keepers' heap entries tolerated beyond as many as live ones before the heap is rebuilt."""
+"""Entries tolerated on the heap beyond twice the live ones at the last rebuild."""
+
+_DRAIN_EVERY = 256
+"""Registrations handed over between two wake-ups after which a keeper wakes the renewer to take them."""
 
 _RENEWER = _Renewer()
 

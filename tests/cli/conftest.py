@@ -19,6 +19,7 @@ from click.testing import CliRunner, Result
 from flexiq_plugins import Attempt, AttemptDriver, DurableConfig, JobEnvelope, JobInfo, current_job
 from flexiq_plugins._store.sql import SqlStepStore
 from flexiq_plugins.cli import cli
+from flexiq_plugins.outcomes import PutBack, PutBackReason
 
 
 class Runs:
@@ -55,7 +56,10 @@ class Runs:
             step.run("charge", lambda: {"id": "ch_1", "amount": 1200})
             step.sleep(pause)
 
-        self.attempt(run_key, body, **job)
+        outcome = self.attempt(run_key, body, **job)
+        assert isinstance(outcome, PutBack), (run_key, outcome)
+        assert outcome.reason is PutBackReason.SLEEP, (run_key, outcome)
+        assert self.store.get_run(run_key).status == "sleeping", (run_key, self.store.get_run(run_key))
 
     def dead(self, run_key: str, **job: Any) -> int:
         """A run dead-lettered by divergence (a step renamed between attempts); return the dead letter id."""
