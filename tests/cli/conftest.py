@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 from click.testing import CliRunner, Result
 
 from flexiq_plugins import Attempt, AttemptDriver, DurableConfig, JobEnvelope, JobInfo, current_job
 from flexiq_plugins._store.sql import SqlStepStore
+from flexiq_plugins._store.sql.tables import store_tables
 from flexiq_plugins.cli import cli
 from flexiq_plugins.outcomes import PutBack, PutBackReason
 
@@ -48,18 +50,28 @@ class Runs:
         """A run that charged and succeeded (its rows kept for inspection)."""
         self.attempt(run_key, lambda: current_job.step.run("charge", lambda: {"id": "ch_1", "amount": 1200}), **job)
 
-    def sleeping(self, run_key: str, pause: str = "1h", **job: Any) -> None:
-        """A run that charged and sleeps for ``pause``."""
+    def sleeping(self, run_key: str, overdue: bool = False, **job: Any) -> None:
+        """A run that charged and sleeps for an hour; ``overdue``: its wake time then moved 1 s into the past.
+
+        The run sleeps for real (an hour cannot pass while the sleep commits,
+        where a short pause could on a busy machine: the sleep would then
+        return and the run succeed), and an overdue one has its recorded wake
+        time moved back on the store's clock, so no test waits for a clock.
+        """
 
         def body() -> None:
             step = current_job.step
             step.run("charge", lambda: {"id": "ch_1", "amount": 1200})
-            step.sleep(pause)
+            step.sleep("1h")
 
         outcome = self.attempt(run_key, body, **job)
         assert isinstance(outcome, PutBack), (run_key, outcome)
         assert outcome.reason is PutBackReason.SLEEP, (run_key, outcome)
         assert self.store.get_run(run_key).status == "sleeping", (run_key, self.store.get_run(run_key))
+        if overdue:
+            runs = store_tables(self.store.table_prefix).runs
+            with self.store.engine.begin() as conn:
+                conn.execute(sa.update(runs).where(runs.c.run_key == run_key).values(wake_at=self.store.now() - 1))
 
     def dead(self, run_key: str, **job: Any) -> int:
         """A run dead-lettered by divergence (a step renamed between attempts); return the dead letter id."""

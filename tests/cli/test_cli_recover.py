@@ -43,13 +43,15 @@ def test_c35_dry_run_lists_each_kind_of_stranded_run(
     runs: Runs, store: SqlStepStore, flexiq: Callable[..., Result]
 ) -> None:
     """Overdue sleepers, expired claims and stale pending runs are listed; live ones are not; nothing changes (C35)."""
-    runs.sleeping("overdue", pause="100ms")
-    runs.sleeping("dozing", pause="1h")
+    runs.sleeping("overdue", overdue=True)
+    runs.sleeping("dozing")
     short = AttemptDriver(store, DurableConfig(lease_seconds=0.2))
     assert isinstance(short.start(runs.job("worker-died")), Attempt)  # claimed, never renewed: the worker died
     assert isinstance(runs.driver.start(runs.job("working")), Attempt)
     store.prepare_retry(runs.dead("publish-failed"))
-    time.sleep(0.5)
+    wait_for(  # the dead worker's 0.2 s lease runs out on the store's clock
+        lambda: len(operations.find_stranded(store, grace=0, stale_after=0)) == 3, 30, "the lease to expire"
+    )
     before = {r.run_key: r.updated_at for r in store.list_runs()}
     result = flexiq("recover", "--dry-run", "--grace", "0s", "--stale-after", "0s", "--json")
     assert result.exit_code == 0, result.output
@@ -87,14 +89,10 @@ def test_c35_concurrent_recovers_publish_each_run_once(
     runs = Runs(first)
     keys = [f"run-{i:02d}" for i in range(15)]
     for key in keys:
-        runs.sleeping(key, pause="50ms", framework="dramatiq")
-    # Wait until every run is past its wake time plus the grace on the store's
-    # clock, so all four recoverers see the same fifteen candidates.
-    wait_for(
-        lambda: len(list(operations.find_stranded(first, grace=0.5))) == len(keys),
-        30,
-        "all fifteen runs to be overdue",
-    )
+        runs.sleeping(key, overdue=True, framework="dramatiq")
+    # Every run is past its wake time plus the grace on the store's clock, so
+    # all four recoverers see the same fifteen candidates.
+    assert len(operations.find_stranded(first, grace=0.5)) == len(keys)
     broker = StubBroker()
     broker.declare_queue("orders")  # StubBroker.declare_queue is not thread-safe: two threads could each make it
     stores: list[StepStore] = [first] + [SqlStepStore(url, table_prefix=first.table_prefix) for _ in range(3)]
@@ -119,7 +117,7 @@ def test_c35_concurrent_recovers_publish_each_run_once(
 
 def test_c35_sweeper_recovers_in_the_background(runs: Runs, store: SqlStepStore) -> None:
     """A started ``Sweeper`` re-publishes an overdue sleeper on its own, once, and stops when asked (C35)."""
-    runs.sleeping("late", pause="50ms", framework="dramatiq")
+    runs.sleeping("late", overdue=True, framework="dramatiq")
     broker = StubBroker()
     publishers = operations.publishers_for(broker)
     sweeper = operations.Sweeper(store, publishers, interval=0.1, grace=0.3).start()
