@@ -139,7 +139,7 @@ def test_c20_c21_signals_pass_except_exception_and_swallowing_them_dead_letters(
     @dramatiq.actor(broker=stub_broker, queue_name=queue, max_retries=20)
     def polite() -> None:
         try:
-            current_job.step.sleep("50ms")
+            current_job.step.sleep("500ms")
         except Exception:  # a sleep is not an error: this does not catch it
             woke.append("caught")
         woke.append("after sleep")
@@ -147,7 +147,7 @@ def test_c20_c21_signals_pass_except_exception_and_swallowing_them_dead_letters(
     @dramatiq.actor(broker=stub_broker, queue_name=queue, max_retries=20)
     def greedy() -> None:
         try:
-            current_job.step.sleep("50ms")
+            current_job.step.sleep("500ms")
         except BaseException:
             woke.append("swallowed")
 

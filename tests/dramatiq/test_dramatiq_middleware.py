@@ -117,7 +117,7 @@ def test_c7_values_go_through_the_broker_encoder_and_codecs(
     @dramatiq.actor(broker=stub_broker, queue_name=queue)
     def shape() -> None:
         seen.append(current_job.step.run("pair", lambda: (1, 2)))
-        current_job.step.sleep("50ms")
+        current_job.step.sleep("500ms")
 
     @dramatiq.actor(broker=stub_broker, queue_name=queue)
     def odd() -> None:
