@@ -528,7 +528,8 @@ class SqlStepStore(StepStore):
         (one for a new run), the claim a compare-and-set on the row version,
         else one transaction that locks the row; SQLite, one ``BEGIN
         IMMEDIATE`` transaction of three statements (one for a new run);
-        MySQL/MariaDB, one transaction that locks the row (four statements).
+        MySQL/MariaDB, one transaction that locks the row (three statements,
+        five for a run not stored yet).
 
         Parameters:
           run_key(str): the run (at most 255 characters).
