@@ -142,8 +142,11 @@ class _Demo:
     def _drive(self) -> bool:
         if self.framework == "dramatiq" and not self.broker:
             return self._drive_in_process()
-        self._start_worker()
+        # Publish first: kombu's SQLite transport creates a queue's row in whichever process declares
+        # it first, under a lock of that process only, so a worker starting up and this publish
+        # could both insert it (UNIQUE constraint failed: kombu_queue.name). The job waits queued.
         done = self._publish()
+        self._start_worker()
         return self._follow(done)
 
     def _follow(self, done: Any) -> bool:
