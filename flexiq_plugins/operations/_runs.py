@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .._store.base import RunRecord, StepAttempt, StepRow, StepStore
+from .._store.base import TERMINAL_STATUSES, RunRecord, StepAttempt, StepRow, StepStore
 from ..durations import parse_duration
 from ..errors import UnknownRun
 from ..identity import check_run_key
@@ -21,9 +21,9 @@ class RunDetails:
       run(RunRecord): the run.
       steps(list[StepRow]): its committed steps by position.
       wake_at(float | None): when it wakes: its latest sleep's wake time, or a
-        pending step retry's (C31), epoch seconds.
+        pending step retry's (C31), epoch seconds; ``None`` once the run has
+        finished (its kept sleep steps still show their own wake times).
       attempts(list[StepAttempt]): its recorded step attempts (C31).
-      wake_at(float | None): the latest sleep step's wake time, epoch seconds.
       job_id(str | None): the job id the run was looked up by, when it was
         given one instead of a run key (see :func:`show_run`).
     """
@@ -81,7 +81,8 @@ def show_run(store: StepStore, run_key: str) -> RunDetails:
         run, job_id = _run_of_job(store, run_key), run_key
     steps = store.get_steps(run.run_key)
     attempts = store.get_step_attempts(run.run_key)
-    return RunDetails(run, steps, latest_wake_at(steps, attempts), attempts, job_id)
+    wake_at = None if run.status in TERMINAL_STATUSES else latest_wake_at(steps, attempts)
+    return RunDetails(run, steps, wake_at, attempts, job_id)
 
 
 def _run_of_job(store: StepStore, job_id: str) -> RunRecord:

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from click.testing import CliRunner, Result
 from conftest import Runs
 
+from flexiq_plugins import current_job
 from flexiq_plugins._store.sql import SqlStepStore
 from flexiq_plugins.cli import cli
 
@@ -59,6 +60,30 @@ def test_runs_list_json_has_stable_keys_and_filters(runs: Runs, flexiq: Callable
     runs.succeeded("run-c")
     recent = json.loads(flexiq("runs", "list", "--since", "200ms", "--json").stdout)
     assert [r["run_key"] for r in recent] == ["run-c"]
+
+
+def test_runs_show_gives_a_finished_run_no_wake_time(runs: Runs, flexiq: Callable[..., Result]) -> None:
+    """A run that slept, woke and succeeded shows ``Wake at: -``; its kept sleep step still shows its own wake time."""
+
+    def body() -> int:
+        step = current_job.step
+        step.run("charge", lambda: 1)
+        step.sleep("10ms")
+        return int(step.run("receipt", lambda: 2))
+
+    store = runs.store
+    for _ in range(5):
+        runs.attempt("run-woke", body)
+        if store.get_run("run-woke").status == "succeeded":
+            break
+        wake = max(s.wake_at or 0.0 for s in store.get_steps("run-woke") if s.kind == "sleep")
+        while store.now() < wake:  # the store's clock, which decides the wake (C23)
+            time.sleep(0.005)
+    assert store.get_run("run-woke").status == "succeeded"
+    result = flexiq("runs", "show", "run-woke")
+    assert result.exit_code == 0, result.output
+    assert line_of(result.stdout, "Wake at:") == ["Wake", "at:", "-"]
+    assert line_of(result.stdout, "sleep#0").count("UTC") == 2  # committed at and wake at
 
 
 def test_runs_show_prints_state_claim_and_steps_without_values(runs: Runs, flexiq: Callable[..., Result]) -> None:
