@@ -190,7 +190,8 @@ class _Demo:
         self.confirmed = True
         sent = send_event(PAYMENT_CONFIRMED, ORDER[0], {"status": "confirmed", "bank_ref": "bk_77"})
         woken = ", ".join(run for run, _ in sent.woken) or "none yet"
-        click.echo(f"         >>> the driver sent the 'payment confirmed' event {sent.event.id} (woke run: {woken})")
+        event = f"the 'payment confirmed' event (event id {sent.event.id}; woke run: {woken})"
+        click.echo(f"         >>> the driver sent {event}")
 
     @property
     def _epoch_start(self) -> float:

@@ -167,7 +167,8 @@ def test_c33_demo_waits_for_the_payment_confirmation_sent_by_its_driver(tmp_path
     once; the wait's payload replays on later attempts and the run succeeds with one charge."""
     out = _demo(tmp_path, "--framework", framework, "--wait-payment")
     assert "payment: waiting for the 'payment confirmed' event; the attempt ends and the worker is free" in out, out
-    assert re.search(r"the driver sent the 'payment confirmed' event \d+ \(woke run: [0-9a-f-]{36}\)", out), out
+    sent = r"the driver sent the 'payment confirmed' event \(event id \d+; woke run: [0-9a-f-]{36}\)"
+    assert re.search(sent, out), out
     assert out.count("payment: confirmed by the bank ({'status': 'confirmed', 'bank_ref': 'bk_77'})") >= 2, out
     assert "payment API called 1 time" in out, out
     assert "OK: one charge, waited for the payment confirmation, shipped" in out, out
