@@ -1,0 +1,158 @@
+"""Review of the shared lease renewer (:mod:`flexiq_plugins._lease`): scenarios that break it (C23, C25).
+
+Each test runs real threads (and, where it says so, a real signal handler in a fresh interpreter) against a
+real SQLite file or PostgreSQL. Waits are on events or renewal counts, bounded by ``PATIENCE_S``; where a
+test is about a duration (a transaction shorter than the lease), the duration is the scenario, not a margin.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+from uuid import uuid4
+
+import pytest
+import sqlalchemy as sa
+
+from flexiq_plugins import JobEnvelope, SqlStepStore
+from flexiq_plugins._lease import LeaseKeeper
+from flexiq_plugins._store.base import Begun, Claim, StepRow
+from flexiq_plugins.transactions import CallerConnection
+from tests.conftest import drop_store_tables
+
+ENVELOPE = JobEnvelope("tasks.t", "test")
+PATIENCE_S = 30.0
+"""How long a test waits for what must happen, seconds (a bound on a hang, never a margin)."""
+
+
+class HookedStore(SqlStepStore):
+    """A real SQL store that counts each run's renewals and calls ``during_renewal`` before each one."""
+
+    def __init__(self, url: str, **kwargs: Any) -> None:
+        super().__init__(url, **kwargs)
+        self.changed = threading.Condition()
+        self.renewals: Counter[str] = Counter()
+        self.during_renewal: Callable[[Claim], None] | None = None
+
+    def renew(self, claim: Claim, lease_seconds: float) -> Claim:
+        if self.during_renewal is not None:
+            self.during_renewal(claim)
+        renewed = super().renew(claim, lease_seconds)
+        with self.changed:
+            self.renewals[claim.run_key] += 1
+            self.changed.notify_all()
+        return renewed
+
+
+@pytest.fixture
+def pg_store(postgres_url: str) -> Iterator[HookedStore]:
+    store = HookedStore(postgres_url, table_prefix=f"r{uuid4().hex[:8]}_")
+    yield store
+    drop_store_tables(store)
+    store.close()
+
+
+def claimed(store: SqlStepStore, run_key: str, lease_s: float = 30.0) -> Claim:
+    begun = store.begin(run_key, f"job-{run_key}", ENVELOPE, "w1", lease_s)
+    assert isinstance(begun, Begun)
+    return begun.claim
+
+
+class _Caller(CallerConnection):
+    """A caller's SQLAlchemy connection inside its open transaction (a transactional step, C42)."""
+
+    dialect_name = "postgresql"
+    description = "the test's connection"
+
+    def __init__(self, conn: sa.Connection) -> None:
+        self.conn = conn
+
+    def execute(self, statement: Any) -> Any:
+        return self.conn.execute(statement)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Finding 1: one attempt's transactional step (C42) stalls the renewals of every other attempt of the process.
+# --------------------------------------------------------------------------------------------------------------
+
+LEASE_S = 3.0
+"""The lease of both attempts, seconds (renewed every 1 s)."""
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(120)
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "The process's one renewer renews claims one at a time and waits on the database's row lock: a "
+        "transactional step (C42) locks its run's row until the caller's transaction ends (the docs allow up to "
+        "lease_seconds), so that run's renewal blocks the renewer thread and NO other claim of the process is "
+        "renewed meanwhile. Another attempt's lease then expires after 2/3 of a lease and another worker takes "
+        "over its live attempt (C23, C25). With a thread per attempt only the locked run's renewal waited. Not a "
+        "store outage (the other claims are renewable), so the module's 'accepted' argument does not hold. No "
+        "simple fix: e.g. a lock timeout / NOWAIT on the renewal with a quick retry, or renewing a blocked claim "
+        "off the shared thread."
+    ),
+)
+def test_c23_a_transaction_holding_one_runs_row_does_not_stop_other_claims_being_renewed(
+    pg_store: HookedStore, postgres_url: str
+) -> None:
+    """Attempt A runs a transactional step and keeps its transaction open for less than the lease (as the
+    docs allow); attempt B, in the same process, does nothing wrong. B's claim must stay renewed, so no other
+    worker can take B over while A's transaction is open.
+
+    Order (driven by events in the renewal hook): B's first renewal starts keeper A, so A's renewal falls due
+    just before B's next one; as A's renewal begins, the caller's transaction takes A's row lock."""
+    store = pg_store
+    keeper_a = LeaseKeeper(store, claimed(store, "run-a"), LEASE_S)
+    keeper_b = LeaseKeeper(store, claimed(store, "run-b"), LEASE_S)
+    lock_now, locked = threading.Event(), threading.Event()
+    a_started = threading.Event()
+
+    def hook(claim: Claim) -> None:  # in the renewer thread, before the renewal's UPDATE
+        if claim.run_key == "run-b" and not a_started.is_set():
+            a_started.set()
+            keeper_a.start()  # due a third of a lease from now: just before B's next renewal
+        elif claim.run_key == "run-a" and not lock_now.is_set():
+            lock_now.set()
+            assert locked.wait(PATIENCE_S), "the caller's transaction did not take the run's row"
+
+    store.during_renewal = hook
+    caller_engine = sa.create_engine(postgres_url)
+
+    def db_now() -> float:  # the database's clock now (lease times are on it, C23), outside the open transaction
+        with caller_engine.connect() as clock:
+            return float(clock.execute(sa.text("SELECT extract(epoch FROM clock_timestamp())")).scalar_one())
+
+    expired_after: float | None = None
+    takeover: Any = None
+    try:
+        keeper_b.start()
+        assert lock_now.wait(PATIENCE_S), "run-a's renewal never started"
+        with caller_engine.connect() as conn:
+            transaction = conn.begin()
+            try:
+                store.commit_step_on(_Caller(conn), keeper_a.claim, StepRow(0, "charge#0", "run", b"v"))
+                opened = time.monotonic()
+                locked.set()  # run-a's renewal now waits on the row lock
+                while (age := time.monotonic() - opened) < 0.9 * LEASE_S:  # a transaction shorter than the lease
+                    run_b = store.get_run("run-b")
+                    if run_b.lease_until is not None and run_b.lease_until < db_now():
+                        expired_after = age
+                        takeover = store.begin("run-b", "job-b-redelivered", ENVELOPE, "w2", 30.0)
+                        break
+                    time.sleep(0.02)  # polling the database's row, not synchronising threads
+            finally:
+                transaction.rollback()
+    finally:
+        locked.set()
+        keeper_a.stop()
+        keeper_b.stop()
+        caller_engine.dispose()
+    assert expired_after is None, (
+        f"run-b's claim (lease {LEASE_S}s, its keeper running) expired {expired_after:.2f}s into run-a's "
+        f"transaction and was taken over by another worker: {takeover!r}"
+    )
