@@ -42,9 +42,12 @@ through a :class:`queue.SimpleQueue`, both implemented in C (one call, no
 lock left behind), and the renewer thread is started by
 :func:`_thread.start_new_thread`, one C call (``threading.Thread.start`` can be
 interrupted after the thread was started and before it was recorded). The
-schedule (the heap) is the renewer thread's alone. A stop interrupted before
-it took effect leaves the claim renewed until the next stop: an attempt stops
-its keeper when its body ends and again when it concludes.
+schedule (the heap) is the renewer thread's alone. A start interrupted while
+it hands its registration over leaves the keeper stopped (its entry, if handed
+over, is stale), never marked started with nothing scheduled: a later start
+registers it. A stop interrupted before it took effect leaves the claim
+renewed until the next stop: an attempt stops its keeper when its body ends
+and again when it concludes.
 
 Forks: a Celery prefork child inherits the parent's schedule but not its
 thread. :func:`os.register_at_fork` gives the child a fresh renewer, with an
@@ -127,8 +130,12 @@ class LeaseKeeper:
         with self._renewing:
             if self._ticket is not None and self._renewer is renewer:
                 return
-            self._renewer, self._ticket = renewer, next(_tickets)
-            renewer.submit(self, self._ticket)
+            try:
+                self._renewer, self._ticket = renewer, next(_tickets)
+                renewer.submit(self, self._ticket)
+            except BaseException:  # interrupted (a time limit) before its entry was handed over, or the renewer
+                self._ticket = None  # woken or started: not started, so that a later start registers it again
+                raise
 
     def stop(self) -> None:
         """Renew no more; return once a renewal in progress has ended (at once in the renewer's own thread)."""

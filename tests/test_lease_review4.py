@@ -7,10 +7,14 @@ test is about a duration (a transaction shorter than the lease), the duration is
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
@@ -155,4 +159,95 @@ def test_c23_a_transaction_holding_one_runs_row_does_not_stop_other_claims_being
     assert expired_after is None, (
         f"run-b's claim (lease {LEASE_S}s, its keeper running) expired {expired_after:.2f}s into run-a's "
         f"transaction and was taken over by another worker: {takeover!r}"
+    )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Finding 2: a start() interrupted inside the registration leaves the keeper "started" with nothing scheduled.
+# --------------------------------------------------------------------------------------------------------------
+
+_INTERRUPTED_REGISTRATIONS = r'''
+import json, os, signal, sys, threading
+from flexiq_plugins import JobEnvelope, SqlStepStore
+from flexiq_plugins._lease import LeaseKeeper, _Renewer
+
+class CountingStore(SqlStepStore):
+    def __init__(self, url):
+        super().__init__(url)
+        self.renewed = {}
+        self.changed = threading.Condition()
+
+    def renew(self, claim, lease_seconds):
+        renewed = super().renew(claim, lease_seconds)
+        with self.changed:
+            self.renewed[claim.run_key] = self.renewed.get(claim.run_key, 0) + 1
+            self.changed.notify_all()
+        return renewed
+
+class TimeLimit(Exception):
+    """What Celery's soft time limit raises from its signal handler (SoftTimeLimitExceeded)."""
+
+REGISTRATION = {_Renewer.submit.__code__, LeaseKeeper.interval.fget.__code__}
+store = CountingStore(sys.argv[1])
+envelope = JobEnvelope("tasks.t", "test")
+armed = False
+
+def time_limit(signum, frame):  # the time limit lands only while a start() hands its registration over
+    if armed and frame.f_code in REGISTRATION:
+        raise TimeLimit()
+
+warm = LeaseKeeper(store, store.begin("run-warm", "job-warm", envelope, "w1", 30.0).claim, 300.0)
+warm.start()  # the renewer thread runs before the storm
+warm.stop()
+free = [store.begin(f"run-{i}", f"job-{i}", envelope, "w1", 300.0).claim for i in range(int(sys.argv[2]) + 1)]
+interrupted = []
+signal.signal(signal.SIGALRM, time_limit)
+signal.setitimer(signal.ITIMER_REAL, 0.0001, 0.0001)
+tries = 0
+while len(interrupted) < int(sys.argv[2]) and tries < 5_000_000:
+    tries += 1
+    keeper = LeaseKeeper(store, free[-1], 0.3)
+    try:
+        armed = True
+        keeper.start()
+        armed = False
+    except TimeLimit:
+        armed = False
+        interrupted.append(keeper)  # the task caught its time limit and goes on (Celery's documented pattern)
+        free.pop()
+        continue
+    keeper.stop()
+signal.setitimer(signal.ITIMER_REAL, 0, 0)
+for keeper in interrupted:  # started again: each claim must now be renewed
+    keeper.start()
+keys = [k.claim.run_key for k in interrupted]
+with store.changed:
+    store.changed.wait_for(lambda: all(store.renewed.get(k, 0) >= 2 for k in keys), 30)
+never = [k for k in keys if not store.renewed.get(k)]
+for keeper in interrupted:
+    keeper.stop()
+print(json.dumps({"interrupted": len(keys), "never_renewed": never}))
+'''
+
+
+@pytest.mark.timeout(180)
+def test_c23_a_keeper_whose_start_was_interrupted_is_renewed_once_started_again(sqlite_url: str) -> None:
+    """A time limit (Celery's soft one, raised by a signal handler) lands while ``start()`` hands the keeper's
+    registration over to the renewer; the task catches it and goes on. Whatever the interrupted start did, a
+    later ``start()`` of that keeper must have its claim renewed: it must not find the keeper 'already
+    started' while nothing of it is scheduled (the claim would then expire under a running attempt)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_REGISTRATIONS, sqlite_url, "60"],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=False,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    report = json.loads(done.stdout.splitlines()[-1]) if done.stdout.strip() else {"stderr": done.stderr[-3000:]}
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert report["interrupted"] == 60, report
+    assert report["never_renewed"] == [], (
+        f"{len(report['never_renewed'])} of 60 keepers interrupted in start() were never renewed after "
+        f"being started again: {report}"
     )
