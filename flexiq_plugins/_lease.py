@@ -174,7 +174,8 @@ class LeaseKeeper:
         except StoreError as exc:  # one WARNING per outage and process, with the others (C28, C41)
             health.failed("lease renewal of run %s failed (%s); will retry", self._claim.run_key, exc)
             return True
-        except Exception:  # a bug: end this claim's renewals (as its own thread's death did), not the others'
+        except BaseException:  # a bug, or a driver's BaseException (gevent.Timeout is one): end this claim's
+            # renewals (as its own thread's death did), not the others' (the renewer thread must not die of it)
             logger.exception("lease renewal of run %s failed; it is no longer renewed", self._claim.run_key)
             return False
         health.answered()
@@ -230,7 +231,8 @@ class _Renewer:
         while True:
             try:
                 self._turn()
-            except Exception:  # a bug of the renewer's own: log it and go on renewing the others
+            except BaseException:  # a bug of the renewer's own: log it and go on renewing the others (nothing
+                # interrupts this thread on purpose: no signal handler runs in it, no time limit targets it)
                 logger.exception("the lease renewer failed; it goes on")
 
     def _turn(self) -> None:

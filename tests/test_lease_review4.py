@@ -251,3 +251,70 @@ def test_c23_a_keeper_whose_start_was_interrupted_is_renewed_once_started_again(
         f"{len(report['never_renewed'])} of 60 keepers interrupted in start() were never renewed after "
         f"being started again: {report}"
     )
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Finding 3: a BaseException out of one claim's renewal kills the process's one renewer thread.
+# --------------------------------------------------------------------------------------------------------------
+
+
+_BASE_EXCEPTION_IN_A_RENEWAL = r'''
+import json, sys, threading
+from flexiq_plugins import JobEnvelope, SqlStepStore
+from flexiq_plugins._lease import LeaseKeeper
+
+class DriverTimeout(BaseException):
+    """A BaseException a store's driver can raise (as gevent.Timeout is one): not an ``Exception``."""
+
+class FlakyStore(SqlStepStore):
+    def __init__(self, url):
+        super().__init__(url)
+        self.renewed = {}
+        self.changed = threading.Condition()
+        self.raised = threading.Event()
+
+    def renew(self, claim, lease_seconds):
+        if claim.run_key == "run-bad" and not self.raised.is_set():
+            self.raised.set()
+            raise DriverTimeout("renewal timed out")
+        renewed = super().renew(claim, lease_seconds)
+        with self.changed:
+            self.renewed[claim.run_key] = self.renewed.get(claim.run_key, 0) + 1
+            self.changed.notify_all()
+        return renewed
+
+store = FlakyStore(sys.argv[1])
+envelope = JobEnvelope("tasks.t", "test")
+bad = LeaseKeeper(store, store.begin("run-bad", "job-bad", envelope, "w1", 30.0).claim, 0.3)
+bad.start()
+raised = store.raised.wait(30)
+good = LeaseKeeper(store, store.begin("run-good", "job-good", envelope, "w1", 30.0).claim, 0.3)
+good.start()
+with store.changed:
+    renewed = store.changed.wait_for(lambda: store.renewed.get("run-good", 0) >= 2, 10)
+good.stop()
+bad.stop()
+threads = [t.name for t in threading.enumerate() if t.name.startswith("flexiq-lease")]
+print(json.dumps({"raised": raised, "other_renewed": renewed, "threads": threads}))
+'''
+
+
+@pytest.mark.timeout(120)
+def test_c23_a_base_exception_in_one_renewal_leaves_the_other_claims_renewed(sqlite_url: str) -> None:
+    """One claim's renewal raises a BaseException (a driver's timeout that is not an ``Exception``, as
+    gevent.Timeout). With a thread per attempt that ended that attempt's renewals; the shared renewer must
+    likewise go on renewing the process's other claims. (In a fresh interpreter: before the fix the
+    renewer thread died of it, and no claim of the process was renewed again.)"""
+    done = subprocess.run(
+        [sys.executable, "-c", _BASE_EXCEPTION_IN_A_RENEWAL, sqlite_url],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+        cwd=Path(__file__).resolve().parents[1],
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.splitlines()[-1])
+    assert report == {"raised": True, "other_renewed": True, "threads": ["flexiq-lease-renewer"]}, (
+        f"after one renewal raised a BaseException, the process's other claims were not renewed: {report}"
+    )
