@@ -16,6 +16,15 @@ slow renewal (a black-holed store: a statement or connection attempt that
 waits about 20 s for its timeout) delays every other renewal of the process as
 long. That is accepted: a process's attempts use the same store in practice,
 so a store that cannot renew one claim in time cannot renew the others either.
+A claim whose run's row another transaction holds is different: a
+transactional step's write holds it until its caller's transaction ends
+(C42), while the other claims could be renewed. So a renewal does not wait
+for a row lock (PostgreSQL and MySQL/MariaDB lock with ``NOWAIT``): refused
+(:class:`~flexiq_plugins.errors.RunLocked`), it is tried again every
+``_LOCKED_RETRY_S`` seconds, and the renewer goes on with the others
+(measured before: one such transaction let another attempt's lease expire
+and be taken over while its keeper ran). On SQLite, whose lock is the whole
+database's, every writer waits for that transaction alike.
 
 Connections: the renewer thread holds no connection of its own (an attempt's
 held connection stays its thread's): each renewal checks one out of the
@@ -70,7 +79,7 @@ import time
 
 from ._store.base import Claim, StepStore
 from ._store_health import store_health
-from .errors import ClaimLost, StoreError
+from .errors import ClaimLost, RunLocked, StoreError
 
 __all__ = ["RENEWER_THREAD_NAME", "LeaseKeeper"]
 
@@ -148,38 +157,44 @@ class LeaseKeeper:
         """Whether ``ticket`` is the registration in force (a lock-free read: the renewer drops stale entries)."""
         return self._ticket == ticket
 
-    def renew_if_current(self, ticket: int) -> bool:
-        """Renew the lease once if ``ticket`` is still in force; return whether to renew it again.
+    def renew_if_current(self, ticket: int) -> float | None:
+        """Renew the lease once if ``ticket`` is still in force; return the seconds until the next renewal.
 
         Called by the renewer thread, holding this keeper's lock, which
         :meth:`stop` takes to end the registration: a stop waits for this
         renewal, and a renewal after a stop renews nothing.
+
+        Returns:
+          float | None: seconds until the next renewal (:attr:`interval`, or
+          sooner after :class:`RunLocked`); ``None``: renew it no more.
         """
         with self._renewing:
             if self._ticket != ticket:
-                return False
-            if self._renew():
-                return True
-            self._ticket = None  # renewed no more: a later start registers it again
-            return False
+                return None
+            delay = self._renew()
+            if delay is None:
+                self._ticket = None  # renewed no more: a later start registers it again
+            return delay
 
-    def _renew(self) -> bool:
-        """One renewal; False once the claim is lost (or renewing it failed in a way a retry will not fix)."""
+    def _renew(self) -> float | None:
+        """One renewal; the seconds until the next, or None once the claim is lost (or a retry will not fix it)."""
         health = store_health(self._store)
         try:
             self._claim = self._store.renew(self._claim, self.lease_seconds)
         except ClaimLost as exc:
             self.lost = exc
-            return False
+            return None
+        except RunLocked:  # its row is held by an open transaction, its own step's (C42): soon again, not waiting
+            return min(self.interval, _LOCKED_RETRY_S)
         except StoreError as exc:  # one WARNING per outage and process, with the others (C28, C41)
             health.failed("lease renewal of run %s failed (%s); will retry", self._claim.run_key, exc)
-            return True
+            return self.interval
         except BaseException:  # a bug, or a driver's BaseException (gevent.Timeout is one): end this claim's
             # renewals (as its own thread's death did), not the others' (the renewer thread must not die of it)
             logger.exception("lease renewal of run %s failed; it is no longer renewed", self._claim.run_key)
-            return False
+            return None
         health.answered()
-        return True
+        return self.interval
 
 
 _Entry = tuple[float, int, LeaseKeeper]
@@ -251,8 +266,9 @@ class _Renewer:
             return
         self._wake_at = -math.inf
         _, ticket, keeper = heapq.heappop(self._heap)
-        if keeper.renew_if_current(ticket):
-            heapq.heappush(self._heap, (time.monotonic() + keeper.interval, ticket, keeper))
+        next_in = keeper.renew_if_current(ticket)
+        if next_in is not None:
+            heapq.heappush(self._heap, (time.monotonic() + next_in, ticket, keeper))
 
     def _take_submitted(self) -> None:
         """Move the keepers' registrations onto the heap, dropping stopped ones; rebuild a heap gone mostly stale."""
@@ -267,6 +283,9 @@ class _Renewer:
             heapq.heapify(self._heap)
             self._live_at_rebuild = len(self._heap)
 
+
+_LOCKED_RETRY_S = 0.1
+"""Seconds until a renewal refused with :class:`RunLocked` is tried again (at most the keeper's interval)."""
 
 _STALE_SLACK = 64
 """Entries tolerated on the heap beyond twice the live ones at the last rebuild."""

@@ -72,6 +72,7 @@ from datetime import datetime
 
 __all__ = [
     "ClaimLost",
+    "RunLocked",
     "CodecError",
     "CompensationFailed",
     "CancelRequested",
@@ -504,6 +505,17 @@ class StoreMisconfigured(StoreUnavailable, ConfigurationError):
 
 class ClaimLost(StoreError):
     """The attempt's claim on its run was taken over; its writes are refused (C25)."""
+
+
+class RunLocked(StoreError):
+    """The run's row is locked by another open transaction; a write that would wait for it was not made.
+
+    Raised by :meth:`~flexiq_plugins.SqlStepStore.renew` on PostgreSQL and
+    MySQL/MariaDB instead of waiting: the lock is typically a transactional
+    step's, held until its caller's transaction ends (C42), and the process's
+    one lease renewer must not wait on one claim while the others' leases run
+    out (C23). Nothing was written; try again shortly.
+    """
 
 
 class CancelRequested(StoreError):

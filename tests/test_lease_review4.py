@@ -79,7 +79,9 @@ class _Caller(CallerConnection):
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Finding 1: one attempt's transactional step (C42) stalls the renewals of every other attempt of the process.
+# Finding 1: one attempt's transactional step (C42) stalled the renewals of every other attempt of the process
+# (the renewal waited on the row lock in the one renewer thread); a renewal now locks with NOWAIT, and a refused
+# one (RunLocked) is tried again shortly while the others go on.
 # --------------------------------------------------------------------------------------------------------------
 
 LEASE_S = 3.0
@@ -88,19 +90,6 @@ LEASE_S = 3.0
 
 @pytest.mark.postgres
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "The process's one renewer renews claims one at a time and waits on the database's row lock: a "
-        "transactional step (C42) locks its run's row until the caller's transaction ends (the docs allow up to "
-        "lease_seconds), so that run's renewal blocks the renewer thread and NO other claim of the process is "
-        "renewed meanwhile. Another attempt's lease then expires after 2/3 of a lease and another worker takes "
-        "over its live attempt (C23, C25). With a thread per attempt only the locked run's renewal waited. Not a "
-        "store outage (the other claims are renewable), so the module's 'accepted' argument does not hold. No "
-        "simple fix: e.g. a lock timeout / NOWAIT on the renewal with a quick retry, or renewing a blocked claim "
-        "off the shared thread."
-    ),
-)
 def test_c23_a_transaction_holding_one_runs_row_does_not_stop_other_claims_being_renewed(
     pg_store: HookedStore, postgres_url: str
 ) -> None:

@@ -28,7 +28,15 @@ from flexiq_plugins._store.factory import DEFAULT_STORE_URL, STORE_URL_ENV, open
 from flexiq_plugins._store.memory import MemoryStepStore
 from flexiq_plugins._store.sql import SqlStepStore, normalize_url, upgrade_store
 from flexiq_plugins._store.sql.engine import READ_ONLY
-from flexiq_plugins.errors import ClaimLost, ConfigurationError, StoreError, StoreMisconfigured, StoreUnavailable
+from flexiq_plugins._store.sql.tables import store_tables
+from flexiq_plugins.errors import (
+    ClaimLost,
+    ConfigurationError,
+    RunLocked,
+    StoreError,
+    StoreMisconfigured,
+    StoreUnavailable,
+)
 from flexiq_plugins.transactions import CallerConnection
 from tests.conftest import MYSQL, POSTGRES, require_service
 from tests.polling import wait_for
@@ -405,6 +413,48 @@ def between(store: SqlStepStore, monkeypatch: pytest.MonkeyPatch, meanwhile: Cal
         return write(*args, **kwargs)
 
     monkeypatch.setattr(folded, "claim_if_unchanged", claim_if_unchanged)
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [pytest.param("postgres", marks=pytest.mark.postgres), pytest.param("mysql", marks=pytest.mark.mysql)],
+)
+def test_c23_a_renewal_does_not_wait_for_a_row_another_transaction_holds(
+    backend: str, request: pytest.FixtureRequest, make_sql_store: Callable[..., SqlStepStore]
+) -> None:
+    """A renewal of a run whose row an open transaction holds is refused at once (``RunLocked``), not waited (C23).
+
+    A transactional step's write holds its run's row until the caller's
+    transaction ends (C42); the process's one renewer must go on with the
+    other claims meanwhile. Nothing is written; once the transaction ends,
+    the renewal goes through.
+    """
+    store = make_sql_store(request.getfixturevalue(f"{backend}_url"))
+    begun = claim(store, "run-held")
+    runs = store_tables(store.table_prefix).runs
+    outcome: list[object] = []
+
+    def renew() -> None:
+        try:
+            outcome.append(store.renew(begun.claim, 60.0))
+        except Exception as exc:  # what the test looks at
+            outcome.append(exc)
+
+    with store.engine.connect() as other:
+        transaction = other.begin()
+        other.execute(sa.select(runs.c.run_key).where(runs.c.run_key == "run-held").with_for_update())
+        renewer = threading.Thread(target=renew)
+        renewer.start()
+        renewer.join(20.0)  # a bound on a hang: a renewal that waits for the lock never returns before the rollback
+        still_waiting = renewer.is_alive()
+        transaction.rollback()
+    renewer.join()
+    assert not still_waiting, "the renewal waited for the row lock"
+    assert isinstance(outcome[0], RunLocked), outcome
+    assert store.get_run("run-held").lease_until == pytest.approx(begun.claim.lease_until)
+    renewed = store.renew(begun.claim, 60.0)
+    assert renewed.lease_until > begun.claim.lease_until
+    assert store.get_run("run-held").lease_until == pytest.approx(renewed.lease_until)
 
 
 def test_c25_a_refused_write_rolls_back(sql_store: SqlStepStore) -> None:

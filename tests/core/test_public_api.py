@@ -70,6 +70,7 @@ EXPORTED = [
     "RetryPolicy",
     "RunCancelled",
     "RunCompensated",
+    "RunLocked",
     "RunRecord",
     "SleepSignal",
     "SqlStepStore",

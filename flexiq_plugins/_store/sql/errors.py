@@ -132,6 +132,25 @@ def _undefined_table(origin: BaseException) -> bool:
     )
 
 
+def is_lock_unavailable(exc: BaseException | None) -> bool:
+    """Whether ``exc`` says a row lock was not granted at once (``NOWAIT``) or in time.
+
+    Parameters:
+      exc(BaseException | None): typically the ``__cause__`` of a translated error.
+
+    Returns:
+      bool: PostgreSQL SQLSTATE 55P03 (``lock_not_available``), MySQL error
+      3572 (``NOWAIT``) or 1205 (a lock wait timeout: MariaDB's answer to ``NOWAIT``).
+    """
+    if not isinstance(exc, sa_exc.DBAPIError):
+        return False
+    origin = exc.orig
+    if getattr(origin, "sqlstate", None) == "55P03":
+        return True
+    args: tuple[Any, ...] = getattr(origin, "args", ())
+    return bool(args) and args[0] in (1205, 3572)
+
+
 def is_deadlock(exc: BaseException | None) -> bool:
     """Whether ``exc`` is a deadlock or serialization failure: the server rolled the transaction back.
 

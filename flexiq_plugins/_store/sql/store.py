@@ -57,6 +57,7 @@ from ...errors import (
     ClaimLost,
     ConfigurationError,
     InvalidTransaction,
+    RunLocked,
     StoreError,
     StoreUnavailable,
     UnknownDeadLetter,
@@ -108,7 +109,7 @@ from .engine import (
     register_fork_hook,
     safe_url,
 )
-from .errors import describe, is_deadlock, is_missing_table, translated
+from .errors import describe, is_deadlock, is_lock_unavailable, is_missing_table, translated
 from .folded import Folded
 from .mapping import (
     attempt_values,
@@ -505,8 +506,7 @@ class SqlStepStore(StepStore):
     def _fenced_update(self, conn: _Executes, claim: Claim, **values: Any) -> None:
         """Update the run only while ``claim`` holds it, else raise :class:`ClaimLost` (C25)."""
         runs = self._t.runs
-        held = (runs.c[name] == value for name, value in fence(claim).items())
-        result = conn.execute(sa.update(runs).where(*held).values(**values))
+        result = conn.execute(sa.update(runs).where(*self._fence_of(claim)).values(**values))
         if result.rowcount != 1:
             raise claim_lost(claim)
 
@@ -733,9 +733,17 @@ class SqlStepStore(StepStore):
         return stmt.on_duplicate_key_update({key: stmt.inserted[key]})
 
     def renew(self, claim: Claim, lease_seconds: float) -> Claim:
-        """Extend the lease to the database's ``now + lease_seconds`` (C23).
+        """Extend the lease to the database's ``now + lease_seconds`` (C23), without waiting for a row lock.
 
-        One transaction, fenced on ``(run_key, owner, attempt)``.
+        Fenced on ``(run_key, owner, attempt)``. PostgreSQL: one autocommitted
+        ``UPDATE`` of the row a ``SELECT … FOR UPDATE NOWAIT`` locks, the
+        clock read once it is locked. MySQL/MariaDB: one transaction of that
+        locking read, the clock and the ``UPDATE``. SQLite: one ``BEGIN
+        IMMEDIATE`` transaction (its lock is the whole database's: it waits,
+        up to the busy timeout). A row another transaction holds (a
+        transactional step's caller transaction, C42) is not waited for:
+        :class:`RunLocked`, so the process's one renewer goes on renewing the
+        other claims.
 
         Parameters:
           claim(Claim): the attempt's claim.
@@ -743,15 +751,52 @@ class SqlStepStore(StepStore):
 
         Raises:
           ClaimLost: another attempt holds the run (C25); nothing was written.
+          RunLocked: the run's row is locked by another open transaction
+            (PostgreSQL, MySQL/MariaDB); nothing was written: try again shortly.
           StoreUnavailable: the database cannot be reached.
         """
+        if self._dialect == "sqlite":
+            return self._write(lambda conn: self._renew_locked(conn, claim, lease_seconds))
+        try:
+            if self._dialect == "postgresql":
+                return self._single_statement(lambda conn: self._renew_in_one(conn, claim, lease_seconds))
+            return self._write(lambda conn: self._renew_nowait(conn, claim, lease_seconds))
+        except StoreError as exc:
+            if is_lock_unavailable(exc.__cause__):
+                raise RunLocked(f"run {claim.run_key!r} is locked by another open transaction") from exc
+            raise
 
-        def work(conn: Connection) -> Claim:
-            until = self._now(conn) + lease_seconds
-            self._fenced_update(conn, claim, lease_until=until)
-            return dataclasses.replace(claim, lease_until=until)
+    def _renew_locked(self, conn: Connection, claim: Claim, lease_seconds: float) -> Claim:
+        until = self._now(conn) + lease_seconds
+        self._fenced_update(conn, claim, lease_until=until)
+        return dataclasses.replace(claim, lease_until=until)
 
-        return self._write(work)
+    def _renew_in_one(self, conn: Connection, claim: Claim, lease_seconds: float) -> Claim:
+        """PostgreSQL: ``UPDATE … WHERE run_key = (SELECT … fenced FOR UPDATE NOWAIT) RETURNING lease_until``."""
+        runs = self._t.runs
+        held = sa.select(runs.c.run_key).where(*self._fence_of(claim)).with_for_update(nowait=True)
+        statement = (
+            sa.update(runs)
+            .where(runs.c.run_key == held.scalar_subquery())
+            .values(lease_until=self._clock + lease_seconds)
+            .returning(runs.c.lease_until)
+        )
+        until = conn.execute(statement).scalar_one_or_none()
+        if until is None:
+            raise claim_lost(claim)
+        return dataclasses.replace(claim, lease_until=float(until))
+
+    def _renew_nowait(self, conn: Connection, claim: Claim, lease_seconds: float) -> Claim:
+        """MySQL/MariaDB: lock the fenced row without waiting (``FOR UPDATE NOWAIT``), then renew it."""
+        runs = self._t.runs
+        held = sa.select(runs.c.run_key).where(*self._fence_of(claim)).with_for_update(nowait=True)
+        if conn.execute(held).first() is None:
+            raise claim_lost(claim)
+        return self._renew_locked(conn, claim, lease_seconds)
+
+    def _fence_of(self, claim: Claim) -> list[sa.ColumnElement[bool]]:
+        runs = self._t.runs
+        return [runs.c[name] == value for name, value in fence(claim).items()]
 
     def commit_step(self, claim: Claim, row: StepRow) -> StepRow:
         """Insert one step row and update the run's step totals (C5, C9).
