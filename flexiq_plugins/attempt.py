@@ -650,10 +650,12 @@ class Attempt:
     def _leave(self, tokens: tuple[Any, Any]) -> None:
         try:
             self._active = False
-            if self.journal is not None:
-                self.journal.close_transactions()  # before the lease stops: a left-open one would hold it (C42)
-            if self._lease is not None:
-                self._lease.stop()
+            try:
+                if self.journal is not None:
+                    self.journal.close_transactions()  # before the lease stops: a left-open one would hold it (C42)
+            finally:  # even if a rollback fails: in a compensation (C32) no later stop follows
+                if self._lease is not None:
+                    self._lease.stop()
         finally:
             self.context.leave(tokens)
 

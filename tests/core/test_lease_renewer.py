@@ -28,6 +28,7 @@ import pytest
 from flexiq_plugins import AttemptDriver, DurableConfig, JobEnvelope, JobInfo, SqlStepStore, current_job, outcomes
 from flexiq_plugins._lease import RENEWER_THREAD_NAME, LeaseKeeper
 from flexiq_plugins._store.base import Begun, Claim
+from flexiq_plugins.attempt import Attempt
 from tests.conftest import drop_store_tables
 from tests.polling import wait_for
 
@@ -198,6 +199,34 @@ def test_c32_a_keeper_started_again_after_its_stop_renews_again(watched: Watched
     finally:
         keeper.stop()
     assert keeper.claim.lease_until == pytest.approx(watched.get_run("run-again").lease_until), "its last renewal's"
+
+
+def test_c23_an_attempt_whose_open_transactions_fail_to_close_still_stops_its_keeper(watched: WatchedStore) -> None:
+    """Leaving an attempt's ``activate`` stops its keeper even when closing the caller transactions it left open
+    raises (a rollback on a dropped connection, C42): as in a compensation, where no later stop follows (C32)."""
+    driver = AttemptDriver(watched, DurableConfig(lease_seconds=LEASE_S))
+    attempt = driver.start(JobInfo("run-left", "job-left", ENVELOPE))
+    assert isinstance(attempt, Attempt), attempt
+
+    def dropped() -> None:
+        raise ConnectionError("the caller's connection dropped during the rollback")
+
+    def body_then_leave() -> None:
+        with attempt.activate():
+            current_job.step.run("charge", lambda: 1)  # the claim, and its keeper started
+            assert watched.wait_renewals("run-left", 1)
+            attempt.journal.close_transactions = dropped  # type: ignore[method-assign]
+
+    with pytest.raises(ConnectionError):
+        body_then_leave()
+    after_leave = watched.renewals["run-left"]
+    other = LeaseKeeper(watched, claimed(watched, "run-other"), LEASE_S)
+    other.start()
+    try:
+        assert watched.wait_renewals("run-other", 3)  # the renewer ran past two of run-left's renewal times
+    finally:
+        other.stop()
+    assert watched.renewals["run-left"] == after_leave, "the left attempt's claim is still renewed"
 
 
 def test_c25_a_keeper_whose_claim_was_taken_over_records_it_and_renews_no_more(watched: WatchedStore) -> None:
