@@ -13,6 +13,7 @@ import os
 import socket
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 from uuid import uuid4
 
 import pytest
@@ -21,6 +22,7 @@ import sqlalchemy as sa
 from flexiq_plugins._store.base import StepStore
 from flexiq_plugins._store.memory import MemoryStepStore
 from flexiq_plugins._store.sql import SqlStepStore
+from flexiq_plugins.transactions import CallerConnection
 
 POSTGRES = ("PostgreSQL", "127.0.0.1", 5432)
 MYSQL = ("MariaDB", "127.0.0.1", 3306)
@@ -83,6 +85,20 @@ def mariadb_url() -> str:
 def sqlite_url(tmp_path: Path) -> str:
     """The URL of a fresh SQLite file in the test's temporary directory."""
     return f"sqlite:///{tmp_path / 'steps.db'}"
+
+
+class PostgresCaller(CallerConnection):
+    """A caller's SQLAlchemy connection to PostgreSQL inside its open transaction (a transactional step, C42)."""
+
+    dialect_name = "postgresql"
+    description = "the test's connection"
+
+    def __init__(self, conn: sa.Connection) -> None:
+        self.conn = conn
+
+    def execute(self, statement: Any) -> Any:
+        """Execute ``statement`` in the caller's transaction."""
+        return self.conn.execute(statement)
 
 
 def drop_store_tables(store: SqlStepStore) -> None:

@@ -12,8 +12,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from uuid import uuid4
@@ -24,36 +23,17 @@ import sqlalchemy as sa
 from flexiq_plugins import JobEnvelope, SqlStepStore
 from flexiq_plugins._lease import LeaseKeeper
 from flexiq_plugins._store.base import Begun, Claim, StepRow
-from flexiq_plugins.transactions import CallerConnection
-from tests.conftest import drop_store_tables
+from tests.conftest import PostgresCaller, drop_store_tables
+from tests.core.test_lease_renewer import WatchedStore
 
 ENVELOPE = JobEnvelope("tasks.t", "test")
 PATIENCE_S = 30.0
 """How long a test waits for what must happen, seconds (a bound on a hang, never a margin)."""
 
 
-class HookedStore(SqlStepStore):
-    """A real SQL store that counts each run's renewals and calls ``during_renewal`` before each one."""
-
-    def __init__(self, url: str, **kwargs: Any) -> None:
-        super().__init__(url, **kwargs)
-        self.changed = threading.Condition()
-        self.renewals: Counter[str] = Counter()
-        self.during_renewal: Callable[[Claim], None] | None = None
-
-    def renew(self, claim: Claim, lease_seconds: float) -> Claim:
-        if self.during_renewal is not None:
-            self.during_renewal(claim)
-        renewed = super().renew(claim, lease_seconds)
-        with self.changed:
-            self.renewals[claim.run_key] += 1
-            self.changed.notify_all()
-        return renewed
-
-
 @pytest.fixture
-def pg_store(postgres_url: str) -> Iterator[HookedStore]:
-    store = HookedStore(postgres_url, table_prefix=f"r{uuid4().hex[:8]}_")
+def pg_store(postgres_url: str) -> Iterator[WatchedStore]:
+    store = WatchedStore(postgres_url, table_prefix=f"r{uuid4().hex[:8]}_")
     yield store
     drop_store_tables(store)
     store.close()
@@ -63,19 +43,6 @@ def claimed(store: SqlStepStore, run_key: str, lease_s: float = 30.0) -> Claim:
     begun = store.begin(run_key, f"job-{run_key}", ENVELOPE, "w1", lease_s)
     assert isinstance(begun, Begun)
     return begun.claim
-
-
-class _Caller(CallerConnection):
-    """A caller's SQLAlchemy connection inside its open transaction (a transactional step, C42)."""
-
-    dialect_name = "postgresql"
-    description = "the test's connection"
-
-    def __init__(self, conn: sa.Connection) -> None:
-        self.conn = conn
-
-    def execute(self, statement: Any) -> Any:
-        return self.conn.execute(statement)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -91,7 +58,7 @@ LEASE_S = 3.0
 @pytest.mark.postgres
 @pytest.mark.timeout(120)
 def test_c23_a_transaction_holding_one_runs_row_does_not_stop_other_claims_being_renewed(
-    pg_store: HookedStore, postgres_url: str
+    pg_store: WatchedStore, postgres_url: str
 ) -> None:
     """Attempt A runs a transactional step and keeps its transaction open for less than the lease (as the
     docs allow); attempt B, in the same process, does nothing wrong. B's claim must stay renewed, so no other
@@ -128,7 +95,7 @@ def test_c23_a_transaction_holding_one_runs_row_does_not_stop_other_claims_being
         with caller_engine.connect() as conn:
             transaction = conn.begin()
             try:
-                store.commit_step_on(_Caller(conn), keeper_a.claim, StepRow(0, "charge#0", "run", b"v"))
+                store.commit_step_on(PostgresCaller(conn), keeper_a.claim, StepRow(0, "charge#0", "run", b"v"))
                 opened = time.monotonic()
                 locked.set()  # run-a's renewal now waits on the row lock
                 while (age := time.monotonic() - opened) < 0.9 * LEASE_S:  # a transaction shorter than the lease

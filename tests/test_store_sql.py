@@ -37,8 +37,7 @@ from flexiq_plugins.errors import (
     StoreMisconfigured,
     StoreUnavailable,
 )
-from flexiq_plugins.transactions import CallerConnection
-from tests.conftest import MYSQL, POSTGRES, require_service
+from tests.conftest import MYSQL, POSTGRES, PostgresCaller, require_service
 from tests.polling import wait_for
 
 ENVELOPE = JobEnvelope(task_name="shop.checkout", framework="test", args=[1])
@@ -343,19 +342,6 @@ def test_c24_a_lease_renewed_between_the_read_and_the_write_is_not_taken_over(
     assert (run.owner, run.attempt, run.takeovers) == ("worker-0", 1, 0)
 
 
-class _Caller(CallerConnection):
-    """A caller's SQLAlchemy connection inside its open transaction (C42)."""
-
-    dialect_name = "postgresql"
-    description = "the test's connection"
-
-    def __init__(self, conn: sa.Connection) -> None:
-        self.conn = conn
-
-    def execute(self, statement: Any) -> Any:
-        return self.conn.execute(statement)
-
-
 @pytest.mark.postgres
 def test_c25_a_step_committing_while_the_takeover_is_written_is_in_the_snapshot(
     postgres_url: str, make_sql_store: Callable[..., SqlStepStore], monkeypatch: pytest.MonkeyPatch
@@ -382,7 +368,7 @@ def test_c25_a_step_committing_while_the_takeover_is_written_is_in_the_snapshot(
         transaction = conn.begin()
 
         def step_in_flight() -> None:
-            store.commit_step_on(_Caller(conn), old, StepRow(0, "charge#0", "run", b"v"))
+            store.commit_step_on(PostgresCaller(conn), old, StepRow(0, "charge#0", "run", b"v"))
 
             def commit_once_waited_on() -> None:
                 wait_for(waiting_on_the_row, 30.0, "the takeover to wait for the run's row")
