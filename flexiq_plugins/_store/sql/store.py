@@ -751,8 +751,9 @@ class SqlStepStore(StepStore):
 
         Raises:
           ClaimLost: another attempt holds the run (C25); nothing was written.
-          RunLocked: the run's row is locked by another open transaction
-            (PostgreSQL, MySQL/MariaDB); nothing was written: try again shortly.
+          RunLocked: the run's row is locked by another open transaction while
+            the claim, as last committed, still holds it (PostgreSQL,
+            MySQL/MariaDB); nothing was written: try again shortly.
           StoreUnavailable: the database cannot be reached.
         """
         if self._dialect == "sqlite":
@@ -762,9 +763,15 @@ class SqlStepStore(StepStore):
                 return self._single_statement(lambda conn: self._renew_in_one(conn, claim, lease_seconds))
             return self._write(lambda conn: self._renew_nowait(conn, claim, lease_seconds))
         except StoreError as exc:
-            if is_lock_unavailable(exc.__cause__):
-                raise RunLocked(f"run {claim.run_key!r} is locked by another open transaction") from exc
-            raise
+            if not is_lock_unavailable(exc.__cause__):
+                raise
+            refused = exc
+        # InnoDB locks the row by its key before it reads the rest of the fence: a claim taken over is refused
+        # the lock while the new owner's transaction holds the row. A plain read (the last committed row)
+        # tells a lost claim (C25) from a held row.
+        if not self._still_holds(claim):
+            raise claim_lost(claim) from refused
+        raise RunLocked(f"run {claim.run_key!r} is locked by another open transaction") from refused
 
     def _renew_locked(self, conn: Connection, claim: Claim, lease_seconds: float) -> Claim:
         until = self._now(conn) + lease_seconds
@@ -876,6 +883,7 @@ class SqlStepStore(StepStore):
         )
 
     def _still_holds(self, claim: Claim) -> bool:
+        """Whether the run as last committed is still ``claim``'s (a read that takes no lock)."""
         try:
             return holds(self.get_run(claim.run_key), claim)
         except UnknownRun:
