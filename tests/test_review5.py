@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from uuid import uuid4
 
 import pytest
 import sqlalchemy as sa
 
 from flexiq_plugins import JobEnvelope, SqlStepStore
 from flexiq_plugins._store.base import Begun, Busy, Claim
+from flexiq_plugins._store.sql.errors import is_deadlock
 from flexiq_plugins._store.sql.tables import store_tables
-from flexiq_plugins.errors import ClaimLost, RunLocked
+from flexiq_plugins.errors import ClaimLost, RunLocked, StoreError
+from tests.conftest import drop_store_tables
 from tests.polling import wait_for
 
 ENVELOPE = JobEnvelope("tasks.t", "test")
@@ -95,6 +98,77 @@ def test_c23_a_renewal_of_a_claim_still_held_whose_row_is_locked_is_run_locked(
         transaction.rollback()
     assert isinstance(while_held, RunLocked), while_held
     assert store.get_run("run-held").lease_until == pytest.approx(claim.lease_until)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Finding 2 (PostgreSQL through psycopg2, a driver the store accepts as given): the error classifiers read only
+# psycopg 3's ``sqlstate``; psycopg2 names it ``pgcode``. A refused NOWAIT was therefore an outage
+# (StoreUnavailable: a WARNING, and the next try a third of a lease later instead of 0.1 s), a deadlock was not
+# retried, and missing tables were not named as such.
+# --------------------------------------------------------------------------------------------------------------
+
+PSYCOPG2_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
+
+
+@pytest.fixture
+def psycopg2_store(postgres_url: str) -> Iterator[SqlStepStore]:
+    pytest.importorskip("psycopg2")
+    store = SqlStepStore(PSYCOPG2_URL, table_prefix=f"t{uuid4().hex[:8]}_")
+    yield store
+    drop_store_tables(store)
+    store.close()
+
+
+@pytest.mark.postgres
+def test_c23_psycopg2_a_renewal_refused_the_row_lock_is_run_locked_not_an_outage(psycopg2_store: SqlStepStore) -> None:
+    store = psycopg2_store
+    claim = begun(store, "run-held", "worker-a", 30.0)
+    runs = store_tables(store.table_prefix).runs
+    with store.engine.connect() as caller:
+        transaction = caller.begin()
+        caller.execute(sa.select(runs.c.run_key).where(runs.c.run_key == "run-held").with_for_update())
+        while_held = renewal_of(store, claim)
+        transaction.rollback()
+    assert isinstance(while_held, RunLocked), while_held
+
+
+@pytest.mark.postgres
+def test_c28_psycopg2_a_deadlock_is_recognised(psycopg2_store: SqlStepStore) -> None:
+    """Two transactions lock two rows in opposite orders: the one PostgreSQL rolls back is a deadlock (retried)."""
+    store = psycopg2_store
+    begun(store, "run-1", "w", 30.0)
+    begun(store, "run-2", "w", 30.0)
+    runs = store_tables(store.table_prefix).runs
+    first_locked = threading.Barrier(2, timeout=PATIENCE_S)
+    errors: list[BaseException] = []
+
+    def lock(first: str, second: str) -> None:
+        with store.engine.connect() as conn, conn.begin():
+            try:
+                conn.execute(sa.select(runs.c.run_key).where(runs.c.run_key == first).with_for_update())
+                first_locked.wait()
+                conn.execute(sa.select(runs.c.run_key).where(runs.c.run_key == second).with_for_update())
+            except sa.exc.DBAPIError as exc:
+                errors.append(exc)
+
+    threads = [threading.Thread(target=lock, args=pair) for pair in (("run-1", "run-2"), ("run-2", "run-1"))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(PATIENCE_S)
+    assert len(errors) == 1, errors
+    assert is_deadlock(errors[0]), errors[0]
+
+
+@pytest.mark.postgres
+def test_c41_psycopg2_missing_tables_name_the_fix(postgres_url: str) -> None:
+    pytest.importorskip("psycopg2")
+    store = SqlStepStore(PSYCOPG2_URL, table_prefix=f"t{uuid4().hex[:8]}_", auto_upgrade=False)
+    try:
+        with pytest.raises(StoreError, match="flexiq store upgrade"):
+            store.get_run("run-1")
+    finally:
+        store.close()
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -125,11 +125,12 @@ def is_missing_table(exc: BaseException) -> bool:
 
 def _undefined_table(origin: BaseException) -> bool:
     args: tuple[Any, ...] = getattr(origin, "args", ())
-    return (
-        getattr(origin, "sqlstate", None) == "42P01"
-        or (bool(args) and args[0] == 1146)
-        or "no such table" in str(origin)
-    )
+    return _sqlstate(origin) == "42P01" or (bool(args) and args[0] == 1146) or "no such table" in str(origin)
+
+
+def _sqlstate(origin: BaseException | None) -> str | None:
+    """A PostgreSQL driver error's SQLSTATE: psycopg 3 names it ``sqlstate``, psycopg2 ``pgcode``."""
+    return getattr(origin, "sqlstate", None) or getattr(origin, "pgcode", None)
 
 
 def is_lock_unavailable(exc: BaseException | None) -> bool:
@@ -145,7 +146,7 @@ def is_lock_unavailable(exc: BaseException | None) -> bool:
     if not isinstance(exc, sa_exc.DBAPIError):
         return False
     origin = exc.orig
-    if getattr(origin, "sqlstate", None) == "55P03":
+    if _sqlstate(origin) == "55P03":
         return True
     args: tuple[Any, ...] = getattr(origin, "args", ())
     return bool(args) and args[0] in (1205, 3572)
@@ -163,7 +164,7 @@ def is_deadlock(exc: BaseException | None) -> bool:
     if not isinstance(exc, sa_exc.DBAPIError):
         return False
     origin = exc.orig
-    if getattr(origin, "sqlstate", None) in ("40P01", "40001"):
+    if _sqlstate(origin) in ("40P01", "40001"):
         return True
     args: tuple[Any, ...] = getattr(origin, "args", ())
     return bool(args) and args[0] == 1213
