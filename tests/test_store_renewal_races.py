@@ -1,4 +1,4 @@
-"""Review 5: a lease renewal that does not wait for a row lock (``RunLocked``), and the MySQL/MariaDB attempt start.
+"""A lease renewal that does not wait for a row lock (``RunLocked``), the MySQL/MariaDB attempt start, psycopg2.
 
 Every test runs against the real databases with real threads and connections. Waits are bounded, on the
 database's clock or on thread joins, never a margin.
