@@ -68,6 +68,7 @@ def renewal_of(store: SqlStepStore, claim: Claim) -> object:
 def test_c25_a_renewal_of_a_claim_taken_over_is_claim_lost_while_the_new_owner_holds_the_row(
     backend: str, request: pytest.FixtureRequest, make_sql_store: Callable[..., SqlStepStore]
 ) -> None:
+    """An expired claim taken over, whose new owner's transaction holds the row: its renewal is ``ClaimLost`` (C25)."""
     store = make_sql_store(request.getfixturevalue(f"{backend}_url"))
     old = begun(store, "run-taken", "worker-a", 0.2)
     wait_for(lambda: store.now() > old.lease_until, PATIENCE_S, "the first claim's lease to expire")
@@ -121,6 +122,7 @@ def psycopg2_store(postgres_url: str) -> Iterator[SqlStepStore]:
 
 @pytest.mark.postgres
 def test_c23_psycopg2_a_renewal_refused_the_row_lock_is_run_locked_not_an_outage(psycopg2_store: SqlStepStore) -> None:
+    """Through psycopg2, a renewal of a row another transaction holds is ``RunLocked`` (55P03 read as ``pgcode``)."""
     store = psycopg2_store
     claim = begun(store, "run-held", "worker-a", 30.0)
     runs = store_tables(store.table_prefix).runs
@@ -162,6 +164,7 @@ def test_c28_psycopg2_a_deadlock_is_recognised(psycopg2_store: SqlStepStore) -> 
 
 @pytest.mark.postgres
 def test_c41_psycopg2_missing_tables_name_the_fix(postgres_url: str) -> None:
+    """Through psycopg2, a store without its tables says to run ``flexiq store upgrade`` (42P01 read as ``pgcode``)."""
     pytest.importorskip("psycopg2")
     store = SqlStepStore(PSYCOPG2_URL, table_prefix=f"t{uuid4().hex[:8]}_", auto_upgrade=False)
     try:
@@ -207,6 +210,7 @@ def race_first_deliveries(racers: list[SqlStepStore], run_key: str) -> list[obje
 def test_c24_first_deliveries_racing_record_queued_claim_once(
     dialect: str, request: pytest.FixtureRequest, make_sql_store: Callable[..., SqlStepStore]
 ) -> None:
+    """Nine stores race first deliveries and the producer's record of one new run, ten times: one claim each (C24)."""
     url = request.getfixturevalue(f"{dialect}_url")
     main = make_sql_store(url)
     main.describe()  # the tables, before the racers open their stores on them
