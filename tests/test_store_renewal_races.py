@@ -84,23 +84,6 @@ def test_c25_a_renewal_of_a_claim_taken_over_is_claim_lost_while_the_new_owner_h
     assert store.get_run("run-taken").owner == "worker-b"
 
 
-@pytest.mark.parametrize("backend", SERVERS)
-def test_c23_a_renewal_of_a_claim_still_held_whose_row_is_locked_is_run_locked(
-    backend: str, request: pytest.FixtureRequest, make_sql_store: Callable[..., SqlStepStore]
-) -> None:
-    """The other side of the fix above: the claim still holds the run, its row is locked: RunLocked, nothing written."""
-    store = make_sql_store(request.getfixturevalue(f"{backend}_url"))
-    claim = begun(store, "run-held", "worker-a", 30.0)
-    runs = store_tables(store.table_prefix).runs
-    with store.engine.connect() as caller:
-        transaction = caller.begin()
-        caller.execute(sa.update(runs).where(runs.c.run_key == "run-held").values(step_count=runs.c.step_count))
-        while_held = renewal_of(store, claim)
-        transaction.rollback()
-    assert isinstance(while_held, RunLocked), while_held
-    assert store.get_run("run-held").lease_until == pytest.approx(claim.lease_until)
-
-
 # --------------------------------------------------------------------------------------------------------------
 # Finding 2 (PostgreSQL through psycopg2, a driver the store accepts as given): the error classifiers read only
 # psycopg 3's ``sqlstate``; psycopg2 names it ``pgcode``. A refused NOWAIT was therefore an outage

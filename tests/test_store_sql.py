@@ -403,7 +403,11 @@ def between(store: SqlStepStore, monkeypatch: pytest.MonkeyPatch, meanwhile: Cal
 
 @pytest.mark.parametrize(
     "backend",
-    [pytest.param("postgres", marks=pytest.mark.postgres), pytest.param("mysql", marks=pytest.mark.mysql)],
+    [
+        pytest.param("postgres", marks=pytest.mark.postgres),
+        pytest.param("mysql", marks=pytest.mark.mysql),
+        pytest.param("mariadb", marks=pytest.mark.mysql),
+    ],
 )
 def test_c23_a_renewal_does_not_wait_for_a_row_another_transaction_holds(
     backend: str, request: pytest.FixtureRequest, make_sql_store: Callable[..., SqlStepStore]
