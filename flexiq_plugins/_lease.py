@@ -179,6 +179,7 @@ class LeaseKeeper:
     def _renew(self) -> float | None:
         """One renewal; the seconds until the next, or None once the claim is lost (or a retry will not fix it)."""
         health = store_health(self._store)
+        since = health.generation
         try:
             self._claim = self._store.renew(self._claim, self.lease_seconds)
         except ClaimLost as exc:
@@ -187,7 +188,7 @@ class LeaseKeeper:
         except RunLocked:  # its row is held by an open transaction, its own step's (C42): soon again, not waiting
             return min(self.interval, _LOCKED_RETRY_S)
         except StoreError as exc:  # one WARNING per outage and process, with the others (C28, C41)
-            health.failed("lease renewal of run %s failed (%s); will retry", self._claim.run_key, exc)
+            health.failed("lease renewal of run %s failed (%s); will retry", self._claim.run_key, exc, since=since)
             return self.interval
         except BaseException:  # a bug, or a driver's BaseException (gevent.Timeout is one): end this claim's
             # renewals (as its own thread's death did), not the others' (the renewer thread must not die of it)

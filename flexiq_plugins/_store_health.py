@@ -10,6 +10,13 @@ every other failure until the store answers again is logged at DEBUG; the
 first part to reach the store again logs ``step store reachable again`` at
 INFO, once.
 
+A failure can come back after the store does: a statement sent during the
+outage ends in its network timeout seconds after another part found the
+store answering again. Such a failure says nothing about the store now, so a
+part that knows when its operation began passes the :attr:`StoreHealth.generation`
+it read then (``since``): a failure begun before the store came back is
+logged at DEBUG and starts no new outage.
+
 One :class:`StoreHealth` per store object and process (:func:`store_health`):
 a process that talks to two stores has two outages to report.
 """
@@ -38,24 +45,35 @@ class StoreHealth:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._down = False
+        self._returns = 0
 
     @property
     def down(self) -> bool:
         """Whether an outage is being reported (a failure seen, no success since)."""
         return self._down
 
-    def failed(self, message: str, *args: object) -> bool:
+    @property
+    def generation(self) -> int:
+        """How many outages have ended: read it before an operation, pass it to :meth:`failed` as ``since``."""
+        return self._returns
+
+    def failed(self, message: str, *args: object, since: int | None = None) -> bool:
         """Report a failure: ``message % args`` at WARNING if it starts an outage, else at DEBUG.
 
         Parameters:
           message(str): a ``logging`` format string naming what failed and what follows from it.
           args(object): its arguments.
+          since(int | None): the :attr:`generation` read when the failed
+            operation began; if an outage ended since, the failure belongs to
+            it (DEBUG, and the store is not marked down). ``None``: unknown.
 
         Returns:
           bool: whether this failure started the outage (its line was the WARNING).
         """
         with self._lock:
-            first, self._down = not self._down, True
+            stale = since is not None and since != self._returns
+            first = not (stale or self._down)
+            self._down = self._down or not stale
         logger.log(logging.WARNING if first else logging.DEBUG, message, *args)
         return first
 
@@ -65,6 +83,7 @@ class StoreHealth:
             return False
         with self._lock:
             was, self._down = self._down, False
+            self._returns += was
         if was:
             logger.info(BACK_MESSAGE)
         return was

@@ -386,10 +386,11 @@ class Sweeper:
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval):
+            since = store_health(self.store).generation
             try:
                 report = self.tick()
             except StoreUnavailable as exc:
-                self._note_unreachable(exc)
+                self._note_unreachable(exc, since)
                 continue
             except Exception:
                 logger.exception("%s: recovery sweep failed; the next one runs in %s s", self.name, self.interval)
@@ -403,10 +404,10 @@ class Sweeper:
                     len(report.failed),
                 )
 
-    def _note_unreachable(self, exc: StoreUnavailable) -> None:
+    def _note_unreachable(self, exc: StoreUnavailable, since: int) -> None:
         health = store_health(self.store)
         if not self._unreachable or not health.down:  # a WARNING only if no other part reported this outage (C41)
-            health.failed("%s: recovery paused, the step store cannot be reached: %s", self.name, exc)
+            health.failed("%s: recovery paused, the step store cannot be reached: %s", self.name, exc, since=since)
         self._unreachable = True
 
     def _note_reachable(self) -> None:

@@ -94,7 +94,7 @@ def test_c41_every_part_of_a_process_meeting_one_outage_logs_one_warning_and_one
     assert store.calls.wait(10)
     keeper.stop()
     sweeper = Sweeper(store, {}, interval=60, name="test worker")
-    sweeper._note_unreachable(StoreUnavailable("connection refused"))
+    sweeper._note_unreachable(StoreUnavailable("connection refused"), store_health(store).generation)
     assert record_at_publish(lambda: store, uuid4().hex, "job-p", ENVELOPE) is False
 
     warnings = _store_lines(caplog, logging.WARNING)
@@ -223,7 +223,7 @@ def test_c41_an_outage_that_starts_again_after_another_part_saw_the_store_answer
     sweeper = Sweeper(store, {}, interval=60, name="test worker")
     store.down = True
     assert isinstance(driver.start(_job()), outcomes.PutBack)
-    sweeper._note_unreachable(StoreUnavailable("connection refused"))
+    sweeper._note_unreachable(StoreUnavailable("connection refused"), store_health(store).generation)
     assert len(_store_lines(caplog, logging.WARNING)) == 1
 
     store.down = False
@@ -233,6 +233,35 @@ def test_c41_an_outage_that_starts_again_after_another_part_saw_the_store_answer
     store.down = True
     caplog.clear()
     assert isinstance(driver.start(_job()), outcomes.PutBack)
-    sweeper._note_unreachable(StoreUnavailable("connection refused"))
+    sweeper._note_unreachable(StoreUnavailable("connection refused"), store_health(store).generation)
     warnings = _store_lines(caplog, logging.WARNING)
     assert len(warnings) == 1, caplog.records
+
+
+def test_c41_a_failure_begun_before_the_store_came_back_belongs_to_the_old_outage(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """C41: a sweep sent during an outage ends in its timeout after another part saw the store answer again:
+    DEBUG, not a second WARNING (seen in CI: every process logged its outage twice). A failure begun after the
+    store came back is a new outage, and is a WARNING again."""
+    caplog.set_level(logging.DEBUG, logger="flexiq_plugins")
+    store = SwitchedStore()
+    health = store_health(store)
+    driver = AttemptDriver(store, DurableConfig(store_retry_seconds=1, store_retry_max_seconds=5))
+    sweeper = Sweeper(store, {}, interval=60, name="test worker")
+    store.down = True
+    sweep_began = health.generation  # the sweep's statement is sent during the outage ...
+    assert isinstance(driver.start(_job()), outcomes.PutBack)
+    assert len(_store_lines(caplog, logging.WARNING)) == 1
+    store.down = False
+    assert record_at_publish(lambda: store, uuid4().hex, "job-p", ENVELOPE) is True
+    assert _store_lines(caplog, logging.INFO).count(BACK_MESSAGE) == 1
+    caplog.clear()
+
+    sweeper._note_unreachable(StoreUnavailable("timed out"), sweep_began)  # ... and times out after it came back
+    assert _store_lines(caplog, logging.WARNING) == [], caplog.records
+    assert not health.down
+
+    sweeper._note_unreachable(StoreUnavailable("connection refused"), health.generation)
+    assert len(_store_lines(caplog, logging.WARNING)) == 1, caplog.records
+    assert health.down
