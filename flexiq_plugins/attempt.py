@@ -550,8 +550,13 @@ class Attempt:
         """Whether this attempt holds (or held) its run's claim."""
         return self.claim is not None
 
-    def _take(self, begun: base.Begun) -> None:
-        """Hold the claim ``begun``: the journal, the caps and the lease of the run (C23, C34)."""
+    def _take(self, begun: base.Begun, *, bind: bool = True) -> None:
+        """Hold the claim ``begun``: the journal, the caps and the lease of the run (C23, C34).
+
+        :attr:`claim` is set last, and ``current_job`` is bound to the journal
+        only with ``bind``: a lazy claim binds it once its keeper has started
+        (see :meth:`claim_now`).
+        """
         self._clock_offset = begun.now - time.time()
         self._local_clock = self._store.local_clock()
         label = f"job {self.job_id} (run {self.run_key})"
@@ -563,7 +568,8 @@ class Attempt:
         self._lease = LeaseKeeper(self._store, begun.claim, self._config.lease_seconds)
         self.number = begun.claim.attempt
         self.claim = begun.claim
-        self.context.bind(self.number, self.journal)
+        if bind:
+            self.context.bind(self.number, self.journal)
 
     def _held(self) -> base.Claim:
         """The claim this attempt holds; every store write of a step is fenced on it (C9, C25)."""
@@ -574,23 +580,29 @@ class Attempt:
     def claim_now(self) -> None:
         """Claim the run now, if not yet: called at the body's first use of ``current_job.step`` (C23).
 
+        The claim's keeper is started before ``current_job`` is bound to the
+        journal: an exception that interrupts the start (a time limit's, which
+        the body may catch and carry on) leaves the context unbound, so the
+        body's next use of ``current_job.step`` comes back here and starts it
+        (the claim is not taken again). Otherwise the body would go on with a
+        claim nothing renews (C23).
+
         Raises:
           ClaimRefused: the claim ended the attempt (the run is busy, finished,
             past its takeover limit, or the store is unavailable); the outcome
             that ends it is kept, and the attempt concludes with it.
         """
         with self._claiming:
-            if self.claim is not None:
-                return
-            if self._refused is None:
-                claimed = self._driver.claim(self.job, self._owner)
-                if isinstance(claimed, base.Begun):
-                    self._take(claimed)
-                    if self._active:
-                        self._lease.start()  # type: ignore[union-attr]
-                    return
-                self._refused = claimed
-            raise ClaimRefused(f"job {self.job_id} (run {self.run_key}) could not claim its run: {self._refused}")
+            if self.claim is None:
+                claimed = self._driver.claim(self.job, self._owner) if self._refused is None else self._refused
+                if not isinstance(claimed, base.Begun):
+                    self._refused = claimed
+                    raise ClaimRefused(f"job {self.job_id} (run {self.run_key}) could not claim its run: {claimed}")
+                self._take(claimed, bind=False)
+            if self._active:
+                self._lease.start()  # type: ignore[union-attr]  # nothing if started already
+            if not self.context.claimed:
+                self.context.bind(self.number, self.journal)  # type: ignore[arg-type]
 
     def _arm_caps(self, begun: base.Begun) -> RunCaps:
         """The run's caps (C34); a run whose cancellation was requested, or that is over a cap, is cancelled now."""

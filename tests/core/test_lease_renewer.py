@@ -11,6 +11,7 @@ wait is on a renewal count or an event, never on a wall-clock margin.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -227,6 +228,49 @@ def test_c23_an_attempt_whose_open_transactions_fail_to_close_still_stops_its_ke
     finally:
         other.stop()
     assert watched.renewals["run-left"] == after_leave, "the left attempt's claim is still renewed"
+
+
+class TimeLimitHit(BaseException):
+    """What a time limit raises into the task's thread (Celery's ``SoftTimeLimitExceeded``, Dramatiq's)."""
+
+
+def test_c23_a_lazy_claims_keeper_start_interrupted_and_caught_is_started_at_the_next_step(
+    watched: WatchedStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A time limit that lands in the keeper's start at a lazy claim, which the body catches and carries on
+    from: the body's next use of ``current_job.step`` starts the keeper (the claim is renewed) and claims
+    nothing again; the attempt then succeeds with both steps (C23). Before, the context was bound with the
+    keeper never started: the body went on under a claim nothing renewed, taken over after one lease."""
+    driver = AttemptDriver(watched, DurableConfig(lease_seconds=LEASE_S))
+    attempt = driver.start(JobInfo("run-cut", "job-cut", ENVELOPE, lazy=True))
+    assert isinstance(attempt, Attempt), attempt
+    real_start = LeaseKeeper.start
+    interrupted: list[LeaseKeeper] = []
+
+    def start_cut_once(keeper: LeaseKeeper) -> None:
+        if not interrupted:
+            interrupted.append(keeper)
+            raise TimeLimitHit("the soft time limit, raised inside the keeper's start")
+        real_start(keeper)
+
+    monkeypatch.setattr(LeaseKeeper, "start", start_cut_once)
+    claims_taken: list[JobInfo] = []
+    real_claim = driver.claim
+    monkeypatch.setattr(driver, "claim", lambda job, owner: claims_taken.append(job) or real_claim(job, owner))
+
+    def body() -> int:
+        with contextlib.suppress(TimeLimitHit):  # the body catches the time limit and carries on
+            current_job.step.run("charge", lambda: 1)
+        value = current_job.step.run("charge", lambda: 2) + current_job.step.run("receipt", lambda: 10)
+        assert watched.wait_renewals("run-cut", 2), "the claim is not renewed after the interrupted start"
+        return value
+
+    outcome = attempt.run(body)
+    assert len(interrupted) == 1, interrupted
+    assert len(claims_taken) == 1, "the run was claimed again"
+    assert isinstance(outcome, outcomes.Completed), outcome
+    assert outcome.value == 12
+    assert watched.get_run("run-cut").status == "succeeded"
 
 
 def test_c25_a_keeper_whose_claim_was_taken_over_records_it_and_renews_no_more(watched: WatchedStore) -> None:
