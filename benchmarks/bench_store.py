@@ -700,7 +700,25 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:9.3f}"
 
 
-def run_store(name: str, args: argparse.Namespace) -> None:
+@dataclass
+class StoreRun:
+    """One store's results: every sample in seconds, per operation, and each operation's counted statements."""
+
+    name: str
+    samples: dict[str, list[float]]
+    counts: dict[str, Counts]
+
+    def median(self, operation: str) -> float:
+        """The median of ``operation``'s samples, seconds."""
+        return statistics.median(self.samples[operation])
+
+    def ratio(self, operation: str) -> float:
+        """``operation``'s median over the floor's (one committed ``INSERT``)."""
+        return self.median(operation) / self.median("floor")
+
+
+def run_store(name: str, args: argparse.Namespace) -> StoreRun | None:
+    """Measure one store and print its report; ``None`` for ``--history`` and ``--cleanup-check``."""
     url = URLS.get(name) or f"sqlite:///{tempfile.mkdtemp(prefix='flexiq-bench-')}/bench.db"
     if name == "sqlite" and args.sqlite_url:
         url = args.sqlite_url
@@ -709,7 +727,7 @@ def run_store(name: str, args: argparse.Namespace) -> None:
             history_compare(name, url, args)
         if args.cleanup_check:
             cleanup_check(name, url, args)
-        return
+        return None
     bench = Bench(name, url, args.steps, args.replayed)
     dbos_bench, dbos_note = (None, "DBOS Transact: skipped (--no-dbos)") if args.no_dbos else (None, "")
     try:
@@ -733,6 +751,7 @@ def run_store(name: str, args: argparse.Namespace) -> None:
         counts = bench.counted()
         report(name, url, samples, counts, args)
         print(dbos_note)
+        return StoreRun(name, samples, counts)
     finally:
         if dbos_bench is not None:
             dbos_bench.close()
@@ -754,7 +773,8 @@ def report(name: str, url: str, samples: dict[str, list[float]], counts: dict[st
         print(f"{key:<26} {c.statements:>10} {c.round_trips:>12}  {detail}")
 
 
-def main(argv: list[str] | None = None) -> None:
+def parser() -> argparse.ArgumentParser:
+    """This benchmark's command line (``python -m benchmarks`` takes the same options)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", default="all", choices=["sqlite", "postgres", "mariadb", "all"])
     parser.add_argument("--rounds", type=int, default=7)
@@ -772,12 +792,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--cleanup-job-steps", type=int, default=1, help="new steps of each --cleanup-check job")
     parser.add_argument("--sqlite-url", default="", help="e.g. sqlite:////tmp/x.db?synchronous=full")
     parser.add_argument("--no-dbos", action="store_true", help="skip the DBOS comparison")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run(args: argparse.Namespace) -> list[StoreRun]:
+    """Measure the stores ``args.store`` names, printing each report; return their results."""
     names = ["sqlite", "postgres", "mariadb"] if args.store == "all" else [args.store]
     load = os.getloadavg()
     print(f"machine: {os.cpu_count()} cores, {_cpu_model()}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    for name in names:
-        run_store(name, args)
+    return [got for name in names if (got := run_store(name, args)) is not None]
+
+
+def main(argv: list[str] | None = None) -> None:
+    run(parser().parse_args(argv))
 
 
 def _cpu_model() -> str:

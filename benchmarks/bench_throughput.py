@@ -331,32 +331,61 @@ def configs(args: argparse.Namespace) -> list[WorkerConfig]:
     return out
 
 
-def connection_line(config: WorkerConfig, results: list[RoundResult]) -> str:
-    """The most connections per process (against its concurrency + 1) and in all, over every round."""
-    held: dict[int, int] = {}  # tasks a process runs at once -> most connections such a process held
-    opened: dict[int, int] = {}  # the same -> most distinct connections such a process opened in one round
-    most_total, processes = 0, 0
+@dataclass
+class ConnectionsSeen:
+    """The most store connections seen over a configuration's rounds, by the tasks a process runs at once."""
+
+    held: dict[int, int] = field(default_factory=dict)  # tasks at once -> most connections such a process held
+    opened: dict[int, int] = field(default_factory=dict)  # the same -> most it opened in one round
+    most_total: int = 0
+    processes: int = 0
+
+    @property
+    def within_target(self) -> bool:
+        """Whether every process held at most its concurrency + 1 connections (issue 14)."""
+        return all(most <= tasks + 1 for tasks, most in self.held.items())
+
+
+def connections_seen(config: WorkerConfig, results: list[RoundResult]) -> ConnectionsSeen:
+    """The most connections per process and in all, over every round of ``config``."""
+    seen_all = ConnectionsSeen()
     for result in results:
         seen = result.connections
-        most_total = max(most_total, seen.most_total)
-        processes = max(processes, len(seen.most_by_pid))
+        seen_all.most_total = max(seen_all.most_total, seen.most_total)
+        seen_all.processes = max(seen_all.processes, len(seen.most_by_pid))
         for pid, most in seen.most_by_pid.items():
             tasks = config.tasks_in(pid, result.main_pid)
-            held[tasks] = max(held.get(tasks, 0), most)
-            opened[tasks] = max(opened.get(tasks, 0), len(seen.backends_by_pid.get(pid, ())))
+            seen_all.held[tasks] = max(seen_all.held.get(tasks, 0), most)
+            opened = len(seen.backends_by_pid.get(pid, ()))
+            seen_all.opened[tasks] = max(seen_all.opened.get(tasks, 0), opened)
+    return seen_all
+
+
+def connection_line(config: WorkerConfig, results: list[RoundResult]) -> str:
+    """The most connections per process (against its concurrency + 1) and in all, over every round."""
+    seen = connections_seen(config, results)
     parts = []
-    for tasks in sorted(held, reverse=True):
+    for tasks in sorted(seen.held, reverse=True):
         role = "supervising process" if tasks == 0 else f"process running {tasks} at once"
-        verdict = "ok" if held[tasks] <= tasks + 1 else "OVER"
-        parts.append(f"{role}: held ≤ {held[tasks]} (target ≤ {tasks}+1: {verdict}), opened {opened[tasks]}")
+        verdict = "ok" if seen.held[tasks] <= tasks + 1 else "OVER"
+        parts.append(f"{role}: held ≤ {seen.held[tasks]} (target ≤ {tasks}+1: {verdict}), opened {seen.opened[tasks]}")
     return (
-        f"  store connections: {'; '.join(parts) or 'none seen'}; whole worker ≤ {most_total}"
-        f" ({processes} processes with a connection)"
+        f"  store connections: {'; '.join(parts) or 'none seen'}; whole worker ≤ {seen.most_total}"
+        f" ({seen.processes} processes with a connection)"
     )
 
 
-def cpu_table(by_label: dict[str, list[RoundResult]]) -> str:
-    """Per body: median CPU ms per job of the worker, the database and Redis, how busy the machine was, the ceiling."""
+def ceilings(by_label: dict[str, list[RoundResult]]) -> dict[str, float]:
+    """Per durable body, ``plain CPU / (plain CPU + the durable job's database CPU)`` (medians of the rounds)."""
+    medians = _cpu_medians(by_label)
+    if "plain" not in medians:
+        return {}
+    plain = sum(medians["plain"][:3])
+    return {label: plain / (plain + m[1]) for label, m in medians.items() if label != "plain"}
+
+
+def _cpu_medians(by_label: dict[str, list[RoundResult]]) -> dict[str, tuple[float, float, float, float]]:
+    """Per body: median CPU ms per job of the worker, the database and Redis, and how busy the machine was."""
     medians: dict[str, tuple[float, float, float, float]] = {}
     for label, got in by_label.items():
         cpus = [r.cpu for r in got if r.cpu is not None]
@@ -367,17 +396,33 @@ def cpu_table(by_label: dict[str, list[RoundResult]]) -> str:
                 statistics.median(c.redis for c in cpus),
                 statistics.median(c.busy for c in cpus),
             )
+    return medians
+
+
+def cpu_table(by_label: dict[str, list[RoundResult]]) -> str:
+    """Per body: median CPU ms per job of the worker, the database and Redis, how busy the machine was, the ceiling."""
+    medians = _cpu_medians(by_label)
     if not medians:
         return "  CPU ms per job: not measured (rounds too short to sample, or no /proc)"
-    plain = sum(medians["plain"][:3]) if "plain" in medians else None
+    ceiling_of = ceilings(by_label)
     lines = [f"  {'CPU ms per job':<16} {'worker':>8} {'database':>9} {'redis':>7} {'machine busy':>13} {'ceiling':>8}"]
     for label, (worker, database, redis_cpu, busy) in medians.items():
-        ceiling = "" if plain is None or label == "plain" else f"{plain / (plain + database):.2f}"
+        ceiling = f"{ceiling_of[label]:.2f}" if label in ceiling_of else ""
         lines.append(f"  {label:<16} {worker:>8.2f} {database:>9.2f} {redis_cpu:>7.2f} {busy:>12.0%} {ceiling:>8}")
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
+Results = dict[WorkerConfig, dict[str, list[RoundResult]]]
+"""Per worker configuration, per body (``plain``, ``durable 3-step``, ``durable 5-step``), each round's result."""
+
+
+def rates(results: Results, config: WorkerConfig) -> dict[str, float]:
+    """Per body of ``config``: the median jobs/s over its rounds."""
+    return {label: statistics.median(r.rate for r in got) for label, got in results[config].items()}
+
+
+def parser() -> argparse.ArgumentParser:
+    """This benchmark's command line (``python -m benchmarks`` takes the same options)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--framework", default="all", choices=["celery", "dramatiq", "all"])
     parser.add_argument("--jobs", type=int, default=500)
@@ -392,7 +437,11 @@ def main(argv: list[str] | None = None) -> None:
         help="Dramatiq processes x threads, comma-separated (default: Dramatiq's, <CPUs>x8)",
     )
     parser.add_argument("--results", action="store_true", help="Celery: a Redis result backend for every task")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def run(args: argparse.Namespace) -> tuple[list[WorkerConfig], Results]:
+    """Measure every configuration ``args`` names in interleaved rounds, print the report, return the results."""
     if args.results:
         os.environ["FLEXIQ_BENCH_RESULTS"] = "1"
     setups = configs(args)
@@ -411,13 +460,12 @@ def main(argv: list[str] | None = None) -> None:
                 results[config].setdefault(label, []).append(got)
     backend = ", Redis result backend" if args.results else ""
     for config in setups:
-        rates = {label: [r.rate for r in got] for label, got in results[config].items()}
-        plain = statistics.median(rates["plain"])
+        medians = rates(results, config)
+        plain = medians["plain"]
         print(f"\n== {config.label} + Redis + PostgreSQL{backend if config.framework == 'celery' else ''}")
         print(f"{'task':<18} {'jobs/s (median)':>16} {'× plain':>8} {'stmts/job':>9} {'trips/job':>9}  rounds")
-        for label, values in rates.items():
-            med = statistics.median(values)
-            shown = ", ".join(f"{v:.0f}" for v in values)
+        for label, med in medians.items():
+            shown = ", ".join(f"{r.rate:.0f}" for r in results[config][label])
             stmts = statistics.median(r.statements for r in results[config][label])
             trips = statistics.median(r.round_trips for r in results[config][label])
             print(f"{label:<18} {med:>16.0f} {med / plain:>8.2f} {stmts:>9.1f} {trips:>9.1f}  {shown}")
@@ -425,6 +473,11 @@ def main(argv: list[str] | None = None) -> None:
         print(cpu_table(results[config]))
     load = os.getloadavg()
     print(f"\nload average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    return setups, results
+
+
+def main(argv: list[str] | None = None) -> None:
+    run(parser().parse_args(argv))
 
 
 if __name__ == "__main__":

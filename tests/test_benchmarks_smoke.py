@@ -106,3 +106,49 @@ def test_bench_cpu_says_n_a_rather_than_dividing_by_a_server_cpu_that_read_zero(
 
     assert ratio(0.2, 0.1) == "2.00"
     assert ratio(0.2, 0.0) == "n/a"
+
+
+@pytest.mark.parametrize("store", BACKENDS)
+def test_python_m_benchmarks_prints_every_store_target_with_its_verdict(
+    store: str, require_service: Callable[[str, str, int], None], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``python -m benchmarks`` (issue 14's one command): each store's report, then a table of its targets. The
+    counted ones are exact: a memo hit sends no statement; on PostgreSQL every attempt start is at most 2 round
+    trips (a timed target's verdict depends on the machine and is not asserted)."""
+    if store in SERVICES:
+        require_service(*SERVICES[store])
+    from benchmarks.__main__ import main
+
+    verdicts = main(["--quick", "--store", store, "--no-throughput", "--no-dbos"])
+    out = capsys.readouterr().out
+    assert "== issue 14: targets against this run" in out
+    by_target = {v.target: v for v in verdicts}
+    assert by_target[f"{store}: memo hit, 0 statements"].met is True
+    assert f"{store}: 1000 replayed steps ≤ 10 ms" in by_target
+    starts = [v for v in verdicts if "attempt start" in v.target]
+    assert len(starts) == 3, verdicts
+    if store == "postgres":
+        assert all(v.met for v in starts), starts
+        assert "postgres: new step ≤ 1.5× floor" in by_target
+    for verdict in verdicts:
+        assert verdict.line() in out
+
+
+def test_python_m_benchmarks_judges_throughput_and_connections_per_worker_configuration() -> None:
+    """The throughput verdicts: each durable body's jobs/s over the plain task's against 0.6× (3 steps) and 0.4×
+    (5 steps), and each process's most store connections against its concurrency + 1."""
+    from benchmarks.__main__ import throughput_verdicts
+    from benchmarks.bench_throughput import Connections, RoundResult, WorkerConfig
+
+    config = WorkerConfig("celery", "prefork", concurrency=2)
+
+    def got(rate: float, child_connections: int) -> list[RoundResult]:
+        seen = Connections(most_by_pid={10: 1, 11: child_connections, 12: 1})
+        return [RoundResult(rate=rate, connections=seen, main_pid=10)]
+
+    results = {config: {"plain": got(1000, 1), "durable 3-step": got(650, 2), "durable 5-step": got(300, 3)}}
+    by_target = {v.target: v for v in throughput_verdicts([config], results)}
+    assert by_target["celery -P prefork -c 2: 3-step ≥ 0.6× plain"].met is True
+    assert by_target["celery -P prefork -c 2: 5-step ≥ 0.4× plain"].met is False
+    assert by_target["celery -P prefork -c 2: 5-step ≥ 0.4× plain"].measured.startswith("0.30×")
+    assert by_target["celery -P prefork -c 2: connections ≤ concurrency + 1"].met is False  # a child held 3
