@@ -111,3 +111,28 @@ def test_c39_a_retried_dead_letter_of_a_started_run_whose_task_is_gone_is_dead_l
     assert store.get_run(key).status == "dead"
     assert [d.reason for d in store.list_dead_letters()] == [UNREGISTERED_REASON]
     assert find_stranded(store, queued_after=0, grace=0, stale_after=0) == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="C39 known limit: a retried dead letter counts as unstarted only while the run is unchanged since the "
+    "retry (updated_at == retried_at); recovery's re-publish of a stale pending run moves updated_at, so a "
+    "dropped copy after it leaves the run pending and recovery re-publishes it every stale_after",
+    raises=AssertionError,
+)
+def test_c39_a_retried_dead_letter_recovery_re_published_is_dead_lettered_when_dropped() -> None:
+    """C39, C35: a retried dead letter of a started run whose retry message was lost (or whose publish failed)
+    is re-published by recovery as a stale ``pending`` run; no attempt started, so the worker that drops that
+    copy should dead-letter it rather than leave it for recovery again."""
+    now = [1_000.0]
+    store = MemoryStepStore(clock=lambda: now[0])
+    key = _retried_dead_letter_of_a_started_run(store)
+    now[0] += 3_601.0  # past recovery's stale_after (an hour by default): no delivery came
+    [stranded] = find_stranded(store)
+    assert stranded.why == "stale"
+    assert store.mark_recovered(key, status=stranded.run.status, updated_at=stranded.run.updated_at)
+
+    done = dead_letter_unregistered(lambda: store, key, "job-r", "shop.chekcout", known=KNOWN, worker="w")
+
+    assert done is True
+    assert store.get_run(key).status == "dead"
