@@ -150,8 +150,9 @@ def dead_letter_unknown_task(
     Sent by the worker's consumer (main process) after it logged ``Received
     unregistered task of type …``, rejected the message and marked the result
     ``NotRegistered``; none of that changes. A run recorded at publish that no
-    attempt started (C39) would otherwise stay ``queued`` and be re-published
-    by recovery forever: the core dead-letters it with the reason
+    attempt started (C39), or a retried dead letter no attempt started since
+    its retry, would otherwise stay ``queued`` or ``pending`` and be
+    re-published by recovery forever: the core dead-letters it with the reason
     ``unregistered_task`` (:func:`~flexiq_plugins.integration.dead_letter_unregistered`),
     to be retried with ``flexiq dlq retry`` once the workers have the task. The
     run key is read from the message's headers (task protocol 2).

@@ -17,7 +17,9 @@ middleware skips before the body runs (``AgeLimit``, a user's
 ``SkipMessage``) makes the run ``cancelled``, or ``failed`` if it was failed;
 any other message rejected to the dead-letter queue (``nack``) makes it
 ``failed``; a message of an actor the worker does not have, which Dramatiq
-rejects, dead-letters a run that never started (reason ``unregistered_task``).
+rejects, dead-letters a run no attempt started (reason ``unregistered_task``;
+a retried dead letter counts as unstarted until an attempt starts after the
+retry).
 """
 
 from __future__ import annotations
@@ -311,7 +313,8 @@ class DurableSteps(Middleware):
 
         A job of an actor this worker does not have (Dramatiq logs ``Received
         message for undefined actor`` and rejects it) is dead-lettered with
-        the reason ``unregistered_task`` if its run never started (C39).
+        the reason ``unregistered_task`` if no attempt started its run, or none
+        since the run's dead letter was retried (C39).
         """
         if self._give_up(broker, message):
             return

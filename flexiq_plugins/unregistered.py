@@ -13,15 +13,18 @@ would disagree with the framework.
 
 :func:`dead_letter_unregistered` is the one decision both adapters call from
 the framework's own hook (Celery's ``task_unknown`` signal, Dramatiq's
-``before_nack``): a run **no attempt ever started** (``queued``, or
-``pending`` after a dead-letter retry, with attempt 0) is dead-lettered with
-the reason :data:`UNREGISTERED_REASON`, naming the task and what the worker
-knows. It then shows in ``flexiq dlq list``, recovery leaves it alone (it is
+``before_nack``): a run **no attempt started** (``queued``, or ``pending``
+after a dead-letter retry, with attempt 0; or a retried dead letter of a run
+that had started, which counts as unstarted until an attempt starts after
+the retry, like a freshly published job) is dead-lettered with the reason
+:data:`UNREGISTERED_REASON`, naming the task and what the worker knows. It
+then shows in ``flexiq dlq list``, recovery leaves it alone (it is
 terminal), and ``flexiq dlq retry`` re-publishes it under the same run key
 once the workers have the task. A run an attempt has started (a worker that
-has the task took another copy of the message first) is never touched, so a
-stale worker in a rolling deploy cannot harm it. The framework's own
-behaviour (its log line, its reject, its result) is unchanged.
+has the task took another copy of the message first, also after a retry) is
+never touched, so a stale worker in a rolling deploy cannot harm it. The
+framework's own behaviour (its log line, its reject, its result) is
+unchanged.
 """
 
 from __future__ import annotations
@@ -82,10 +85,11 @@ def dead_letter_unregistered(
 ) -> bool:
     """Dead-letter the run of a job the framework discarded because the worker does not have its task (C30, C39).
 
-    Applies only to a run no attempt ever started
-    (:meth:`StepStore.dead_letter_unstarted`: ``queued``, or ``pending``
-    after a dead-letter retry, with attempt 0); any other run, an unknown
-    one, or a message without a run key is left alone. The run ends
+    Applies only to a run no attempt started
+    (:meth:`StepStore.dead_letter_unstarted`: ``queued`` or ``pending`` with
+    attempt 0, or a retried dead letter no attempt started since its retry);
+    any other run, an unknown one, or a message without a run key is left
+    alone. The run ends
     ``dead`` with a dead letter of reason :data:`UNREGISTERED_REASON` whose
     message is :func:`unregistered_message`; a duplicate of the job then
     replays :class:`~flexiq_plugins.DeadLettered` (C37). One WARNING line

@@ -557,6 +557,77 @@ def test_c39_a_retried_dead_letter_of_a_never_started_run_can_be_dead_lettered_a
     assert [d.job_id for d in store.list_dead_letters(include_retried=True)] == ["job-u", "job-v"]
 
 
+def test_c39_a_retried_dead_letter_of_a_started_run_is_dead_lettered_again_until_an_attempt_starts(
+    store: StepStore,
+) -> None:
+    """C39, C30: a run an attempt started (attempt 1, three steps) that was dead-lettered and retried counts as
+    unstarted until an attempt starts after the retry: a dropped message of it makes it ``dead`` again (attempt
+    kept, steps kept, outcome written, one more dead letter); a second retry of that dead letter, dropped too,
+    is dead-lettered once more, and a late copy then replays the dead outcome."""
+    key, dead_id = dead_letter(store, steps=3)
+    store.prepare_retry(dead_id)
+    retried = store.get_run(key)
+    assert (retried.status, retried.attempt, retried.owner) == ("pending", 1, None)
+    assert store.get_dead_letter(dead_id).retried_at == retried.updated_at  # one clock reading for both
+
+    assert store.dead_letter_unstarted(key, UNREGISTERED, outcome=b"E-dead") is True
+    run = store.get_run(key)
+    assert (run.status, run.attempt, run.owner, run.step_count, run.outcome) == ("dead", 1, None, 3, b"E-dead")
+    assert [s.step_key for s in store.get_steps(key)] == ["step#0", "step#1", "step#2"]
+    [first, again] = store.list_dead_letters(include_retried=True)
+    assert (first.id, first.reason, again.reason, again.job_id) == (dead_id, "divergence", "unregistered_task", "job-u")
+    assert store.dead_letter_unstarted(key, UNREGISTERED) is False  # dead now: nothing more
+
+    store.prepare_retry(again.id)
+    assert store.dead_letter_unstarted(key, dataclasses.replace(UNREGISTERED, job_id="job-v"), outcome=b"E2") is True
+    assert [d.job_id for d in store.list_dead_letters()] == ["job-v"]
+    assert store.begin(key, "job-w", ENVELOPE, "worker-2", 30.0) == Finished("dead", b"E2")
+
+
+def test_c39_a_retried_dead_letter_an_attempt_started_after_the_retry_is_never_dead_lettered(
+    store: StepStore,
+) -> None:
+    """C39, C25: once an attempt starts after the retry, the run is a started run again: a dropped copy of its
+    message leaves it alone while it runs, after a shutdown put it back ``pending`` (``release_run``, or the
+    attempt's own ``finish``), and after it commits a step; no dead letter is added. The store's clock moves
+    between the retry and the start (SQLite's ticks in milliseconds): a real start follows a broker round trip."""
+    released, finished = dead_letter(store, steps=1), dead_letter(store, steps=1)
+    for key, dead_id in (released, finished):
+        store.prepare_retry(dead_id)
+        tick(store)
+        claim = claim_run(store, key, job_id="job-2", owner="worker-2").claim
+        assert claim.attempt == 2
+        assert store.dead_letter_unstarted(key, UNREGISTERED) is False
+        store.commit_step(claim, run_row(1, "after-retry#0"))
+        assert store.dead_letter_unstarted(key, UNREGISTERED) is False
+        if key == released[0]:
+            assert store.release_run(key, "pending", while_status={"running"}) is True
+        else:
+            store.finish(claim, "pending")
+        run = store.get_run(key)
+        assert (run.status, run.attempt, run.owner) == ("pending", 2, None)
+        assert store.dead_letter_unstarted(key, UNREGISTERED) is False
+        assert store.get_run(key).status == "pending"
+    assert {d.reason for d in store.list_dead_letters(include_retried=True)} == {"divergence"}
+
+
+def test_c39_a_run_an_ordinary_attempt_put_back_pending_is_never_dead_lettered(store: StepStore) -> None:
+    """C39, C38: a run never dead-lettered whose attempt was put back ``pending`` (a worker shutdown: the
+    framework's ``release_run`` or the attempt's own ``finish``) has attempt 1 and no retried dead letter: a
+    dropped copy of its message leaves it ``pending``, with no dead letter."""
+    released, finished = new_key(), new_key()
+    store.record_queued(released, "job-1", ENVELOPE)
+    claim_run(store, released)
+    assert store.release_run(released, "pending", while_status={"running"}) is True
+    store.finish(claim_run(store, finished).claim, "pending")
+    for key in (released, finished):
+        run = store.get_run(key)
+        assert (run.status, run.attempt, run.owner) == ("pending", 1, None)
+        assert store.dead_letter_unstarted(key, UNREGISTERED) is False
+        assert store.get_run(key).status == "pending"
+    assert store.list_dead_letters(include_retried=True) == []
+
+
 # ------------------------------------------------------------ C37 outcomes
 @pytest.mark.parametrize("status", ["succeeded", "failed", "dead", "cancelled", "compensated"])
 def test_c37_finish_keeps_the_outcome_with_the_terminal_status_and_begin_hands_it_over(

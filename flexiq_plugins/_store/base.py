@@ -86,7 +86,8 @@ TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "dead", "c
 LIVE_STATUSES: frozenset[str] = frozenset({"queued", "pending", "running", "sleeping", "waiting", "retrying"})
 """The states a run can still leave: those that are not terminal."""
 UNSTARTED_STATUSES: frozenset[str] = frozenset({"queued", "pending"})
-"""With ``attempt`` 0, the states of a run no attempt ever started (:meth:`StepStore.dead_letter_unstarted`)."""
+"""The states of a run no attempt started: with ``attempt`` 0, or (``pending``) a retried dead letter unchanged
+since its retry (:meth:`StepStore.dead_letter_unstarted`)."""
 CLEANABLE_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "compensated"})
 """Terminal states that :meth:`StepStore.cleanup` may drop; ``dead`` runs stay until purged (C27)."""
 
@@ -714,17 +715,30 @@ class StepStore(abc.ABC):
 
     @abc.abstractmethod
     def dead_letter_unstarted(self, run_key: str, dead_letter: NewDeadLetter, *, outcome: bytes | None = None) -> bool:
-        """Dead-letter a run that no attempt ever started, whose message the framework dropped (C30, C38, C39).
+        """Dead-letter a run that no attempt started, whose message the framework dropped (C30, C38, C39).
 
         For a job recorded at publish (or re-published by a dead-letter
         retry) that a worker discarded without running it, e.g. a Celery
         task or Dramatiq actor the worker does not have. One transaction;
-        applies only while the run is ``queued`` or ``pending`` with
-        ``attempt`` 0 (no attempt ever claimed it), so a run a delivery has
-        started is never touched (a late copy of its message cannot harm
-        it). The run becomes ``dead`` with its claim and wake time cleared,
-        ``outcome`` written with the status (C37), steps kept, and
-        ``dead_letter`` recorded carrying the run's envelope (C30).
+        applies only while no attempt started the run:
+
+        - it is ``queued`` or ``pending`` with ``attempt`` 0 (no attempt ever
+          claimed it); or
+        - it is a retried dead letter no attempt started since its retry,
+          like a freshly published job: ``pending``, no owner, and one of its
+          dead letters has ``retried_at`` equal to the run's ``updated_at``
+          (:meth:`prepare_retry` writes both from one reading of the store's
+          clock; an attempt's start, a put-back, a recovery and every other
+          change of the run's state stamp ``updated_at`` anew, a cancellation
+          request alone does not). The attempt count is kept: attempt
+          numbers fence claims and never go back.
+
+        A run a delivery has started is never touched (a late copy of its
+        message cannot harm it), nor one recovery re-published since its
+        retry (:meth:`mark_recovered` moves ``updated_at``). The run becomes
+        ``dead`` with its claim and wake time cleared, ``outcome`` written
+        with the status (C37), steps kept, and ``dead_letter`` recorded
+        carrying the run's envelope (C30).
 
         Parameters:
           run_key(str): the run.

@@ -377,10 +377,10 @@ class MemoryStepStore(StepStore):
             return True
 
     def dead_letter_unstarted(self, run_key: str, dead_letter: NewDeadLetter, *, outcome: bytes | None = None) -> bool:
-        """See :meth:`StepStore.dead_letter_unstarted`."""
+        """See :meth:`StepStore.dead_letter_unstarted`: attempt 0, or a retried dead letter unchanged since."""
         with self._lock:
             run = self._runs.get(run_key)
-            if run is None or run.status not in UNSTARTED_STATUSES or run.attempt != 0:
+            if run is None or run.status not in UNSTARTED_STATUSES or not (run.attempt == 0 or self._retried(run)):
                 return False
             now = self.now()
             run = dataclasses.replace(run, status="dead", owner=None, lease_until=None, wake_at=None)
@@ -388,6 +388,17 @@ class MemoryStepStore(StepStore):
             self._runs[run_key] = run
             self._add_dead_letter(run, dead_letter, now)
             return True
+
+    def _retried(self, run: RunRecord) -> bool:
+        """Whether ``run`` is a retried dead letter no attempt started since: unchanged since the retry.
+
+        ``prepare_retry`` stamps the run's ``updated_at`` and the dead
+        letter's ``retried_at`` with one clock reading; a later start,
+        put-back or recovery stamps ``updated_at`` anew.
+        """
+        if run.status != "pending" or run.owner is not None:
+            return False
+        return any(d.run_key == run.run_key and d.retried_at == run.updated_at for d in self._dead.values())
 
     # ------------------------------------------------------------ operators
     def get_run(self, run_key: str) -> RunRecord:

@@ -20,7 +20,7 @@ from conftest import delete_queues, in_process_worker, wait_for, worker_process
 from flexiq_celery_testapp import make_app
 
 from celery_ext import RUN_KEY_HEADER
-from flexiq_plugins import SqlStepStore, operations
+from flexiq_plugins import SqlStepStore, current_job, operations
 
 
 def test_c39_a_job_of_an_unregistered_task_is_dead_lettered_once_and_retried_once_deployed(
@@ -91,6 +91,38 @@ def test_c39_a_late_copy_at_a_worker_without_the_task_leaves_a_started_run_alone
     assert sqlite_store.get_run(run.run_key).status == "succeeded"
     [dead] = sqlite_store.list_dead_letters()
     assert (dead.job_id, dead.reason) == (fresh.id, "unregistered_task")
+
+
+def test_c39_a_retried_dead_letter_of_a_started_run_is_dead_lettered_again_by_a_worker_without_the_task(
+    redis_broker: str, sqlite_store: SqlStepStore, make_celery_app: Callable[..., Celery]
+) -> None:
+    """C39, C30: a run that ran (one step committed) and was dead-lettered is retried once the workers no
+    longer have its task (a deploy removed it): Celery discards the retried job (``NotRegistered``) and the
+    run, which no attempt started since the retry, is dead-lettered again instead of staying ``pending``."""
+    app = make_celery_app(redis_broker, sqlite_store, recovery=False)
+    name = f"{app.main}.order"
+    charged: list[str] = []
+
+    @app.task(name=name)
+    def order(order_id: str) -> None:
+        current_job.step.run("charge", lambda: charged.append(order_id))
+        current_job.step.run("x" * 300, lambda: None)  # an invalid name: dead-lettered (C2, C29)
+
+    order.delay("o-1")
+    [run] = sqlite_store.list_runs(task_name=name)
+    with in_process_worker(app):
+        wait_for(lambda: sqlite_store.get_run(run.run_key).status == "dead", 30, "the run to be dead-lettered")
+    [first] = sqlite_store.list_dead_letters()
+    assert (sqlite_store.get_run(run.run_key).attempt, charged) == (1, ["o-1"])
+
+    app.tasks.unregister(name)  # the next worker does not have the task
+    retried = operations.retry_dead_letter(sqlite_store, first.id, operations.publishers_for(app))
+    with in_process_worker(app):
+        wait_for(lambda: app.AsyncResult(retried.job_id).state == "FAILURE", 30, "Celery's NotRegistered result")
+        wait_for(lambda: sqlite_store.get_run(run.run_key).status == "dead", 30, "the run dead-lettered again")
+    [again] = sqlite_store.list_dead_letters()
+    assert (again.run_key, again.job_id, again.reason) == (run.run_key, retried.job_id, "unregistered_task")
+    assert (sqlite_store.get_run(run.run_key).attempt, charged) == (1, ["o-1"])
 
 
 @pytest.mark.slow

@@ -4,8 +4,9 @@
 hook (Celery ``task_unknown``, Dramatiq ``before_nack``); the real-worker
 tests are in ``tests/celery/test_celery_unregistered.py`` and
 ``tests/dramatiq/test_dramatiq_unregistered.py``. It dead-letters a run no
-attempt started, names the task and the closest names the worker has, and
-never raises inside the framework's consumer.
+attempt started (for a retried dead letter: none since its retry), names the
+task and the closest names the worker has, and never raises inside the
+framework's consumer.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from uuid import uuid4
 import pytest
 
 from flexiq_plugins import DeadLettered, MemoryStepStore, SqlStepStore
-from flexiq_plugins._store.base import Finished, JobEnvelope
+from flexiq_plugins._store.base import Begun, Finished, JobEnvelope, NewDeadLetter
 from flexiq_plugins.codec import CodecChain
 from flexiq_plugins.integration import UNREGISTERED_REASON, dead_letter_unregistered
 from flexiq_plugins.operations import find_stranded
@@ -85,28 +86,53 @@ def test_c39_an_unreachable_store_is_one_warning_never_an_error_in_the_consumer(
     assert "could not dead-letter run run-1 of unregistered task 'shop.chekcout'" in warning.getMessage()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review2: dead_letter_unstarted needs attempt 0, but prepare_retry keeps the attempt count: a retried "
-    "dead letter of a run that had started stays pending and recovery re-publishes it to workers without the "
-    "task forever (needs a design decision, not fixed)",
-)
-def test_c39_a_retried_dead_letter_of_a_started_run_whose_task_is_gone_is_dead_lettered_again() -> None:
-    """C30, C39: a run that ran an attempt, was dead-lettered, and is retried (``flexiq dlq retry``) while the
-    workers no longer have its task: the worker that discards the retried job dead-letters it again, so the run
-    is not left ``pending`` for recovery to re-publish every ``recovery_stale_seconds`` forever."""
-    from flexiq_plugins._store.base import Begun, NewDeadLetter
-
-    store = MemoryStepStore()
+def _retried_dead_letter_of_a_started_run(store: MemoryStepStore) -> str:
+    """A run that ran attempt 1, was dead-lettered and was retried: ``pending`` with attempt 1."""
     key = _queued(store)
     begun = store.begin(key, "job-1", ENVELOPE, "worker-0", 30.0)
     assert isinstance(begun, Begun)
     store.finish(begun.claim, "dead", dead_letter=NewDeadLetter("job-1", "divergence", "the steps changed"))
     [dead] = store.list_dead_letters()
     store.prepare_retry(dead.id)
-    assert store.get_run(key).status == "pending"
+    assert (store.get_run(key).status, store.get_run(key).attempt) == ("pending", 1)
+    return key
+
+
+def test_c39_a_retried_dead_letter_of_a_started_run_whose_task_is_gone_is_dead_lettered_again() -> None:
+    """C30, C39: a run that ran an attempt, was dead-lettered, and is retried (``flexiq dlq retry``) while the
+    workers no longer have its task: the worker that discards the retried job dead-letters it again, so the run
+    is not left ``pending`` for recovery to re-publish every ``recovery_stale_seconds`` forever."""
+    store = MemoryStepStore()
+    key = _retried_dead_letter_of_a_started_run(store)
 
     done = dead_letter_unregistered(lambda: store, key, "job-2", "shop.chekcout", known=KNOWN, worker="w")
+
+    assert done is True
+    assert store.get_run(key).status == "dead"
+    assert [d.reason for d in store.list_dead_letters()] == [UNREGISTERED_REASON]
+    assert find_stranded(store, queued_after=0, grace=0, stale_after=0) == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="C39 known limit: a retried dead letter counts as unstarted only while the run is unchanged since the "
+    "retry (updated_at == retried_at); recovery's re-publish of a stale pending run moves updated_at, so a "
+    "dropped copy after it leaves the run pending and recovery re-publishes it every stale_after",
+    raises=AssertionError,
+)
+def test_c39_a_retried_dead_letter_recovery_re_published_is_dead_lettered_when_dropped() -> None:
+    """C39, C35: a retried dead letter of a started run whose retry message was lost (or whose publish failed)
+    is re-published by recovery as a stale ``pending`` run; no attempt started, so the worker that drops that
+    copy should dead-letter it rather than leave it for recovery again."""
+    now = [1_000.0]
+    store = MemoryStepStore(clock=lambda: now[0])
+    key = _retried_dead_letter_of_a_started_run(store)
+    now[0] += 3_601.0  # past recovery's stale_after (an hour by default): no delivery came
+    [stranded] = find_stranded(store)
+    assert stranded.why == "stale"
+    assert store.mark_recovered(key, status=stranded.run.status, updated_at=stranded.run.updated_at)
+
+    done = dead_letter_unregistered(lambda: store, key, "job-r", "shop.chekcout", known=KNOWN, worker="w")
 
     assert done is True
     assert store.get_run(key).status == "dead"

@@ -17,7 +17,7 @@ import dramatiq
 from dq_support import dead_letter_count, status_of, wait_until
 
 from dramatiq_ext import RUN_KEY_OPTION, DurableSteps
-from flexiq_plugins import operations
+from flexiq_plugins import current_job, operations
 from flexiq_plugins._store.base import StepStore
 
 
@@ -104,3 +104,42 @@ def test_c39_a_late_copy_at_a_worker_without_the_actor_leaves_a_started_run_alon
     assert len(stub_broker.dead_letters_by_queue[queue]) == 2  # Dramatiq rejected both, as it always does
     assert status_of(sqlite_store, done) == "succeeded"
     assert [(d.run_key, d.reason) for d in sqlite_store.list_dead_letters()] == [(fresh, "unregistered_task")]
+
+
+def test_c39_a_retried_dead_letter_of_a_started_run_is_dead_lettered_again_by_a_worker_without_the_actor(
+    stub_broker: dramatiq.Broker,
+    queue: str,
+    sqlite_store: StepStore,
+    start_worker: Callable[..., dramatiq.Worker],
+) -> None:
+    """C39, C30: a run that ran (one step committed) and was dead-lettered is retried after its actor was
+    removed from the workers: the worker rejects the retried message as usual, and the run, which no attempt
+    started since the retry, is dead-lettered again (``unregistered_task``) instead of staying ``pending``."""
+    stub_broker.add_middleware(DurableSteps(store=sqlite_store, recovery=False))
+    charged: list[str] = []
+
+    @dramatiq.actor(broker=stub_broker, queue_name=queue, max_retries=5)
+    def order(order_id: str) -> None:
+        current_job.step.run("charge", lambda: charged.append(order_id))
+        current_job.step.run("x" * 300, lambda: None)  # an invalid name: dead-lettered (C2, C29)
+
+    @dramatiq.actor(broker=stub_broker, queue_name=queue)
+    def ping() -> None:  # the worker keeps consuming the queue once ``order`` is gone
+        pass
+
+    start_worker(stub_broker)
+    run_key = order.send("o-1").options[RUN_KEY_OPTION]
+    stub_broker.join(queue, fail_fast=False, timeout=10_000)
+    [first] = sqlite_store.list_dead_letters()
+    assert (first.run_key, sqlite_store.get_run(run_key).attempt, charged) == (run_key, 1, ["o-1"])
+
+    del stub_broker.actors["order"]  # a deploy that dropped the actor
+    operations.retry_dead_letter(sqlite_store, first.id, operations.publishers_for(stub_broker))
+    stub_broker.join(queue, fail_fast=False, timeout=10_000)
+
+    assert status_of(sqlite_store, run_key) == "dead"
+    [again] = sqlite_store.list_dead_letters()
+    assert (again.run_key, again.reason) == (run_key, "unregistered_task")
+    assert "does not have the actor 'order'" in again.message
+    assert len(stub_broker.dead_letters_by_queue[queue]) == 2  # Dramatiq's own reject, both times
+    assert (sqlite_store.get_run(run_key).attempt, charged) == (1, ["o-1"])

@@ -1323,12 +1323,21 @@ class SqlStepStore(StepStore):
         return result.rowcount == 1
 
     def dead_letter_unstarted(self, run_key: str, dead_letter: NewDeadLetter, *, outcome: bytes | None = None) -> bool:
-        """Dead-letter a run no attempt ever started, whose message the framework dropped (C30, C38, C39).
+        """Dead-letter a run no attempt started, whose message the framework dropped (C30, C38, C39).
 
-        One transaction: a conditional ``UPDATE`` (``queued`` or ``pending``,
-        ``attempt`` 0) to ``dead`` with the claim and wake time cleared and
-        ``outcome`` written, then, if it applied, the dead letter copied from
-        the run (task, envelope, the update's clock stamp).
+        One transaction: a conditional ``UPDATE`` to ``dead`` with the claim
+        and wake time cleared and ``outcome`` written, then, if it applied,
+        the dead letter copied from the run (task, envelope, the update's
+        clock stamp). The ``UPDATE`` applies to a run ``queued`` or
+        ``pending`` with ``attempt`` 0, or to a retried dead letter no attempt
+        started since its retry: ``pending``, unowned, and an ``EXISTS`` on
+        the dead-letter table finds one of the run's dead letters whose
+        ``retried_at`` equals the run's ``updated_at`` (``prepare_retry``
+        writes both from one clock reading; a later start, put-back or
+        recovery stamps ``updated_at`` anew). Equal, not "not earlier": a
+        started run put back while the database's clock was stepped back
+        must not match. MySQL/MariaDB accept the subquery: it reads another
+        table than the one updated.
 
         Parameters:
           run_key(str): the run.
@@ -1341,8 +1350,14 @@ class SqlStepStore(StepStore):
         Raises:
           StoreUnavailable: the database cannot be reached.
         """
-        runs = self._t.runs
-        where = (runs.c.run_key == run_key, runs.c.status.in_(sorted(UNSTARTED_STATUSES)), runs.c.attempt == 0)
+        runs, dead = self._t.runs, self._t.dead
+        retried_since = sa.exists().where(dead.c.run_key == run_key, dead.c.retried_at == runs.c.updated_at)
+        retried_unstarted = sa.and_(runs.c.status == "pending", runs.c.owner.is_(None), retried_since)
+        where = (
+            runs.c.run_key == run_key,
+            runs.c.status.in_(sorted(UNSTARTED_STATUSES)),
+            sa.or_(runs.c.attempt == 0, retried_unstarted),
+        )
 
         def work(conn: Connection) -> bool:
             if not self._release_where(conn, where, "dead", outcome):
