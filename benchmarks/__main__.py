@@ -57,7 +57,7 @@ class Verdict:
 
     def line(self) -> str:
         mark = {True: "met", False: "NOT MET", None: "reported"}[self.met]
-        return f"{self.target:<52} {self.measured:<40} {mark}"
+        return f"{self.target:<58} {self.measured:<44} {mark}"
 
 
 def store_verdicts(run: bench_store.StoreRun, replayed: int) -> list[Verdict]:
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> list[Verdict]:
         worker_args = bench_throughput.parser().parse_args(["--jobs", str(jobs), "--rounds", str(rounds)])
         verdicts += throughput_verdicts(*bench_throughput.run(worker_args))
     print("\n== issue 14: targets against this run" + (" (--quick: a smoke run, not a measurement)" * args.quick))
-    print(f"{'target':<52} {'measured':<40} verdict")
+    print(f"{'target':<58} {'measured':<44} verdict")
     for verdict in verdicts:
         print(verdict.line())
     return verdicts
