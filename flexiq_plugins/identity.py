@@ -15,6 +15,7 @@ recorded sequence, unkeyed ones by their position among the unkeyed steps.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from collections.abc import Iterable
@@ -52,7 +53,9 @@ def validate_name(name: object) -> str:
     return name
 
 
+@functools.lru_cache(maxsize=4096)
 def _name_problem(name: str) -> str:
+    """What is wrong with ``name``, or ``""``; cached: a body names the same few steps over and over."""
     size = _utf8_size(name)
     if size < 0:
         return "is not valid Unicode (a lone surrogate)"
