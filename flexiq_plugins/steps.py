@@ -353,21 +353,27 @@ class StepJournal:
     # --------------------------------------------------------- the protocol
     def protocol(self, verb: Verb, name: object, key: object = None) -> Protocol_:
         """Enter one step, then replay its memo or execute and commit it; return the step's value."""
-        with self._one_at_a_time():
+        self._admit()
+        try:
             step = self._enter(name, key, verb.kind)
             if step.memo is None:
                 self.check_new_step(step)
             return (yield from self._replay_or_execute(verb, step))
+        finally:
+            self._active = None
 
     def protocol_for(self, verb: Verb, step_id: StepId) -> Protocol_:
         """:meth:`protocol` for a step whose identity the core made, e.g. an undo ``compensate:<key>`` (C32)."""
-        with self._one_at_a_time():
+        self._admit()
+        try:
             try:
                 self._active = step_id.step_key
                 step = Step(step_id, self.sequence.enter(step_id))
             except BaseException as exc:
                 self.refuse(exc)
             return (yield from self._replay_or_execute(verb, step))
+        finally:
+            self._active = None
 
     def _replay_or_execute(self, verb: Verb, step: Step) -> Protocol_:
         if step.memo is not None:
@@ -400,9 +406,13 @@ class StepJournal:
             self.latched = exc
         raise exc
 
-    @contextlib.contextmanager
-    def _one_at_a_time(self) -> Iterator[None]:
-        """Admit one step at a time (C8); re-raise a latched signal (C21)."""
+    def _admit(self) -> None:
+        """Admit one step at a time (C8); re-raise a latched signal (C21).
+
+        Once admitted the caller must set ``_active`` back to ``None`` when the
+        step ends (``try/finally``): a plain method, not a context manager, as
+        it runs on every memo hit.
+        """
         if self.latched is not None:
             raise self.latched
         with self._guard:
@@ -417,10 +427,6 @@ class StepJournal:
                     "inside another step's body"
                 )
             )
-        try:
-            yield
-        finally:
-            self._active = None
 
     def _enter(self, name: object, key: object, kind: StepKind) -> Step:
         """Derive the step's identity and match it against the snapshot (C1–C3, C12)."""
