@@ -78,6 +78,7 @@ class StepContext:
     def __init__(self, journal: StepJournal, run_key: str) -> None:
         self._journal = journal
         self._run_key = run_key
+        self._plain: StepRunVerb | None = None  # the verb of a step.run with no options: the same every time
 
     # ------------------------------------------------------------- run
     def run(
@@ -153,6 +154,10 @@ class StepContext:
         return await adrive(self._journal.protocol(verb, name, key), fn)  # type: ignore[no-any-return]
 
     def _verb(self, retry: object, compensate: object, allow_open_transaction: bool) -> StepRunVerb:
+        if retry is None and compensate is None and not allow_open_transaction:
+            if self._plain is None:
+                self._plain = StepRunVerb(retry_of(None, self._journal))
+            return self._plain
         return StepRunVerb(
             retry_of(retry, self._journal),
             compensation_of(compensate),
