@@ -123,11 +123,24 @@ class Counter:
         # (the store's own MySQL engines switch it off and roll back only an open transaction).
         reset_trip = 1 if backend in ("mysql", "mariadb") and engine.pool._reset_on_return is reset_rollback else 0
 
-        @event.listens_for(engine, "before_cursor_execute")
         def _stmt(*_: Any) -> None:
             if self.on:
                 self.counts.statements += 1
                 self.counts.add("statement")
+
+        if backend == "sqlite":
+            # The store sends a new step's statements straight to pysqlite
+            # (flexiq_plugins/_store/sql/driver.py), past SQLAlchemy's events:
+            # count what SQLite itself runs. Its COMMIT/ROLLBACK: the events below.
+            def _traced(sql: str) -> None:
+                if not sql.startswith(("COMMIT", "ROLLBACK")):
+                    _stmt()
+
+            @event.listens_for(engine, "checkout")  # traced only while counting: a trace expands each statement
+            def _trace(dbapi_connection: Any, *_: Any) -> None:
+                dbapi_connection.set_trace_callback(_traced if self.on else None)
+        else:
+            event.listen(engine, "before_cursor_execute", _stmt)
 
         def autocommit(conn: Any) -> bool:  # the driver sends no BEGIN/COMMIT then
             return bool(conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT")

@@ -63,7 +63,12 @@ def claim(store: StepStore, run_key: str, owner: str = "worker-1", lease: float 
 
 
 class TransactionLog:
-    """Counts transactions and statements on an engine through SQLAlchemy events."""
+    """Counts transactions and statements on an engine through SQLAlchemy events.
+
+    On SQLite the statements are the ones SQLite runs (its trace callback, set
+    at each pool checkout): a new step's go straight to pysqlite, past
+    SQLAlchemy's statement events (``flexiq_plugins/_store/sql/driver.py``).
+    """
 
     def __init__(self, engine: sa.Engine) -> None:
         self.begins = 0
@@ -74,7 +79,17 @@ class TransactionLog:
         event.listen(engine, "begin", self._begin)
         event.listen(engine, "commit", self._commit)
         event.listen(engine, "rollback", self._rollback)
-        event.listen(engine, "before_cursor_execute", self._statement)
+        if engine.dialect.name == "sqlite":
+            event.listen(engine, "checkout", self._trace)
+        else:
+            event.listen(engine, "before_cursor_execute", self._statement)
+
+    def _trace(self, dbapi_connection: Any, *_: Any) -> None:
+        dbapi_connection.set_trace_callback(self._traced)
+
+    def _traced(self, statement: str) -> None:
+        if not statement.startswith(("COMMIT", "ROLLBACK")):  # counted by the commit and rollback events
+            self.statements.append(statement)
 
     def _begin(self, conn: Any) -> None:
         self.begins += 1

@@ -73,6 +73,7 @@ from sqlalchemy.engine import Connection
 
 from ..base import Claim, JobEnvelope, NewDeadLetter, StepRow
 from ..claims import Granted, already_committed, claim_lost, fence, fence_columns
+from .driver import DriverStatement, runs_on_driver
 from .mapping import step_values
 from .tables import StoreTables
 
@@ -136,6 +137,7 @@ class Folded:
         self._counted_returning = self._counted.returning(runs.c.updated_at, runs.c.cancel_reason)
         self._stamp = sa.select(runs.c.updated_at, runs.c.cancel_reason).where(runs.c.run_key == _p("run_key"))
         self._insert_step = sa.insert(steps)
+        self._on_driver: tuple[DriverStatement, DriverStatement] | None = None
         self._step_pg = self._step_statement_postgresql()
         self._snapshot = sa.select(steps).where(steps.c.run_key == _p("run_key")).order_by(steps.c.position)
         self._statements: dict[tuple[str, ...], sa.Executable] = {}
@@ -157,6 +159,8 @@ class Folded:
         try:
             if self._dialect == "postgresql":
                 written = self._step_postgresql(conn, claim, row)
+            elif self._returning and runs_on_driver(conn.dialect):
+                written = self._step_on_driver(conn, claim, row)
             elif self._returning:
                 written = self._step_returning(conn, claim, row)
             else:
@@ -199,6 +203,22 @@ class Folded:
         now = float(result.updated_at)
         conn.execute(self._insert_step, self._step_columns(claim, row, now))
         return StepWritten(now, result.cancel_reason)
+
+    def _step_on_driver(self, conn: Connection, claim: Claim, row: StepRow) -> StepWritten | None:
+        """:meth:`_step_returning` with both statements sent straight to pysqlite (:mod:`.driver`)."""
+        if self._on_driver is None:
+            self._on_driver = (
+                DriverStatement(self._counted_returning, conn.dialect),
+                DriverStatement(self._insert_step, conn.dialect),
+            )
+        counted, insert = self._on_driver
+        result = counted.first(conn, self._params(claim, size=row.size))
+        if result is None:
+            return None
+        updated_at, cancel_reason = result
+        now = float(updated_at)
+        insert.first(conn, self._step_columns(claim, row, now))
+        return StepWritten(now, cancel_reason)
 
     def _step_plain(self, conn: Connection, claim: Claim, row: StepRow) -> StepWritten | None:
         if conn.execute(self._counted, self._params(claim, size=row.size)).rowcount != 1:
