@@ -80,6 +80,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.pool.base import reset_rollback
 
+from benchmarks.counting import on_statements
 from flexiq_plugins import AttemptDriver, JobEnvelope, JobInfo, SqlStepStore, current_job
 from flexiq_plugins._store.sql.mapping import dump_envelope
 from flexiq_plugins.attempt import Attempt
@@ -112,7 +113,7 @@ class Counts:
 
 
 class Counter:
-    """Counts what an engine sends, with SQLAlchemy events (and the dialect's ping)."""
+    """Counts what an engine sends: statements at the driver (benchmarks.counting), the rest by SQLAlchemy events."""
 
     def __init__(self, engine: Engine) -> None:
         self.on = False
@@ -128,19 +129,7 @@ class Counter:
                 self.counts.statements += 1
                 self.counts.add("statement")
 
-        if backend == "sqlite":
-            # The store sends a new step's statements straight to pysqlite
-            # (flexiq_plugins/_store/sql/driver.py), past SQLAlchemy's events:
-            # count what SQLite itself runs. Its COMMIT/ROLLBACK: the events below.
-            def _traced(sql: str) -> None:
-                if not sql.startswith(("COMMIT", "ROLLBACK")):
-                    _stmt()
-
-            @event.listens_for(engine, "checkout")  # traced only while counting: a trace expands each statement
-            def _trace(dbapi_connection: Any, *_: Any) -> None:
-                dbapi_connection.set_trace_callback(_traced if self.on else None)
-        else:
-            event.listen(engine, "before_cursor_execute", _stmt)
+        on_statements(engine, _stmt, active=lambda: self.on)  # at the driver (benchmarks/counting.py)
 
         def autocommit(conn: Any) -> bool:  # the driver sends no BEGIN/COMMIT then
             return bool(conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT")

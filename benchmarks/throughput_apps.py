@@ -32,6 +32,7 @@ from typing import Any
 import redis
 from sqlalchemy import event
 
+from benchmarks.counting import on_statements
 from flexiq_plugins import SqlStepStore, current_job
 
 QUEUE = os.environ.get("FLEXIQ_BENCH_QUEUE", "flexiq-bench")
@@ -77,7 +78,7 @@ def _count_round_trips(engine: Any) -> None:
             return flag
         return bool(conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT")
 
-    event.listen(engine, "before_cursor_execute", lambda *_: (add("statements"), add("round_trips")))
+    on_statements(engine, lambda _sql: (add("statements"), add("round_trips")))  # at the driver
     event.listen(engine, "begin", lambda conn: None if autocommit(conn) else add("round_trips", begin_trip))
     event.listen(engine, "commit", lambda conn: None if autocommit(conn) else add("round_trips"))
     event.listen(engine, "rollback", lambda *_: add("round_trips"))

@@ -23,6 +23,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
 
+from benchmarks.counting import on_statements
 from flexiq_plugins._store.base import Begun, Busy, Claim, Finished, JobEnvelope, NewDeadLetter, StepRow, StepStore
 from flexiq_plugins._store.factory import DEFAULT_STORE_URL, STORE_URL_ENV, open_store
 from flexiq_plugins._store.memory import MemoryStepStore
@@ -63,11 +64,12 @@ def claim(store: StepStore, run_key: str, owner: str = "worker-1", lease: float 
 
 
 class TransactionLog:
-    """Counts transactions and statements on an engine through SQLAlchemy events.
+    """Counts transactions (SQLAlchemy events) and statements (at the driver) on an engine.
 
-    On SQLite the statements are the ones SQLite runs (its trace callback, set
-    at each pool checkout): a new step's go straight to pysqlite, past
-    SQLAlchemy's statement events (``flexiq_plugins/_store/sql/driver.py``).
+    A new step's statements go straight to pysqlite or psycopg, past
+    SQLAlchemy's statement events (``flexiq_plugins/_store/sql/driver.py``):
+    ``benchmarks/counting.py`` counts what the driver runs, from the next
+    pool checkout on.
     """
 
     def __init__(self, engine: sa.Engine) -> None:
@@ -79,17 +81,7 @@ class TransactionLog:
         event.listen(engine, "begin", self._begin)
         event.listen(engine, "commit", self._commit)
         event.listen(engine, "rollback", self._rollback)
-        if engine.dialect.name == "sqlite":
-            event.listen(engine, "checkout", self._trace)
-        else:
-            event.listen(engine, "before_cursor_execute", self._statement)
-
-    def _trace(self, dbapi_connection: Any, *_: Any) -> None:
-        dbapi_connection.set_trace_callback(self._traced)
-
-    def _traced(self, statement: str) -> None:
-        if not statement.startswith(("COMMIT", "ROLLBACK")):  # counted by the commit and rollback events
-            self.statements.append(statement)
+        on_statements(engine, self.statements.append)
 
     def _begin(self, conn: Any) -> None:
         self.begins += 1
@@ -101,9 +93,6 @@ class TransactionLog:
 
     def _rollback(self, conn: Any) -> None:
         self.rollbacks += 1
-
-    def _statement(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        self.statements.append(statement)
 
     def reset(self) -> None:
         self.begins = self.autocommitted = self.commits = self.rollbacks = 0

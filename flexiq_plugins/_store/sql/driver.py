@@ -1,27 +1,35 @@
-"""SQLite's hot statements handed straight to pysqlite: a new step's ``BEGIN IMMEDIATE``, ``UPDATE`` and ``INSERT``.
+"""A new step's statements handed straight to the driver (pysqlite, psycopg), built and compiled by SQLAlchemy.
 
-Why: on SQLite a statement costs the database a few microseconds, and
-executing it through a SQLAlchemy ``Connection`` (execution context, bind and
-result processing set-up, event dispatch, result object) costs about 25 more
-on a 2-core server: measured with callgrind, that wrapper was half the
-instructions of a new step (issue 14's target is 0.2 ms a step). So these
-statements are still built and compiled by SQLAlchemy, once, against the
-store engine's own dialect, and run on the pysqlite cursor of the
-connection SQLAlchemy's pool lent and whose transaction it still begins and
-commits. What the wrapper did and matters is kept: each parameter goes
-through its column type's bind processor, and a driver error is raised as
-the SQLAlchemy exception SQLAlchemy itself raises for it
-(:meth:`sqlalchemy.exc.DBAPIError.instance`), so the store's error boundary
-classifies it exactly as before (a duplicate step key is an
-``IntegrityError``, a busy database an ``OperationalError``).
+Why: a new step is one statement on PostgreSQL, two on SQLite, and executing
+one through a SQLAlchemy ``Connection`` (execution context, bind and result
+processing set-up, event dispatch, result object) costs more of this
+process's CPU than the driver's own work: measured with callgrind, that
+wrapper was half the instructions of a new step on SQLite and a third on
+PostgreSQL (issue 14's targets: 0.2 ms a step on SQLite, 1.5× one committed
+``INSERT`` on PostgreSQL). So these statements are still built and compiled
+by SQLAlchemy, once, against the store engine's own dialect, and run on the
+driver cursor of the connection SQLAlchemy's pool lent and whose
+transaction it still begins and commits. What the wrapper did and matters
+is kept:
+
+- each parameter goes through its column type's bind processor;
+- a driver error is raised as the SQLAlchemy exception SQLAlchemy itself
+  raises for it (:meth:`sqlalchemy.exc.DBAPIError.instance`), so the store's
+  error boundary classifies it exactly as before (a duplicate step key is an
+  ``IntegrityError``, a busy SQLite database an ``OperationalError``);
+- an error the dialect reads as a lost connection (``Dialect.is_disconnect``)
+  invalidates the connection and the pool's older connections, as SQLAlchemy
+  does, and the exception says ``connection_invalidated``: the store's rules
+  for a dead connection (retry a transaction once on a new connection, never
+  an autocommitted step whose outcome is unknown, C28) apply unchanged.
 
 What it does not do: connection-event dispatch (``before_cursor_execute`` and
-``after_cursor_execute`` do not see these statements; SQLite's own
-``set_trace_callback`` does) and result processing (a row comes back as the
-driver returns it, so use it for numeric and text columns, whose SQLite types
-have none). pysqlite only (:func:`runs_on_driver`; another SQLite driver
-named in the URL keeps SQLAlchemy's execution): there is no network
-connection whose loss the wrapper would have to detect.
+``after_cursor_execute`` do not see these statements: count what the driver
+runs instead, as ``benchmarks/counting.py`` does) and result processing (a
+row comes back as the driver returns it, so use it for numeric and text
+columns, whose types have none on these drivers). Only pysqlite, psycopg
+and psycopg2 (:func:`runs_on_driver`); another driver named in the URL keeps
+SQLAlchemy's execution.
 """
 
 from __future__ import annotations
@@ -53,10 +61,12 @@ class DriverStatement:
         compiled = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
         if compiled.literal_execute_params or compiled.post_compile_params:
             raise ValueError(f"{statement!r} is compiled again at each execution; it cannot run on the driver")
-        if not compiled.positional:
-            raise ValueError(f"the {dialect.name}+{dialect.driver} dialect binds by name; only positional ones are run")
+        if compiled.escaped_bind_names:
+            raise ValueError(f"{statement!r} has bind names the driver would not see as written")
         self.sql: str = str(compiled)
-        self._names: tuple[str, ...] = tuple(compiled.positiontup or ())
+        self._positional = bool(compiled.positional)
+        named = dict.fromkeys(compiled.bind_names.values())  # as the SQL names them, each once
+        self._names: tuple[str, ...] = tuple(compiled.positiontup if self._positional else named)
         binds = [compiled.binds[name] for name in self._names]
         self._bound: dict[str, Any] = {name: bind.value for name, bind in zip(self._names, binds, strict=True)}
         processors = [bind.type.bind_processor(dialect) for bind in binds]
@@ -76,31 +86,52 @@ class DriverStatement:
         values = [given[name] for name in self._names]
         for i, process in self._processors:
             values[i] = process(values[i])
-        return run_on_driver(conn, self.sql, tuple(values))
+        if self._positional:
+            return run_on_driver(conn, self.sql, tuple(values))
+        return run_on_driver(conn, self.sql, dict(zip(self._names, values, strict=True)))
 
 
-def run_on_driver(conn: Connection, sql: str, values: tuple[Any, ...] = ()) -> tuple[Any, ...] | None:
-    """Execute ``sql`` with ``values`` on the pysqlite connection of ``conn``; its first row, or ``None``.
+def run_on_driver(conn: Connection, sql: str, values: tuple[Any, ...] | dict[str, Any] = ()) -> tuple[Any, ...] | None:
+    """Execute ``sql`` with ``values`` on the driver connection of ``conn``; its first row, or ``None``.
 
     Parameters:
-      conn(Connection): a SQLAlchemy connection of a SQLite engine.
-      sql(str): one statement, ``?`` placeholders.
-      values(tuple): the placeholders' values, already as the driver takes them.
+      conn(Connection): a SQLAlchemy connection whose dialect :func:`runs_on_driver`.
+      sql(str): one statement in the driver's parameter style.
+      values(tuple | dict): the parameters, already as the driver takes them.
 
     Raises:
-      sqlalchemy.exc.DBAPIError: ``sqlite3.Error`` wrapped as SQLAlchemy wraps it.
+      sqlalchemy.exc.DBAPIError: the driver's error wrapped as SQLAlchemy wraps
+        it; ``connection_invalidated`` when the dialect reads it as a lost
+        connection (then ``conn`` is invalidated).
     """
     dialect = conn.dialect
-    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    fairy = conn.connection
+    cursor = fairy.driver_connection.cursor()  # type: ignore[union-attr]
     try:
         cursor.execute(sql, values)
-        return cursor.fetchone()  # type: ignore[no-any-return]
+        return cursor.fetchone() if cursor.description is not None else None  # type: ignore[no-any-return]
     except dialect.loaded_dbapi.Error as exc:
-        raise sa_exc.DBAPIError.instance(sql, values, exc, dialect.loaded_dbapi.Error, dialect=dialect) from exc
+        lost = bool(dialect.is_disconnect(exc, fairy.dbapi_connection, cursor))
+        if lost:
+            _invalidate(conn, exc)
+        error = sa_exc.DBAPIError.instance(
+            sql, values, exc, dialect.loaded_dbapi.Error, connection_invalidated=lost, dialect=dialect
+        )
+        raise error from exc
     finally:
-        cursor.close()
+        if not conn.invalidated:
+            cursor.close()
+
+
+def _invalidate(conn: Connection, exc: BaseException) -> None:
+    """What SQLAlchemy does on a lost connection: the pool's older connections, then this one, invalidated."""
+    conn.engine.pool._invalidate(conn.connection, exc)  # as Connection._handle_dbapi_exception does
+    conn.invalidate(exc)
 
 
 def runs_on_driver(dialect: sa.Dialect) -> bool:
-    """Whether the store sends its hot statements straight to this dialect's driver: only pysqlite's (the default)."""
-    return dialect.name == "sqlite" and dialect.driver == "pysqlite"
+    """Whether a new step's statements go straight to this dialect's driver: pysqlite, psycopg, psycopg2."""
+    return (dialect.name, dialect.driver) in _ON_DRIVER
+
+
+_ON_DRIVER = frozenset({("sqlite", "pysqlite"), ("postgresql", "psycopg"), ("postgresql", "psycopg2")})

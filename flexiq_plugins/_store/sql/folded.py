@@ -138,6 +138,7 @@ class Folded:
         self._stamp = sa.select(runs.c.updated_at, runs.c.cancel_reason).where(runs.c.run_key == _p("run_key"))
         self._insert_step = sa.insert(steps)
         self._on_driver: tuple[DriverStatement, DriverStatement] | None = None
+        self._pg_on_driver: DriverStatement | None = None
         self._step_pg = self._step_statement_postgresql()
         self._snapshot = sa.select(steps).where(steps.c.run_key == _p("run_key")).order_by(steps.c.position)
         self._statements: dict[tuple[str, ...], sa.Executable] = {}
@@ -193,6 +194,11 @@ class Folded:
         values = step_values(row)
         del values["committed_at"], values["attempt"]
         params = self._params(claim, size=row.size, **{f"s_{k}": v for k, v in values.items()})
+        if runs_on_driver(conn.dialect):  # psycopg: straight to the driver (.driver)
+            if self._pg_on_driver is None:
+                self._pg_on_driver = DriverStatement(self._step_pg, conn.dialect)
+            found = self._pg_on_driver.first(conn, params)
+            return None if found is None else StepWritten(float(found[0]), found[1])
         result = conn.execute(self._step_pg, params).first()
         return None if result is None else StepWritten(float(result.updated_at), result.cancel_reason)
 

@@ -1,13 +1,15 @@
-"""SQLite's new-step statements run straight on pysqlite (``flexiq_plugins/_store/sql/driver.py``, issue 14).
+"""A new step's statements run straight on pysqlite and psycopg (``flexiq_plugins/_store/sql/driver.py``, issue 14).
 
 They skip SQLAlchemy's execution wrapper, not what it guarantees: a driver
 error is classified as before (a busy database is an outage, C28; a missing
-table names the fix), nothing of a failed step is committed, and a row
-written this way reads back exactly.
+table names the fix; a connection the server killed is invalidated, its
+outcome unknown), nothing of a failed step is committed, and a row written
+this way reads back exactly.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sqlite3
 from collections.abc import Callable
 from typing import Any
@@ -15,12 +17,15 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
+from sqlalchemy.dialects.mysql import pymysql
 from sqlalchemy.dialects.postgresql import psycopg
 
 from flexiq_plugins._store.base import Begun, JobEnvelope, StepRow
 from flexiq_plugins._store.sql import SqlStepStore
+from flexiq_plugins._store.sql import store as sql_store_module
 from flexiq_plugins._store.sql.driver import DriverStatement, runs_on_driver
-from flexiq_plugins.errors import StoreError, StoreUnavailable
+from flexiq_plugins.errors import ClaimLost, StoreError, StoreUnavailable
+from tests.test_store_held import Checkouts, _backend_pid, _terminate
 
 ENVELOPE = JobEnvelope(task_name="shop.checkout", framework="test", args=[1])
 
@@ -105,10 +110,52 @@ def test_a_statement_compiled_per_execution_is_refused() -> None:
         DriverStatement(expanding, sa.create_engine("sqlite://").dialect)
 
 
-def test_only_pysqlite_runs_statements_on_the_driver() -> None:
-    """pysqlite (the default SQLite driver) does; a dialect that binds by name cannot (its statement is refused)."""
+def test_pysqlite_and_psycopg_run_a_new_steps_statements_on_the_driver_and_pymysql_does_not() -> None:
+    """Which dialects :func:`runs_on_driver`; the others keep SQLAlchemy's execution."""
     assert runs_on_driver(sa.create_engine("sqlite://").dialect)
-    named = psycopg.dialect()
-    assert not runs_on_driver(named)
-    with pytest.raises(ValueError, match="binds by name"):
-        DriverStatement(sa.select(sa.bindparam("x")), named)
+    assert runs_on_driver(psycopg.dialect())
+    assert not runs_on_driver(pymysql.dialect())
+
+
+@pytest.mark.postgres
+def test_c28_a_step_on_a_connection_the_server_killed_is_unavailable_with_the_connection_invalidated(
+    postgres_url: str, make_sql_store: Callable[..., SqlStepStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """psycopg's error is read as a lost connection, as SQLAlchemy reads it: invalidated, not retried (C28)."""
+    sql_store = make_sql_store(postgres_url)
+    sql_store.now()
+    checkouts = Checkouts(sql_store.engine)
+    monkeypatch.setattr(sql_store_module, "dead_after_idle", lambda *_: None)  # the kill shows at the statement
+    with sql_store.held():
+        begun = _claimed(sql_store, "run-killed")
+        _terminate(postgres_url, _backend_pid(checkouts.out[-1][1]))
+        with pytest.raises(StoreUnavailable) as raised:
+            sql_store.commit_step(begun.claim, StepRow(0, "a#0", "run", b"1"))
+        cause = raised.value.__cause__
+        assert isinstance(cause, sa.exc.OperationalError), repr(cause)
+        assert cause.connection_invalidated, repr(cause)
+        sql_store.commit_step(begun.claim, StepRow(1, "b#0", "run", b"2"))
+        assert len(checkouts.out) == 2, "the killed connection was replaced once"
+    assert [row.step_key for row in sql_store.get_steps("run-killed")] == ["b#0"]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])
+def test_c25_a_step_on_either_postgresql_driver_commits_once_and_is_refused_a_second_time(
+    driver: str, postgres_url: str, make_sql_store: Callable[..., SqlStepStore]
+) -> None:
+    """The same key again is ``ClaimLost`` (the driver's unique violation, wrapped); so is a lost fence (C25)."""
+    pytest.importorskip(driver)
+    store = make_sql_store(sa.make_url(postgres_url).set(drivername=f"postgresql+{driver}").render_as_string(False))
+    begun = _claimed(store, "run-twice")
+    value = b"\x00\xffbytes"
+    stored = store.commit_step(begun.claim, StepRow(0, "zahlung ✓#0", "run", value))
+    with pytest.raises(ClaimLost):
+        store.commit_step(begun.claim, StepRow(1, "zahlung ✓#0", "run", b"again"))
+    stale = dataclasses.replace(begun.claim, attempt=begun.claim.attempt + 1)
+    with pytest.raises(ClaimLost):
+        store.commit_step(stale, StepRow(1, "b#0", "run", b""))
+
+    [row] = store.get_steps("run-twice")
+    assert (row.step_key, row.value, row.committed_at) == ("zahlung ✓#0", value, pytest.approx(stored.committed_at))
+    assert store.get_run("run-twice").step_count == 1
