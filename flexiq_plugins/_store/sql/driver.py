@@ -115,7 +115,13 @@ def run_on_driver(conn: Connection, sql: str, values: tuple[Any, ...] | dict[str
         if lost:
             _invalidate(conn, exc)
         error = sa_exc.DBAPIError.instance(
-            sql, values, exc, dialect.loaded_dbapi.Error, connection_invalidated=lost, dialect=dialect
+            sql,
+            values,
+            exc,
+            dialect.loaded_dbapi.Error,
+            hide_parameters=conn.engine.hide_parameters,  # a step's value stays out of messages if asked
+            connection_invalidated=lost,
+            dialect=dialect,
         )
         raise error from exc
     finally:
