@@ -17,11 +17,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
-from sqlalchemy.dialects.mysql import pymysql
-from sqlalchemy.dialects.postgresql import psycopg
 
 from flexiq_plugins._store.base import Begun, JobEnvelope, StepRow
-from flexiq_plugins._store.sql import SqlStepStore
+from flexiq_plugins._store.sql import SqlStepStore, normalize_url
 from flexiq_plugins._store.sql import store as sql_store_module
 from flexiq_plugins._store.sql.driver import DriverStatement, runs_on_driver
 from flexiq_plugins.errors import ClaimLost, StoreError, StoreUnavailable
@@ -110,11 +108,92 @@ def test_a_statement_compiled_per_execution_is_refused() -> None:
         DriverStatement(expanding, sa.create_engine("sqlite://").dialect)
 
 
-def test_pysqlite_and_psycopg_run_a_new_steps_statements_on_the_driver_and_pymysql_does_not() -> None:
-    """Which dialects :func:`runs_on_driver`; the others keep SQLAlchemy's execution."""
-    assert runs_on_driver(sa.create_engine("sqlite://").dialect)
-    assert runs_on_driver(psycopg.dialect())
-    assert not runs_on_driver(pymysql.dialect())
+def test_pysqlite_and_psycopg_run_a_new_steps_statements_on_the_driver_and_pymysql_does_not(
+    postgres_url: str, mysql_url: str
+) -> None:
+    """Which connections :func:`runs_on_driver`; the others keep SQLAlchemy's execution."""
+    for url, expected in (("sqlite://", True), (postgres_url, True), (mysql_url, False)):
+        engine = sa.create_engine(normalize_url(url))
+        try:
+            with engine.connect() as conn:
+                assert runs_on_driver(conn) is expected, url
+        finally:
+            engine.dispose()
+
+
+@pytest.mark.parametrize(
+    "setup",
+    [
+        pytest.param(lambda e: event.listen(e, "before_cursor_execute", lambda *_: None), id="statement listener"),
+        pytest.param(lambda e: event.listen(e, "handle_error", lambda _ctx: None), id="handle_error hook"),
+        pytest.param(lambda e: e.execution_options(schema_translate_map={None: "main"}), id="schema_translate_map"),
+    ],
+)
+def test_an_engine_with_what_sqlalchemys_execution_applies_keeps_it(setup: Callable[[sa.Engine], Any]) -> None:
+    """A tracer, a statement rewriter, an error hook or a schema map on the engine: no statement bypasses them."""
+    engine = sa.create_engine("sqlite://")
+    configured = setup(engine) or engine
+    with configured.connect() as conn:
+        assert not runs_on_driver(conn)
+
+
+def test_a_traced_sqlite_store_shows_every_statement_of_a_step_to_its_listener(
+    sqlite_url: str, make_sql_store: Callable[..., SqlStepStore]
+) -> None:
+    """With a ``before_cursor_execute`` listener (an SQL tracer) the step's statements go through SQLAlchemy."""
+    store = make_sql_store(sqlite_url)
+    claim = _claimed(store, "run-traced").claim
+    seen: list[str] = []
+    event.listen(store.engine, "before_cursor_execute", lambda _c, _cur, statement, *_: seen.append(statement))
+    store.commit_step(claim, StepRow(0, "charge#0", "run", b"v"))
+    assert [s.split()[0] for s in seen] == ["BEGIN", "UPDATE", "INSERT"], seen
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("driver", ["psycopg", "psycopg2"])
+def test_c28_a_handle_error_hook_that_reads_an_error_as_a_lost_connection_still_decides(
+    driver: str, postgres_url: str, make_sql_store: Callable[..., SqlStepStore]
+) -> None:
+    """SQLAlchemy's documented fail-over recipe: a read-only standby's refusal made a disconnect (C28)."""
+    pytest.importorskip(driver)
+    engine = sa.create_engine(sa.make_url(normalize_url(postgres_url)).set(drivername=f"postgresql+{driver}"))
+    read_only = {"on": False}
+
+    @event.listens_for(engine, "checkout")
+    def _standby(dbapi_connection: Any, *_: Any) -> None:
+        if read_only["on"]:
+            cursor = dbapi_connection.cursor()
+            cursor.execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+            cursor.close()
+            dbapi_connection.commit()
+
+    @event.listens_for(engine, "handle_error")
+    def _read_only_is_lost(ctx: Any) -> None:
+        code = getattr(ctx.original_exception, "sqlstate", None) or getattr(ctx.original_exception, "pgcode", None)
+        if code == "25006":  # read_only_sql_transaction
+            ctx.is_disconnect = True
+
+    try:
+        store = make_sql_store(engine)
+        claim = _claimed(store, "run-standby").claim
+        engine.pool.dispose()
+        read_only["on"] = True
+        with pytest.raises(StoreUnavailable) as raised:
+            store.commit_step(claim, StepRow(0, "charge#0", "run", b"v"))
+        assert getattr(raised.value.__cause__, "connection_invalidated", False), repr(raised.value.__cause__)
+    finally:
+        read_only["on"] = False
+        engine.pool.dispose()
+
+
+def test_a_bind_left_without_a_value_is_refused_not_sent_as_null() -> None:
+    """SQLAlchemy refuses a required bind with no value; so does the driver path (a ``KeyError`` naming it)."""
+    engine = sa.create_engine("sqlite://")
+    statement = DriverStatement(sa.select(sa.bindparam("k", type_=sa.Integer)), engine.dialect)
+    with engine.connect() as conn:
+        assert statement.first(conn, {"k": 7}) == (7,)
+        with pytest.raises(KeyError, match="'k'"):
+            statement.first(conn, {})
 
 
 @pytest.mark.postgres

@@ -23,23 +23,29 @@ is kept:
   for a dead connection (retry a transaction once on a new connection, never
   an autocommitted step whose outcome is unknown, C28) apply unchanged.
 
-What it does not do: connection-event dispatch (``before_cursor_execute`` and
-``after_cursor_execute`` do not see these statements: count what the driver
-runs instead, as ``benchmarks/counting.py`` does) and result processing (a
-row comes back as the driver returns it, so use it for numeric and text
-columns, whose types have none on these drivers). Only pysqlite, psycopg
-and psycopg2 (:func:`runs_on_driver`); another driver named in the URL keeps
-SQLAlchemy's execution.
+- an interruption mid-statement (``KeyboardInterrupt``, ``SystemExit``, a
+  greenlet's exit) invalidates the connection, whose state is then unknown.
+
+What it does not do: statement events and result processing. So it is used
+only where nothing depends on them (:func:`runs_on_driver`): pysqlite,
+psycopg and psycopg2, on an engine with no ``before_cursor_execute``
+listener (an SQL tracer, a statement rewriter), no ``handle_error`` hook and
+no ``schema_translate_map``; anything else keeps SQLAlchemy's execution. An
+``after_cursor_execute`` listener alone does not see these statements (count
+what the driver runs instead, as ``benchmarks/counting.py`` does). A row
+comes back as the driver returns it: use it for numeric and text columns,
+whose types have no result processing on these drivers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NoReturn
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection
+from sqlalchemy.util import is_exit_exception
 
 __all__ = ["DriverStatement", "run_on_driver", "runs_on_driver"]
 
@@ -68,7 +74,9 @@ class DriverStatement:
         named = dict.fromkeys(compiled.bind_names.values())  # as the SQL names them, each once
         self._names: tuple[str, ...] = tuple(compiled.positiontup if self._positional else named)
         binds = [compiled.binds[name] for name in self._names]
-        self._bound: dict[str, Any] = {name: bind.value for name, bind in zip(self._names, binds, strict=True)}
+        self._bound: dict[str, Any] = {  # the values bound in the statement; a required bind must be given
+            name: bind.effective_value for name, bind in zip(self._names, binds, strict=True) if not bind.required
+        }
         processors = [bind.type.bind_processor(dialect) for bind in binds]
         self._processors = [(i, process) for i, process in enumerate(processors) if process is not None]
 
@@ -80,7 +88,7 @@ class DriverStatement:
 
         Raises:
           sqlalchemy.exc.DBAPIError: the driver's error, as SQLAlchemy wraps it.
-          KeyError: a parameter the statement needs is in neither.
+          KeyError: a bind the statement leaves without a value is not in ``params``.
         """
         given = {**self._bound, **params}
         values = [given[name] for name in self._names]
@@ -111,22 +119,32 @@ def run_on_driver(conn: Connection, sql: str, values: tuple[Any, ...] | dict[str
         cursor.execute(sql, values)
         return cursor.fetchone() if cursor.description is not None else None  # type: ignore[no-any-return]
     except dialect.loaded_dbapi.Error as exc:
-        lost = bool(dialect.is_disconnect(exc, fairy.dbapi_connection, cursor))
-        if lost:
-            _invalidate(conn, exc)
-        error = sa_exc.DBAPIError.instance(
-            sql,
-            values,
-            exc,
-            dialect.loaded_dbapi.Error,
-            hide_parameters=conn.engine.hide_parameters,  # a step's value stays out of messages if asked
-            connection_invalidated=lost,
-            dialect=dialect,
-        )
-        raise error from exc
+        _raise_wrapped(conn, exc, sql, values, cursor)
+    except BaseException as exc:
+        if is_exit_exception(exc):  # interrupted mid-statement: its state unknown, as SQLAlchemy treats it
+            conn.invalidate(exc)
+        raise
     finally:
         if not conn.invalidated:
             cursor.close()
+
+
+def _raise_wrapped(conn: Connection, exc: Exception, sql: str, values: Any, cursor: Any) -> NoReturn:
+    """Raise the driver's ``exc`` as SQLAlchemy would, invalidating a lost connection first."""
+    dialect = conn.dialect
+    lost = bool(dialect.is_disconnect(exc, conn.connection.dbapi_connection, cursor))  # type: ignore[arg-type]
+    if lost:
+        _invalidate(conn, exc)
+    error = sa_exc.DBAPIError.instance(
+        sql,
+        values,
+        exc,
+        dialect.loaded_dbapi.Error,
+        hide_parameters=conn.engine.hide_parameters,  # a step's value stays out of messages if asked
+        connection_invalidated=lost,
+        dialect=dialect,
+    )
+    raise error from exc
 
 
 def _invalidate(conn: Connection, exc: BaseException) -> None:
@@ -135,9 +153,22 @@ def _invalidate(conn: Connection, exc: BaseException) -> None:
     conn.invalidate(exc)
 
 
-def runs_on_driver(dialect: sa.Dialect) -> bool:
-    """Whether a new step's statements go straight to this dialect's driver: pysqlite, psycopg, psycopg2."""
-    return (dialect.name, dialect.driver) in _ON_DRIVER
+def runs_on_driver(conn: Connection) -> bool:
+    """Whether a new step's statements on ``conn`` go straight to its driver.
+
+    Only on pysqlite, psycopg and psycopg2, and only when nothing is set up on
+    the engine that SQLAlchemy's execution would apply: a statement listener
+    (``before_cursor_execute``: an SQL tracer, a statement rewriter), a
+    ``handle_error`` hook, a ``schema_translate_map``. An engine you pass with
+    any of those keeps SQLAlchemy's execution for every statement.
+    """
+    dialect = conn.dialect
+    return (
+        (dialect.name, dialect.driver) in _ON_DRIVER
+        and not conn.dispatch.before_cursor_execute
+        and not dialect.dispatch.handle_error
+        and not conn.get_execution_options().get("schema_translate_map")
+    )
 
 
 _ON_DRIVER = frozenset({("sqlite", "pysqlite"), ("postgresql", "psycopg"), ("postgresql", "psycopg2")})

@@ -393,7 +393,7 @@ def _install_sqlite_events(engine: Engine, *, wal: bool, synchronous: str) -> No
 
     def on_begin(conn: Connection) -> None:
         sql = "BEGIN" if conn.get_execution_options().get(READ_ONLY, False) else "BEGIN IMMEDIATE"
-        if runs_on_driver(conn.dialect):  # SQLAlchemy's execution would cost 5× the BEGIN (see .driver)
+        if runs_on_driver(conn):  # SQLAlchemy's execution would cost 5× the BEGIN (see .driver)
             run_on_driver(conn, sql)
         else:
             conn.exec_driver_sql(sql)

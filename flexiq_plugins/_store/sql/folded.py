@@ -160,7 +160,7 @@ class Folded:
         try:
             if self._dialect == "postgresql":
                 written = self._step_postgresql(conn, claim, row)
-            elif self._returning and runs_on_driver(conn.dialect):
+            elif self._returning and runs_on_driver(conn):
                 written = self._step_on_driver(conn, claim, row)
             elif self._returning:
                 written = self._step_returning(conn, claim, row)
@@ -194,7 +194,7 @@ class Folded:
         values = step_values(row)
         del values["committed_at"], values["attempt"]
         params = self._params(claim, size=row.size, **{f"s_{k}": v for k, v in values.items()})
-        if runs_on_driver(conn.dialect):  # psycopg: straight to the driver (.driver)
+        if runs_on_driver(conn):  # psycopg: straight to the driver (.driver)
             if self._pg_on_driver is None:
                 self._pg_on_driver = DriverStatement(self._step_pg, conn.dialect)
             found = self._pg_on_driver.first(conn, params)
