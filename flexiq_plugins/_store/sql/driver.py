@@ -165,7 +165,7 @@ def runs_on_driver(conn: Connection) -> bool:
     dialect = conn.dialect
     return (
         (dialect.name, dialect.driver) in _ON_DRIVER
-        and not conn.dispatch.before_cursor_execute
+        and not conn.engine.dispatch.before_cursor_execute  # the engine's: cheaper than the connection's
         and not dialect.dispatch.handle_error
         and not conn.get_execution_options().get("schema_translate_map")
     )
