@@ -34,6 +34,12 @@ def _claimed(store: SqlStepStore, run_key: str) -> Begun:
     return begun
 
 
+def _on_driver(postgres_url: str, driver: str) -> sa.URL:
+    """The test PostgreSQL's URL through ``driver`` (``psycopg`` or ``psycopg2``); skips if it is not installed."""
+    pytest.importorskip(driver)
+    return sa.make_url(normalize_url(postgres_url)).set(drivername=f"postgresql+{driver}")
+
+
 def _no_busy_wait(store: SqlStepStore) -> None:
     """Make the store's connections give up on a lock at once instead of after the busy timeout."""
 
@@ -155,8 +161,7 @@ def test_c28_a_handle_error_hook_that_reads_an_error_as_a_lost_connection_still_
     driver: str, postgres_url: str, make_sql_store: Callable[..., SqlStepStore]
 ) -> None:
     """SQLAlchemy's documented fail-over recipe: a read-only standby's refusal made a disconnect (C28)."""
-    pytest.importorskip(driver)
-    engine = sa.create_engine(sa.make_url(normalize_url(postgres_url)).set(drivername=f"postgresql+{driver}"))
+    engine = sa.create_engine(_on_driver(postgres_url, driver))
     read_only = {"on": False}
 
     @event.listens_for(engine, "checkout")
@@ -224,8 +229,7 @@ def test_c25_a_step_on_either_postgresql_driver_commits_once_and_is_refused_a_se
     driver: str, postgres_url: str, make_sql_store: Callable[..., SqlStepStore]
 ) -> None:
     """The same key again is ``ClaimLost`` (the driver's unique violation, wrapped); so is a lost fence (C25)."""
-    pytest.importorskip(driver)
-    store = make_sql_store(sa.make_url(postgres_url).set(drivername=f"postgresql+{driver}").render_as_string(False))
+    store = make_sql_store(_on_driver(postgres_url, driver).render_as_string(hide_password=False))
     begun = _claimed(store, "run-twice")
     value = b"\x00\xffbytes"
     stored = store.commit_step(begun.claim, StepRow(0, "zahlung ✓#0", "run", value))
