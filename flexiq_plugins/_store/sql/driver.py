@@ -21,8 +21,7 @@ is kept:
   invalidates the connection and the pool's older connections, as SQLAlchemy
   does, and the exception says ``connection_invalidated``: the store's rules
   for a dead connection (retry a transaction once on a new connection, never
-  an autocommitted step whose outcome is unknown, C28) apply unchanged.
-
+  an autocommitted step whose outcome is unknown, C28) apply unchanged;
 - an interruption mid-statement (``KeyboardInterrupt``, ``SystemExit``, a
   greenlet's exit) invalidates the connection, whose state is then unknown.
 
@@ -51,16 +50,17 @@ __all__ = ["DriverStatement", "run_on_driver", "runs_on_driver"]
 
 
 class DriverStatement:
-    """One Core statement compiled once for SQLite and executed on the pysqlite cursor.
+    """One Core statement compiled once for a dialect and executed on its driver's cursor.
 
     Parameters:
       statement(Executable): the statement, e.g. a fenced ``UPDATE … RETURNING``.
-      dialect(Dialect): the store engine's SQLite dialect.
+      dialect(Dialect): the store engine's dialect (pysqlite binds by position,
+        psycopg by name: both are handled).
 
     Raises:
       ValueError: the statement needs compiling per call (an ``IN`` list
-        expanded at execution, a ``literal_execute`` parameter): keep it on
-        ``Connection.execute``.
+        expanded at execution, a ``literal_execute`` parameter) or has bind
+        names the dialect escapes: keep it on ``Connection.execute``.
     """
 
     def __init__(self, statement: sa.Executable, dialect: sa.Dialect) -> None:
