@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from flexiq_plugins import AttemptDriver, JobEnvelope, JobInfo, MemoryStepStore, SqlStepStore, StepStore, current_job
+from flexiq_plugins._attempt.outcomes import Completed, Failure
 from flexiq_plugins.operations import send_event
-from flexiq_plugins.outcomes import Completed, Failure
 
 
 def _attempt(driver: AttemptDriver, job: JobInfo, body: Callable[[], Any]) -> Any:
@@ -43,7 +43,7 @@ def _body(store: StepStore, key: str, phase: dict[str, float], *, replay: bool) 
         step.run("plain", lambda: 1)
         t1 = time.perf_counter()
         if not replay:
-            send_event(store, "bench", key, {"key": key})
+            send_event("bench", key, {"key": key}, store=store, publishers={})
         t2 = time.perf_counter()
         step.wait_for_event("bench", key=key)
         t3 = time.perf_counter()

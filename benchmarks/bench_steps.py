@@ -32,7 +32,7 @@ from flexiq_plugins import (
     StepStore,
     current_job,
 )
-from flexiq_plugins.outcomes import Completed, Failure
+from flexiq_plugins._attempt.outcomes import Completed, Failure
 
 KINDS: dict[str, dict[str, Any]] = {
     "plain": {},

@@ -82,8 +82,8 @@ from sqlalchemy.pool.base import reset_rollback
 
 from benchmarks.counting import on_statements
 from flexiq_plugins import AttemptDriver, JobEnvelope, JobInfo, SqlStepStore, current_job
+from flexiq_plugins._attempt.attempt import Attempt
 from flexiq_plugins._store.sql.mapping import dump_envelope
-from flexiq_plugins.attempt import Attempt
 from flexiq_plugins.operations import Sweeper, cleanup, cleanup_events, list_runs
 
 URLS = {

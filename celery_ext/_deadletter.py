@@ -1,6 +1,6 @@
 """The dead-letter path of a Celery job (C13, C29, C30).
 
-By the time an adapter sees a :class:`~flexiq_plugins.outcomes.DeadLetter`
+By the time an adapter sees a :class:`~flexiq_plugins._attempt.outcomes.DeadLetter`
 the store has already recorded the dead letter (task, arguments, run key,
 reason, traceback). What is left is the broker's side:
 

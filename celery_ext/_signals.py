@@ -135,7 +135,7 @@ def settle_revoked(sender: Any = None, request: Any = None, expired: bool = Fals
         return
     reason = "expired (Celery)" if expired else "revoked (Celery)"
     try:
-        done = cancel_run(driver.store, run_key, reason=reason, publishers={"celery": publisher(runtime.app)})
+        done = cancel_run(run_key, reason=reason, store=driver.store, publishers={"celery": publisher(runtime.app)})
     except FlexiqError:
         logger.exception("could not cancel the run of revoked job %s", getattr(request, "id", "?"))
         return

@@ -17,16 +17,22 @@ The framework integrations live in ``celery_ext`` and ``dramatiq_ext``; this
 package never imports Celery or Dramatiq.
 """
 
-from ._store.base import DeadLetterRecord, JobEnvelope, RunRecord, StepAttempt, StepRow, StepStore
+from ._attempt.attempt import Attempt
+from ._attempt.driver import AttemptDriver
+from ._attempt.job import JobInfo
+from ._delivery.cancel import cancel_run
+from ._delivery.events import send_event
+from ._model.codec import CodecChain, FernetCodec, FunctionSerializer, JsonSerializer, ZlibCodec
+from ._model.config import DurableConfig, Limits
+from ._model.durations import parse_duration
+from ._model.identity import new_run_key
+from ._model.policies import CancellationPolicy, Compensation, RetryPolicy
+from ._model.records import DeadLetterRecord, JobEnvelope, RunRecord, StepAttempt, StepRow
+from ._steps.context import JobContext, StepContext, current_job
+from ._store.base import StepStore
 from ._store.factory import open_store
 from ._store.memory import MemoryStepStore
 from ._store.sql import SqlStepStore, upgrade_store
-from .attempt import Attempt, AttemptDriver, JobInfo
-from .codec import CodecChain, FernetCodec, FunctionSerializer, JsonSerializer, ZlibCodec
-from .config import DurableConfig, Limits
-from .context import JobContext, StepContext, current_job
-from .control import cancel_run, send_event
-from .durations import parse_duration
 from .errors import (
     AlreadyRetried,
     CancelRequested,
@@ -82,8 +88,6 @@ from .errors import (
     UnsupportedInEagerMode,
     WorkerInterrupted,
 )
-from .identity import new_run_key
-from .policies import CancellationPolicy, Compensation, RetryPolicy
 
 __version__ = "0.1.0"
 

@@ -13,7 +13,7 @@ root; a third integration would too. The shape of an adapter:
    with the per-process :class:`AttemptDriver` (:class:`PerProcess`):
    ``driver.run_job(job, body)``.
 3. Translate the :data:`Outcome` into the framework's verb with ``match`` and
-   ``assert_never`` (see :mod:`flexiq_plugins.outcomes` for the table). The
+   ``assert_never`` (see :mod:`flexiq_plugins._attempt.outcomes` for the table). The
    core has already decided everything that does not depend on the framework.
    A put-back re-enqueues the same job carrying the run's key (C36) through
    :func:`hand_off`; if it still fails, the message stays in the broker.
@@ -57,13 +57,44 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Generic, NoReturn, TypeVar
 
-from ._store.base import JobEnvelope, StepStore
-from ._store.factory import StoreSpec, check_store_spec
-from ._store_health import store_health
-from .attempt import Attempt, AttemptDriver, JobInfo
-from .codec import CodecChain, FunctionSerializer, Serializer
-from .config import DurableConfig, resolve_store, resolve_store_spec
-from .context import no_current_job
+from ._attempt.attempt import Attempt
+from ._attempt.cancellation import CancelResult
+from ._attempt.driver import AttemptDriver
+from ._attempt.job import JobInfo
+from ._attempt.outcomes import (
+    Ack,
+    AckReason,
+    Completed,
+    DeadLetter,
+    Ended,
+    Failure,
+    Outcome,
+    PutBack,
+    PutBackReason,
+    Replay,
+)
+from ._attempt.store_health import store_health
+from ._delivery.cancel import cancel_run
+from ._delivery.recording import (
+    RECORD_OPTION,
+    RECORD_TASK_OPTION,
+    RECORDED_FLAG,
+    record_at_publish,
+    settle_unclaimed_run,
+    start_recovery,
+    wants_record,
+)
+from ._delivery.recovery import Sweeper
+from ._delivery.registry import UNSTARTED_ONLY, Adapter, Publisher, ValueReader, register_adapter, register_installation
+from ._delivery.unregistered import UNREGISTERED_REASON, dead_letter_unregistered
+from ._model.codec import CodecChain, FunctionSerializer, Serializer
+from ._model.config import DurableConfig
+from ._model.identity import new_run_key, run_key_from
+from ._model.policies import CancellationPolicy, RetryPolicy, cancellation_option, retry_policy_option
+from ._model.records import JobEnvelope
+from ._steps.context import no_current_job
+from ._store.base import StepStore
+from ._store.factory import StoreSpec, check_store_spec, resolve_store, resolve_store_spec
 from .errors import (
     ConfigurationError,
     DeadLettered,
@@ -76,21 +107,6 @@ from .errors import (
     WorkerInterrupted,
     classify,
 )
-from .identity import new_run_key, run_key_from
-from .operations import CancelResult, Sweeper, cancel_run
-from .outcomes import Ack, AckReason, Completed, DeadLetter, Ended, Failure, Outcome, PutBack, PutBackReason, Replay
-from .policies import CancellationPolicy, RetryPolicy, cancellation_option, retry_policy_option
-from .recording import (
-    RECORD_OPTION,
-    RECORD_TASK_OPTION,
-    RECORDED_FLAG,
-    record_at_publish,
-    settle_unclaimed_run,
-    start_recovery,
-    wants_record,
-)
-from .registry import UNSTARTED_ONLY, Adapter, Publisher, ValueReader, register_adapter, register_installation
-from .unregistered import UNREGISTERED_REASON, dead_letter_unregistered
 
 __all__ = [
     "Ack",

@@ -34,7 +34,7 @@ The pytest plugin (:mod:`flexiq_plugins.pytest_plugin`, loaded through the
 ``pytest11`` entry point) gives the fixtures ``flexiq_clock``,
 ``flexiq_store`` and ``durable_run``. Nothing here imports a framework: a
 Celery task or a Dramatiq actor is turned into its plain function by its
-installed adapter (:meth:`~flexiq_plugins.registry.Adapter.task_body`).
+installed adapter (:meth:`~flexiq_plugins._delivery.registry.Adapter.task_body`).
 """
 
 from __future__ import annotations
@@ -45,15 +45,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import outcomes
-from ._store.base import DeadLetterRecord, JobEnvelope, RunRecord, StepAttempt, StepRow, StepStore
+from ._attempt import outcomes
+from ._attempt.attempt import Attempt
+from ._attempt.cancellation import CancelResult
+from ._attempt.driver import AttemptDriver
+from ._attempt.job import JobInfo
+from ._delivery.cancel import cancel_run
+from ._delivery.events import EventSent, send_event
+from ._delivery.registry import all_adapters
+from ._model.config import DurableConfig
+from ._model.durations import parse_duration
+from ._model.policies import CancellationPolicy, RetryPolicy, cancellation_option, retry_policy_option
+from ._model.records import DeadLetterRecord, JobEnvelope, RunRecord, StepAttempt, StepRow
+from ._store.base import StepStore
 from ._store.memory import MemoryStepStore
-from .attempt import Attempt, AttemptDriver, JobInfo
-from .config import DurableConfig
-from .durations import parse_duration
-from .operations import CancelResult, EventSent, cancel_run, send_event
-from .policies import CancellationPolicy, RetryPolicy, cancellation_option, retry_policy_option
-from .registry import all_adapters
 
 __all__ = ["START", "AttemptResult", "DurableRun", "FakeClock", "SimulatedCrash", "task_body"]
 
@@ -305,11 +310,13 @@ class DurableRun:
           to_this_run(bool): send it to this run only (by its run key).
         """
         run_key = self.run_key if to_this_run else None
-        return send_event(self.store, topic, key, payload, run_key=run_key, codec=self.driver.codec)
+        return send_event(
+            topic, key, payload, run_key=run_key, store=self.store, publishers={}, codec=self.driver.codec
+        )
 
     def cancel(self, reason: str = "") -> CancelResult:
         """Cancel the run as ``flexiq runs cancel`` does (C34); its undos, if any, run at the next :meth:`attempt`."""
-        return cancel_run(self.store, self.run_key, reason=reason)
+        return cancel_run(self.run_key, reason=reason, store=self.store, publishers={})
 
     def give_up(self) -> outcomes.PutBack | None:
         """Play a framework that will not retry the last attempt's failure (C26, C32).
@@ -329,7 +336,7 @@ class DurableRun:
     def until_done(self, *, max_attempts: int = 100) -> AttemptResult:
         """Run attempts, letting every sleep and step backoff elapse, until the run is done or dead-lettered.
 
-        A :class:`~flexiq_plugins.outcomes.Failure` is retried (as a framework
+        A :class:`~flexiq_plugins._attempt.outcomes.Failure` is retried (as a framework
         with retries left would); a crashed attempt is followed by a takeover.
         Returns the last attempt's result.
 

@@ -20,9 +20,9 @@ import pytest
 import sqlalchemy as sa
 
 from flexiq_plugins._store.base import StepStore
+from flexiq_plugins._store.caller import CallerConnection
 from flexiq_plugins._store.memory import MemoryStepStore
 from flexiq_plugins._store.sql import SqlStepStore
-from flexiq_plugins.transactions import CallerConnection
 
 POSTGRES = ("PostgreSQL", "127.0.0.1", 5432)
 MYSQL = ("MariaDB", "127.0.0.1", 3306)

@@ -1,4 +1,4 @@
-"""Review of the shared lease renewer (:mod:`flexiq_plugins._lease`): scenarios that break it (C23, C25).
+"""Review of the shared lease renewer (:mod:`flexiq_plugins._attempt.lease`): scenarios that break it (C23, C25).
 
 Each test runs real threads (and, where it says so, a real signal handler in a fresh interpreter) against a
 real SQLite file or PostgreSQL. Waits are on events or renewal counts, bounded by ``PATIENCE_S``; where a
@@ -21,8 +21,8 @@ import pytest
 import sqlalchemy as sa
 
 from flexiq_plugins import JobEnvelope, SqlStepStore
-from flexiq_plugins._lease import LeaseKeeper
-from flexiq_plugins._store.base import Begun, Claim, StepRow
+from flexiq_plugins._attempt.lease import LeaseKeeper
+from flexiq_plugins._model.records import Begun, Claim, StepRow
 from tests.conftest import PostgresCaller, drop_store_tables
 from tests.core.test_lease_renewer import WatchedStore
 
@@ -125,7 +125,7 @@ def test_c23_a_transaction_holding_one_runs_row_does_not_stop_other_claims_being
 _INTERRUPTED_REGISTRATIONS = r'''
 import json, os, signal, sys, threading
 from flexiq_plugins import JobEnvelope, SqlStepStore
-from flexiq_plugins._lease import LeaseKeeper, _Renewer
+from flexiq_plugins._attempt.lease import LeaseKeeper, _Renewer
 
 class CountingStore(SqlStepStore):
     def __init__(self, url):
@@ -217,7 +217,7 @@ def test_c23_a_keeper_whose_start_was_interrupted_is_renewed_once_started_again(
 _BASE_EXCEPTION_IN_A_RENEWAL = r'''
 import json, sys, threading
 from flexiq_plugins import JobEnvelope, SqlStepStore
-from flexiq_plugins._lease import LeaseKeeper
+from flexiq_plugins._attempt.lease import LeaseKeeper
 
 class DriverTimeout(BaseException):
     """A BaseException a store's driver can raise (as gevent.Timeout is one): not an ``Exception``."""

@@ -24,8 +24,8 @@ from flexiq_plugins import (
     StepRow,
     current_job,
     operations,
-    outcomes,
 )
+from flexiq_plugins._attempt import outcomes
 
 SQL_BACKENDS = [
     "sqlite",

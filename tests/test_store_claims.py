@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from flexiq_plugins._store.base import Busy, Claim, Finished
+from flexiq_plugins._model.records import Busy, Claim, Finished
 from flexiq_plugins._store.claims import (
     Granted,
     already_committed,

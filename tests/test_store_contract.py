@@ -16,7 +16,7 @@ from uuid import uuid4
 
 import pytest
 
-from flexiq_plugins._store.base import (
+from flexiq_plugins._model.records import (
     AttemptNotDue,
     AttemptsSpent,
     AttemptStarted,
@@ -28,8 +28,8 @@ from flexiq_plugins._store.base import (
     NewDeadLetter,
     StepAttemptFailure,
     StepRow,
-    StepStore,
 )
+from flexiq_plugins._store.base import StepStore
 from flexiq_plugins.errors import CancelRequested, ClaimLost, StoreError, UnknownDeadLetter, UnknownRun
 
 ENVELOPE = JobEnvelope(

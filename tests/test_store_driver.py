@@ -18,7 +18,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from flexiq_plugins._store.base import Begun, JobEnvelope, StepRow
+from flexiq_plugins._model.records import Begun, JobEnvelope, StepRow
 from flexiq_plugins._store.sql import SqlStepStore, normalize_url
 from flexiq_plugins._store.sql import store as sql_store_module
 from flexiq_plugins._store.sql.driver import DriverStatement, runs_on_driver

@@ -18,13 +18,13 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from flexiq_plugins import AttemptDriver, DurableConfig, JobInfo, current_job
-from flexiq_plugins._store.base import Begun, JobEnvelope, StepRow
+from flexiq_plugins._attempt.outcomes import Completed, Failure, PutBack
+from flexiq_plugins._model.records import Begun, JobEnvelope, StepRow
 from flexiq_plugins._store.memory import MemoryStepStore
 from flexiq_plugins._store.sql import SqlStepStore, normalize_url
 from flexiq_plugins._store.sql import engine as engine_module
 from flexiq_plugins._store.sql import store as sql_store_module
 from flexiq_plugins.errors import StoreUnavailable
-from flexiq_plugins.outcomes import Completed, Failure, PutBack
 from tests.polling import wait_for
 
 ENVELOPE = JobEnvelope(task_name="shop.checkout", framework="test", args=[1])

@@ -11,7 +11,8 @@ import threading
 import time
 from uuid import uuid4
 
-from flexiq_plugins._store.base import Begun, Finished, JobEnvelope, StepStore
+from flexiq_plugins._model.records import Begun, Finished, JobEnvelope
+from flexiq_plugins._store.base import StepStore
 
 ENVELOPE = JobEnvelope("shop.checkout", "test", "default", [1], {"order": "A-1"}, {})
 OTHER = JobEnvelope("shop.other", "test", "other", [2], {}, {})

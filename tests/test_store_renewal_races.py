@@ -15,7 +15,7 @@ import pytest
 import sqlalchemy as sa
 
 from flexiq_plugins import JobEnvelope, SqlStepStore
-from flexiq_plugins._store.base import Begun, Busy, Claim
+from flexiq_plugins._model.records import Begun, Busy, Claim
 from flexiq_plugins._store.sql.errors import is_deadlock
 from flexiq_plugins._store.sql.tables import store_tables
 from flexiq_plugins.errors import ClaimLost, RunLocked, StoreError

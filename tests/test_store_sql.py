@@ -24,7 +24,8 @@ import sqlalchemy as sa
 from sqlalchemy import event
 
 from benchmarks.counting import on_statements
-from flexiq_plugins._store.base import Begun, Busy, Claim, Finished, JobEnvelope, NewDeadLetter, StepRow, StepStore
+from flexiq_plugins._model.records import Begun, Busy, Claim, Finished, JobEnvelope, NewDeadLetter, StepRow
+from flexiq_plugins._store.base import StepStore
 from flexiq_plugins._store.factory import DEFAULT_STORE_URL, STORE_URL_ENV, open_store
 from flexiq_plugins._store.memory import MemoryStepStore
 from flexiq_plugins._store.sql import SqlStepStore, normalize_url, upgrade_store
@@ -809,7 +810,7 @@ def test_c9_driver_memo_hit_is_zero_statements_and_a_new_step_one_transaction(
     """Through the attempt driver on a SQL store (C9): starting an attempt is one transaction,
     each new step one transaction, and a replayed step (memo hit) issues no statement at all."""
     from flexiq_plugins import AttemptDriver, DurableConfig, JobInfo, current_job
-    from flexiq_plugins.outcomes import Completed, Failure
+    from flexiq_plugins._attempt.outcomes import Completed, Failure
 
     store = make_sql_store(request.getfixturevalue(f"{backend}_url"))
     store.now()

@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .._model.records import TERMINAL_STATUSES, Busy, Claim, Finished
 from ..errors import ClaimLost
-from .base import TERMINAL_STATUSES, Busy, Claim, Finished
 
 __all__ = [
     "Granted",
@@ -44,6 +44,7 @@ __all__ = [
     "holds",
     "lease_remaining",
     "may_recover",
+    "may_settle_cancelled",
     "may_take_sweep_lease",
 ]
 
@@ -252,3 +253,10 @@ def may_take_sweep_lease(holder: str | None, lease_until: float | None, *, owner
       now(float): the store's clock, epoch seconds.
     """
     return holder is None or holder == owner or lease_remaining(lease_until, now) is None
+
+
+def may_settle_cancelled(run: RunState, *, status: str, attempt: int, now: float) -> bool:
+    """Whether a cancellation may end ``run`` now: it still has ``status`` at ``attempt`` and no live claim (C34)."""
+    if run.status != status or run.attempt != attempt:
+        return False
+    return run.owner is None or lease_remaining(run.lease_until, now) is None

@@ -11,6 +11,7 @@ the working directory: durable, and needing no server.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.engine import URL, Engine
@@ -21,7 +22,15 @@ from .memory import MemoryStepStore
 from .sql import ACCEPTED_STORE_FORMS, SqlStepStore
 from .sql.engine import create_engine, normalize_url
 
-__all__ = ["DEFAULT_STORE_URL", "STORE_URL_ENV", "StoreSpec", "check_store_spec", "open_store"]
+__all__ = [
+    "DEFAULT_STORE_URL",
+    "STORE_URL_ENV",
+    "StoreSpec",
+    "check_store_spec",
+    "open_store",
+    "resolve_store",
+    "resolve_store_spec",
+]
 
 StoreSpec = StepStore | URL | Engine | str | None
 """What an integration accepts as ``store=``: a store, a SQLAlchemy engine or URL, or ``None``."""
@@ -85,3 +94,33 @@ def check_store_spec(spec: StoreSpec) -> None:
     if not isinstance(spec, (str, URL)):
         raise ConfigurationError(f"cannot use {spec!r} as a step store; accepted forms: {ACCEPTED_STORE_FORMS}")
     create_engine(normalize_url(spec)).dispose()
+
+
+def resolve_store_spec(explicit: StoreSpec, framework_setting: Callable[[], StoreSpec] | None = None) -> StoreSpec:
+    """Where the store is: the argument, ``FLEXIQ_STORE_URL``, the framework's setting, the default.
+
+    Parameters:
+      explicit(StoreSpec): what the integration was given (``store=``), or ``None``.
+      framework_setting(Callable[[], StoreSpec] | None): reads the framework's own
+        setting (Celery's ``flexiq_store_url``, Django's ``FLEXIQ_STORE_URL``);
+        called only when needed.
+
+    Returns:
+      StoreSpec: a store, engine or URL; never ``None``.
+    """
+    if explicit is not None:
+        return explicit
+    from_env = os.environ.get(STORE_URL_ENV)
+    if from_env:
+        return from_env
+    setting = framework_setting() if framework_setting is not None else None
+    return setting if setting else DEFAULT_STORE_URL
+
+
+def resolve_store(explicit: StoreSpec, framework_setting: Callable[[], StoreSpec] | None = None) -> StepStore:
+    """Open the store :func:`resolve_store_spec` names.
+
+    Raises:
+      ConfigurationError: an unknown scheme or type, or a missing database driver.
+    """
+    return open_store(resolve_store_spec(explicit, framework_setting))

@@ -13,8 +13,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
-from ..errors import CancelRequested, UnknownDeadLetter, UnknownRun
-from .base import (
+from .._model.records import (
     CLEANABLE_STATUSES,
     TERMINAL_STATUSES,
     UNSTARTED_STATUSES,
@@ -35,14 +34,24 @@ from .base import (
     StepAttemptFailed,
     StepAttemptFailure,
     StepRow,
-    StepStore,
 )
-from .claims import Granted, already_committed, claim_lost, decide_claim, holds, may_recover, may_take_sweep_lease
-from .control import consumed_event_ids, first_receivable, may_settle_cancelled, poll_result, wakes
+from ..errors import CancelRequested, UnknownDeadLetter, UnknownRun
+from .base import StepStore
+from .claims import (
+    Granted,
+    already_committed,
+    claim_lost,
+    decide_claim,
+    holds,
+    may_recover,
+    may_settle_cancelled,
+    may_take_sweep_lease,
+)
+from .events import consumed_event_ids, first_receivable, poll_result, wakes
 from .step_attempts import close_lost, decide_step_attempt, failed_attempt, retry_cut_position
 
 if TYPE_CHECKING:
-    from ..transactions import CallerConnection
+    from .caller import CallerConnection
 
 __all__ = ["MemoryStepStore"]
 

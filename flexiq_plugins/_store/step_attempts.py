@@ -22,8 +22,8 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Protocol
 
+from .._model.records import AttemptNotDue, AttemptsSpent, AttemptStarted, StepAttempt, StepAttemptFailure
 from ..errors import UnknownRun
-from .base import AttemptNotDue, AttemptsSpent, AttemptStarted, StepAttempt, StepAttemptFailure
 
 __all__ = ["close_lost", "decide_step_attempt", "failed_attempt", "retry_cut_position"]
 

@@ -14,17 +14,14 @@ an admin page can call them directly with any :class:`~flexiq_plugins.StepStore`
   installed adapters) and :func:`load_object` (``module:attribute``).
 
 Re-publishing goes through the job's own framework adapter, found in
-:mod:`flexiq_plugins.registry`: a new job id carrying the old run key (C11,
+:mod:`flexiq_plugins._delivery.registry`: a new job id carrying the old run key (C11,
 C36), so the run replays its committed steps and keeps its idempotency keys.
 """
 
-from ..errors import AlreadyRetried, NoPublisher, OperationError, PublishFailed
-from ..registry import Publisher
-from ._cancel import DEFAULT_CANCEL_REASON, CancelResult, cancel_run
-from ._dead_letters import Retried, purge_dead_letters, retry_dead_letter, retry_dead_letters
-from ._events import EventSent, cleanup_events, send_event, wake_run
-from ._publishing import DEFAULT_TARGET_ATTRS, load_object, publishers_for
-from ._recovery import (
+from .._delivery.cancel import DEFAULT_CANCEL_REASON, CancelResult, cancel_run
+from .._delivery.events import EventSent, cleanup_events, send_event, wake_run
+from .._delivery.publishing import DEFAULT_TARGET_ATTRS, load_object, publishers_for
+from .._delivery.recovery import (
     DEFAULT_GRACE_SECONDS,
     DEFAULT_INTERVAL_SECONDS,
     DEFAULT_QUEUED_SECONDS,
@@ -35,6 +32,9 @@ from ._recovery import (
     find_stranded,
     recover,
 )
+from .._delivery.registry import Publisher
+from ..errors import AlreadyRetried, NoPublisher, OperationError, PublishFailed
+from ._dead_letters import Retried, purge_dead_letters, retry_dead_letter, retry_dead_letters
 from ._runs import RunDetails, cleanup, list_runs, show_run
 from ._values import DecodedValue, decode_step_value
 

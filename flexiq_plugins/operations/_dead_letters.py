@@ -13,10 +13,10 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from .._delivery.publishing import publish, require_publisher, require_readable
+from .._delivery.registry import Publisher
 from .._store.base import StepStore
 from ..errors import AlreadyRetried, OperationError, RunCompensated, StoreError, UnknownDeadLetter
-from ..registry import Publisher
-from ._publishing import publish, require_publisher, require_readable
 
 __all__ = ["Retried", "purge_dead_letters", "retry_dead_letter", "retry_dead_letters"]
 

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from .._store.base import TERMINAL_STATUSES, RunRecord, StepAttempt, StepRow, StepStore
-from ..durations import parse_duration
+from .._delivery.recovery import latest_wake_at
+from .._model.durations import parse_duration
+from .._model.identity import check_run_key
+from .._model.records import TERMINAL_STATUSES, RunRecord, StepAttempt, StepRow
+from .._store.base import StepStore
 from ..errors import UnknownRun
-from ..identity import check_run_key
 
-__all__ = ["RunDetails", "cleanup", "latest_wake_at", "list_runs", "show_run"]
+__all__ = ["RunDetails", "cleanup", "list_runs", "show_run"]
 
 
 @dataclass(frozen=True)
@@ -95,17 +96,6 @@ def _run_of_job(store: StepStore, job_id: str) -> RunRecord:
         "--task NAME` lists runs with their keys. A task or message id is found only while it is its "
         "run's current job"
     )
-
-
-def latest_wake_at(steps: Iterable[StepRow], attempts: Iterable[StepAttempt] = ()) -> float | None:
-    """When a waiting run is due: its latest sleep's wake time, or a later step retry's (C15, C31), epoch seconds."""
-    steps = list(steps)
-    sleeps = [s for s in steps if s.kind == "sleep" and s.wake_at is not None]
-    times = [max(sleeps, key=lambda s: s.position).wake_at] if sleeps else []
-    committed = {s.step_key for s in steps}
-    times += [a.retry_at for a in attempts if a.outcome == "failed" and a.step_key not in committed]
-    known = [t for t in times if t is not None]
-    return max(known) if known else None
 
 
 def cleanup(store: StepStore, older_than: str | float) -> int:

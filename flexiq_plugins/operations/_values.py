@@ -12,10 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .._store.base import StepRow
-from ..codec import CodecChain, FunctionSerializer, JsonSerializer, ZlibCodec
+from .._delivery.registry import ValueReader, value_reader
+from .._model.codec import CodecChain, FunctionSerializer, JsonSerializer, ZlibCodec
+from .._model.records import StepRow
 from ..errors import DecodeError
-from ..registry import ValueReader, value_reader
 
 __all__ = ["DecodedValue", "decode_step_value"]
 

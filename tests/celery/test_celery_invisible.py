@@ -16,8 +16,8 @@ from celery.signals import task_failure
 from conftest import in_process_worker, wait_for
 
 from flexiq_plugins import current_job
-from flexiq_plugins._store.base import TERMINAL_STATUSES
-from flexiq_plugins.outcomes import Failure
+from flexiq_plugins._attempt.outcomes import Failure
+from flexiq_plugins._model.records import TERMINAL_STATUSES
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -18,10 +18,10 @@ import sqlalchemy as sa
 from click.testing import CliRunner, Result
 
 from flexiq_plugins import Attempt, AttemptDriver, DurableConfig, JobEnvelope, JobInfo, current_job
+from flexiq_plugins._attempt.outcomes import PutBack, PutBackReason
 from flexiq_plugins._store.sql import SqlStepStore
 from flexiq_plugins._store.sql.tables import store_tables
 from flexiq_plugins.cli import cli
-from flexiq_plugins.outcomes import PutBack, PutBackReason
 
 
 class Runs:

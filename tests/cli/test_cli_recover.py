@@ -211,7 +211,7 @@ def test_c35_a_short_sleep_recorded_after_its_wake_time_is_recovered() -> None:
     until ``stale_after`` has passed.
     """
     from flexiq_plugins import JobEnvelope, MemoryStepStore
-    from flexiq_plugins._store.base import Begun, StepRow
+    from flexiq_plugins._model.records import Begun, StepRow
     from flexiq_plugins.testing import FakeClock
 
     clock = FakeClock()

@@ -63,7 +63,9 @@ def test_c33_a_replay_after_sigkill_returns_the_same_payload_without_waiting(har
     with harness.worker_processes() as workers:
         job = harness.publish("await_then_crash", order)
         harness.wait_status(job.run_key, "waiting")
-        sent = operations.send_event(harness.store, "payment", order, {"paid": 1200}, publishers=harness.publishers())
+        sent = operations.send_event(
+            "payment", order, {"paid": 1200}, store=harness.store, publishers=harness.publishers()
+        )
         assert [run_key for run_key, _ in sent.woken] == [job.run_key]
         workers.kill(_hung(harness, job.run_key, "ship"))
         workers.revive()

@@ -57,7 +57,7 @@ def test_c33_a_bare_senders_event_is_picked_up_by_recovery(harness: Harness) -> 
     order = f"o-{time.monotonic_ns()}"
     job = harness.publish("await_payment", order, None)
     harness.wait_status(job.run_key, "waiting")
-    sent = operations.send_event(harness.store, "payment", order, "paid")  # no publishers: a bare sender
+    sent = operations.send_event("payment", order, "paid", store=harness.store, publishers={})  # a bare sender
     assert sent.left == [(job.run_key, "no publisher")]
     assert harness.status(job.run_key) == "waiting"
 
@@ -112,7 +112,9 @@ def test_c34_flexiq_runs_cancel_stops_a_sleeping_run_and_its_next_step_never_run
     wake-up, when it arrives, finds a finished run: ``ship`` never runs."""
     job = harness.publish("charge_nap_ship", 1.0)
     harness.wait_status(job.run_key, "sleeping")
-    done = operations.cancel_run(harness.store, job.run_key, reason="order abandoned", publishers=harness.publishers())
+    done = operations.cancel_run(
+        job.run_key, reason="order abandoned", store=harness.store, publishers=harness.publishers()
+    )
     assert done.outcome == "compensating"
     run = harness.wait_status(job.run_key, "cancelled")
     assert run.cancel_reason == "order abandoned"
@@ -145,7 +147,7 @@ def test_c34_a_running_run_is_cancelled_at_its_next_step_boundary(harness: Harne
     commit, and unwinds: no code after it runs, ``ship`` never runs, both undos run, the run is ``cancelled``."""
     job = harness.publish("charge_hold_ship")
     wait_for(lambda: harness.ledger.count(job.run_key, "work"), 30, "the work step to run")
-    done = operations.cancel_run(harness.store, job.run_key, reason="stop", publishers=harness.publishers())
+    done = operations.cancel_run(job.run_key, reason="stop", store=harness.store, publishers=harness.publishers())
     assert (done.outcome, done.status) == ("requested", "running")
     harness.ledger.set_flag(job.run_key, "release")
     run = harness.wait_status(job.run_key, "cancelled")

@@ -6,6 +6,13 @@
   module other than the package root and ``flexiq_plugins.integration``.
 - No import cycle inside or between the three packages (``TYPE_CHECKING``
   imports count: a cycle hidden there is still a cycle of concepts).
+- The core's layers import downward only: ``errors`` → ``_model`` → ``_store`` →
+  ``_steps`` → ``_attempt`` → ``_delivery`` → the faces (the package root,
+  ``integration``, ``operations``, ``testing``) → the surfaces over them
+  (``cli``, ``pytest_plugin``, ``dashboard``). A module imports its own layer
+  package and those below; faces do not import each other.
+- The top of ``flexiq_plugins/`` holds only the faces; every other module lives
+  in a layer package, and what is private is named so.
 - Every error class of ``flexiq_plugins.errors`` is exported from the package root.
 """
 
@@ -25,6 +32,18 @@ ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("flexiq_plugins", "celery_ext", "dramatiq_ext")
 FRAMEWORKS = ("celery", "dramatiq", "kombu", "celery_ext", "dramatiq_ext")
 ADAPTER_MAY_IMPORT = ("flexiq_plugins", "flexiq_plugins.integration")
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors",),
+    ("_model",),
+    ("_store",),
+    ("_steps",),
+    ("_attempt",),
+    ("_delivery",),
+    ("", "integration", "operations", "testing"),  # "": the package root
+    ("cli", "pytest_plugin", "dashboard"),
+)
+"""The core's layers, lowest first: each entry a layer, each name a unit of it (a module or a package)."""
+MAX_TOP_LEVEL_MODULES = 12
 
 
 def _module_name(path: Path) -> str:
@@ -121,12 +140,71 @@ def test_architecture_has_no_import_cycle():
     assert cycles == []
 
 
+def _unit(module: str) -> str:
+    """The layer unit of a core module: its first name under ``flexiq_plugins`` ("" for the root)."""
+    return module.split(".")[1] if "." in module else ""
+
+
+def _rank(module: str) -> int:
+    unit = _unit(module)
+    ranks = [n for n, layer in enumerate(LAYERS) if unit in layer]
+    assert ranks, f"{module} is in no layer: add its unit to LAYERS or move it into a layer package"
+    return ranks[0]
+
+
+def test_architecture_layers_import_downward_only():
+    """A core module imports only its own unit and lower layers: never a higher layer, never another face."""
+    graph = _graph()
+    offenders = [
+        f"{module} (layer {_rank(module)}) imports {name} (layer {_rank(name)})"
+        for module, names in sorted(graph.items())
+        if module.startswith("flexiq_plugins")
+        for name in sorted(names)
+        if name.startswith("flexiq_plugins") and _unit(name) != _unit(module) and _rank(name) >= _rank(module)
+    ]
+    assert offenders == []
+
+
+def test_architecture_the_top_level_holds_only_the_faces():
+    """``flexiq_plugins/`` holds at most 12 modules, all faces; every other module is in a private layer package."""
+    core = ROOT / "flexiq_plugins"
+    top = sorted(p.stem for p in core.glob("*.py") if p.stem != "__init__")
+    packages = sorted(p.name for p in core.iterdir() if p.is_dir() and p.name != "__pycache__")
+    faces = {unit for layer in LAYERS[6:] for unit in layer} | {"errors"}
+    assert len(top) + len(packages) <= MAX_TOP_LEVEL_MODULES
+    assert [name for name in top + packages if name not in faces and not name.startswith("_")] == []
+    assert {unit for layer in LAYERS[1:6] for unit in layer} <= set(packages)
+
+
+def test_architecture_every_core_folder_is_a_package():
+    """Every folder of the core has an ``__init__.py`` (no namespace package the API reference would miss)."""
+    core = ROOT / "flexiq_plugins"
+    folders = [p for p in core.rglob("*") if p.is_dir() and p.name != "__pycache__" and any(p.glob("*.py"))]
+    missing = [
+        str(p.relative_to(ROOT)) for p in folders if not (p / "__init__.py").exists() and "migrations" not in p.parts
+    ]
+    assert missing == []
+
+
+def test_architecture_private_modules_are_named_private():
+    """Inside a face package (``operations``, ``cli``) every module but its ``__init__`` starts with ``_``."""
+    named_public = [
+        f"flexiq_plugins/{face}/{path.name}"
+        for face in ("operations", "cli")
+        for path in (ROOT / "flexiq_plugins" / face).glob("*.py")
+        if path.name != "__init__.py" and not path.name.startswith("_")
+    ]
+    assert named_public == []
+
+
 def test_architecture_the_checks_see_real_imports():
     """The graph is not empty and sees known edges, so the rules above cannot pass vacuously."""
     graph = _graph()
-    assert "flexiq_plugins.steps" in graph["flexiq_plugins.context"]
+    assert "flexiq_plugins._steps.journal" in graph["flexiq_plugins._steps.context"]
     assert "flexiq_plugins.integration" in graph["celery_ext._verbs"]
-    assert "flexiq_plugins.attempt" in graph["flexiq_plugins.integration"]
+    assert "flexiq_plugins._attempt.driver" in graph["flexiq_plugins.integration"]
+    assert _rank("flexiq_plugins._store.base") < _rank("flexiq_plugins._steps.journal")
+    assert _rank("flexiq_plugins.cli._main") > _rank("flexiq_plugins.operations")
 
 
 def test_architecture_every_error_is_exported_from_the_root():

@@ -30,10 +30,10 @@ from flexiq_plugins import (
     StepRow,
     StepUsageError,
     current_job,
-    outcomes,
 )
+from flexiq_plugins._attempt import outcomes
+from flexiq_plugins._model.identity import check_run_key
 from flexiq_plugins.errors import Disposition, classify
-from flexiq_plugins.identity import check_run_key
 
 START = 1_700_000_000.0
 """Where the core tests' fake store clock starts (``tests/core/conftest.py``)."""

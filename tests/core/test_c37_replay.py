@@ -22,10 +22,10 @@ from flexiq_plugins import (
     OutcomeNotKept,
     ReplayedError,
     current_job,
-    outcomes,
-    replays,
 )
-from flexiq_plugins.codec import CodecChain
+from flexiq_plugins._attempt import outcomes
+from flexiq_plugins._model import replays
+from flexiq_plugins._model.codec import CodecChain
 
 
 class PaymentDeclined(Exception):

@@ -20,8 +20,8 @@ from flexiq_plugins import (
     RunCancelled,
     current_job,
 )
+from flexiq_plugins._attempt.outcomes import PutBack, PutBackReason, Replay
 from flexiq_plugins.operations import cancel_run, find_stranded
-from flexiq_plugins.outcomes import PutBack, PutBackReason, Replay
 from flexiq_plugins.testing import DurableRun
 
 
@@ -275,6 +275,6 @@ def test_c34_cancel_run_of_an_unknown_or_finished_run() -> None:
 
     run = DurableRun(lambda: current_job.step.run("a", lambda: 1))
     assert run.attempt().completed
-    assert cancel_run(run.store, "run-1").outcome == "finished"
+    assert cancel_run("run-1", store=run.store, publishers={}).outcome == "finished"
     with pytest.raises(UnknownRun):
-        cancel_run(run.store, "nope")
+        cancel_run("nope", store=run.store, publishers={})

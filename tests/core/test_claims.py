@@ -22,8 +22,8 @@ from flexiq_plugins import (
     JobInfo,
     MemoryStepStore,
     current_job,
-    outcomes,
 )
+from flexiq_plugins._attempt import outcomes
 
 JOB = JobInfo("run-1", "job-1", JobEnvelope("task", "test"))
 

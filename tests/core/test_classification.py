@@ -32,8 +32,8 @@ from flexiq_plugins import (
     SwallowedStepSignal,
     WorkerInterrupted,
     current_job,
-    outcomes,
 )
+from flexiq_plugins._attempt import outcomes
 from flexiq_plugins.errors import Disposition, StepRetryExhausted, classify, reason_of
 
 CLASSIFICATION = [

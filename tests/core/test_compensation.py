@@ -21,8 +21,8 @@ from flexiq_plugins import (
     RunCompensated,
     current_job,
 )
+from flexiq_plugins._attempt.outcomes import Ack, AckReason, DeadLetter, PutBack, PutBackReason
 from flexiq_plugins.operations import retry_dead_letter
-from flexiq_plugins.outcomes import Ack, AckReason, DeadLetter, PutBack, PutBackReason
 from flexiq_plugins.testing import SimulatedCrash
 
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from flexiq_plugins import ConcurrentStep, current_job, outcomes
+from flexiq_plugins import ConcurrentStep, current_job
+from flexiq_plugins._attempt import outcomes
 
 
 def _keys(harness) -> list[str]:

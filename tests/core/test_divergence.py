@@ -10,7 +10,8 @@ import logging
 from collections.abc import Callable
 from unittest.mock import ANY
 
-from flexiq_plugins import StepDivergence, current_job, outcomes
+from flexiq_plugins import StepDivergence, current_job
+from flexiq_plugins._attempt import outcomes
 
 
 class Stop(Exception):

@@ -24,8 +24,8 @@ from flexiq_plugins import (
     ZlibCodec,
     current_job,
 )
+from flexiq_plugins._attempt.outcomes import Ack, AckReason, PutBack, PutBackReason
 from flexiq_plugins.operations import EventSent, find_stranded, send_event, wake_run
-from flexiq_plugins.outcomes import Ack, AckReason, PutBack, PutBackReason
 from flexiq_plugins.testing import DurableRun, FakeClock
 
 
@@ -114,8 +114,8 @@ def test_c33_an_event_sent_to_a_run_by_its_key_is_received_even_if_sent_before_t
 ) -> None:
     """An event addressed with ``run_key`` reaches that run whenever it was sent; another run does not get it,
     nor does a run created after a broadcast event (C33)."""
-    send_event(flexiq_store, "approval", "doc-1", "for r-2 only", run_key="r-2")
-    send_event(flexiq_store, "approval", "doc-1", "sent before r-3 existed")
+    send_event("approval", "doc-1", "for r-2 only", run_key="r-2", store=flexiq_store, publishers={})
+    send_event("approval", "doc-1", "sent before r-3 existed", store=flexiq_store, publishers={})
     flexiq_clock.advance(1)
 
     def body() -> Any:
@@ -162,8 +162,8 @@ def test_c33_a_payload_travels_through_the_runs_codec_chain_and_the_step_caps() 
     assert stored is not None
     assert stored.startswith(b"FQ1|json|zlib\n")
     assert chain.decode(stored) == {"items": ["a", "a", "a"]}
-    with pytest.raises(InvalidEvent, match="at most 10 are accepted"):
-        send_event(run.store, "payment", "o-1", "x" * 100, max_bytes=10)
+    with pytest.raises(InvalidEvent, match="at most 262144 are accepted"):
+        send_event("payment", "o-1", "x" * 300_000, store=run.store, publishers={})
 
 
 @pytest.mark.parametrize(
@@ -174,7 +174,7 @@ def test_c33_a_bad_topic_or_key_is_refused_before_anything_is_stored(topic: Any,
     """Topic and key are non-empty strings of at most 255 characters without control characters (C33)."""
     run = DurableRun(lambda: None)
     with pytest.raises(InvalidEvent, match="non-empty str of at most 255 characters"):
-        send_event(run.store, topic, key)
+        send_event(topic, key, store=run.store, publishers={})
     assert run.store.next_event("run-1", "payment", "o-1") is None
 
     def body() -> Any:
@@ -245,13 +245,13 @@ def test_c33_a_sender_wakes_each_waiting_run_once_through_its_publisher(
     assert waiting.attempt().waiting
     elsewhere = DurableRun(checkout, "o-2", run_key="x", store=flexiq_store, clock=flexiq_clock)
     elsewhere.attempt()
-    sent = send_event(flexiq_store, "payment", "o-1", "paid", publishers={"test": publisher})
+    sent = send_event("payment", "o-1", "paid", store=flexiq_store, publishers={"test": publisher})
     assert isinstance(sent, EventSent)
     job_id = flexiq_store.get_run("w").job_id
     assert published == [("w", job_id)]
     assert sent.woken == [("w", job_id)]
     assert wake_run(flexiq_store, flexiq_store.get_run("w"), {}) is None  # no publisher: recovery's turn
-    bare = send_event(flexiq_store, "payment", "o-2", "paid")
+    bare = send_event("payment", "o-2", "paid", store=flexiq_store, publishers={})
     assert bare.left == [("x", "no publisher")]
 
 
@@ -265,7 +265,7 @@ def test_c33_recovery_wakes_a_waiting_run_whose_event_arrived_and_one_past_its_d
     no_timeout.attempt()
     with_timeout.attempt()
     assert find_stranded(flexiq_store, grace=10) == []
-    send_event(flexiq_store, "payment", "o-1", "paid")
+    send_event("payment", "o-1", "paid", store=flexiq_store, publishers={})
     flexiq_clock.advance(71)
     found = {s.run.run_key: s.why for s in find_stranded(flexiq_store, grace=10)}
     assert found == {"a": "event_arrived", "b": "wait_overdue"}

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from flexiq_plugins import JobEnvelope, JobInfo, UnsupportedInEagerMode, WorkerInterrupted, current_job, outcomes
+from flexiq_plugins import JobEnvelope, JobInfo, UnsupportedInEagerMode, WorkerInterrupted, current_job
+from flexiq_plugins._attempt import outcomes
 from flexiq_plugins.errors import Disposition, classify
 from flexiq_plugins.operations import find_stranded
 

@@ -23,8 +23,8 @@ from flexiq_plugins import (
     NotInStep,
     ZlibCodec,
     current_job,
-    outcomes,
 )
+from flexiq_plugins._attempt import outcomes
 
 
 def test_c10_key_is_run_key_colon_step_key(make_harness):

@@ -8,13 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from flexiq_plugins import (
-    DuplicateStepKey,
-    InvalidStepKey,
-    InvalidStepName,
-    current_job,
-    outcomes,
-)
+from flexiq_plugins import DuplicateStepKey, InvalidStepKey, InvalidStepName, current_job
+from flexiq_plugins._attempt import outcomes
 
 
 def _keys_committed(harness) -> list[str]:

@@ -25,9 +25,9 @@ from flexiq_plugins import (
     MemoryStepStore,
     current_job,
 )
+from flexiq_plugins._attempt.outcomes import Ack, Completed, DeadLetter, Failure, PutBack, PutBackReason, Replay
 from flexiq_plugins.errors import StoreUnavailable
 from flexiq_plugins.integration import claims_before_body, resume_mark_at_publish
-from flexiq_plugins.outcomes import Ack, Completed, DeadLetter, Failure, PutBack, PutBackReason, Replay
 from tests.core.conftest import FakeClock
 
 

@@ -26,10 +26,11 @@ from uuid import uuid4
 
 import pytest
 
-from flexiq_plugins import AttemptDriver, DurableConfig, JobEnvelope, JobInfo, SqlStepStore, current_job, outcomes
-from flexiq_plugins._lease import RENEWER_THREAD_NAME, LeaseKeeper
-from flexiq_plugins._store.base import Begun, Claim
-from flexiq_plugins.attempt import Attempt
+from flexiq_plugins import AttemptDriver, DurableConfig, JobEnvelope, JobInfo, SqlStepStore, current_job
+from flexiq_plugins._attempt import outcomes
+from flexiq_plugins._attempt.attempt import Attempt
+from flexiq_plugins._attempt.lease import RENEWER_THREAD_NAME, LeaseKeeper
+from flexiq_plugins._model.records import Begun, Claim
 from tests.conftest import drop_store_tables
 from tests.polling import wait_for
 
@@ -339,7 +340,7 @@ def test_c23_a_forked_child_renews_its_claims_with_its_own_renewer(watched: Watc
 _INTERRUPTED_STARTS_AND_STOPS = r'''
 import json, os, signal, sys, threading
 from flexiq_plugins import JobEnvelope, SqlStepStore
-from flexiq_plugins._lease import RENEWER_THREAD_NAME, LeaseKeeper
+from flexiq_plugins._attempt.lease import RENEWER_THREAD_NAME, LeaseKeeper
 
 class CountingStore(SqlStepStore):
     def __init__(self, url):

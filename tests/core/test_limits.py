@@ -11,7 +11,8 @@ from unittest.mock import ANY
 
 import pytest
 
-from flexiq_plugins import CodecChain, DurableConfig, Limits, StepLimitExceeded, ZlibCodec, current_job, outcomes
+from flexiq_plugins import CodecChain, DurableConfig, Limits, StepLimitExceeded, ZlibCodec, current_job
+from flexiq_plugins._attempt import outcomes
 
 
 def _size(value: object, chain: CodecChain | None = None) -> int:

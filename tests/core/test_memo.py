@@ -22,8 +22,8 @@ from flexiq_plugins import (
     MemoryStepStore,
     ZlibCodec,
     current_job,
-    outcomes,
 )
+from flexiq_plugins._attempt import outcomes
 
 
 class Boom(Exception):

@@ -1,6 +1,6 @@
 """A failed attempt leaves no reference cycle: its exception goes when its outcome goes (issue 16).
 
-The adapters re-raise the error a :class:`~flexiq_plugins.outcomes.Failure`
+The adapters re-raise the error a :class:`~flexiq_plugins._attempt.outcomes.Failure`
 holds; the traceback then references every frame the error passed through.
 If a frame of the core kept the error (or the outcome) it would form a cycle
 the cyclic collector alone frees: the exception, its traceback and the task
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from flexiq_plugins import current_job
-from flexiq_plugins.outcomes import Failure
+from flexiq_plugins._attempt.outcomes import Failure
 from tests.core.conftest import Harness
 
 

@@ -12,7 +12,7 @@ import threading
 import sqlalchemy as sa
 from sqlalchemy.pool import StaticPool
 
-from flexiq_plugins.transactions import open_transactions, watch_sqlalchemy
+from flexiq_plugins._store.caller import open_transactions, watch_sqlalchemy
 
 
 def _engine() -> sa.Engine:

@@ -17,7 +17,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flexiq_plugins import AttemptDriver, DurableConfig, JobEnvelope, JobInfo, MemoryStepStore, current_job, outcomes
+from flexiq_plugins import AttemptDriver, DurableConfig, JobEnvelope, JobInfo, MemoryStepStore, current_job
+from flexiq_plugins._attempt import outcomes
 
 Op = tuple[str, "str | int | None"]
 

@@ -14,7 +14,8 @@ from uuid import uuid4
 import pytest
 
 from flexiq_plugins import DurableConfig, MemoryStepStore, SqlStepStore
-from flexiq_plugins._store.base import Begun, JobEnvelope, StepStore
+from flexiq_plugins._model.records import Begun, JobEnvelope
+from flexiq_plugins._store.base import StepStore
 from flexiq_plugins.integration import (
     record_at_publish,
     resolve_store,

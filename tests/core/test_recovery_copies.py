@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from flexiq_plugins import AttemptDriver, DurableConfig, JobEnvelope, JobInfo, MemoryStepStore, current_job
-from flexiq_plugins.outcomes import Ack, AckReason, Completed, Failure, Replay
+from flexiq_plugins._attempt.outcomes import Ack, AckReason, Completed, Failure, Replay
 from tests.core.conftest import FakeClock
 
 ENVELOPE = JobEnvelope("charge", "test")

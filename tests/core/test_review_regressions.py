@@ -13,10 +13,10 @@ from flexiq_plugins import (
     NotInStep,
     StoreUnavailable,
     current_job,
-    outcomes,
 )
-from flexiq_plugins._store.base import Claim, NewDeadLetter, RunStatus
-from flexiq_plugins.context import no_current_job
+from flexiq_plugins._attempt import outcomes
+from flexiq_plugins._model.records import Claim, NewDeadLetter, RunStatus
+from flexiq_plugins._steps.context import no_current_job
 
 
 def test_c6_a_step_retried_inside_the_body_keeps_its_key_and_place(harness, clock):

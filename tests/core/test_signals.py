@@ -11,14 +11,8 @@ from unittest.mock import ANY
 
 import pytest
 
-from flexiq_plugins import (
-    SleepSignal,
-    StepDivergence,
-    StepSignal,
-    SwallowedStepSignal,
-    current_job,
-    outcomes,
-)
+from flexiq_plugins import SleepSignal, StepDivergence, StepSignal, SwallowedStepSignal, current_job
+from flexiq_plugins._attempt import outcomes
 
 
 @pytest.mark.parametrize("signal", [SleepSignal, StepDivergence, StepSignal])

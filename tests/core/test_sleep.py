@@ -13,8 +13,9 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from flexiq_plugins import current_job, outcomes, parse_duration
-from flexiq_plugins.durations import ACCEPTED_FORMS
+from flexiq_plugins import current_job, parse_duration
+from flexiq_plugins._attempt import outcomes
+from flexiq_plugins._model.durations import ACCEPTED_FORMS
 
 START = 1_700_000_000.0
 """Where the ``clock`` fixture starts (checked by ``_at_start``)."""

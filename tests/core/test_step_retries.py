@@ -24,9 +24,9 @@ from flexiq_plugins import (
     StepRetryExhausted,
     current_job,
 )
+from flexiq_plugins._attempt.outcomes import PutBack, PutBackReason
+from flexiq_plugins._model.failures import MAX_MESSAGE_CHARS, error_text, rebuild_error
 from flexiq_plugins.errors import Disposition, classify, compensates, final_reason, mark_final, reason_of
-from flexiq_plugins.failures import MAX_MESSAGE_CHARS, error_text, rebuild_error
-from flexiq_plugins.outcomes import PutBack, PutBackReason
 from flexiq_plugins.testing import SimulatedCrash
 
 

@@ -25,8 +25,8 @@ from flexiq_plugins import (
     SqlStepStore,
     StoreMisconfigured,
     StoreUnavailable,
-    outcomes,
 )
+from flexiq_plugins._attempt import outcomes
 from flexiq_plugins.integration import (
     EXIT_CONFIGURATION,
     check_store_at_start,

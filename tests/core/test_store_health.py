@@ -16,15 +16,17 @@ from uuid import uuid4
 
 import pytest
 
-from flexiq_plugins import MemoryStepStore, SqlStepStore, StoreMisconfigured, StoreUnavailable, outcomes
-from flexiq_plugins._lease import LeaseKeeper
-from flexiq_plugins._store.base import JobEnvelope
-from flexiq_plugins._store_health import BACK_MESSAGE, store_health
-from flexiq_plugins.attempt import AttemptDriver, JobInfo
-from flexiq_plugins.config import DurableConfig
+from flexiq_plugins import MemoryStepStore, SqlStepStore, StoreMisconfigured, StoreUnavailable
+from flexiq_plugins._attempt import outcomes
+from flexiq_plugins._attempt.driver import AttemptDriver
+from flexiq_plugins._attempt.job import JobInfo
+from flexiq_plugins._attempt.lease import LeaseKeeper
+from flexiq_plugins._attempt.store_health import BACK_MESSAGE, store_health
+from flexiq_plugins._delivery.recording import record_at_publish
+from flexiq_plugins._delivery.unregistered import dead_letter_unregistered
+from flexiq_plugins._model.config import DurableConfig
+from flexiq_plugins._model.records import JobEnvelope
 from flexiq_plugins.operations import Sweeper
-from flexiq_plugins.recording import record_at_publish
-from flexiq_plugins.unregistered import dead_letter_unregistered
 from tests.conftest import POSTGRES, require_service
 
 ENVELOPE = JobEnvelope(task_name="tasks.t", framework="celery", queue="q", args=[], kwargs={}, options={})

@@ -17,12 +17,12 @@ from uuid import uuid4
 import pytest
 
 from flexiq_plugins import DeadLettered, MemoryStepStore, SqlStepStore
-from flexiq_plugins._store.base import Begun, Finished, JobEnvelope, NewDeadLetter
-from flexiq_plugins.codec import CodecChain
+from flexiq_plugins._delivery.unregistered import unregistered_message
+from flexiq_plugins._model.codec import CodecChain
+from flexiq_plugins._model.records import Begun, Finished, JobEnvelope, NewDeadLetter
+from flexiq_plugins._model.replays import load_outcome
 from flexiq_plugins.integration import UNREGISTERED_REASON, dead_letter_unregistered
 from flexiq_plugins.operations import find_stranded
-from flexiq_plugins.replays import load_outcome
-from flexiq_plugins.unregistered import unregistered_message
 
 ENVELOPE = JobEnvelope("shop.chekcout", "test", "default", ["A-1"], {}, {})
 KNOWN = ["shop.checkout", "shop.refund", "celery_app.ping"]

@@ -20,7 +20,8 @@ from dramatiq.middleware import AsyncIO, Retries
 
 from dramatiq_ext import DurableSteps
 from flexiq_plugins import current_job
-from flexiq_plugins._store.base import TERMINAL_STATUSES, StepStore
+from flexiq_plugins._model.records import TERMINAL_STATUSES
+from flexiq_plugins._store.base import StepStore
 from tests.dramatiq.dq_support import wait_until
 
 

@@ -26,8 +26,8 @@ from dq_support import dead_letter_count, status_of, wait_until
 from dramatiq.brokers.redis import RedisBroker
 
 from dramatiq_ext import RUN_KEY_OPTION
+from flexiq_plugins._model.identity import new_run_key
 from flexiq_plugins._store.sql import SqlStepStore
-from flexiq_plugins.identity import new_run_key
 
 HERE = Path(__file__).parent
 ROOT = HERE.parents[1]

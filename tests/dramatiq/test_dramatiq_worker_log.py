@@ -17,7 +17,7 @@ from dramatiq.brokers.redis import RedisBroker
 
 from dramatiq_ext import RUN_KEY_OPTION
 from flexiq_plugins import SqlStepStore
-from flexiq_plugins.identity import new_run_key
+from flexiq_plugins._model.identity import new_run_key
 from tests.conftest import drop_store_tables
 
 HERE = Path(__file__).parent

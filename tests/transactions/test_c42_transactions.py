@@ -34,8 +34,8 @@ from flexiq_plugins import (
     OpenTransaction,
     SqlStepStore,
     current_job,
-    outcomes,
 )
+from flexiq_plugins._attempt import outcomes
 from tests.polling import wait_for
 from tests.transactions.tx_support import Api, Orders
 

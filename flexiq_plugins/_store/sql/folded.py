@@ -71,7 +71,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from ..base import Claim, JobEnvelope, NewDeadLetter, StepRow
+from ..._model.records import Claim, JobEnvelope, NewDeadLetter, StepRow
 from ..claims import Granted, already_committed, claim_lost, fence, fence_columns
 from .driver import DriverStatement, runs_on_driver
 from .mapping import step_values

@@ -11,8 +11,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from ..._model.records import DeadLetterRecord, EventRecord, JobEnvelope, RunRecord, StepAttempt, StepRow
 from ...errors import StoreError
-from ..base import DeadLetterRecord, EventRecord, JobEnvelope, RunRecord, StepAttempt, StepRow
 
 __all__ = [
     "attempt_values",

@@ -52,19 +52,7 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import StaticPool
 
-from ...errors import (
-    CancelRequested,
-    ClaimLost,
-    ConfigurationError,
-    InvalidTransaction,
-    RunLocked,
-    StoreError,
-    StoreUnavailable,
-    UnknownDeadLetter,
-    UnknownRun,
-)
-from ...transactions import CallerConnection, family, ignore_engine
-from ..base import (
+from ..._model.records import (
     CLEANABLE_STATUSES,
     TERMINAL_STATUSES,
     UNSTARTED_STATUSES,
@@ -85,8 +73,20 @@ from ..base import (
     StepAttemptFailed,
     StepAttemptFailure,
     StepRow,
-    StepStore,
 )
+from ...errors import (
+    CancelRequested,
+    ClaimLost,
+    ConfigurationError,
+    InvalidTransaction,
+    RunLocked,
+    StoreError,
+    StoreUnavailable,
+    UnknownDeadLetter,
+    UnknownRun,
+)
+from ..base import StepStore
+from ..caller import CallerConnection, family, ignore_engine
 from ..claims import (
     Granted,
     already_committed,
@@ -96,9 +96,10 @@ from ..claims import (
     fence,
     holds,
     may_recover,
+    may_settle_cancelled,
     may_take_sweep_lease,
 )
-from ..control import WAITER_STATUSES, may_settle_cancelled, poll_result
+from ..events import WAITER_STATUSES, poll_result
 from ..step_attempts import decide_step_attempt, failed_attempt, retry_cut_position
 from .engine import (
     READ_ONLY,

@@ -1,0 +1,465 @@
+"""One attempt of a run: the body under its claim, and the one outcome it concludes with.
+
+An :class:`Attempt` is made by the driver (:class:`~flexiq_plugins._attempt.driver.AttemptDriver`)
+once the run is claimed (or, for a ``lazy`` job, claims it at the body's
+first step). It binds ``current_job`` to the run's step journal, keeps the
+claim's lease alive while the body runs (C23), and then *concludes*: what the
+body returned or raised becomes exactly one committed run state and one
+:mod:`~flexiq_plugins._attempt.outcomes` value (C13–C16, C21, C25–C29, C32–C34).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Protocol
+
+from .._model import replays
+from .._model.codec import CodecChain
+from .._model.config import DurableConfig
+from .._model.policies import CancellationPolicy
+from .._model.records import (
+    Begun,
+    Claim,
+    EventPoll,
+    NewDeadLetter,
+    RunStatus,
+    StepAttemptBegin,
+    StepAttemptFailed,
+    StepAttemptFailure,
+    StepRow,
+)
+from .._steps.context import JobContext
+from .._steps.journal import StepJournal
+from .._store.base import StepStore
+from .._store.caller import CallerConnection
+from ..errors import (
+    ClaimLost,
+    ClaimRefused,
+    Disposition,
+    EventWaitSignal,
+    RunCancelled,
+    SleepSignal,
+    StepRetrySignal,
+    StepSignal,
+    StoreUnavailable,
+    SwallowedStepSignal,
+    UnsupportedInEagerMode,
+    classify,
+    reason_of,
+)
+from . import compensation, outcomes
+from .caps import RunCaps
+from .job import JobInfo
+from .lease import LeaseKeeper
+
+__all__ = ["Attempt", "AttemptHost"]
+
+logger = logging.getLogger("flexiq_plugins")
+
+_FINISH_RETRY_PAUSES = (0.2, 0.5, 1.0)
+_FINISH_QUICK_FAILURE_S = 1.0
+"""A release that failed within this many seconds met a blip (refused, dropped) and is tried again; a slower
+failure waited for a network timeout (a black-holed store), and waiting for more of them only delays the put-back."""
+
+
+class AttemptHost(Protocol):
+    """What an attempt asks of the driver that started it (:class:`~flexiq_plugins._attempt.driver.AttemptDriver`)."""
+
+    store: StepStore
+    config: DurableConfig
+    codec: CodecChain
+
+    def claim(self, job: JobInfo, owner: str | None = None) -> Begun | outcomes.Outcome:
+        """Claim ``job``'s run, or return the outcome that ends the attempt without a body (C23–C28)."""
+
+    def ended_unclaimed(self, job: JobInfo, value: Any = None, error: BaseException | None = None) -> outcomes.Outcome:
+        """The outcome of an attempt that ended without claiming its run."""
+
+    def store_outage(self, exc: StoreUnavailable) -> outcomes.PutBack:
+        """The outcome of a store outage: put back, no retry counted (C28)."""
+
+
+class Attempt:
+    """One execution of a task body for a run, holding its claim.
+
+    Created by :meth:`AttemptDriver.start`. Use :meth:`run` / :meth:`arun`, or
+    :meth:`activate` + :meth:`conclude` when the framework calls the body itself.
+    An attempt of a ``lazy`` job claims its run at the body's first use of
+    ``current_job.step`` (:meth:`claim_now`); until then :attr:`claim`,
+    :attr:`number` and :attr:`journal` are ``None``.
+    """
+
+    def __init__(self, driver: AttemptHost, job: JobInfo, begun: Begun | None, *, owner: str | None = None) -> None:
+        self._driver = driver
+        self._store = driver.store
+        self._config = driver.config
+        self._owner = owner
+        self.job = job
+        self.run_key = job.run_key
+        self.job_id = job.job_id
+        self.task_name = job.name
+        self.claim: Claim | None = None
+        self.number: int | None = None
+        self.journal: StepJournal = None  # type: ignore[assignment]  # set by _take, before any step runs
+        self._refused: outcomes.Outcome | None = None
+        self._claiming = threading.Lock()
+        self._active = False
+        self._lease: LeaseKeeper | None = None
+        self.context = JobContext(self.run_key, self.job_id, None, self.task_name, None, claim=self.claim_now)
+        if begun is not None:
+            self._take(begun)
+
+    @property
+    def claimed(self) -> bool:
+        """Whether this attempt holds (or held) its run's claim."""
+        return self.claim is not None
+
+    def _take(self, begun: Begun, *, bind: bool = True) -> None:
+        """Hold the claim ``begun``: the journal, the caps and the lease of the run (C23, C34).
+
+        :attr:`claim` is set last, and ``current_job`` is bound to the journal
+        only with ``bind``: a lazy claim binds it once its keeper has started
+        (see :meth:`claim_now`).
+        """
+        self._clock_offset = begun.now - time.time()
+        self._local_clock = self._store.local_clock()
+        label = f"job {self.job_id} (run {self.run_key})"
+        step_retry = self.job.step_retry or self._config.step_retry
+        self.journal = StepJournal(
+            begun.snapshot, label, self, self._driver.codec, self._config.limits, step_retry=step_retry
+        )
+        self._caps = self._arm_caps(begun)
+        self._lease = LeaseKeeper(self._store, begun.claim, self._config.lease_seconds)
+        self.number = begun.claim.attempt
+        self.claim = begun.claim
+        if bind:
+            self.context.bind(self.number, self.journal)
+
+    def _held(self) -> Claim:
+        """The claim this attempt holds; every store write of a step is fenced on it (C9, C25)."""
+        claim = self.claim
+        assert claim is not None, "a step ran before its attempt claimed the run"
+        return claim
+
+    def claim_now(self) -> None:
+        """Claim the run now, if not yet: called at the body's first use of ``current_job.step`` (C23).
+
+        The claim's keeper is started before ``current_job`` is bound to the
+        journal: an exception that interrupts the start (a time limit's, which
+        the body may catch and carry on) leaves the context unbound, so the
+        body's next use of ``current_job.step`` comes back here and starts it
+        (the claim is not taken again). Otherwise the body would go on with a
+        claim nothing renews (C23).
+
+        Raises:
+          ClaimRefused: the claim ended the attempt (the run is busy, finished,
+            past its takeover limit, or the store is unavailable); the outcome
+            that ends it is kept, and the attempt concludes with it.
+        """
+        with self._claiming:
+            if self.claim is None:
+                claimed = self._driver.claim(self.job, self._owner) if self._refused is None else self._refused
+                if not isinstance(claimed, Begun):
+                    self._refused = claimed
+                    raise ClaimRefused(f"job {self.job_id} (run {self.run_key}) could not claim its run: {claimed}")
+                self._take(claimed, bind=False)
+            if self._active:
+                self._lease.start()  # type: ignore[union-attr]  # nothing if started already
+            if not self.context.claimed:
+                self.context.bind(self.number, self.journal)  # type: ignore[arg-type]
+
+    def _arm_caps(self, begun: Begun) -> RunCaps:
+        """The run's caps (C34); a run whose cancellation was requested, or that is over a cap, is cancelled now."""
+        policy = (self.job.cancellation or CancellationPolicy()).over(self._config.cancellation)
+        caps = RunCaps(policy, begun.created_at)
+        deadline = caps.run_deadline
+        if deadline is not None:
+            self.journal.run_deadline = (deadline, caps.run_over(deadline) or "")
+        reason = begun.cancel_reason or caps.over(begun.snapshot, begun.now)
+        if reason is not None:
+            self.journal.cancellation = RunCancelled(reason)
+        return caps
+
+    # ------------------------------------------------- the journal's writer
+    def now(self) -> float:
+        """The store's clock, epoch seconds: read locally when the store can, else estimated from the claim."""
+        if self._local_clock is not None:
+            return self._local_clock()
+        return time.time() + self._clock_offset
+
+    def commit_step(self, row: StepRow) -> StepRow:
+        """Commit one step row, fenced on this attempt's claim (C9, C25)."""
+        return self._store.commit_step(self._held(), row)
+
+    def begin_step_attempt(self, step_key: str, max_attempts: int) -> StepAttemptBegin:
+        """Journal a step attempt before its body runs, fenced on this attempt's claim (C25, C31)."""
+        return self._store.begin_step_attempt(self._held(), step_key, max_attempts)
+
+    def fail_step_attempt(self, failure: StepAttemptFailure, row: StepRow | None = None) -> StepAttemptFailed:
+        """Record a failed step attempt (and commit ``row``), fenced on this attempt's claim (C25, C31)."""
+        return self._store.fail_step_attempt(self._held(), failure, row=row)
+
+    def poll_event(self, topic: str, key: str, deadline: float | None) -> EventPoll:
+        """Look for the event a waiting step can receive, fenced on this attempt's claim (C25, C33)."""
+        return self._store.poll_event(self._held(), topic, key, deadline)
+
+    def commit_step_on(self, connection: CallerConnection, row: StepRow) -> StepRow:
+        """Write one step row in the caller's transaction on ``connection``, fenced on the claim (C42)."""
+        return self._store.commit_step_on(connection, self._held(), row)
+
+    # ------------------------------------------------------- running the body
+    @contextlib.contextmanager
+    def activate(self) -> Iterator[JobContext]:
+        """Set ``current_job`` and keep the lease alive for the ``with`` block (from the claim on, if lazy)."""
+        tokens = self._enter()
+        try:
+            yield self.context
+        finally:
+            self._leave(tokens)
+
+    def _enter(self) -> tuple[Any, Any]:
+        if self._lease is not None:
+            self._lease.start()
+        self._active = True
+        return self.context.enter()
+
+    def _leave(self, tokens: tuple[Any, Any]) -> None:
+        try:
+            self._active = False
+            try:
+                if self.journal is not None:
+                    self.journal.close_transactions()  # before the lease stops: a left-open one would hold it (C42)
+            finally:  # even if a rollback fails: in a compensation (C32) no later stop follows
+                if self._lease is not None:
+                    self._lease.stop()
+        finally:
+            self.context.leave(tokens)
+
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> outcomes.Outcome:
+        """Run ``fn(*args, **kwargs)`` as the task body and return its outcome."""
+        try:
+            tokens = self._enter()  # what ``activate`` does, without a generator per job (issue 16)
+            try:
+                value = fn(*args, **kwargs)
+            finally:
+                self._leave(tokens)
+        except BaseException as exc:
+            return self.conclude(error=exc)
+        return self.conclude(value=value)
+
+    async def arun(self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> outcomes.Outcome:
+        """Await ``fn(*args, **kwargs)`` as the task body and return its outcome."""
+        try:
+            tokens = self._enter()
+            try:
+                value = await fn(*args, **kwargs)
+            finally:
+                self._leave(tokens)
+        except BaseException as exc:
+            return self.conclude(error=exc)
+        return self.conclude(value=value)
+
+    # ------------------------------------------------------------ concluding
+    def conclude(self, *, value: Any = None, error: BaseException | None = None) -> outcomes.Outcome:
+        """Commit what the body did and return exactly one outcome (C13–C16, C21, C25–C29).
+
+        Parameters:
+          value(Any): the body's return value, when it returned.
+          error(BaseException | None): what it raised, when it raised.
+        """
+        if self._refused is not None:  # the lazy claim found the run busy, finished or dead (C24–C28)
+            return self._refused
+        if self.claim is None:
+            return self._driver.ended_unclaimed(self.job, value, error)
+        assert self._lease is not None
+        self._lease.stop()
+        try:
+            return self._settle(value, self._effective_error(error))
+        except ClaimLost as exc:
+            logger.warning("attempt %s of run %s dropped: %s", self.number, self.run_key, exc)
+            return outcomes.Ack(outcomes.AckReason.DROPPED, str(exc))
+        except StoreUnavailable as exc:
+            return self._driver.store_outage(exc)
+
+    def _effective_error(self, error: BaseException | None) -> BaseException | None:
+        latched = self.journal.latched
+        if isinstance(error, (ClaimLost, StoreUnavailable)) or latched is None or error is latched:
+            return error
+        if isinstance(latched, SleepSignal) and _caused_by(error, latched):
+            return error  # cleanup code failed while the sleep unwound: an ordinary, retryable error (C28)
+        if not isinstance(latched, StepSignal):
+            return latched  # a fatal step error, e.g. ConcurrentStep raised in another thread
+        return SwallowedStepSignal(
+            f"the task body of job {self.job_id} (run {self.run_key}) caught "
+            f"{type(latched).__name__} ({latched}) and "
+            f"{'returned anyway' if error is None else 'raised ' + type(error).__name__ + ' instead'}; "
+            "step signals must propagate: do not use bare 'except:' or 'except BaseException' "
+            "around steps"
+        )
+
+    def _settle(self, value: Any, error: BaseException | None) -> outcomes.Outcome:
+        error = self._cancellation_or(error)
+        settled = compensation.settle(self, error)  # a run failed for good undoes its committed steps (C32)
+        if isinstance(settled, compensation.Compensated):
+            return self._compensated(settled)
+        return self._succeed(value) if settled is None else self._failed(settled)
+
+    def _failed(self, error: BaseException) -> outcomes.Outcome:
+        disposition = classify(error)
+        if disposition in (Disposition.SLEEP, Disposition.CANCEL, Disposition.INTERRUPTED):
+            return self._ended_early(error)
+        if disposition is Disposition.DROP:
+            raise error
+        if disposition is Disposition.RETRY_ALWAYS:
+            assert isinstance(error, StoreUnavailable)
+            self._finish("retrying")
+            return self._driver.store_outage(error)
+        if disposition is Disposition.DEAD_LETTER:
+            return self._dead_letter(error)
+        self._finish("retrying", outcome=replays.error_outcome(error))  # kept when the framework gives up (C37)
+        return outcomes.Failure(error, self.run_key, self.number or 0)
+
+    def _ended_early(self, error: BaseException) -> outcomes.Outcome:
+        """A sleep or wait (C15, C33), a cancellation (C34) or a worker shutdown (C38) ended the attempt."""
+        if isinstance(error, RunCancelled):
+            return self._cancelled_by(error)
+        if isinstance(error, SleepSignal):
+            return self._eager_sleep(error) if self.job.eager else self._sleeping(error)
+        return self._interrupted(error)
+
+    def _interrupted(self, error: BaseException) -> outcomes.Outcome:
+        self._finish("pending")
+        logger.info("job %s (run %s) interrupted by a worker shutdown; it goes back", self.job_id, self.run_key)
+        return outcomes.PutBack(outcomes.PutBackReason.SHUTDOWN, 0.0, str(error))
+
+    def _succeed(self, value: Any) -> outcomes.Outcome:
+        sequence = self.journal.sequence
+        unused = sequence.unused()
+        if unused:
+            logger.warning(
+                "job %s (run %s) finished without reaching %s; recorded: %s; running: %s",
+                self.job_id,
+                self.run_key,
+                ", ".join(unused),
+                ", ".join(r.step_key for r in sequence.recorded),
+                ", ".join(sequence.running),
+            )
+        outcome = replays.value_outcome(value, self._driver.codec, self._config.limits.step_bytes)
+        self._finish("succeeded", drop_steps=not self._config.keep_succeeded_steps, outcome=outcome)
+        return outcomes.Completed(value)
+
+    def _sleeping(self, signal: SleepSignal) -> outcomes.Outcome:
+        if isinstance(signal, EventWaitSignal):
+            return self._waiting(signal)
+        now = self.now()
+        wake_at = self._caps.wake_by(signal.wake_at, self.journal.sequence.recorded, now)  # no later than a cap
+        assert wake_at is not None
+        self._finish("sleeping", wake_at=wake_at)
+        delay = min(max(wake_at - now, 0.0), self._config.max_hop_seconds)
+        logger.debug("job %s (run %s) sleeps at %r for %.3f s", self.job_id, self.run_key, signal.step_key, delay)
+        retry = isinstance(signal, StepRetrySignal)  # a step's retry comes back like a sleep (C31)
+        reason = outcomes.PutBackReason.STEP_RETRY if retry else outcomes.PutBackReason.SLEEP
+        return outcomes.PutBack(reason, delay, signal.step_key, wake_at)
+
+    def _waiting(self, signal: EventWaitSignal) -> outcomes.Outcome:
+        """The run waits for an event (C33): put back for its deadline (or a cap), else acknowledged."""
+        now = self.now()
+        wake_at = self._caps.wake_by(signal.deadline, self.journal.sequence.recorded, now)
+        self._finish("waiting", wake_at=wake_at)
+        what = f"{signal.step_key}: ({signal.topic!r}, {signal.key!r})"
+        logger.debug("job %s (run %s) waits at %s", self.job_id, self.run_key, what)
+        if wake_at is None:  # no message is kept: the sender, or recovery, wakes the run
+            return outcomes.Ack(outcomes.AckReason.WAITING, what)
+        delay = min(max(wake_at - now, 0.0), self._config.max_hop_seconds)
+        return outcomes.PutBack(outcomes.PutBackReason.WAIT, delay, what, wake_at)
+
+    def _cancellation_or(self, error: BaseException | None) -> BaseException | None:
+        """The run's cancellation, once this attempt saw one, whatever the body did next (C34); else ``error``."""
+        cancelled = self.journal.cancellation
+        if cancelled is None or isinstance(error, (ClaimLost, StoreUnavailable)):
+            return error
+        return cancelled
+
+    def _cancelled_by(self, error: BaseException) -> outcomes.Outcome:
+        assert isinstance(error, RunCancelled)
+        return self._cancelled(error.reason, error.reason)
+
+    def _cancelled(self, reason: str, message: str) -> outcomes.Outcome:
+        """The run ends ``cancelled`` with ``reason`` (kept if one was requested before), C34."""
+        self._store.request_cancel(self.run_key, reason)
+        self._finish("cancelled", outcome=replays.cancelled_outcome(reason))
+        logger.info("job %s (run %s) cancelled: %s", self.job_id, self.run_key, message)
+        return outcomes.Ack(outcomes.AckReason.CANCELLED, message)
+
+    def _compensated(self, done: compensation.Compensated) -> outcomes.Outcome:
+        """Every undo ran: the run is ``compensated``; dead-lettered if it failed inside an attempt (C32).
+
+        A cancelled run ends ``cancelled`` instead, and is acknowledged (C34).
+        """
+        failure = done.failure
+        if failure.origin == "cancelled":
+            cancelled = self.journal.cancellation
+            return self._cancelled(cancelled.reason if cancelled else failure.message, done.message)
+        if failure.origin == "framework":  # the framework already reported the failure
+            self._finish("compensated", outcome=replays.failure_outcome(failure.error_type, failure.message))
+            return outcomes.Ack(outcomes.AckReason.COMPENSATED, done.message)
+        record = NewDeadLetter(self.job_id, failure.reason, done.message, failure.traceback)
+        dead = replays.dead_letter_outcome(failure.reason, done.message)
+        self._finish("compensated", dead_letter=record, outcome=dead)
+        logger.error("job %s (run %s) dead-lettered (%s): %s", self.job_id, self.run_key, failure.reason, done.message)
+        return outcomes.DeadLetter(failure.reason, done.message)
+
+    def _eager_sleep(self, signal: SleepSignal) -> outcomes.Outcome:
+        """An eager job cannot be put back: its run fails, so nothing is left to resume (C38)."""
+        error = UnsupportedInEagerMode(
+            f"job {self.job_id} (run {self.run_key}) sleeps at {signal.step_key!r}, which needs its queue: "
+            "eager mode (task_always_eager / Task.apply) cannot put a job back; the run is failed, "
+            "so no worker resumes it later. Run durable tasks that sleep on a worker"
+        )
+        self._finish("failed", outcome=replays.error_outcome(error))
+        return outcomes.Failure(error, self.run_key, self.number or 0)
+
+    def _dead_letter(self, error: BaseException) -> outcomes.Outcome:
+        reason = reason_of(error)
+        trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+        record = NewDeadLetter(self.job_id, reason, str(error), trace)
+        self._finish("dead", dead_letter=record, outcome=replays.dead_letter_outcome(reason, str(error)))
+        logger.error("job %s (run %s) dead-lettered (%s): %s", self.job_id, self.run_key, reason, error)
+        return outcomes.DeadLetter(reason, str(error), error)
+
+    def _finish(self, status: RunStatus, **kwargs: Any) -> None:
+        """``store.finish`` on the claim, retried through a brief store outage.
+
+        A claim left held by a blip would make the next delivery wait for the
+        lease and count as a dead worker's takeover (C25), so the release is
+        tried a few times (0.2, 0.5, 1 s apart) before the outage is reported;
+        but not after a failure that took more than a second: that one waited
+        for a timeout on a silent network (the store black-holed), and each
+        more try would wait as long again.
+        """
+        for pause in _FINISH_RETRY_PAUSES:
+            started = time.monotonic()
+            try:
+                self._store.finish(self._held(), status, **kwargs)
+                return
+            except StoreUnavailable:
+                if time.monotonic() - started > _FINISH_QUICK_FAILURE_S:
+                    raise
+                logger.debug("run %s: store unavailable while ending the attempt; trying again", self.run_key)
+                time.sleep(pause)
+        self._store.finish(self._held(), status, **kwargs)
+
+
+def _caused_by(error: BaseException | None, cause: BaseException) -> bool:
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if error is cause:
+            return True
+        seen.add(id(error))
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
+    return False

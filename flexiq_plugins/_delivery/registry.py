@@ -1,0 +1,205 @@
+"""The adapter registry: how the core finds a framework integration without importing it.
+
+An integration package announces an :class:`Adapter` under the Python entry
+point group ``flexiq_plugins.adapters`` (its name is the framework's name)::
+
+    [project.entry-points."flexiq_plugins.adapters"]
+    celery = "celery_ext:adapter"
+
+or calls :func:`register_adapter` at import. The operator API and the
+``flexiq`` CLI then ask the registry for a publisher of a framework's jobs, or
+for a reader of a serializer's bytes, and never name a framework themselves.
+An adapter is loaded (its package imported) only when it is asked for.
+
+An integration configured in a process (``celery_ext.install(app)``, the
+``DurableSteps`` middleware on a broker) also registers an
+:class:`Installation` (:func:`register_installation`): then
+:func:`flexiq_plugins.send_event` and :func:`flexiq_plugins.cancel_run`,
+called from any code of that process (a web request, a script, another task),
+use its store and codecs and wake runs through its app or broker (C33, C34).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any, Protocol, runtime_checkable
+
+from .._attempt.driver import AttemptDriver
+from .._model.records import JobEnvelope
+from ..errors import ConfigurationError
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Adapter",
+    "Installation",
+    "Publisher",
+    "ValueReader",
+    "adapter_for",
+    "all_adapters",
+    "installations",
+    "publisher_for_target",
+    "register_adapter",
+    "register_installation",
+    "value_reader",
+]
+
+logger = logging.getLogger("flexiq_plugins.registry")
+
+ENTRY_POINT_GROUP = "flexiq_plugins.adapters"
+"""The entry point group integrations register their :class:`Adapter` under."""
+
+
+class Publisher(Protocol):
+    """``publish(envelope, run_key) -> job id``: re-publishes a stored job carrying ``run_key`` (C11, C36)."""
+
+    def __call__(
+        self, envelope: JobEnvelope, run_key: str, *, job_id: str | None = None, unstarted_only: bool = False
+    ) -> str:
+        """Publish ``envelope`` again carrying ``run_key``; return the new message's job id.
+
+        ``job_id``: reuse this job id where the framework allows two messages
+        of one id (Celery: a result waiter then sees the run's outcome);
+        otherwise, or when ``None``, a new id is made. ``unstarted_only``:
+        mark the message (:data:`UNSTARTED_ONLY`) so that it runs only while
+        its run has never started: recovery's copy of a ``queued`` run whose
+        original may still be in a backlog (C39).
+        """
+
+
+UNSTARTED_ONLY = "flexiq_unstarted_only"
+"""The header (Celery) or option (Dramatiq) of a copy that runs only while its run never started (C39)."""
+
+ValueReader = Callable[[bytes], Any]
+"""``loads(serialized bytes) -> value``: reads step values for display only, never to run a job."""
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    """What an integration tells the core about itself.
+
+    Attributes:
+      framework(str): the name stored in each run's envelope (``"celery"``).
+      publish_hint(str): how an operator supplies a publisher on the command
+        line, for error messages (``"--app module:app"``).
+    """
+
+    framework: str
+    publish_hint: str
+
+    def owns(self, target: object) -> bool:
+        """Whether ``target`` (an app, a broker …) is this framework's, so it can publish."""
+
+    def publisher(self, target: object) -> Publisher:
+        """A :data:`Publisher` that re-publishes this framework's jobs through ``target``."""
+
+    def value_readers(self) -> Mapping[str, ValueReader]:
+        """Readers of the serializers this framework stores values with, by serializer name."""
+
+    def task_body(self, task: object) -> Callable[..., Any] | None:
+        """The plain function behind ``task`` (a task or actor object of this framework), else ``None``.
+
+        Used by :mod:`flexiq_plugins.testing` to run a body without a worker.
+        """
+
+
+_lock = threading.Lock()
+_registered: dict[str, Adapter] = {}
+_entry_points_loaded: set[str] = set()
+
+
+def register_adapter(adapter: Adapter) -> None:
+    """Register ``adapter`` under its framework name (the last registration wins)."""
+    with _lock:
+        _registered[adapter.framework] = adapter
+
+
+def _load_entry_point(name: str) -> None:
+    if name in _entry_points_loaded:
+        return
+    _entry_points_loaded.add(name)
+    for point in entry_points(group=ENTRY_POINT_GROUP, name=name):
+        try:
+            adapter = point.load()
+        except ImportError as exc:  # the framework is not installed: the adapter is unavailable
+            logger.debug("adapter %r is not available: %s", name, exc)
+            continue
+        if isinstance(adapter, Adapter) and name not in _registered:
+            register_adapter(adapter)
+
+
+def _names() -> list[str]:
+    return sorted({p.name for p in entry_points(group=ENTRY_POINT_GROUP)} | set(_registered))
+
+
+def adapter_for(framework: str) -> Adapter | None:
+    """The adapter of ``framework``, loading its entry point on first use; ``None`` if none is installed."""
+    _load_entry_point(framework)
+    return _registered.get(framework)
+
+
+def all_adapters() -> list[Adapter]:
+    """Every installed adapter (each package is imported)."""
+    return [a for a in (adapter_for(name) for name in _names()) if a is not None]
+
+
+def publisher_for_target(target: object) -> tuple[str, Publisher]:
+    """``(framework, publisher)`` for an app or broker object, from the adapter that owns it.
+
+    Raises:
+      ConfigurationError: no installed adapter owns ``target``.
+    """
+    for adapter in all_adapters():
+        if adapter.owns(target):
+            return adapter.framework, adapter.publisher(target)
+    known = ", ".join(_names()) or "none"
+    raise ConfigurationError(f"no installed integration publishes with {target!r} (installed: {known})")
+
+
+@dataclass(frozen=True)
+class Installation:
+    """An integration configured in this process: what sends events and cancels runs from here (C33, C34).
+
+    Parameters:
+      framework(str): the adapter's framework name.
+      target(Callable[[], object | None]): the app or broker it publishes with
+        (a weak reference: ``None`` once it is gone).
+      driver(Callable[[], AttemptDriver]): the process's attempt driver (its
+        store, codecs and options), opened on first use.
+    """
+
+    framework: str
+    target: Callable[[], object | None]
+    driver: Callable[[], AttemptDriver]
+
+
+_installed: list[Installation] = []
+
+
+def register_installation(framework: str, target: object, driver: Callable[[], AttemptDriver]) -> None:
+    """Note that ``framework`` is configured on ``target`` (an app or broker) in this process (idempotent).
+
+    Held weakly: an app or broker that is gone is forgotten.
+    """
+    with _lock:
+        _installed[:] = [i for i in _installed if i.target() not in (None, target)]
+        _installed.append(Installation(framework, weakref.ref(target), driver))
+
+
+def installations() -> list[Installation]:
+    """The integrations configured in this process whose app or broker is alive, the most recent first."""
+    with _lock:
+        return [i for i in reversed(_installed) if i.target() is not None]
+
+
+def value_reader(serializer_name: str) -> ValueReader | None:
+    """A display reader for bytes written by ``serializer_name``, from any installed adapter."""
+    for adapter in all_adapters():
+        reader = adapter.value_readers().get(serializer_name)
+        if reader is not None:
+            return reader
+    return None

@@ -1,0 +1,291 @@
+"""Step identity (C1–C4) and the divergence check (C12, C14).
+
+A step is identified by what the code asks for, never by the callable (C4):
+
+- unkeyed: ``name#n``, ``n`` = how many unkeyed steps of that name already ran
+  in this attempt (``charge#0``, ``fetch#0``, ``fetch#1``);
+- keyed: ``name:key``, pinned to the data, so iteration order does not matter.
+  A keyed call does not advance the counter: adding one must not shift the key
+  of every later unkeyed call of the same name.
+
+:class:`Sequence` replays an attempt against the snapshot loaded when it
+started, in memory (C9): keyed steps are matched by key anywhere in the
+recorded sequence, unkeyed ones by their position among the unkeyed steps.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ..errors import DuplicateStepKey, InvalidRunKey, InvalidStepKey, InvalidStepName, StepDivergence
+from .records import StepKind, StepRow
+
+__all__ = [
+    "MAX_KEY_BYTES",
+    "MAX_NAME_BYTES",
+    "MAX_RUN_KEY_LENGTH",
+    "check_run_key",
+    "new_run_key",
+    "run_key_from",
+    "Sequence",
+    "StepId",
+    "validate_key",
+    "validate_name",
+]
+
+MAX_NAME_BYTES = 128
+MAX_KEY_BYTES = 256
+_NAME_FORMS = "a non-empty str of at most 128 bytes UTF-8 without '#', ':' or control characters"
+_KEY_FORMS = "a str or int of at most 256 bytes UTF-8, without control characters"
+
+
+def validate_name(name: object) -> str:
+    """Return ``name`` if it is a valid step name, else raise :class:`InvalidStepName` (C2)."""
+    if not isinstance(name, str):
+        raise InvalidStepName(f"step name {name!r} is a {type(name).__name__}; a name is {_NAME_FORMS}")
+    problem = _name_problem(name)
+    if problem:
+        raise InvalidStepName(f"step name {name!r} {problem}; a name is {_NAME_FORMS}")
+    return name
+
+
+@functools.lru_cache(maxsize=4096)
+def _name_problem(name: str) -> str:
+    """What is wrong with ``name``, or ``""``; cached: a body names the same few steps over and over."""
+    size = _utf8_size(name)
+    if size < 0:
+        return "is not valid Unicode (a lone surrogate)"
+    if not name:
+        return "is empty"
+    if size > MAX_NAME_BYTES:
+        return f"is {size} bytes long"
+    if "#" in name or ":" in name:
+        return "contains '#' or ':'"
+    if _has_control(name):
+        return "contains a control character"
+    return ""
+
+
+def validate_key(key: object) -> str:
+    """Return ``key`` as a ``str`` (an ``int`` is converted), else raise :class:`InvalidStepKey` (C2)."""
+    if isinstance(key, bool) or not isinstance(key, (str, int)):
+        raise InvalidStepKey(f"step key {key!r} is a {type(key).__name__}; a key is {_KEY_FORMS}")
+    try:
+        text = str(key)
+    except ValueError as exc:  # an int longer than sys.get_int_max_str_digits() digits
+        raise InvalidStepKey(f"step key is an int too long to turn into a str; a key is {_KEY_FORMS}") from exc
+    size = _utf8_size(text)
+    if size < 0:
+        raise InvalidStepKey(f"step key {_short(text)} is not valid Unicode (a lone surrogate); a key is {_KEY_FORMS}")
+    if size > MAX_KEY_BYTES:
+        raise InvalidStepKey(f"step key {_short(text)} is {size} bytes long; a key is {_KEY_FORMS}")
+    if _has_control(text):
+        raise InvalidStepKey(f"step key {text!r} contains a control character; a key is {_KEY_FORMS}")
+    return text
+
+
+def _utf8_size(text: str) -> int:
+    """The size of ``text`` in UTF-8 bytes, or -1 if it cannot be encoded (a lone surrogate)."""
+    try:
+        return len(text.encode("utf-8"))
+    except UnicodeEncodeError:
+        return -1
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")
+"""The characters of Unicode category ``Cc`` (C0, DEL and C1 controls)."""
+
+
+def _has_control(text: str) -> bool:
+    return _CONTROL.search(text) is not None
+
+
+def _short(text: str) -> str:
+    return repr(text if len(text) <= 40 else text[:37] + "...")
+
+
+@dataclass(frozen=True)
+class StepId:
+    """A step's identity within an attempt.
+
+    Parameters:
+      name(str): the validated name.
+      key(str | None): the validated explicit key, if any.
+      step_key(str): ``name#n`` or ``name:key``.
+      kind(str): ``"run"`` or ``"sleep"``.
+    """
+
+    name: str
+    key: str | None
+    step_key: str
+    kind: StepKind
+
+    @property
+    def keyed(self) -> bool:
+        """Whether the step has an explicit key."""
+        return self.key is not None
+
+
+class Sequence:
+    """The running step sequence of one attempt, checked against its snapshot.
+
+    Parameters:
+      snapshot(Iterable[StepRow]): the run's committed step rows.
+      job_label(str): how divergence messages name the job.
+    """
+
+    def __init__(self, snapshot: Iterable[StepRow], job_label: str) -> None:
+        self.recorded = sorted(snapshot, key=lambda r: r.position)
+        self._keyed = {r.step_key: r for r in self.recorded if _is_keyed(r.step_key)}
+        self._unkeyed = [r for r in self.recorded if not _is_keyed(r.step_key)]
+        self._job = job_label
+        self._counts: Counter[str] = Counter()
+        self._seen: set[str] = set()
+        self.running: list[str] = []
+        self._unkeyed_used = 0
+
+    @property
+    def next_position(self) -> int:
+        """The position a newly committed step takes."""
+        return len(self.recorded)
+
+    def derive(self, name: object, key: object, kind: StepKind) -> StepId:
+        """Validate and derive the next step's identity (C1–C3); nothing is recorded yet."""
+        valid_name = validate_name(name)
+        if key is None:
+            step_key = f"{valid_name}#{self._counts[valid_name]}"
+            step = StepId(valid_name, None, step_key, kind)
+        else:
+            valid_key = validate_key(key)
+            step = StepId(valid_name, valid_key, f"{valid_name}:{valid_key}", kind)
+        if step.step_key in self._seen:
+            raise DuplicateStepKey(
+                f"step key {step.step_key!r} was already used in this attempt of {self._job}; "
+                "two steps must not derive the same key (give them different names or keys)"
+            )
+        return step
+
+    def enter(self, step: StepId) -> StepRow | None:
+        """Record that ``step`` runs now; return its committed row (memo) or ``None`` (new).
+
+        Raises :class:`StepDivergence` if the recorded row at this step's place
+        has another key or kind (C12).
+        """
+        self._seen.add(step.step_key)
+        self.running.append(step.step_key)
+        if step.keyed:
+            row = self._keyed.get(step.step_key)
+        else:
+            self._counts[step.name] += 1
+            row = self._match_unkeyed(step)
+        if row is not None and row.kind != step.kind:
+            self._diverge(row, step)
+        return row
+
+    def _match_unkeyed(self, step: StepId) -> StepRow | None:
+        index = self._unkeyed_used
+        self._unkeyed_used += 1
+        if index >= len(self._unkeyed):
+            return None
+        row = self._unkeyed[index]
+        if row.step_key != step.step_key:
+            self._diverge(row, step)
+        return row
+
+    def _diverge(self, row: StepRow, step: StepId) -> None:
+        now = step.step_key if row.kind == step.kind else f"{step.step_key} ({step.kind})"
+        was = row.step_key if row.kind == step.kind else f"{row.step_key} ({row.kind})"
+        raise StepDivergence(
+            f"step sequence changed for {self._job} at position {row.position}\n"
+            f"  recorded: {', '.join(r.step_key for r in self.recorded)}\n"
+            f"  running:  {', '.join(self.running)}\n"
+            f"  step {row.position} was {was!r}, now {now!r}\n"
+            "A memoized result would answer a different question than the step asking for it. "
+            "Drain or dead-letter this task's in-flight jobs before deploying a change to its "
+            "step sequence."
+        )
+
+    def abandon(self, step: StepId) -> None:
+        """Undo :meth:`enter` for a new step whose body raised: it committed nothing (C6).
+
+        The next call of the same step then derives the same key and takes the
+        same place, so a retry loop around a failing step inside one attempt
+        replays without a false divergence.
+        """
+        if not self.running or self.running[-1] != step.step_key:
+            return
+        self.running.pop()
+        self._seen.discard(step.step_key)
+        if not step.keyed:
+            self._counts[step.name] -= 1
+            self._unkeyed_used -= 1
+
+    def record(self, row: StepRow) -> None:
+        """Add a newly committed row to the recorded sequence."""
+        self.recorded.append(row)
+        if _is_keyed(row.step_key):
+            self._keyed[row.step_key] = row
+        else:
+            self._unkeyed.append(row)
+
+    def unused(self) -> list[str]:
+        """Recorded step keys this attempt did not reach (steps removed from the end, C14)."""
+        return [r.step_key for r in self.recorded if r.step_key not in self._seen]
+
+
+def _is_keyed(step_key: str) -> bool:
+    return ":" in step_key
+
+
+MAX_RUN_KEY_LENGTH = 255
+"""The longest run key, in characters."""
+
+
+def new_run_key() -> str:
+    """Mint a run key: a UUIDv7 string (time-ordered), as stamped at publish."""
+    import uuid6
+
+    return str(uuid6.uuid7())
+
+
+def check_run_key(run_key: object) -> str:
+    """Return ``run_key`` if it is a ``str`` of 1 to 255 characters, else raise :class:`InvalidRunKey`.
+
+    The characters must be valid Unicode without control characters (a NUL
+    cannot be stored by PostgreSQL, and none belongs in an identifier).
+    """
+    if not isinstance(run_key, str) or not 0 < len(run_key) <= MAX_RUN_KEY_LENGTH:
+        raise InvalidRunKey(
+            f"run key {run_key!r} is not a str of 1 to {MAX_RUN_KEY_LENGTH} characters; "
+            "the run key header/option must be such a string (a UUIDv7 when minted at publish)"
+        )
+    if _utf8_size(run_key) < 0 or _has_control(run_key):
+        raise InvalidRunKey(
+            f"run key {run_key!r} contains a control character or a lone surrogate; "
+            "the run key header/option must be printable text (a UUIDv7 when minted at publish)"
+        )
+    return run_key
+
+
+def run_key_from(carried: object, job_id: str, *, where: str = "run key") -> str:
+    """The run key of a delivered job: the one it carries, else its own job id (C1 words, C11).
+
+    Parameters:
+      carried(object): the value of the message's run key header or option
+        (``None`` or empty when the producer stamped none).
+      job_id(str): the framework's job id.
+      where(str): names the header or option in the error message.
+
+    Raises:
+      InvalidRunKey: a carried value that is not a ``str`` (a ``repr()`` would
+        not be a stable identity across producers) or is longer than 255 characters.
+    """
+    if carried is None or carried == "":
+        return job_id
+    if not isinstance(carried, str):
+        raise InvalidRunKey(f"the {where} {carried!r} is not a str")
+    return check_run_key(carried)

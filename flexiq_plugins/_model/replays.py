@@ -1,0 +1,134 @@
+"""A finished run's outcome as the store keeps it, and what a duplicate replays from it (C37).
+
+When a run ends, its outcome is written in the same statement as its
+terminal status (``StepStore.finish``): opaque bytes for the store, written
+and read only here.
+
+- ``V`` + the return value, encoded with the run's codec chain exactly as a
+  step value is (serializer and codecs, C7). A value over the step value cap
+  (``step_bytes``), or one the serializer cannot encode, is not kept: a
+  marker is stored instead, and a replay raises
+  :class:`~flexiq_plugins.errors.OutcomeNotKept` saying so, never ``None``.
+- ``E`` + JSON: an error, as its kind and text: ``error`` (the body's error:
+  its qualified class name and message, rebuilt by name on replay, else a
+  :class:`~flexiq_plugins.errors.ReplayedError`), ``dead_letter`` (a
+  :class:`~flexiq_plugins.errors.DeadLettered` naming the reason),
+  ``cancelled`` (a :class:`~flexiq_plugins.errors.JobCancelled` naming the
+  reason) or ``not_kept`` (the marker above). Like dead letters, error texts
+  do not go through the step codecs: do not put secrets in error messages.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..errors import DeadLettered, DecodeError, EncodeError, JobCancelled, OutcomeNotKept, ReplayedError
+from .codec import CodecChain
+from .failures import build_error, error_text
+
+__all__ = [
+    "Replayed",
+    "cancelled_outcome",
+    "dead_letter_outcome",
+    "error_outcome",
+    "failure_outcome",
+    "load_outcome",
+    "value_outcome",
+]
+
+_VALUE = b"V"
+_ERROR = b"E"
+_RETURN_VALUE = "<return value>"
+
+ErrorKind = Literal["error", "dead_letter", "cancelled", "not_kept"]
+
+
+@dataclass(frozen=True)
+class Replayed:
+    """What a duplicate of a finished run replays: its value, or its error (C37).
+
+    Parameters:
+      value(Any): the run's return value (when ``error`` is ``None``).
+      error(BaseException | None): the error to raise instead.
+    """
+
+    value: Any = None
+    error: BaseException | None = None
+
+
+def value_outcome(value: Any, codec: CodecChain, cap: int) -> bytes:
+    """The stored outcome of a run that returned ``value``: encoded with ``codec``, within ``cap`` bytes.
+
+    A value over ``cap`` bytes, or one the serializer cannot encode, is kept
+    as a marker: its replay raises :class:`OutcomeNotKept`. Never raises.
+    """
+    try:
+        encoded = codec.encode(value, step_key=_RETURN_VALUE)
+    except EncodeError as exc:
+        return _error_bytes("not_kept", "unencodable", f"the run's return value could not be encoded: {exc}")
+    if len(encoded) + 1 > cap:
+        why = f"the run's return value ({len(encoded)} bytes encoded) is over the step value cap of {cap} bytes"
+        return _error_bytes("not_kept", "too_large", why)
+    return _VALUE + encoded
+
+
+def error_outcome(error: BaseException) -> bytes:
+    """The stored outcome of a run that failed with ``error``: its class name and message.
+
+    An error made from one string (``KeyError("ar")``) keeps that string, not
+    ``str(error)`` (``"'ar'"`` for a ``KeyError``), so the replayed error
+    equals the original (C37).
+    """
+    text = error_text(error, max_traceback=0)
+    args: tuple[Any, ...] = tuple(getattr(error, "args", ()))
+    message = args[0] if len(args) == 1 and isinstance(args[0], str) else text.message
+    return _error_bytes("error", text.error_type, message)
+
+
+def failure_outcome(error_type: str, message: str) -> bytes:
+    """The stored outcome of a run that failed with an error known by its class name and message."""
+    return _error_bytes("error", error_type, message)
+
+
+def dead_letter_outcome(reason: str, message: str) -> bytes:
+    """The stored outcome of a dead-lettered run: replayed as :class:`DeadLettered` (``"<reason>: <message>"``)."""
+    return _error_bytes("dead_letter", reason, message)
+
+
+def cancelled_outcome(reason: str) -> bytes:
+    """The stored outcome of a cancelled run: replayed as :class:`JobCancelled` naming ``reason``."""
+    return _error_bytes("cancelled", "cancelled", reason)
+
+
+def _error_bytes(kind: ErrorKind, name: str, message: str) -> bytes:
+    data = {"kind": kind, "name": name, "message": message}
+    return _ERROR + json.dumps(data, separators=(",", ":")).encode()
+
+
+def load_outcome(stored: bytes, codec: CodecChain) -> Replayed:
+    """What a duplicate replays from ``stored``; a value that cannot be decoded replays as a :class:`DecodeError`."""
+    tag, data = stored[:1], stored[1:]
+    if tag == _VALUE:
+        try:
+            return Replayed(value=codec.decode(data, step_key=_RETURN_VALUE))
+        except DecodeError as exc:
+            return Replayed(error=exc)
+    try:
+        loaded = json.loads(data.decode())
+        kind, name, message = loaded["kind"], loaded["name"], loaded["message"]
+    except (ValueError, KeyError, TypeError) as exc:
+        return Replayed(error=DecodeError(f"the run's stored outcome cannot be read: {exc}"))
+    return Replayed(error=_error_of(kind, name, message))
+
+
+def _error_of(kind: str, name: str, message: str) -> BaseException:
+    if kind == "dead_letter":
+        return DeadLettered(f"{name}: {message}")
+    if kind == "cancelled":
+        return JobCancelled(f"the run was cancelled: {message}")
+    if kind == "not_kept":
+        return OutcomeNotKept(f"the run succeeded, but {message}; a duplicate cannot replay it")
+    error = build_error(name, message)
+    return error if error is not None else ReplayedError(f"{name}: {message}", error_type=name)

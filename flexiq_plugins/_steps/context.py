@@ -1,0 +1,488 @@
+"""``current_job`` and the step API a task body uses.
+
+``current_job`` reads a :class:`contextvars.ContextVar`, so threads, asyncio
+tasks and gevent greenlets each see their own job. The step methods are thin:
+they validate what only they can, then hand a verb to the running attempt's
+:class:`~flexiq_plugins._steps.journal.StepJournal`, which runs the one step protocol
+(enter → replay the memo or execute → commit). This module knows nothing of
+claims, stores or frameworks; the attempt builds a :class:`JobContext` and
+activates it around the task body.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar, Token
+from datetime import datetime, timedelta
+from typing import Any, Literal, TypeVar
+
+from .._model.durations import MAX_SLEEP_SECONDS, parse_sleep
+from .._model.identity import validate_name
+from .._model.policies import Compensation, RetryPolicy
+from .._store.caller import caller_transaction
+from ..errors import InvalidStepBody, InvalidStepName, InvalidWakeTime, NoCurrentJob, NotInStep
+from .journal import StepJournal, adrive, back_in_steps, current_step_key, drive, leave_steps, outside_steps
+from .run import StepRunVerb, compensation_of, retry_of
+from .sleep import SleepVerb
+from .transaction import TransactionVerb
+from .wait import EventVerb, WaitVerb, event_step, validate_event_field
+
+__all__ = ["JobContext", "StepContext", "current_job", "no_current_job"]
+
+T = TypeVar("T")
+
+_job: ContextVar[JobContext | None] = ContextVar("flexiq_current_job", default=None)
+_called_directly: ContextVar[str | None] = ContextVar("flexiq_called_directly", default=None)
+
+_NOT_ENABLED = (
+    "no durable job is running in this context. current_job is set only inside a task "
+    "body run by an integration: for Celery call celery_ext.install(app) at set-up; for "
+    "Dramatiq add dramatiq_ext.DurableSteps() to the broker's middleware"
+)
+
+
+def _check_body(name: object, fn: object) -> None:
+    """Refuse a step body that is not a callable, before anything runs."""
+    if not callable(fn):
+        close = getattr(fn, "close", None) if inspect.iscoroutine(fn) else None
+        if close is not None:
+            close()  # a coroutine passed instead of an async function: it must not warn "never awaited"
+        raise InvalidStepBody(
+            f"step {name!r} got a {type(fn).__name__} as its body, not a callable: that value was computed "
+            "before the step, outside it, and is not memoized; pass the function itself, "
+            f"e.g. step.run({name!r}, lambda: charge(order_id))"
+        )
+
+
+class StepContext:
+    """The step API of one running attempt: ``current_job.step``.
+
+    Steps run one at a time (C8). Each method validates its arguments before
+    anything runs; the errors it raises are listed per method.
+
+    Parameters:
+      journal(StepJournal): the attempt's step journal.
+      run_key(str): the run's key, for :attr:`idempotency_key`.
+    """
+
+    def __init__(self, journal: StepJournal, run_key: str) -> None:
+        self._journal = journal
+        self._run_key = run_key
+        self._plain: StepRunVerb | None = None  # the verb of a step.run with no options: the same every time
+
+    # ------------------------------------------------------------- run
+    def run(
+        self,
+        name: str,
+        fn: Callable[[], T],
+        *,
+        key: str | int | None = None,
+        retry: RetryPolicy | Literal[False] | None = None,
+        compensate: Callable[[T], object] | Compensation | None = None,
+        allow_open_transaction: bool = False,
+    ) -> T:
+        """Run ``fn()`` once per run and return its value; later attempts get the stored value.
+
+        Parameters:
+          name(str): the step name (C2): non-empty, ≤ 128 bytes UTF-8, no
+            ``#``, ``:`` or control characters. Never inferred (C4).
+          fn(Callable[[], T]): the step body, called with no arguments.
+          key(str | int | None): pins the step to data (``name:key``), ≤ 256
+            bytes; keyed calls do not advance the ``name#n`` counter (C1).
+          retry(RetryPolicy | False | None): the step's durable budget (C31):
+            attempts are counted in the store, a failure with attempts left
+            ends the attempt and the job comes back after the backoff.
+            ``None``: the task's ``step_retry`` option, if any; ``False``: no
+            budget, the task's own retry policy decides.
+          compensate(Callable[[T], object] | Compensation | None): the undo,
+            called with the step's value if the run fails for good (C32).
+          allow_open_transaction(bool): run even inside an open database
+            transaction the store does not share (C42): say so only when the
+            body writes nothing that a rollback of it would undo.
+
+        Returns the value decoded from its stored bytes, on the first run too
+        (C7): a tuple under JSON comes back as a list every time.
+
+        Raises:
+          InvalidStepName, InvalidStepKey: bad name or key (C2), before anything runs.
+          InvalidStepBody: ``fn`` is not a callable (before anything runs), or
+            it returned an awaitable (use :meth:`arun`).
+          OpenTransaction: called inside an open transaction the store does not
+            share (C42): before the body runs, or after it wrote in one.
+          DuplicateStepKey: the same step key twice in one attempt (C3).
+          ConcurrentStep: another step of this attempt is uncommitted (C8).
+          StepDivergence: the recorded sequence has another step here (C12).
+          EncodeError: the serializer cannot encode the value; nothing is committed (C7).
+          StepLimitExceeded: a size cap refused the commit (C22).
+          InvalidStepOption: ``retry`` or ``compensate`` is not an accepted form.
+          StepRetryExhausted: the step's budget is spent (C31), on that attempt and every replay.
+          NonRetryableError: or the error a policy does not retry: the step failed
+            for good; every replay raises it again without calling ``fn`` (C31).
+          Exception: whatever ``fn`` raises without a budget; nothing is committed (C6).
+        """
+        _check_body(name, fn)
+        verb = self._verb(retry, compensate, allow_open_transaction)
+        return drive(self._journal.protocol(verb, name, key), fn)  # type: ignore[no-any-return]
+
+    async def arun(
+        self,
+        name: str,
+        fn: Callable[[], Awaitable[T] | T],
+        *,
+        key: str | int | None = None,
+        retry: RetryPolicy | Literal[False] | None = None,
+        compensate: Callable[[T], object] | Compensation | None = None,
+        allow_open_transaction: bool = False,
+    ) -> T:
+        """Async form of :meth:`run`: ``fn()`` may return an awaitable, which is awaited.
+
+        Same parameters, return value and errors as :meth:`run`. Two ``arun``
+        calls under ``asyncio.gather`` fail the attempt with ``ConcurrentStep`` (C8).
+        """
+        _check_body(name, fn)
+        verb = self._verb(retry, compensate, allow_open_transaction)
+        return await adrive(self._journal.protocol(verb, name, key), fn)  # type: ignore[no-any-return]
+
+    def _verb(self, retry: object, compensate: object, allow_open_transaction: bool) -> StepRunVerb:
+        if retry is None and compensate is None and not allow_open_transaction:
+            if self._plain is None:
+                self._plain = StepRunVerb(retry_of(None, self._journal))
+            return self._plain
+        return StepRunVerb(
+            retry_of(retry, self._journal),
+            compensation_of(compensate),
+            allow_open_transaction=allow_open_transaction,
+        )
+
+    def transaction(self, name: str, fn: Callable[[], T], *, using: object, key: str | int | None = None) -> T:
+        """Run ``fn()`` and commit its memo in one database transaction with ``fn``'s writes (C42).
+
+        ``fn`` runs inside the transaction of ``using`` (joined as a savepoint
+        if one is open, else opened here and committed when the step ends), and
+        the step row is written there too, fenced on the attempt's claim. So
+        the body's writes and the memo commit or roll back together: exactly
+        once for those writes. The step store and the tables ``fn`` writes must
+        be in the same database. Later attempts get the stored value like
+        :meth:`run`'s.
+
+        Parameters:
+          name(str): the step name (C2).
+          fn(Callable[[], T]): the body; its database writes go through ``using``.
+          using(str | object): a Django database alias (``"default"``) or
+            connection, or a SQLAlchemy ``Session``, ``scoped_session`` or ``Connection``.
+          key(str | int | None): as for :meth:`run` (C1).
+
+        Raises:
+          InvalidTransaction: ``using`` is none of those, reaches another
+            database than the store's, or the store cannot share a transaction.
+          OpenTransaction: another open transaction the store does not share.
+          The errors of :meth:`run` otherwise.
+        """
+        _check_body(name, fn)
+        verb = TransactionVerb(caller_transaction(using))
+        return drive(self._journal.protocol(verb, name, key), fn)  # type: ignore[no-any-return]
+
+    # ----------------------------------------------------------- sleep
+    def sleep(self, duration: str | timedelta | float, *, name: str | None = None) -> None:
+        """End the attempt now; the job comes back after ``duration`` (C15–C19).
+
+        Parameters:
+          duration(str | timedelta | int | float): ``"500ms"``, ``"30s"``,
+            ``"5m"``, ``"1h30m"``, ``"3d"``, ``"1w"``, a ``timedelta`` or seconds.
+          name(str | None): names the sleep step (``name#n``); unnamed sleeps
+            are ``sleep#0``, ``sleep#1`` …
+
+        The wake time is fixed by the first commit (C17): a replay of a due
+        sleep returns at once; one woken early ends the attempt again.
+
+        Raises:
+          InvalidDuration: (a ``ValueError``) a negative, unparsable or longer
+            than 366 days duration, naming the accepted forms; a ``datetime``
+            (use :meth:`sleep_until`).
+          SleepSignal: always, unless the sleep is already due; not an error (C20).
+        """
+        seconds = parse_sleep(duration)
+        self._sleep(name, SleepVerb(lambda now: now + seconds))
+
+    def sleep_until(self, when: datetime, *, name: str | None = None) -> None:
+        """End the attempt until the timezone-aware datetime ``when`` (C17, C19).
+
+        Raises:
+          InvalidWakeTime: (a ``ValueError``) ``when`` is not a timezone-aware
+            ``datetime``, or is more than 366 days ahead of the store's clock.
+          SleepSignal: unless ``when`` has passed.
+        """
+        if not isinstance(when, datetime) or when.tzinfo is None or when.utcoffset() is None:
+            raise InvalidWakeTime(
+                f"sleep_until needs a timezone-aware datetime, got {when!r}; give it a time zone, "
+                "e.g. when.replace(tzinfo=timezone.utc) or datetime.now(timezone.utc) + timedelta(days=1)"
+            )
+        wake_at = when.timestamp()
+        if wake_at - self._journal.now() > MAX_SLEEP_SECONDS:
+            raise InvalidWakeTime(f"sleep_until({when.isoformat()}) is more than 366 days ahead, the longest sleep")
+        self._sleep(name, SleepVerb(lambda _now: wake_at))
+
+    def _sleep(self, name: str | None, verb: SleepVerb) -> None:
+        drive(self._journal.protocol(verb, "sleep" if name is None else name))
+
+    # ------------------------------------------------------------ events
+    def wait_for_event(
+        self, topic: str, *, key: str, timeout: str | timedelta | float | None = None, name: str | None = None
+    ) -> Any:
+        """Wait until an event ``(topic, key)`` is sent; return its payload, or ``None`` at the timeout (C33).
+
+        Suspends like a sleep: if no event has arrived the attempt ends, the
+        worker is free, and the job comes back when one is sent with
+        :func:`flexiq_plugins.send_event` (or at the timeout). An event sent
+        after the run was created, or sent to this run by its run key, is
+        received even if it came before the wait started; each event is
+        received at most once per run, the oldest first. The wait is a
+        recorded step: a replay returns the same payload without waiting.
+
+        Parameters:
+          topic(str): the event's topic, e.g. ``"payment"``; at most 255
+            characters, no control characters.
+          key(str): the event's key, e.g. an order id; same rules.
+          timeout(str | timedelta | int | float | None): how long to wait
+            from the first time this wait is reached (``"2h"``, seconds …);
+            ``None`` waits without a timeout.
+          name(str | None): names the wait step (``name#n``); default the
+            topic, which must then be a valid step name (no ``#`` or ``:``).
+
+        Returns the payload decoded from its stored bytes (C7), or ``None``
+        when the timeout passed first.
+
+        Raises:
+          InvalidEvent: (a ``ValueError``) a topic or key that is not accepted.
+          InvalidDuration: a timeout that is not a duration.
+          InvalidStepName: the step name (``name``, or the topic) is not a step name.
+          EventWaitSignal: (a ``SleepSignal``) no event yet: the attempt ends; not an error.
+          RunCancelled: the run is cancelled (C34); not an error.
+        """
+        verb, step_name = self._wait_verbs(topic, key, timeout, name)
+        wait = drive(self._journal.protocol(verb, step_name))
+        return drive(self._journal.protocol_for(EventVerb(topic, key, wait), event_step(wait.step_key)))
+
+    async def await_event(
+        self, topic: str, *, key: str, timeout: str | timedelta | float | None = None, name: str | None = None
+    ) -> Any:
+        """Async form of :meth:`wait_for_event`: the same parameters, return value and errors (C33)."""
+        verb, step_name = self._wait_verbs(topic, key, timeout, name)
+        wait = await adrive(self._journal.protocol(verb, step_name), _no_body)
+        received = self._journal.protocol_for(EventVerb(topic, key, wait), event_step(wait.step_key))
+        return await adrive(received, _no_body)
+
+    @staticmethod
+    def _wait_verbs(topic: object, key: object, timeout: object, name: str | None) -> tuple[WaitVerb, str]:
+        validate_event_field("topic", topic)
+        validate_event_field("key", key)
+        seconds = None if timeout is None else parse_sleep(timeout)
+        if name is None:
+            try:
+                name = validate_name(topic)
+            except InvalidStepName as exc:
+                raise InvalidStepName(f"{exc}; the wait's step name defaults to its topic: pass name=...") from None
+        return WaitVerb(seconds), name
+
+    # ----------------------------------------------------- idempotency
+    @property
+    def idempotency_key(self) -> str:
+        """``"<run key>:<step key>"`` of the step whose body is running (C10, C11).
+
+        Derived from nothing else: no clock, payload, serializer or codec.
+
+        Raises:
+          NotInStep: read outside a step body.
+        """
+        step_key = current_step_key()
+        if step_key is None:
+            raise NotInStep(
+                "step.idempotency_key names the step that is running, so it is readable only "
+                "inside a step body, e.g. step.run('charge', lambda: pay(key=step.idempotency_key))"
+            )
+        return f"{self._run_key}:{step_key}"
+
+
+class JobContext:
+    """The running job as the body sees it.
+
+    Attributes:
+      run_key(str): the durable identity that survives retries, sleeps and
+        dead-letter retries.
+      job_id(str): the framework's id of this message.
+      attempt(int): this attempt's number, 1 for the first.
+      task_name(str): the task or actor name.
+      step(StepContext): the step API.
+
+    Parameters:
+      run_key(str), job_id(str), task_name(str): as the attributes.
+      attempt(int | None): the attempt's number; ``None`` until the run is claimed.
+      journal(StepJournal | None): the attempt's step journal; ``None`` until the run is claimed.
+      claim(Callable[[], None] | None): claims the run, called at the first read of
+        :attr:`step` or :attr:`attempt` while there is no journal (a lazy claim); it
+        calls :meth:`bind`, or raises :class:`~flexiq_plugins.errors.ClaimRefused`.
+    """
+
+    def __init__(
+        self,
+        run_key: str,
+        job_id: str,
+        attempt: int | None,
+        task_name: str,
+        journal: StepJournal | None,
+        *,
+        claim: Callable[[], None] | None = None,
+    ) -> None:
+        self.run_key = run_key
+        self.job_id = job_id
+        self.task_name = task_name
+        self._claim = claim
+        self._attempt = attempt
+        self._step = None if journal is None else StepContext(journal, run_key)
+
+    @property
+    def claimed(self) -> bool:
+        """Whether this attempt has claimed its run (its body used ``step`` or ``attempt``), C23."""
+        return self._step is not None
+
+    def bind(self, attempt: int, journal: StepJournal) -> None:
+        """The run is claimed: this is attempt ``attempt``, its steps go to ``journal``."""
+        self._attempt = attempt
+        self._step = StepContext(journal, self.run_key)
+
+    def _claimed(self) -> None:
+        if self._step is None and self._claim is not None:
+            self._claim()
+        if self._step is None:
+            raise RuntimeError(f"job {self.job_id} (run {self.run_key}) has no claim on its run")
+
+    @property
+    def step(self) -> StepContext:
+        """The step API; the first read claims the run of a lazy attempt."""
+        step = self._step
+        if step is None:
+            self._claimed()
+            step = self._step
+            assert step is not None
+        return step
+
+    @property
+    def attempt(self) -> int:
+        """This attempt's number, 1 for the first; the first read claims the run of a lazy attempt."""
+        if self._attempt is None:
+            self._claimed()
+        assert self._attempt is not None
+        return self._attempt
+
+    @contextlib.contextmanager
+    def activate(self) -> Iterator[JobContext]:
+        """Make this the current job in the calling context for the ``with`` block.
+
+        A job started inside another job's step body (a nested task call) does
+        not see the outer step: its ``idempotency_key`` is its own (C10).
+        """
+        tokens = self.enter()
+        try:
+            yield self
+        finally:
+            self.leave(tokens)
+
+    def enter(self) -> tuple[Token[JobContext | None], Token[str | None]]:
+        """Make this the current job, outside any step, until :meth:`leave` with the tokens returned."""
+        return _job.set(self), leave_steps()
+
+    def leave(self, tokens: tuple[Token[JobContext | None], Token[str | None]]) -> None:
+        """Undo :meth:`enter`."""
+        back_in_steps(tokens[1])
+        _job.reset(tokens[0])
+
+
+class _CurrentJob:
+    """The proxy behind ``current_job``: each attribute reads the running job.
+
+    Raises :class:`NoCurrentJob` outside a durable job, saying how to enable
+    the plugin.
+    """
+
+    def get(self) -> JobContext | None:
+        """Return the running job, or ``None`` outside one."""
+        return _job.get()
+
+    def _require(self) -> JobContext:
+        job = _job.get()
+        if job is None:
+            task = _called_directly.get()
+            raise NoCurrentJob(_NOT_ENABLED if task is None else _called_directly_message(task))
+        return job
+
+    @property
+    def step(self) -> StepContext:
+        """The :class:`StepContext` of the running job."""
+        return self._require().step
+
+    @property
+    def run_key(self) -> str:
+        """The run key (str, a UUIDv7 when minted at publish)."""
+        return self._require().run_key
+
+    @property
+    def job_id(self) -> str:
+        """The framework's job id (Celery task id, Dramatiq message id)."""
+        return self._require().job_id
+
+    @property
+    def attempt(self) -> int:
+        """The attempt number, 1 for the first."""
+        return self._require().attempt
+
+    @property
+    def task_name(self) -> str:
+        """The task or actor name."""
+        return self._require().task_name
+
+    def __bool__(self) -> bool:
+        return _job.get() is not None
+
+    def __repr__(self) -> str:
+        job = _job.get()
+        return "<current_job: none>" if job is None else f"<current_job {job.task_name} run={job.run_key}>"
+
+
+def _no_body() -> None:
+    """A wait has no body to call."""
+
+
+current_job = _CurrentJob()
+"""The running durable job; ``current_job.step`` is its :class:`StepContext`."""
+
+
+def _called_directly_message(task: str) -> str:
+    return (
+        f"no durable job is running in this context: {task} was called directly, as a plain function, "
+        "not run by a worker, so it has no current_job and no steps; send it as a job (Celery: "
+        "task.delay(...) or apply_async; Dramatiq: actor.send(...)) to run it with durable steps"
+    )
+
+
+@contextlib.contextmanager
+def no_current_job(task_name: str | None = None) -> Iterator[None]:
+    """Run the ``with`` block outside any durable job (a task called directly, as a function).
+
+    Used by the integrations so that calling a durable task like a function
+    inside another job's body neither records steps in the outer run nor sees
+    its idempotency key. ``current_job`` used inside then says the task
+    ``task_name`` was called directly.
+
+    Parameters:
+      task_name(str | None): the task or actor called directly, for the message.
+    """
+    token = _job.set(None)
+    direct = _called_directly.set(f"the task {task_name!r}" if task_name else "the durable task")
+    try:
+        with outside_steps():
+            yield
+    finally:
+        _called_directly.reset(direct)
+        _job.reset(token)
