@@ -1,4 +1,4 @@
-"""Issue 14's benchmark in one command: the stores, the workers, then each target against its measurement.
+"""The benchmarks in one command: the stores, the workers, then each performance target against its measurement.
 
     python -m benchmarks [--quick] [--no-dbos] [--no-throughput] [--store all] [--rounds 7]
         [--jobs 500] [--throughput-rounds 3]
@@ -16,7 +16,7 @@ It runs, one after the other in this process run:
    durable tasks of 3 and 5 steps, interleaved rounds, jobs/s, store
    connections per process, CPU per job and the CPU ceiling;
 
-then prints one table: every issue-14 target, what was measured, and ``met``
+then prints one table: every performance target, what was measured, and ``met``
 or ``NOT MET``. Each report is printed in full above the table. Ratios are
 against a baseline measured in the same rounds, so they move much less
 than the times between machines; on a shared or busy machine run it again
@@ -61,7 +61,7 @@ class Verdict:
 
 
 def store_verdicts(run: bench_store.StoreRun, replayed: int) -> list[Verdict]:
-    """The per-store targets of issue 14 against one store's results."""
+    """The per-store performance targets against one store's results."""
     name, out = run.name, []
     step_ms, step_x = run.median("new step") * 1e3, run.ratio("new step")
     if name == "postgres":
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> list[Verdict]:
         jobs, rounds = (100, 1) if args.quick else (args.jobs, args.throughput_rounds)
         worker_args = bench_throughput.parser().parse_args(["--jobs", str(jobs), "--rounds", str(rounds)])
         verdicts += throughput_verdicts(*bench_throughput.run(worker_args))
-    print("\n== issue 14: targets against this run" + (" (--quick: a smoke run, not a measurement)" * args.quick))
+    print("\n== performance targets against this run" + (" (--quick: a smoke run, not a measurement)" * args.quick))
     print(f"{'target':<58} {'measured':<44} verdict")
     for verdict in verdicts:
         print(verdict.line())

@@ -1,4 +1,4 @@
-"""The cost of the integration for a task that takes no step, against the same task without it (issue 16).
+"""The cost of the integration for a task that takes no step, against the same task without it.
 
     .venv/bin/python benchmarks/bench_no_step.py [--rounds 7] [--messages 300] [--redis redis://127.0.0.1:6379/14]
         [--recorded]

@@ -24,7 +24,7 @@ While a worker runs, a thread samples ``pg_stat_activity`` every 50 ms: each
 worker process names its store connections ``<run>-<pid>``
 (:mod:`benchmarks.throughput_apps`), so it prints, per configuration, the
 most connections any one process held against that process's concurrency + 1
-(the issue-14 target; a process that runs no task, Celery's prefork parent or
+(the target; a process that runs no task, Celery's prefork parent or
 Dramatiq's supervisor, is allowed 1), and the most held by the whole worker.
 Each job also reports the statements and round trips (psycopg's ``BEGIN``
 and each ``COMMIT`` counted) its worker process sent to the store, printed
@@ -342,7 +342,7 @@ class ConnectionsSeen:
 
     @property
     def within_target(self) -> bool:
-        """Whether every process held at most its concurrency + 1 connections (issue 14)."""
+        """Whether every process held at most its concurrency + 1 connections."""
         return all(most <= tasks + 1 for tasks, most in self.held.items())
 
 

@@ -79,7 +79,7 @@ def prepare_worker_app(sender: Any = None, **_: Any) -> None:
 
 
 def announce_store(sender: Any = None, **_: Any) -> None:
-    """``worker_ready``: log the step store the worker's app uses, once per worker (issue 15)."""
+    """``worker_ready``: log the step store the worker's app uses, once per worker."""
     app: Any = getattr(sender, "app", None)
     runtime = runtime_of(app) if app is not None else None
     if runtime is None:

@@ -125,7 +125,7 @@ def _act(task: Any, request: Any, runtime: Runtime, job: JobInfo, outcome: Outco
 
 
 def _raise_replayed(replay: Replay) -> NoReturn:
-    """Raise a finished run's stored error (C37) with no frame of this call holding it (issue 16)."""
+    """Raise a finished run's stored error (C37) with no frame of this call holding it (no reference cycle)."""
     error = replay.error
     del replay
     assert error is not None

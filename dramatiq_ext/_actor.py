@@ -101,7 +101,7 @@ def execute(
       stopping(Callable[[], bool]): whether the worker is shutting down.
     """
     if not body.is_async:
-        with driver.store.held():  # one connection for the attempt's store calls in this thread (issue 14)
+        with driver.store.held():  # one connection for the attempt's store calls in this thread, not one per call
             started = driver.start(job)
             return started.run(body.interruptible, *args, **kwargs) if isinstance(started, Attempt) else started
     started = driver.start(job)

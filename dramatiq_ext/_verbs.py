@@ -126,7 +126,7 @@ def apply_outcome(broker: dramatiq.Broker, message: Any, job: JobInfo, outcome: 
     try:
         return _apply(broker, message, job, outcome)
     finally:
-        del outcome  # an error raised from here must not hold it through this frame (issue 16)
+        del outcome  # an error raised from here must not hold it through this frame (no cycle)
 
 
 def _apply(broker: dramatiq.Broker, message: Any, job: JobInfo, outcome: Outcome) -> Any:
@@ -154,7 +154,7 @@ def _apply(broker: dramatiq.Broker, message: Any, job: JobInfo, outcome: Outcome
 
 
 def _reraise(failure: Failure) -> NoReturn:
-    """Raise ``failure``'s error with no frame of this call holding it: no reference cycle (issue 16).
+    """Raise ``failure``'s error with no frame of this call holding it: no reference cycle.
 
     The traceback of the error raised keeps every frame it passes through;
     a frame still referencing the outcome (and so the error) would keep the
@@ -181,7 +181,7 @@ def _replay_failure(message: Any, replay: Replay) -> NoReturn:
     """
     message.options["max_retries"] = 0
     error = replay.error
-    del replay  # no frame of this call holds the error once raised (issue 16)
+    del replay  # no frame of this call holds the error once raised (no cycle)
     assert error is not None
     try:
         raise error

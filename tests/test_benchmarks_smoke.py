@@ -1,4 +1,4 @@
-"""The issue-14 benchmark options run, with tiny sizes (benchmarks are not tests: nothing here is timed).
+"""The benchmark options run, with tiny sizes (benchmarks are not tests: nothing here is timed).
 
 - ``bench_store --history N`` fills exactly N finished runs of 5 steps with
   its set-based SQL on each database, and prints every operation's ratio;
@@ -112,7 +112,7 @@ def test_bench_cpu_says_n_a_rather_than_dividing_by_a_server_cpu_that_read_zero(
 def test_python_m_benchmarks_prints_every_store_target_with_its_verdict(
     store: str, require_service: Callable[[str, str, int], None], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """``python -m benchmarks`` (issue 14's one command): each store's report, then a table of its targets. The
+    """``python -m benchmarks`` (the one command): each store's report, then a table of its targets. The
     counted ones are exact: a memo hit sends no statement; on PostgreSQL every attempt start is at most 2 round
     trips (a timed target's verdict depends on the machine and is not asserted)."""
     if store in SERVICES:
@@ -121,7 +121,7 @@ def test_python_m_benchmarks_prints_every_store_target_with_its_verdict(
 
     verdicts = main(["--quick", "--store", store, "--no-throughput", "--no-dbos"])
     out = capsys.readouterr().out
-    assert "== issue 14: targets against this run" in out
+    assert "== performance targets against this run" in out
     by_target = {v.target: v for v in verdicts}
     assert by_target[f"{store}: memo hit, 0 statements"].met is True
     assert f"{store}: 1000 replayed steps ≤ 10 ms" in by_target

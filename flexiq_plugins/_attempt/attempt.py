@@ -243,7 +243,7 @@ class Attempt:
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> outcomes.Outcome:
         """Run ``fn(*args, **kwargs)`` as the task body and return its outcome."""
         try:
-            tokens = self._enter()  # what ``activate`` does, without a generator per job (issue 16)
+            tokens = self._enter()  # what ``activate`` does, without a generator per job: less per-job cost
             try:
                 value = fn(*args, **kwargs)
             finally:

@@ -261,7 +261,8 @@ class AttemptDriver:
     def ended_unclaimed(self, job: JobInfo, value: Any = None, error: BaseException | None = None) -> outcomes.Outcome:
         """The outcome of an attempt that ended without claiming its run: its body took no step.
 
-        The one place that decides what such an attempt is (issue 16); no
+        The one place that decides what such an attempt is, so that a body
+        that takes no step behaves as it would without the integration: no
         run exists for it (a job recorded at publish claims before its body,
         :func:`~flexiq_plugins.integration.claims_before_body`), so nothing
         is written: a value is :class:`~flexiq_plugins._attempt.outcomes.Completed`, a

@@ -2,11 +2,10 @@
 
 A claim lives ``lease_seconds`` (30 s by default) unless it is renewed; while
 an attempt's body runs, its :class:`LeaseKeeper` has the claim renewed every
-third of the lease (every 10 s by default). Until issue 14 every attempt
-started its own renewal thread and joined it at its end; that start and join
-cost about 14% of a Dramatiq worker thread's busy time. Now a process has one
-renewer daemon thread, started at the first keeper's start, and a schedule of
-the claims it keeps (a heap by due time, :func:`time.monotonic` seconds). The
+third of the lease (every 10 s by default). A process has one renewer
+daemon thread, started at the first keeper's start (a thread started and
+joined per attempt would cost about 14% of a Dramatiq worker thread's busy
+time), and a schedule of the claims it keeps (a heap by due time, :func:`time.monotonic` seconds). The
 renewer sleeps until the earliest renewal is due; a keeper that registers with
 an earlier due time wakes it (as every keeper's first renewal is a third of a
 lease away, that is rare: a busy worker's starts do not wake it).

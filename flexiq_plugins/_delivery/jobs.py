@@ -44,7 +44,7 @@ def claims_before_body(
     ``queued``; claiming first marks it started, so neither a long body
     before its first step nor a copy recovery published can run it twice. A
     genuinely new job that was not recorded claims at its first step, so a
-    body that takes no step costs no store I/O (issue 16).
+    body that takes no step costs no store I/O.
 
     Parameters:
       resume(bool | None): the message's resume mark (``flexiq_resume``):
@@ -143,7 +143,7 @@ def body_traceback(error: BaseException) -> BaseException:
     the attempt's and the adapter's frames before the body's. An adapter
     re-raising it for the framework drops them, so the framework logs and
     formats (Dramatiq's Retries formats every retried traceback) what it
-    would without the integration: the body's frames and below (issue 16).
+    would without the integration: the body's frames and below.
     """
     tb = error.__traceback__
     while (

@@ -5,8 +5,8 @@ one through a SQLAlchemy ``Connection`` (execution context, bind and result
 processing set-up, event dispatch, result object) costs more of this
 process's CPU than the driver's own work: measured with callgrind, that
 wrapper was half the instructions of a new step on SQLite and a third on
-PostgreSQL (issue 14's targets: 0.2 ms a step on SQLite, 1.5× one committed
-``INSERT`` on PostgreSQL). So these statements are still built and compiled
+PostgreSQL, where a step should cost about 0.2 ms on SQLite and about one
+committed ``INSERT`` on PostgreSQL. So these statements are still built and compiled
 by SQLAlchemy, once, against the store engine's own dialect, and run on the
 driver cursor of the connection SQLAlchemy's pool lent and whose
 transaction it still begins and commits. What the wrapper did and matters

@@ -324,7 +324,7 @@ class SqlStepStore(StepStore):
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
-        """Keep one pooled connection for this thread's store calls inside the block (issue 14).
+        """Keep one pooled connection for this thread's store calls inside the block: one checkout per attempt.
 
         Without it every call checks a connection out of the pool and back in
         (with the checks of :mod:`.engine`); inside it, the thread's first call

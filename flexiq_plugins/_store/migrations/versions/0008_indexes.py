@@ -1,4 +1,4 @@
-"""Indexes that give every runs listing its order, so its cost does not grow with the history (issue 14).
+"""Indexes that give every runs listing its order, so its cost does not grow with the history.
 
 Revision ID: 0008
 Revises: 0007
