@@ -331,7 +331,7 @@ class AttemptStore(StoreReads):
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
-        """Keep one connection for the calling thread's store calls inside the ``with`` block (issue 14).
+        """Keep one connection for the calling thread's store calls inside the ``with`` block.
 
         An attempt's driver enters it around the attempt (its start, steps and
         finish), so a SQL store checks one connection out of its pool for the
