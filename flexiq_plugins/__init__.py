@@ -29,9 +29,11 @@ from ._model.identity import new_run_key
 from ._model.policies import CancellationPolicy, Compensation, RetryPolicy
 from ._model.records import DeadLetterRecord, JobEnvelope, RunRecord, StepAttempt, StepRow
 from ._steps.context import JobContext, StepContext, current_job
+from ._store.attempt_side import AttemptStore
 from ._store.base import StepStore
 from ._store.factory import open_store
 from ._store.memory import MemoryStepStore
+from ._store.operator_side import OperatorStore
 from ._store.sql import SqlStepStore, upgrade_store
 from .errors import (
     AlreadyRetried,
@@ -95,6 +97,7 @@ __all__ = [
     "AlreadyRetried",
     "Attempt",
     "AttemptDriver",
+    "AttemptStore",
     "CancelRequested",
     "CancellationPolicy",
     "ClaimLost",
@@ -138,6 +141,7 @@ __all__ = [
     "NotInStep",
     "OpenTransaction",
     "OperationError",
+    "OperatorStore",
     "OutcomeNotKept",
     "PublishFailed",
     "ReplayStopped",

@@ -20,7 +20,7 @@ from sqlalchemy import event
 
 from flexiq_plugins._model.records import Begun, JobEnvelope, StepRow
 from flexiq_plugins._store.sql import SqlStepStore, normalize_url
-from flexiq_plugins._store.sql import store as sql_store_module
+from flexiq_plugins._store.sql import connections as sql_connections_module
 from flexiq_plugins._store.sql.driver import DriverStatement, runs_on_driver
 from flexiq_plugins.errors import ClaimLost, StoreError, StoreUnavailable
 from tests.test_store_held import Checkouts, _backend_pid, _terminate
@@ -209,7 +209,7 @@ def test_c28_a_step_on_a_connection_the_server_killed_is_unavailable_with_the_co
     sql_store = make_sql_store(postgres_url)
     sql_store.now()
     checkouts = Checkouts(sql_store.engine)
-    monkeypatch.setattr(sql_store_module, "dead_after_idle", lambda *_: None)  # the kill shows at the statement
+    monkeypatch.setattr(sql_connections_module, "dead_after_idle", lambda *_: None)  # the kill shows at the statement
     with sql_store.held():
         begun = _claimed(sql_store, "run-killed")
         _terminate(postgres_url, _backend_pid(checkouts.out[-1][1]))

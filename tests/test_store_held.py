@@ -22,8 +22,8 @@ from flexiq_plugins._attempt.outcomes import Completed, Failure, PutBack
 from flexiq_plugins._model.records import Begun, JobEnvelope, StepRow
 from flexiq_plugins._store.memory import MemoryStepStore
 from flexiq_plugins._store.sql import SqlStepStore, normalize_url
+from flexiq_plugins._store.sql import connections as sql_connections_module
 from flexiq_plugins._store.sql import engine as engine_module
-from flexiq_plugins._store.sql import store as sql_store_module
 from flexiq_plugins.errors import StoreUnavailable
 from tests.polling import wait_for
 
@@ -214,7 +214,7 @@ def test_c28_a_held_connection_found_dead_by_its_statement_retries_a_transaction
     new connection (nothing committed); a step, one autocommitted statement, has an unknown outcome and
     raises :class:`StoreUnavailable` instead of running twice; the hold then goes on on a new connection (C28)."""
     checkouts = Checkouts(sql_store.engine)
-    monkeypatch.setattr(sql_store_module, "dead_after_idle", lambda *_: None)
+    monkeypatch.setattr(sql_connections_module, "dead_after_idle", lambda *_: None)
     with sql_store.held():
         begun = sql_store.begin("run-blind", "job-1", ENVELOPE, "w", 600)
         assert isinstance(begun, Begun)

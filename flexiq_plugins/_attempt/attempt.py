@@ -35,7 +35,7 @@ from .._model.records import (
 )
 from .._steps.context import JobContext
 from .._steps.journal import StepJournal
-from .._store.base import StepStore
+from .._store.attempt_side import AttemptStore
 from .._store.caller import CallerConnection
 from ..errors import (
     ClaimLost,
@@ -70,9 +70,12 @@ failure waited for a network timeout (a black-holed store), and waiting for more
 class AttemptHost(Protocol):
     """What an attempt asks of the driver that started it (:class:`~flexiq_plugins._attempt.driver.AttemptDriver`)."""
 
-    store: StepStore
     config: DurableConfig
     codec: CodecChain
+
+    @property
+    def store(self) -> AttemptStore:
+        """The store the attempt claims its run in and writes its steps to (the attempt side of it)."""
 
     def claim(self, job: JobInfo, owner: str | None = None) -> Begun | outcomes.Outcome:
         """Claim ``job``'s run, or return the outcome that ends the attempt without a body (C23–C28)."""

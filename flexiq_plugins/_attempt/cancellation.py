@@ -3,7 +3,7 @@
 **On request** (:func:`cancel`, the one cancellation every path uses:
 ``flexiq runs cancel``, :func:`flexiq_plugins.cancel_run`, a framework's
 revoke through :meth:`AttemptDriver.framework_ended`). The request is first
-recorded on the run (:meth:`StepStore.request_cancel`), so whichever attempt
+recorded on the run (:meth:`AttemptStore.request_cancel`), so whichever attempt
 holds or next claims the run sees it; then:
 
 - a **finished** run is left as it is;
@@ -31,7 +31,7 @@ from typing import Literal
 from .._model import replays
 from .._model.failures import RunFailure, qualified_name
 from .._model.records import TERMINAL_STATUSES
-from .._store.base import StepStore
+from .._store.attempt_side import AttemptStore
 from .._store.claims import lease_remaining
 from ..errors import RunCancelled
 from . import compensation
@@ -68,7 +68,7 @@ class CancelResult:
     note: str = ""
 
 
-def cancel(store: StepStore, run_key: str, reason: str = "") -> CancelResult:
+def cancel(store: AttemptStore, run_key: str, reason: str = "") -> CancelResult:
     """Cancel the run ``run_key`` with ``reason`` (C34); see the module's description. Publishes nothing.
 
     A ``compensating`` run waits for one delivery: re-publish its job (as

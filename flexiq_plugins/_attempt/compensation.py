@@ -59,7 +59,7 @@ from .._model.policies import Compensation, RetryPolicy
 from .._model.records import StepRow
 from .._steps.journal import COMPENSATION_KEY, StepJournal, drive
 from .._steps.run import StepRunVerb
-from .._store.base import StepStore
+from .._store.attempt_side import AttemptStore
 from ..errors import ClaimLost, CompensationFailed, RunCancelled, StepRetrySignal, StoreUnavailable, compensates
 
 __all__ = [
@@ -250,7 +250,7 @@ def _settled(result: Any) -> Any:
 
 
 # ------------------------------------------------------ outside an attempt
-def begin_compensation(store: StepStore, run_key: str, failure: RunFailure, *, status: str, attempt: int) -> bool:
+def begin_compensation(store: AttemptStore, run_key: str, failure: RunFailure, *, status: str, attempt: int) -> bool:
     """Make a run that is not running compensate at its next delivery (C32); return whether it applied.
 
     The caller then publishes the run's job (an adapter puts it back; an
@@ -268,7 +268,7 @@ def begin_compensation(store: StepStore, run_key: str, failure: RunFailure, *, s
     return store.start_compensation(run_key, marker, status=status, attempt=attempt)
 
 
-def start_after_failure(store: StepStore, run_key: str, attempt: int, error: BaseException) -> bool:
+def start_after_failure(store: AttemptStore, run_key: str, attempt: int, error: BaseException) -> bool:
     """The framework gave up retrying ``error`` at ``attempt`` (the run is ``retrying``): compensate it (C32).
 
     Returns whether the run now waits for its compensation delivery.

@@ -77,7 +77,7 @@ import threading
 import time
 
 from .._model.records import Claim
-from .._store.base import StepStore
+from .._store.attempt_side import AttemptStore
 from ..errors import ClaimLost, RunLocked, StoreError
 from .store_health import store_health
 
@@ -109,12 +109,12 @@ class LeaseKeeper:
     tried again a third of a lease later.
 
     Parameters:
-      store(StepStore): the store that holds the claim.
+      store(AttemptStore): the store that holds the claim.
       claim(Claim): the claim to keep.
       lease_seconds(float): the lease each renewal gives, in seconds from the renewal.
     """
 
-    def __init__(self, store: StepStore, claim: Claim, lease_seconds: float) -> None:
+    def __init__(self, store: AttemptStore, claim: Claim, lease_seconds: float) -> None:
         self._store = store
         self._claim = claim
         self.lease_seconds = lease_seconds

@@ -2,7 +2,7 @@
 
 **Committed first, then woken.** The event is stored before anything is
 published: a run that polls from then on receives it, and a run that waits
-already is found by the store (:meth:`StepStore.add_event`) and re-published
+already is found by the store (:meth:`OperatorStore.add_event`) and re-published
 through the publisher of its framework (an app or broker of this process,
 :mod:`flexiq_plugins._delivery.registry`). Without one the run is left to recovery
 (``flexiq recover``, the :class:`~flexiq_plugins.operations.Sweeper`), which
@@ -10,7 +10,7 @@ re-publishes a waiting run whose event has arrived: the event is never lost,
 only later.
 
 **Woken once per waiting state.** A ``waiting`` run is won with the same
-compare-and-set recovery uses (:meth:`StepStore.mark_recovered`), so a
+compare-and-set recovery uses (:meth:`OperatorStore.mark_recovered`), so a
 sender and a sweeper that read the same state publish it once. A run still ``running``
 between its poll and its suspension is published without it: that delivery
 finds the run busy and comes back shortly, by which time the run waits.
@@ -27,8 +27,8 @@ from .._model.codec import CodecChain
 from .._model.identity import check_run_key
 from .._model.records import EventRecord, RunRecord
 from .._steps.wait import encode_payload, validate_event_field
-from .._store.base import StepStore
 from .._store.factory import StoreSpec
+from .._store.operator_side import OperatorStore
 from ..errors import PublishFailed
 from .process import this_process
 from .publishing import publish
@@ -120,7 +120,7 @@ def send_event(
     return report
 
 
-def _wake(store: StepStore, run: RunRecord, publishers: Mapping[str, Publisher], report: EventSent) -> None:
+def _wake(store: OperatorStore, run: RunRecord, publishers: Mapping[str, Publisher], report: EventSent) -> None:
     try:
         job_id = wake_run(store, run, publishers)
     except PublishFailed as exc:
@@ -133,10 +133,10 @@ def _wake(store: StepStore, run: RunRecord, publishers: Mapping[str, Publisher],
         report.woken.append((run.run_key, job_id))
 
 
-def wake_run(store: StepStore, run: RunRecord, publishers: Mapping[str, Publisher]) -> str | None:
+def wake_run(store: OperatorStore, run: RunRecord, publishers: Mapping[str, Publisher]) -> str | None:
     """Re-publish a run that waits for an event that has arrived; return the job id, or ``None`` (C33).
 
-    A ``waiting`` run is won first (:meth:`StepStore.mark_recovered`); one
+    A ``waiting`` run is won first (:meth:`OperatorStore.mark_recovered`); one
     that another sender or a recoverer won, or whose framework has no
     publisher here, returns ``None``. On Celery the job keeps its task id.
 
@@ -154,7 +154,7 @@ def wake_run(store: StepStore, run: RunRecord, publishers: Mapping[str, Publishe
     return job_id
 
 
-def cleanup_events(store: StepStore, older_than: float) -> int:
+def cleanup_events(store: OperatorStore, older_than: float) -> int:
     """Delete events sent more than ``older_than`` seconds ago (store clock); return how many (C33).
 
     Raises:

@@ -48,7 +48,8 @@ from typing import Literal
 from .._attempt.store_health import StoreHealth, store_health
 from .._model.config import DurableConfig
 from .._model.records import JobEnvelope
-from .._store.base import StepStore
+from .._store.attempt_side import AttemptStore
+from .._store.operator_side import OperatorStore
 from ..errors import FlexiqError, StoreMisconfigured, StoreUnavailable
 from .recovery import Sweeper
 from .registry import Publisher
@@ -116,7 +117,7 @@ _LOG = _PublishLog()
 
 
 def record_at_publish(
-    open_store: Callable[[], StepStore],
+    open_store: Callable[[], AttemptStore],
     run_key: str,
     job_id: str,
     envelope: JobEnvelope,
@@ -125,13 +126,13 @@ def record_at_publish(
 ) -> bool:
     """Record a new job's run as ``queued`` before its message leaves; return whether it was recorded (C39).
 
-    Insert-if-absent (:meth:`StepStore.record_queued`): a run that exists is
+    Insert-if-absent (:meth:`AttemptStore.record_queued`): a run that exists is
     never reset. Never raises for the store: an unreachable store is logged
     once per outage, a misconfigured one once per cause, and the job is
     published unrecorded (see the module's description).
 
     Parameters:
-      open_store(Callable[[], StepStore]): this process's store (opened on first use).
+      open_store(Callable[[], AttemptStore]): this process's store (opened on first use).
       run_key(str): the run key just stamped on the message.
       job_id(str): the message's job id.
       envelope(JobEnvelope): what re-publishes the job (C35).
@@ -162,7 +163,7 @@ def record_at_publish(
 SettledStatus = Literal["succeeded", "failed", "cancelled"]
 
 
-def settle_unclaimed_run(store: StepStore, run_key: str, status: SettledStatus) -> bool:
+def settle_unclaimed_run(store: AttemptStore, run_key: str, status: SettledStatus) -> bool:
     """End a run recorded at publish that no attempt ever claimed (C39).
 
     For a job that finished without taking a step (so without claiming its
@@ -171,7 +172,7 @@ def settle_unclaimed_run(store: StepStore, run_key: str, status: SettledStatus) 
     attempt claimed meanwhile is left to that attempt.
 
     Parameters:
-      store(StepStore): the store.
+      store(AttemptStore): the store.
       run_key(str): the run.
       status(str): ``succeeded``, ``failed`` or ``cancelled``.
 
@@ -185,7 +186,7 @@ def settle_unclaimed_run(store: StepStore, run_key: str, status: SettledStatus) 
 
 
 def start_recovery(
-    open_store: Callable[[], StepStore],
+    open_store: Callable[[], OperatorStore],
     publishers: Mapping[str, Publisher],
     config: DurableConfig,
     *,
@@ -198,7 +199,7 @@ def start_recovery(
     A store that cannot be opened is one WARNING line, and no sweeper.
 
     Parameters:
-      open_store(Callable[[], StepStore]): this process's store.
+      open_store(Callable[[], OperatorStore]): this process's store.
       publishers(Mapping[str, Publisher]): the worker's publisher per framework.
       config(DurableConfig): ``recovery`` and the ``recovery_*_seconds`` options.
       name(str): names the worker in log lines, e.g. ``"celery worker"``.

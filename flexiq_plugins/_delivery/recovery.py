@@ -8,7 +8,7 @@ integration in its process), and runs a cancellation no attempt carried out
 yet (C34: its undos to run, or a run that suspended as it was cancelled).
 
 **Exactly once per stranded state.** Each candidate is claimed with
-:meth:`StepStore.mark_recovered`, a compare-and-set on the run's status and
+:meth:`OperatorStore.mark_recovered`, a compare-and-set on the run's status and
 ``updated_at``: of two recoverers running at once, one publishes. The claim
 moves ``updated_at`` past the run's due time, so a recovered run is not
 recovered again until ``stale_after`` has passed without it starting. A
@@ -17,7 +17,7 @@ body), but it is avoided.
 
 **One sweep at a time (C39).** Every worker runs a :class:`Sweeper` by
 default; each tick it asks the store for the one recovery lease
-(:meth:`StepStore.acquire_sweep_lease`, on the database's clock) and sweeps
+(:meth:`OperatorStore.acquire_sweep_lease`, on the database's clock) and sweeps
 only while it holds it. The holder renews it at every tick; when it dies, the
 lease expires after three intervals and another worker takes over.
 """
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from .._attempt.store_health import store_health
 from .._model.durations import parse_duration
 from .._model.records import RunRecord, StepAttempt, StepRow
-from .._store.base import StepStore
+from .._store.operator_side import OperatorStore
 from ..errors import ConfigurationError, PublishFailed, StoreUnavailable
 from .publishing import publish
 from .registry import Publisher
@@ -111,7 +111,7 @@ class RecoveryReport:
 
 
 def find_stranded(
-    store: StepStore,
+    store: OperatorStore,
     *,
     grace: str | float = DEFAULT_GRACE_SECONDS,
     stale_after: str | float = DEFAULT_STALE_SECONDS,
@@ -142,7 +142,7 @@ def find_stranded(
     pile up copies of one job.
 
     Parameters:
-      store(StepStore): the store.
+      store(OperatorStore): the store.
       grace(str | float): a duration (``"60s"``) or seconds.
       stale_after(str | float): a duration (``"1h"``) or seconds.
       queued_after(str | float): a duration (``"10m"``) or seconds.
@@ -188,7 +188,7 @@ def _never_started(queued: list[RunRecord], before: float, stale: float) -> list
     return found
 
 
-def _overdue_sleepers(store: StepStore, sleeping: list[RunRecord], due: float, stale: float) -> list[Stranded]:
+def _overdue_sleepers(store: OperatorStore, sleeping: list[RunRecord], due: float, stale: float) -> list[Stranded]:
     found = []
     for run in sleeping:
         wake_at = run.wake_at
@@ -199,7 +199,7 @@ def _overdue_sleepers(store: StepStore, sleeping: list[RunRecord], due: float, s
     return found
 
 
-def _waiters(store: StepStore, waiting: list[RunRecord], due: float, stale: float) -> list[Stranded]:
+def _waiters(store: OperatorStore, waiting: list[RunRecord], due: float, stale: float) -> list[Stranded]:
     """Waiting runs past their deadline, or whose event has arrived (C33)."""
     found = []
     for run in waiting:
@@ -232,7 +232,7 @@ def _lost_claims(running: list[RunRecord], due: float, stale: float) -> list[Str
 
 
 def recover(
-    store: StepStore,
+    store: OperatorStore,
     publishers: Mapping[str, Publisher],
     *,
     grace: str | float = DEFAULT_GRACE_SECONDS,
@@ -243,11 +243,11 @@ def recover(
     """Re-publish stranded runs, each exactly once even with several recoverers at once (C35, C39).
 
     Each candidate of :func:`find_stranded` is won with
-    :meth:`StepStore.mark_recovered`, then re-published through its framework's
+    :meth:`OperatorStore.mark_recovered`, then re-published through its framework's
     publisher with a new job id carrying its run key.
 
     Parameters:
-      store(StepStore): the store.
+      store(OperatorStore): the store.
       publishers(Mapping[str, Publisher]): a publisher per framework name;
         runs of another framework are skipped.
       grace(str | float): see :func:`find_stranded`.
@@ -266,7 +266,7 @@ def recover(
 
 
 def _recover_one(
-    store: StepStore, publishers: Mapping[str, Publisher], stranded: Stranded, report: RecoveryReport
+    store: OperatorStore, publishers: Mapping[str, Publisher], stranded: Stranded, report: RecoveryReport
 ) -> None:
     run = stranded.run
     publisher = publishers.get(run.framework)
@@ -295,14 +295,14 @@ class Sweeper:
     Safe to run in every worker at once: with ``lease`` (the default) a tick
     sweeps only while this sweeper holds the store's one recovery lease, so
     one sweep runs at a time across all workers; and
-    :meth:`StepStore.mark_recovered` lets one recoverer re-publish each
+    :meth:`OperatorStore.mark_recovered` lets one recoverer re-publish each
     stranded run in any case. A store that cannot be reached is logged once
     as a WARNING when it starts failing (unless another part of the process
     already reported that outage) and once at INFO when it is back;
     other errors are logged and the next tick goes on.
 
     Parameters:
-      store(StepStore): the store.
+      store(OperatorStore): the store.
       publishers(Mapping[str, Publisher]): a publisher per framework name.
       interval(str | float): time between ticks (``"1m"`` or seconds).
       grace(str | float): see :func:`find_stranded`.
@@ -320,7 +320,7 @@ class Sweeper:
 
     def __init__(
         self,
-        store: StepStore,
+        store: OperatorStore,
         publishers: Mapping[str, Publisher],
         *,
         interval: str | float = DEFAULT_INTERVAL_SECONDS,

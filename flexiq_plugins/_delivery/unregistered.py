@@ -37,7 +37,7 @@ from .._attempt.store_health import store_health
 from .._model.identity import run_key_from
 from .._model.records import NewDeadLetter
 from .._model.replays import dead_letter_outcome
-from .._store.base import StepStore
+from .._store.attempt_side import AttemptStore
 from ..errors import FlexiqError, InvalidRunKey, StoreMisconfigured, StoreUnavailable
 
 __all__ = ["UNREGISTERED_REASON", "dead_letter_unregistered", "unregistered_message"]
@@ -75,7 +75,7 @@ def unregistered_message(task_name: str, known: Iterable[str], *, worker: str, k
 
 
 def dead_letter_unregistered(
-    open_store: Callable[[], StepStore],
+    open_store: Callable[[], AttemptStore],
     carried_run_key: object,
     job_id: str,
     task_name: str,
@@ -87,7 +87,7 @@ def dead_letter_unregistered(
     """Dead-letter the run of a job the framework discarded because the worker does not have its task (C30, C39).
 
     Applies only to a run no attempt started
-    (:meth:`StepStore.dead_letter_unstarted`: ``queued`` or ``pending`` with
+    (:meth:`AttemptStore.dead_letter_unstarted`: ``queued`` or ``pending`` with
     attempt 0, or a retried dead letter no attempt started since its retry);
     any other run, an unknown one, or a message without a run key is left
     alone. The run ends
@@ -100,7 +100,7 @@ def dead_letter_unregistered(
     tries again).
 
     Parameters:
-      open_store(Callable[[], StepStore]): this process's store (opened on first use).
+      open_store(Callable[[], AttemptStore]): this process's store (opened on first use).
       carried_run_key(object): the run key the message carries (its header or option), ``None`` if none.
       job_id(str): the framework's job id (Celery task id, Dramatiq message id).
       task_name(str): the task or actor name the message names.

@@ -76,10 +76,6 @@ class MemoryStepStore(StepStore):
         self._next_event_id = 1
         self._sweep_leases: dict[str, tuple[str | None, float | None]] = {}
 
-    def now(self) -> float:
-        """Return the store's clock, epoch seconds."""
-        return self._clock()
-
     def describe(self) -> str:
         """``memory:// (in this process only)``."""
         return "memory:// (in this process only: lost when it exits)"
@@ -88,7 +84,25 @@ class MemoryStepStore(StepStore):
         """The clock itself: reading it costs nothing (see :meth:`StepStore.local_clock`)."""
         return self._clock
 
-    # ------------------------------------------------------------- attempts
+    # ------------------------------------------------------------------ reads
+    def now(self) -> float:
+        """Return the store's clock, epoch seconds."""
+        return self._clock()
+
+    def get_run(self, run_key: str) -> RunRecord:
+        """See :meth:`StepStore.get_run`."""
+        with self._lock:
+            try:
+                return self._runs[run_key]
+            except KeyError:
+                raise UnknownRun(f"no run has the run key {run_key!r}") from None
+
+    def get_steps(self, run_key: str) -> list[StepRow]:
+        """See :meth:`StepStore.get_steps`."""
+        with self._lock:
+            return sorted(self._steps.get(run_key, ()), key=lambda s: s.position)
+
+    # ----------------------------------------------------------------- claims
     def begin(self, run_key: str, job_id: str, envelope: JobEnvelope, owner: str, lease_seconds: float) -> BeginResult:
         """See :meth:`StepStore.begin`."""
         with self._lock:
@@ -102,30 +116,6 @@ class MemoryStepStore(StepStore):
             snapshot = tuple(self._steps.get(run_key, ()))
             claim = decision.claim(run_key)
             return Begun(claim, snapshot, now, decision.takeovers, run.envelope, run.created_at, run.cancel_reason)
-
-    def record_queued(self, run_key: str, job_id: str, envelope: JobEnvelope, delay_seconds: float = 0.0) -> None:
-        """See :meth:`StepStore.record_queued`."""
-        with self._lock:
-            if run_key not in self._runs:
-                now = self.now()
-                run = self._new_run(run_key, envelope, now)
-                due = now + max(delay_seconds, 0.0)
-                self._runs[run_key] = dataclasses.replace(run, status="queued", job_id=job_id, wake_at=due)
-
-    def acquire_sweep_lease(self, owner: str, lease_seconds: float, *, name: str = "recovery") -> bool:
-        """See :meth:`StepStore.acquire_sweep_lease`."""
-        with self._lock:
-            now = self.now()
-            if not may_take_sweep_lease(*self._sweep_leases.get(name, (None, None)), owner=owner, now=now):
-                return False
-            self._sweep_leases[name] = (owner, now + lease_seconds)
-            return True
-
-    def release_sweep_lease(self, owner: str, *, name: str = "recovery") -> None:
-        """See :meth:`StepStore.release_sweep_lease`."""
-        with self._lock:
-            if self._sweep_leases.get(name, (None, None))[0] == owner:
-                self._sweep_leases.pop(name)
 
     def _new_run(self, run_key: str, envelope: JobEnvelope, now: float) -> RunRecord:
         return RunRecord(
@@ -160,6 +150,17 @@ class MemoryStepStore(StepStore):
             self._runs[claim.run_key] = dataclasses.replace(run, lease_until=until)
             return dataclasses.replace(claim, lease_until=until)
 
+    # ------------------------------------------------------------- publishing
+    def record_queued(self, run_key: str, job_id: str, envelope: JobEnvelope, delay_seconds: float = 0.0) -> None:
+        """See :meth:`StepStore.record_queued`."""
+        with self._lock:
+            if run_key not in self._runs:
+                now = self.now()
+                run = self._new_run(run_key, envelope, now)
+                due = now + max(delay_seconds, 0.0)
+                self._runs[run_key] = dataclasses.replace(run, status="queued", job_id=job_id, wake_at=due)
+
+    # ------------------------------------------------------------------ steps
     def commit_step(self, claim: Claim, row: StepRow) -> StepRow:
         """See :meth:`StepStore.commit_step`."""
         with self._lock:
@@ -183,7 +184,16 @@ class MemoryStepStore(StepStore):
         )
         return stored
 
-    # --------------------------------------------------------- step attempts
+    def commit_step_on(self, connection: CallerConnection, claim: Claim, row: StepRow) -> StepRow:
+        """:meth:`commit_step`, at once: memory shares no database transaction (C42).
+
+        So that task bodies with transactional steps can be unit-tested on the
+        memory store (``flexiq_plugins.testing``): the body still runs inside
+        the caller's transaction, but the memo does not roll back with it.
+        """
+        return self.commit_step(claim, row)
+
+    # ---------------------------------------------------------- step attempts
     def begin_step_attempt(self, claim: Claim, step_key: str, max_attempts: int) -> StepAttemptBegin:
         """See :meth:`StepStore.begin_step_attempt`."""
         with self._lock:
@@ -222,36 +232,34 @@ class MemoryStepStore(StepStore):
             self._attempts[claim.run_key] = others + sorted([*kept, attempt], key=lambda a: a.number)
             return StepAttemptFailed(attempt, stored)
 
-    def get_step_attempts(self, run_key: str) -> list[StepAttempt]:
-        """See :meth:`StepStore.get_step_attempts`."""
+    # ------------------------------------------------------- waiting on events
+    def poll_event(self, claim: Claim, topic: str, key: str, deadline: float | None) -> EventPoll:
+        """See :meth:`StepStore.poll_event`."""
         with self._lock:
-            return sorted(self._attempts.get(run_key, ()), key=lambda a: (a.started_at, a.step_key, a.number))
-
-    def start_compensation(self, run_key: str, marker: StepRow, *, status: str, attempt: int) -> bool:
-        """See :meth:`StepStore.start_compensation`."""
-        with self._lock:
-            run = self._runs.get(run_key)
-            if run is None or run.status != status or run.attempt != attempt or run.owner is not None:
-                return False
+            run = self._fenced(claim)
+            if run.cancel_reason is not None:
+                raise CancelRequested(run.cancel_reason)
             now = self.now()
-            steps = self._steps.setdefault(run_key, [])
-            position = max((s.position for s in steps), default=-1) + 1
-            steps.append(dataclasses.replace(marker, position=position, committed_at=now, attempt=attempt))
-            count, size = run.step_count + 1, run.step_bytes + marker.size
-            self._runs[run_key] = dataclasses.replace(
-                run, status="pending", step_count=count, step_bytes=size, updated_at=now
+            found = self._next_event(run, topic, key)
+            result = poll_result(found, now, deadline)
+            waiting = result.event is None and not result.timed_out
+            self._runs[claim.run_key] = dataclasses.replace(
+                run, wait_topic=topic if waiting else None, wait_key=key if waiting else None
             )
-            return True
+            return result
 
-    def commit_step_on(self, connection: CallerConnection, claim: Claim, row: StepRow) -> StepRow:
-        """:meth:`commit_step`, at once: memory shares no database transaction (C42).
+    def _next_event(self, run: RunRecord, topic: str, key: str) -> EventRecord | None:
+        consumed = consumed_event_ids(self._steps.get(run.run_key, ()))
+        return first_receivable(
+            self._events.values(),
+            run_key=run.run_key,
+            run_created_at=run.created_at,
+            topic=topic,
+            key=key,
+            consumed=consumed,
+        )
 
-        So that task bodies with transactional steps can be unit-tested on the
-        memory store (``flexiq_plugins.testing``): the body still runs inside
-        the caller's transaction, but the memo does not roll back with it.
-        """
-        return self.commit_step(claim, row)
-
+    # ---------------------------------------------------------- ends of a run
     def finish(
         self,
         claim: Claim,
@@ -292,6 +300,22 @@ class MemoryStepStore(StepStore):
         self._dead[record.id] = record
         self._next_dead_id += 1
 
+    def start_compensation(self, run_key: str, marker: StepRow, *, status: str, attempt: int) -> bool:
+        """See :meth:`StepStore.start_compensation`."""
+        with self._lock:
+            run = self._runs.get(run_key)
+            if run is None or run.status != status or run.attempt != attempt or run.owner is not None:
+                return False
+            now = self.now()
+            steps = self._steps.setdefault(run_key, [])
+            position = max((s.position for s in steps), default=-1) + 1
+            steps.append(dataclasses.replace(marker, position=position, committed_at=now, attempt=attempt))
+            count, size = run.step_count + 1, run.step_bytes + marker.size
+            self._runs[run_key] = dataclasses.replace(
+                run, status="pending", step_count=count, step_bytes=size, updated_at=now
+            )
+            return True
+
     def settle_failed(self, run_key: str, attempt: int) -> bool:
         """See :meth:`StepStore.settle_failed`."""
         with self._lock:
@@ -299,78 +323,6 @@ class MemoryStepStore(StepStore):
             if run is None or run.status != "retrying" or run.attempt != attempt:
                 return False
             self._runs[run_key] = dataclasses.replace(run, status="failed", updated_at=self.now())
-            return True
-
-    # --------------------------------------------------------------- events
-    def poll_event(self, claim: Claim, topic: str, key: str, deadline: float | None) -> EventPoll:
-        """See :meth:`StepStore.poll_event`."""
-        with self._lock:
-            run = self._fenced(claim)
-            if run.cancel_reason is not None:
-                raise CancelRequested(run.cancel_reason)
-            now = self.now()
-            found = self._next_event(run, topic, key)
-            result = poll_result(found, now, deadline)
-            waiting = result.event is None and not result.timed_out
-            self._runs[claim.run_key] = dataclasses.replace(
-                run, wait_topic=topic if waiting else None, wait_key=key if waiting else None
-            )
-            return result
-
-    def _next_event(self, run: RunRecord, topic: str, key: str) -> EventRecord | None:
-        consumed = consumed_event_ids(self._steps.get(run.run_key, ()))
-        return first_receivable(
-            self._events.values(),
-            run_key=run.run_key,
-            run_created_at=run.created_at,
-            topic=topic,
-            key=key,
-            consumed=consumed,
-        )
-
-    def next_event(self, run_key: str, topic: str, key: str) -> EventRecord | None:
-        """See :meth:`StepStore.next_event`."""
-        with self._lock:
-            run = self._runs.get(run_key)
-            return None if run is None else self._next_event(run, topic, key)
-
-    def add_event(self, topic: str, key: str, payload: bytes | None, *, run_key: str | None = None) -> SentEvent:
-        """See :meth:`StepStore.add_event`."""
-        with self._lock:
-            event = EventRecord(self._next_event_id, topic, key, run_key, payload, self.now())
-            self._events[event.id] = event
-            self._next_event_id += 1
-            waiters = tuple(sorted((r for r in self._runs.values() if wakes(r, event)), key=lambda r: r.run_key))
-            return SentEvent(event, waiters)
-
-    def cleanup_events(self, *, older_than: float) -> int:
-        """See :meth:`StepStore.cleanup_events`."""
-        with self._lock:
-            doomed = [i for i, e in self._events.items() if e.created_at < older_than]
-            for i in doomed:
-                del self._events[i]
-            return len(doomed)
-
-    # --------------------------------------------------------- cancellation
-    def request_cancel(self, run_key: str, reason: str) -> RunRecord:
-        """See :meth:`StepStore.request_cancel`."""
-        with self._lock:
-            run = self.get_run(run_key)
-            if run.status not in TERMINAL_STATUSES and run.cancel_reason is None:
-                run = dataclasses.replace(run, cancel_reason=reason)
-                self._runs[run_key] = run
-            return run
-
-    def settle_cancelled(self, run_key: str, *, status: str, attempt: int, outcome: bytes | None = None) -> bool:
-        """See :meth:`StepStore.settle_cancelled`."""
-        with self._lock:
-            run = self._runs.get(run_key)
-            now = self.now()
-            if run is None or not may_settle_cancelled(run, status=status, attempt=attempt, now=now):
-                return False
-            self._runs[run_key] = dataclasses.replace(
-                run, status="cancelled", owner=None, lease_until=None, wake_at=None, updated_at=now, outcome=outcome
-            )
             return True
 
     def release_run(
@@ -409,15 +361,28 @@ class MemoryStepStore(StepStore):
             return False
         return any(d.run_key == run.run_key and d.retried_at == run.updated_at for d in self._dead.values())
 
-    # ------------------------------------------------------------ operators
-    def get_run(self, run_key: str) -> RunRecord:
-        """See :meth:`StepStore.get_run`."""
+    def request_cancel(self, run_key: str, reason: str) -> RunRecord:
+        """See :meth:`StepStore.request_cancel`."""
         with self._lock:
-            try:
-                return self._runs[run_key]
-            except KeyError:
-                raise UnknownRun(f"no run has the run key {run_key!r}") from None
+            run = self.get_run(run_key)
+            if run.status not in TERMINAL_STATUSES and run.cancel_reason is None:
+                run = dataclasses.replace(run, cancel_reason=reason)
+                self._runs[run_key] = run
+            return run
 
+    def settle_cancelled(self, run_key: str, *, status: str, attempt: int, outcome: bytes | None = None) -> bool:
+        """See :meth:`StepStore.settle_cancelled`."""
+        with self._lock:
+            run = self._runs.get(run_key)
+            now = self.now()
+            if run is None or not may_settle_cancelled(run, status=status, attempt=attempt, now=now):
+                return False
+            self._runs[run_key] = dataclasses.replace(
+                run, status="cancelled", owner=None, lease_until=None, wake_at=None, updated_at=now, outcome=outcome
+            )
+            return True
+
+    # ------------------------------------------------- runs and step attempts
     def list_runs(
         self,
         *,
@@ -440,11 +405,12 @@ class MemoryStepStore(StepStore):
         runs.sort(key=lambda r: (r.updated_at, r.run_key), reverse=True)
         return runs[:limit]
 
-    def get_steps(self, run_key: str) -> list[StepRow]:
-        """See :meth:`StepStore.get_steps`."""
+    def get_step_attempts(self, run_key: str) -> list[StepAttempt]:
+        """See :meth:`StepStore.get_step_attempts`."""
         with self._lock:
-            return sorted(self._steps.get(run_key, ()), key=lambda s: s.position)
+            return sorted(self._attempts.get(run_key, ()), key=lambda a: (a.started_at, a.step_key, a.number))
 
+    # ----------------------------------------------------------- dead letters
     def list_dead_letters(
         self, *, task_name: str | None = None, include_retried: bool = False
     ) -> list[DeadLetterRecord]:
@@ -500,6 +466,41 @@ class MemoryStepStore(StepStore):
                 del self._dead[i]
             return len(doomed)
 
+    # ---------------------------------------------------------------- cleanup
+    def cleanup(self, *, older_than: float) -> int:
+        """See :meth:`StepStore.cleanup`."""
+        with self._lock:
+            doomed = [k for k, r in self._runs.items() if r.status in CLEANABLE_STATUSES and r.updated_at < older_than]
+            for k in doomed:
+                del self._runs[k]
+                self._steps.pop(k, None)
+                self._attempts.pop(k, None)
+            return len(doomed)
+
+    def cleanup_events(self, *, older_than: float) -> int:
+        """See :meth:`StepStore.cleanup_events`."""
+        with self._lock:
+            doomed = [i for i, e in self._events.items() if e.created_at < older_than]
+            for i in doomed:
+                del self._events[i]
+            return len(doomed)
+
+    # --------------------------------------------------------------- recovery
+    def acquire_sweep_lease(self, owner: str, lease_seconds: float, *, name: str = "recovery") -> bool:
+        """See :meth:`StepStore.acquire_sweep_lease`."""
+        with self._lock:
+            now = self.now()
+            if not may_take_sweep_lease(*self._sweep_leases.get(name, (None, None)), owner=owner, now=now):
+                return False
+            self._sweep_leases[name] = (owner, now + lease_seconds)
+            return True
+
+    def release_sweep_lease(self, owner: str, *, name: str = "recovery") -> None:
+        """See :meth:`StepStore.release_sweep_lease`."""
+        with self._lock:
+            if self._sweep_leases.get(name, (None, None))[0] == owner:
+                self._sweep_leases.pop(name)
+
     def mark_recovered(self, run_key: str, *, status: str, updated_at: float) -> bool:
         """See :meth:`StepStore.mark_recovered`."""
         with self._lock:
@@ -510,12 +511,18 @@ class MemoryStepStore(StepStore):
             self._runs[run_key] = dataclasses.replace(run, updated_at=now, recovered_at=now)
             return True
 
-    def cleanup(self, *, older_than: float) -> int:
-        """See :meth:`StepStore.cleanup`."""
+    # ----------------------------------------------------------------- events
+    def add_event(self, topic: str, key: str, payload: bytes | None, *, run_key: str | None = None) -> SentEvent:
+        """See :meth:`StepStore.add_event`."""
         with self._lock:
-            doomed = [k for k, r in self._runs.items() if r.status in CLEANABLE_STATUSES and r.updated_at < older_than]
-            for k in doomed:
-                del self._runs[k]
-                self._steps.pop(k, None)
-                self._attempts.pop(k, None)
-            return len(doomed)
+            event = EventRecord(self._next_event_id, topic, key, run_key, payload, self.now())
+            self._events[event.id] = event
+            self._next_event_id += 1
+            waiters = tuple(sorted((r for r in self._runs.values() if wakes(r, event)), key=lambda r: r.run_key))
+            return SentEvent(event, waiters)
+
+    def next_event(self, run_key: str, topic: str, key: str) -> EventRecord | None:
+        """See :meth:`StepStore.next_event`."""
+        with self._lock:
+            run = self._runs.get(run_key)
+            return None if run is None else self._next_event(run, topic, key)

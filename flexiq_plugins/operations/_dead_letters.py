@@ -2,7 +2,7 @@
 
 **Check, then change, then publish.** A retry first makes sure a publisher
 exists for the job's framework, so a missing ``--app`` changes nothing; only
-then does it reset the run (:meth:`StepStore.prepare_retry`) and publish. If
+then does it reset the run (:meth:`OperatorStore.prepare_retry`) and publish. If
 the publish fails the run stays ``pending`` and recovery picks it up.
 """
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .._delivery.publishing import publish, require_publisher, require_readable
 from .._delivery.registry import Publisher
-from .._store.base import StepStore
+from .._store.operator_side import OperatorStore
 from ..errors import AlreadyRetried, OperationError, RunCompensated, StoreError, UnknownDeadLetter
 
 __all__ = ["Retried", "purge_dead_letters", "retry_dead_letter", "retry_dead_letters"]
@@ -41,7 +41,7 @@ class Retried:
 
 
 def retry_dead_letter(
-    store: StepStore,
+    store: OperatorStore,
     dead_letter_id: int,
     publishers: Mapping[str, Publisher],
     *,
@@ -50,7 +50,7 @@ def retry_dead_letter(
     """Retry one dead letter: reset its run, then re-publish it with a new job id and the same run key (C11, C30).
 
     Parameters:
-      store(StepStore): the store.
+      store(OperatorStore): the store.
       dead_letter_id(int): the dead letter.
       publishers(Mapping[str, Publisher]): a publisher per framework name.
       reset_from(str | None): a step key; that step and every later one are
@@ -87,7 +87,7 @@ def retry_dead_letter(
 
 
 def retry_dead_letters(
-    store: StepStore,
+    store: OperatorStore,
     publishers: Mapping[str, Publisher],
     *,
     ids: Sequence[int] | None = None,
@@ -99,7 +99,7 @@ def retry_dead_letters(
     missing, :class:`NoPublisher` is raised and nothing is changed.
 
     Parameters:
-      store(StepStore): the store.
+      store(OperatorStore): the store.
       publishers(Mapping[str, Publisher]): a publisher per framework name.
       ids(Sequence[int] | None): the dead letters; every one not yet retried when ``None``.
       task_name(str | None): with ``ids=None``, only those of this task or actor.
@@ -128,7 +128,7 @@ def retry_dead_letters(
     return done, failed
 
 
-def purge_dead_letters(store: StepStore, ids: Sequence[int] | None = None) -> int:
+def purge_dead_letters(store: OperatorStore, ids: Sequence[int] | None = None) -> int:
     """Delete dead letters (all when ``ids`` is ``None``); their runs stay until cleanup (C30).
 
     Every id is checked first, so an unknown one deletes nothing.

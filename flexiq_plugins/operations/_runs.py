@@ -8,7 +8,7 @@ from .._delivery.recovery import latest_wake_at
 from .._model.durations import parse_duration
 from .._model.identity import check_run_key
 from .._model.records import TERMINAL_STATUSES, RunRecord, StepAttempt, StepRow
-from .._store.base import StepStore
+from .._store.operator_side import OperatorStore
 from ..errors import UnknownRun
 
 __all__ = ["RunDetails", "cleanup", "list_runs", "show_run"]
@@ -37,7 +37,7 @@ class RunDetails:
 
 
 def list_runs(
-    store: StepStore,
+    store: OperatorStore,
     *,
     status: str | None = None,
     task_name: str | None = None,
@@ -47,7 +47,7 @@ def list_runs(
     """Return runs, newest first (``flexiq runs list``).
 
     Parameters:
-      store(StepStore): the store.
+      store(OperatorStore): the store.
       status(str | None): only runs in this status.
       task_name(str | None): only runs of this task or actor.
       since(str | float | None): only runs updated within this window before
@@ -62,7 +62,7 @@ def list_runs(
     return store.list_runs(status=status, task_name=task_name, since=cutoff, limit=limit)
 
 
-def show_run(store: StepStore, run_key: str) -> RunDetails:
+def show_run(store: OperatorStore, run_key: str) -> RunDetails:
     """Return a run with its steps and step attempts (``flexiq runs show``).
 
     ``run_key`` may also be the id of the run's current job (a Celery task id,
@@ -86,7 +86,7 @@ def show_run(store: StepStore, run_key: str) -> RunDetails:
     return RunDetails(run, steps, wake_at, attempts, job_id)
 
 
-def _run_of_job(store: StepStore, job_id: str) -> RunRecord:
+def _run_of_job(store: OperatorStore, job_id: str) -> RunRecord:
     found = store.list_runs(job_id=job_id, limit=2)
     if len(found) == 1:
         return found[0]
@@ -98,13 +98,13 @@ def _run_of_job(store: StepStore, job_id: str) -> RunRecord:
     )
 
 
-def cleanup(store: StepStore, older_than: str | float) -> int:
+def cleanup(store: OperatorStore, older_than: str | float) -> int:
     """Delete succeeded, failed and cancelled runs last updated more than ``older_than`` ago (C27).
 
     Dead-lettered, sleeping, running and pending runs are kept.
 
     Parameters:
-      store(StepStore): the store.
+      store(OperatorStore): the store.
       older_than(str | float): the retention, a duration (``"7d"``) or seconds.
 
     Returns:

@@ -9,7 +9,13 @@ One module per concern, each with its reasons in its docstring:
 - :mod:`.errors`: the one boundary where database errors become
   :class:`~flexiq_plugins.errors.StoreError` types;
 - :mod:`.mapping`: rows to records and back;
-- :mod:`.store`: :class:`SqlStepStore`, one transaction per interface call.
+- :mod:`.folded`: the hot paths in as few statements as each database allows,
+  and :mod:`.driver`: some of them handed straight to the driver;
+- :mod:`.connections`: held connections, one transaction per interface call,
+  retries of dropped connections and deadlocks, the database's clock;
+- :mod:`.reads`, :mod:`.attempt_side`, :mod:`.operator_side`: the store's
+  methods, by the interface they implement;
+- :mod:`.store`: :class:`SqlStepStore`, composed of them.
 """
 
 from __future__ import annotations

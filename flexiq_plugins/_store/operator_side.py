@@ -1,0 +1,164 @@
+"""The store as operators, recovery and event senders use it: listing, repairing, recovering, waking.
+
+Everything a process that delivers no job asks of the store: the runs, step
+attempts and dead letters an operator inspects, the retry and purge of dead
+letters and the cleanup of old runs and events, the recovery sweep's lease and
+its compare-and-set on a stranded run (C35, C39), and the events a sender
+stores and the waiting runs it wakes (C33). The attempt's side is
+:class:`~flexiq_plugins._store.attempt_side.AttemptStore`; both extend
+:class:`~flexiq_plugins._store.reads.StoreReads` (the store's clock, a run,
+its step rows) and :class:`~flexiq_plugins.StepStore` is both.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from .._model.records import DeadLetterRecord, EventRecord, RunRecord, SentEvent, StepAttempt
+from .reads import StoreReads
+
+__all__ = ["OperatorStore"]
+
+
+class OperatorStore(StoreReads):
+    """What operators, recovery and event senders ask of the store (see the module docstring)."""
+
+    # -------------------------------------------------- runs and step attempts
+    @abc.abstractmethod
+    def list_runs(
+        self,
+        *,
+        status: str | None = None,
+        task_name: str | None = None,
+        since: float | None = None,
+        limit: int = 100,
+        job_id: str | None = None,
+    ) -> list[RunRecord]:
+        """Return runs, newest first, filtered by status, task, ``updated_at >= since`` and current job id."""
+
+    def iter_runs(self, **filters: Any) -> Iterator[RunRecord]:
+        """Iterate :meth:`list_runs` (convenience)."""
+        yield from self.list_runs(**filters)
+
+    @abc.abstractmethod
+    def get_step_attempts(self, run_key: str) -> list[StepAttempt]:
+        """Return the run's step attempts, ordered by ``started_at`` then number (empty if none)."""
+
+    # -------------------------------------------------------- dead letters
+    @abc.abstractmethod
+    def list_dead_letters(
+        self, *, task_name: str | None = None, include_retried: bool = False
+    ) -> list[DeadLetterRecord]:
+        """Return dead letters, oldest first."""
+
+    @abc.abstractmethod
+    def get_dead_letter(self, dead_letter_id: int) -> DeadLetterRecord:
+        """Return one dead letter; raises :class:`~flexiq_plugins.errors.UnknownDeadLetter`."""
+
+    @abc.abstractmethod
+    def prepare_retry(self, dead_letter_id: int, *, reset_from: str | None = None) -> DeadLetterRecord:
+        """Make a dead-lettered run runnable again, keeping its run key (C11, C30).
+
+        One transaction: the run's status becomes ``pending`` (claim cleared),
+        the dead letter's ``retried_at`` is set; with ``reset_from`` the step
+        row with that key and every later position are deleted. Without it,
+        the last ``run`` row that failed for good (the step that ended the
+        run, C31) and every later position are deleted, if there is one. The
+        step attempts of deleted steps go with them, so a retried step has its
+        whole budget again. Returns the dead letter (with ``retried_at`` set).
+        """
+
+    @abc.abstractmethod
+    def purge_dead_letters(self, ids: Sequence[int] | None = None) -> int:
+        """Delete the given dead letters (all when ``ids`` is ``None``); return how many."""
+
+    # -------------------------------------------------------------- cleanup
+    @abc.abstractmethod
+    def cleanup(self, *, older_than: float) -> int:
+        """Delete terminal runs but dead ones, with their steps and step attempts, updated before ``older_than``.
+
+        Dead-lettered runs are kept: their rows let a retry replay (C27).
+        Returns how many runs were deleted.
+        """
+
+    @abc.abstractmethod
+    def cleanup_events(self, *, older_than: float) -> int:
+        """Delete the events sent before ``older_than`` (epoch seconds, store clock); return how many (C33).
+
+        A run that has not received such an event by then never will.
+        Received events live on in the runs' ``event`` rows.
+        """
+
+    # ------------------------------------------------------------- recovery
+    @abc.abstractmethod
+    def acquire_sweep_lease(self, owner: str, lease_seconds: float, *, name: str = "recovery") -> bool:
+        """Take or renew the recovery lease ``name``, so one sweep runs at a time across all workers (C39).
+
+        One transaction on the store's clock: the lease is granted (to
+        ``now + lease_seconds``) if nobody holds it, ``owner`` already holds
+        it, or its holder's lease has expired; otherwise nothing changes.
+
+        Parameters:
+          owner(str): the sweeping process's id.
+          lease_seconds(float): how long the lease lasts without renewal, seconds.
+          name(str): which lease (at most 64 characters): sweepers that
+            publish for different frameworks hold different leases.
+
+        Returns:
+          bool: whether ``owner`` holds the lease now.
+        """
+
+    @abc.abstractmethod
+    def release_sweep_lease(self, owner: str, *, name: str = "recovery") -> None:
+        """Give the recovery lease ``name`` up if ``owner`` holds it (a worker shutting down); else do nothing."""
+
+    @abc.abstractmethod
+    def mark_recovered(self, run_key: str, *, status: str, updated_at: float) -> bool:
+        """Claim a stranded run for recovery: a compare-and-set on its state (C35).
+
+        One transaction: sets the run's ``updated_at`` and ``recovered_at``
+        to the store's ``now`` only while its ``status`` and ``updated_at``
+        are still the given ones (what the caller read) and, for a
+        ``running`` run, its lease has expired. Of several recoverers that read the same run, exactly one
+        gets ``True`` and re-publishes it; the others get ``False``. Nothing
+        else changes (claim, attempt, takeovers, steps).
+
+        Parameters:
+          run_key(str): the run.
+          status(str): the status the caller read.
+          updated_at(float): the ``updated_at`` the caller read, epoch seconds.
+
+        Returns:
+          bool: whether this caller won the run.
+        """
+
+    # --------------------------------------------------------------- events
+    @abc.abstractmethod
+    def add_event(self, topic: str, key: str, payload: bytes | None, *, run_key: str | None = None) -> SentEvent:
+        """Store an event, then find the runs to wake for it (C33).
+
+        Two transactions. The event is committed first (``created_at = now``,
+        a new id). Then the runs waiting on ``(topic, key)`` that can receive
+        it are read: status ``waiting`` or ``running`` with these wait fields
+        (:meth:`AttemptStore.poll_event`), and the run ``run_key`` only when given, else
+        runs created at or before the event.
+
+        Parameters:
+          topic(str): the topic.
+          key(str): the key.
+          payload(bytes | None): the encoded payload.
+          run_key(str | None): send it to this run only.
+        """
+
+    @abc.abstractmethod
+    def next_event(self, run_key: str, topic: str, key: str) -> EventRecord | None:
+        """The first event ``run_key`` can receive on ``(topic, key)``, or ``None`` (C33).
+
+        Read only. An event is receivable by a run when its topic and key are
+        these and it was sent either to this run (its ``run_key``) or to every
+        run (no ``run_key``) at or after the run's ``created_at``, and no
+        step row of the run holds its id. The oldest (lowest id) first.
+        Returns ``None`` for an unknown run.
+        """

@@ -1,0 +1,36 @@
+"""The reads both sides of the store make: its clock, a run and the run's step rows.
+
+An attempt's driver reads a run to settle a framework's end of its job (C38)
+and its step rows to see whether it compensates (C32); an operator reads them
+to show a run, recovery to decide on one (C35). Both read the store's clock
+(C23). So these three live below both interfaces, in this small base, rather
+than in one of them: :class:`~flexiq_plugins._store.attempt_side.AttemptStore`
+and :class:`~flexiq_plugins._store.operator_side.OperatorStore` extend it.
+"""
+
+from __future__ import annotations
+
+import abc
+
+from .._model.records import RunRecord, StepRow
+
+__all__ = ["StoreReads"]
+
+
+class StoreReads(abc.ABC):
+    """The store's clock, one run and its step rows: what an attempt and an operator both read.
+
+    Times are ``float`` seconds since the epoch on the store's clock (C23).
+    """
+
+    @abc.abstractmethod
+    def now(self) -> float:
+        """Return the store's clock, epoch seconds."""
+
+    @abc.abstractmethod
+    def get_run(self, run_key: str) -> RunRecord:
+        """Return one run; raises :class:`~flexiq_plugins.errors.UnknownRun`."""
+
+    @abc.abstractmethod
+    def get_steps(self, run_key: str) -> list[StepRow]:
+        """Return the run's step rows ordered by position (empty if none)."""
