@@ -178,7 +178,8 @@ class StepContext:
           InvalidTransaction: ``using`` is none of those, reaches another
             database than the store's, or the store cannot share a transaction.
           OpenTransaction: another open transaction the store does not share.
-          The errors of :meth:`run` otherwise.
+
+        Otherwise it raises the errors of :meth:`run`.
         """
         _check_body(name, fn)
         verb = TransactionVerb(caller_transaction(using))

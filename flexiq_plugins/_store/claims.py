@@ -144,9 +144,9 @@ def decide_claim(run: RunState, *, now: float, owner: str, lease_seconds: float)
 
     Returns:
       Finished | Busy | Granted: :class:`Finished` for a terminal run, with its outcome (C37);
-      :class:`Busy` (seconds left) while a held claim's lease is live;
-      otherwise :class:`Granted` with ``attempt + 1``, a lease to ``now +
-      lease_seconds`` and ``takeovers + 1`` if the previous claim was still held.
+        :class:`Busy` (seconds left) while a held claim's lease is live;
+        otherwise :class:`Granted` with ``attempt + 1``, a lease to ``now +
+        lease_seconds`` and ``takeovers + 1`` if the previous claim was still held.
     """
     if run.status in TERMINAL_STATUSES:
         return Finished(run.status, run.outcome)
