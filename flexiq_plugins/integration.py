@@ -13,7 +13,7 @@ root; a third integration would too. The shape of an adapter:
    with the per-process :class:`AttemptDriver` (:class:`PerProcess`):
    ``driver.run_job(job, body)``.
 3. Translate the :data:`Outcome` into the framework's verb with ``match`` and
-   ``assert_never`` (see :mod:`flexiq_plugins._attempt.outcomes` for the table). The
+   ``assert_never`` (see :mod:`flexiq_plugins._attempt.outcomes` for each outcome's verb). The
    core has already decided everything that does not depend on the framework.
    A put-back re-enqueues the same job carrying the run's key (C36) through
    :func:`hand_off`; if it still fails, the message stays in the broker.

@@ -7,28 +7,24 @@ translates it into its framework's verb, and dispatches with ``match`` over
 :data:`Outcome` ending in ``assert_never``, so a new outcome kind is a type
 error in every adapter, never a silent acknowledgement.
 
-========================  =====================================================
-Outcome                   Adapter's verb
-========================  =====================================================
-:class:`Completed`        return the value; acknowledge
-:class:`PutBack`          re-enqueue the same job (same id, same run key) after
-                          ``delay`` s, then acknowledge; if the re-enqueue
-                          fails, keep the current message in the broker (no
-                          acknowledgement, no retry counted). Reason
-                          ``SHUTDOWN``: the worker is going away; a framework
-                          that gives the message of a terminated process back
-                          by itself (Celery) lets the process exit instead
-:class:`Failure`          the framework's own retry policy decides; when it
-                          gives up, call :meth:`AttemptDriver.give_up` and
-                          re-enqueue the job if it returns a ``PutBack``
-:class:`DeadLetter`       no retry: the broker's dead-letter path (the store
-                          already records the dead letter)
-:class:`Ack`              acknowledge without running anything more
-:class:`Replay`           the run already finished (a duplicate): hand the
-                          framework its stored outcome as if the body had just
-                          ended: return ``value``, or raise ``error`` past the
-                          framework's retry policy (C37)
-========================  =====================================================
+Each outcome and the adapter's verb for it:
+
+- :class:`Completed`: return the value; acknowledge.
+- :class:`PutBack`: re-enqueue the same job (same id, same run key) after
+  ``delay`` s, then acknowledge; if the re-enqueue fails, keep the current
+  message in the broker (no acknowledgement, no retry counted). Reason
+  ``SHUTDOWN``: the worker is going away; a framework that gives the message
+  of a terminated process back by itself (Celery) lets the process exit
+  instead.
+- :class:`Failure`: the framework's own retry policy decides; when it gives
+  up, call :meth:`AttemptDriver.give_up` and re-enqueue the job if it returns
+  a ``PutBack``.
+- :class:`DeadLetter`: no retry: the broker's dead-letter path (the store
+  already records the dead letter).
+- :class:`Ack`: acknowledge without running anything more.
+- :class:`Replay`: the run already finished (a duplicate): hand the framework
+  its stored outcome as if the body had just ended: return ``value``, or raise
+  ``error`` past the framework's retry policy (C37).
 """
 
 from __future__ import annotations
