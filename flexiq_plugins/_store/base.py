@@ -1,10 +1,10 @@
 """The interface between the core and durable storage.
 
-A store keeps the records of :mod:`flexiq_plugins._model.records`: runs, step
+A store keeps the records of `flexiq_plugins._model.records`: runs, step
 rows, step attempts, dead letters and events. Every
 method states its atomicity and its fencing; both
-implementations (:class:`~flexiq_plugins.MemoryStepStore`,
-:class:`~flexiq_plugins.SqlStepStore`) pass one contract test suite.
+implementations ([`MemoryStepStore`][flexiq_plugins.MemoryStepStore],
+[`SqlStepStore`][flexiq_plugins.SqlStepStore]) pass one contract test suite.
 
 Times are ``float`` seconds since the epoch **on the store's clock** (C23): a
 SQL store reads the database's clock inside the same transaction, so a worker
@@ -51,7 +51,7 @@ class StepStore(abc.ABC):
     for SQL, between processes (each process opens its own connections; a
     forked child never reuses its parent's). Errors from the storage engine are
     translated here: connection loss and timeouts raise
-    :class:`~flexiq_plugins.errors.StoreUnavailable`.
+    [`StoreUnavailable`][flexiq_plugins.errors.StoreUnavailable].
     """
 
     # ------------------------------------------------------------- attempts
@@ -69,13 +69,13 @@ class StepStore(abc.ABC):
         One transaction. Creates the run (status ``running``) if it does not
         exist, storing ``envelope``. Then, reading the store's clock ``now``:
 
-        - status terminal → :class:`Finished`, nothing written;
-        - a claim is held and ``lease_until > now`` → :class:`Busy`, nothing
+        - status terminal → `Finished`, nothing written;
+        - a claim is held and ``lease_until > now`` → `Busy`, nothing
           written;
         - otherwise the run is claimed: ``attempt += 1``, ``owner = owner``,
           ``lease_until = now + lease_seconds``, status ``running``, job id
           updated. If the previous claim was still held (its lease expired:
-          its worker died) ``takeovers += 1``. Returns :class:`Begun` with
+          its worker died) ``takeovers += 1``. Returns `Begun` with
           every step row, the run's ``created_at`` and its requested
           cancellation (C34).
 
@@ -91,13 +91,13 @@ class StepStore(abc.ABC):
         delay_seconds`` on the store's clock: when the job is due to start)
         only if no run has this key; an existing run is left exactly as it
         is (a new job with an existing run key never resets it).
-        :meth:`begin` then claims a ``queued`` run like a ``pending`` one.
+        [`begin`][flexiq_plugins.StepStore.begin] then claims a ``queued`` run like a ``pending`` one.
 
         Parameters:
-          run_key(str): the new job's run key (at most 255 characters).
-          job_id(str): the framework's job id.
-          envelope(JobEnvelope): what re-publishes the job (C35); JSON-compatible.
-          delay_seconds(float): how long after now the job is due (a countdown or ETA), seconds.
+          run_key (str): the new job's run key (at most 255 characters).
+          job_id (str): the framework's job id.
+          envelope (JobEnvelope): what re-publishes the job (C35); JSON-compatible.
+          delay_seconds (float): how long after now the job is due (a countdown or ETA), seconds.
         """
 
     @abc.abstractmethod
@@ -109,9 +109,9 @@ class StepStore(abc.ABC):
         it, or its holder's lease has expired; otherwise nothing changes.
 
         Parameters:
-          owner(str): the sweeping process's id.
-          lease_seconds(float): how long the lease lasts without renewal, seconds.
-          name(str): which lease (at most 64 characters): sweepers that
+          owner (str): the sweeping process's id.
+          lease_seconds (float): how long the lease lasts without renewal, seconds.
+          name (str): which lease (at most 64 characters): sweepers that
             publish for different frameworks hold different leases.
 
         Returns:
@@ -127,7 +127,7 @@ class StepStore(abc.ABC):
         """Extend the claim's lease to ``now + lease_seconds`` (store clock).
 
         One transaction, fenced on ``(run_key, owner, attempt)``: raises
-        :class:`~flexiq_plugins.errors.ClaimLost` if the claim is no longer the
+        [`ClaimLost`][flexiq_plugins.errors.ClaimLost] if the claim is no longer the
         run's. Returns the renewed claim.
         """
 
@@ -137,13 +137,13 @@ class StepStore(abc.ABC):
 
         One transaction, fenced: the row is inserted only while the run's
         ``(owner, attempt)`` are the claim's; otherwise
-        :class:`~flexiq_plugins.errors.ClaimLost` and nothing is written. The
+        [`ClaimLost`][flexiq_plugins.errors.ClaimLost] and nothing is written. The
         run's step count and byte total are updated in the same transaction.
         Returns the row with ``committed_at`` set.
 
-        If the run's cancellation was requested (:meth:`request_cancel`), the
+        If the run's cancellation was requested ([`request_cancel`][flexiq_plugins.StepStore.request_cancel]), the
         row is committed all the same and
-        :class:`~flexiq_plugins.errors.CancelRequested` is raised after the
+        [`CancelRequested`][flexiq_plugins.errors.CancelRequested] is raised after the
         transaction, carrying the stored row (C34): the attempt sees the
         cancellation at this step boundary with no extra statement.
         """
@@ -151,7 +151,7 @@ class StepStore(abc.ABC):
     def commit_step_on(self, connection: CallerConnection, claim: Claim, row: StepRow) -> StepRow:
         """Insert one step row on the caller's ``connection``, inside its open transaction (C42).
 
-        Fenced like :meth:`commit_step`, but nothing is committed here: the row
+        Fenced like [`commit_step`][flexiq_plugins.StepStore.commit_step], but nothing is committed here: the row
         (and the run's step totals) commit or roll back with the caller's
         transaction, together with the writes the step's body made in it. The
         caller's connection must reach the store's own database.
@@ -180,7 +180,7 @@ class StepStore(abc.ABC):
         """End the attempt: set ``status`` and release the claim.
 
         One transaction, fenced on the claim (else
-        :class:`~flexiq_plugins.errors.ClaimLost`, nothing written). With
+        [`ClaimLost`][flexiq_plugins.errors.ClaimLost], nothing written). With
         ``drop_steps`` the run's step rows and step attempts are deleted (C27); with
         ``dead_letter`` a dead letter is recorded carrying the run's envelope
         (C30). ``status`` is one of ``sleeping``, ``retrying``, ``succeeded``,
@@ -188,8 +188,8 @@ class StepStore(abc.ABC):
         recorded as the run's wake time (``None`` clears it): a ``sleeping``
         run's, so recovery can decide on it (C35). ``outcome`` (opaque bytes)
         is written in the same statement as the status (``None`` clears it): a
-        terminal run's outcome, which :meth:`begin` hands to a duplicate in
-        :class:`Finished` (C37).
+        terminal run's outcome, which [`begin`][flexiq_plugins.StepStore.begin] hands to a duplicate in
+        `Finished` (C37).
         """
 
     @abc.abstractmethod
@@ -197,15 +197,15 @@ class StepStore(abc.ABC):
         """Journal a new attempt of ``step_key`` before its body runs, if its budget allows (C31).
 
         One transaction, fenced on the claim (else
-        :class:`~flexiq_plugins.errors.ClaimLost`, nothing written). The
+        [`ClaimLost`][flexiq_plugins.errors.ClaimLost], nothing written). The
         step's attempts that have no outcome belonged to attempts that are
         over (their worker died, their claim was lost): they become ``lost``.
-        Then, by :func:`~flexiq_plugins._store.step_attempts.decide_step_attempt`
-        on the store's clock: :class:`AttemptNotDue` if the last attempt
-        ``failed`` with a ``retry_at`` still ahead; :class:`AttemptsSpent` if
+        Then, by `decide_step_attempt`
+        on the store's clock: `AttemptNotDue` if the last attempt
+        ``failed`` with a ``retry_at`` still ahead; `AttemptsSpent` if
         ``max_attempts`` attempts exist; else attempt ``count + 1`` is
         inserted (``run_attempt = claim.attempt``, ``started_at = now``) and
-        :class:`AttemptStarted` returned.
+        `AttemptStarted` returned.
         """
 
     @abc.abstractmethod
@@ -215,11 +215,11 @@ class StepStore(abc.ABC):
         """Record a failed step attempt and, for a step failed for good, commit its step row (C31).
 
         One transaction, fenced on the claim (else
-        :class:`~flexiq_plugins.errors.ClaimLost`, nothing written). The
+        [`ClaimLost`][flexiq_plugins.errors.ClaimLost], nothing written). The
         attempt ``failure.number`` (a new one numbered ``count + 1`` when
         ``None`` or absent) gets the outcome, the error, ``failed_at = now``
         and ``retry_at = now + retry_delay``. With ``row`` the step row is
-        inserted as :meth:`commit_step` does (raising ``ClaimLost`` if its
+        inserted as [`commit_step`][flexiq_plugins.StepStore.commit_step] does (raising ``ClaimLost`` if its
         key is already committed).
         """
 
@@ -278,7 +278,7 @@ class StepStore(abc.ABC):
         - it is a retried dead letter no attempt started since its retry,
           like a freshly published job: ``pending``, no owner, and one of its
           dead letters has ``retried_at`` equal to the run's ``updated_at``
-          (:meth:`prepare_retry` writes both from one reading of the store's
+          ([`prepare_retry`][flexiq_plugins.StepStore.prepare_retry] writes both from one reading of the store's
           clock; an attempt's start, a put-back, a recovery and every other
           change of the run's state stamp ``updated_at`` anew, a cancellation
           request alone does not). The attempt count is kept: attempt
@@ -286,15 +286,15 @@ class StepStore(abc.ABC):
 
         A run a delivery has started is never touched (a late copy of its
         message cannot harm it), nor one recovery re-published since its
-        retry (:meth:`mark_recovered` moves ``updated_at``). The run becomes
+        retry ([`mark_recovered`][flexiq_plugins.StepStore.mark_recovered] moves ``updated_at``). The run becomes
         ``dead`` with its claim and wake time cleared, ``outcome`` written
         with the status (C37), steps kept, and ``dead_letter`` recorded
         carrying the run's envelope (C30).
 
         Parameters:
-          run_key(str): the run.
-          dead_letter(NewDeadLetter): the dead letter to record.
-          outcome(bytes | None): the run's outcome (``None`` clears it).
+          run_key (str): the run.
+          dead_letter (NewDeadLetter): the dead letter to record.
+          outcome (bytes | None): the run's outcome (``None`` clears it).
 
         Returns:
           bool: whether it applied (``False`` for a started, terminal or unknown run).
@@ -310,19 +310,19 @@ class StepStore(abc.ABC):
         """Look for the event a waiting step can receive, for an attempt at ``step.wait_for_event`` (C33).
 
         Two transactions, each fenced on the claim (else
-        :class:`~flexiq_plugins.errors.ClaimLost`, nothing written):
+        [`ClaimLost`][flexiq_plugins.errors.ClaimLost], nothing written):
 
         1. record on the run that it waits on ``(topic, key)`` (``wait_topic``,
            ``wait_key``) and commit, so a sender that commits an event from
-           now on finds the run among its waiters (:meth:`add_event`); if the
+           now on finds the run among its waiters ([`add_event`][flexiq_plugins.StepStore.add_event]); if the
            run's cancellation was requested, nothing is written and
-           :class:`~flexiq_plugins.errors.CancelRequested` is raised (C34);
+           [`CancelRequested`][flexiq_plugins.errors.CancelRequested] is raised (C34);
         2. read the first event the run can receive (the rule of
-           :meth:`next_event`). With one, or with none and ``deadline <= now``
+           [`next_event`][flexiq_plugins.StepStore.next_event]). With one, or with none and ``deadline <= now``
            (``timed_out``), the run's wait fields are cleared again.
 
         Nothing is consumed here: an event counts as received once an
-        ``event`` row holding its id is committed (:meth:`commit_step`).
+        ``event`` row holding its id is committed ([`commit_step`][flexiq_plugins.StepStore.commit_step]).
         ``deadline`` is epoch seconds, store clock (``None``: no timeout).
         """
 
@@ -344,14 +344,14 @@ class StepStore(abc.ABC):
         Two transactions. The event is committed first (``created_at = now``,
         a new id). Then the runs waiting on ``(topic, key)`` that can receive
         it are read: status ``waiting`` or ``running`` with these wait fields
-        (:meth:`poll_event`), and the run ``run_key`` only when given, else
+        ([`poll_event`][flexiq_plugins.StepStore.poll_event]), and the run ``run_key`` only when given, else
         runs created at or before the event.
 
         Parameters:
-          topic(str): the topic.
-          key(str): the key.
-          payload(bytes | None): the encoded payload.
-          run_key(str | None): send it to this run only.
+          topic (str): the topic.
+          key (str): the key.
+          payload (bytes | None): the encoded payload.
+          run_key (str | None): send it to this run only.
         """
 
     @abc.abstractmethod
@@ -370,8 +370,8 @@ class StepStore(abc.ABC):
         One transaction. A run that is not terminal gets ``cancel_reason``
         (the first reason given is kept); nothing else changes: an attempt
         holding the run sees the request at its next step boundary
-        (:meth:`commit_step`), the next one to claim it at :meth:`begin`. A
-        terminal run is returned unchanged.
+        ([`commit_step`][flexiq_plugins.StepStore.commit_step]), the next one to claim it at
+        [`begin`][flexiq_plugins.StepStore.begin]. A terminal run is returned unchanged.
 
         Raises:
           UnknownRun: no run has ``run_key``.
@@ -392,7 +392,7 @@ class StepStore(abc.ABC):
     # ------------------------------------------------------------ operators
     @abc.abstractmethod
     def get_run(self, run_key: str) -> RunRecord:
-        """Return one run; raises :class:`~flexiq_plugins.errors.UnknownRun`."""
+        """Return one run; raises [`UnknownRun`][flexiq_plugins.errors.UnknownRun]."""
 
     @abc.abstractmethod
     def list_runs(
@@ -418,7 +418,7 @@ class StepStore(abc.ABC):
 
     @abc.abstractmethod
     def get_dead_letter(self, dead_letter_id: int) -> DeadLetterRecord:
-        """Return one dead letter; raises :class:`~flexiq_plugins.errors.UnknownDeadLetter`."""
+        """Return one dead letter; raises [`UnknownDeadLetter`][flexiq_plugins.errors.UnknownDeadLetter]."""
 
     @abc.abstractmethod
     def prepare_retry(self, dead_letter_id: int, *, reset_from: str | None = None) -> DeadLetterRecord:
@@ -457,9 +457,9 @@ class StepStore(abc.ABC):
         else changes (claim, attempt, takeovers, steps).
 
         Parameters:
-          run_key(str): the run.
-          status(str): the status the caller read.
-          updated_at(float): the ``updated_at`` the caller read, epoch seconds.
+          run_key (str): the run.
+          status (str): the status the caller read.
+          updated_at (float): the ``updated_at`` the caller read, epoch seconds.
 
         Returns:
           bool: whether this caller won the run.
@@ -495,7 +495,7 @@ class StepStore(abc.ABC):
         return repr(self)
 
     def iter_runs(self, **filters: Any) -> Iterator[RunRecord]:
-        """Iterate :meth:`list_runs` (convenience)."""
+        """Iterate [`list_runs`][flexiq_plugins.StepStore.list_runs] (convenience)."""
         yield from self.list_runs(**filters)
 
     def close(self) -> None:  # noqa: B027 - optional hook, no-op by default

@@ -2,7 +2,7 @@
 
 It keeps everything in dictionaries behind one lock, so each method is atomic
 the way the interface describes. Nothing survives the process: use
-:class:`~flexiq_plugins.SqlStepStore` for anything durable.
+[`SqlStepStore`][flexiq_plugins.SqlStepStore] for anything durable.
 """
 
 from __future__ import annotations
@@ -57,11 +57,11 @@ __all__ = ["MemoryStepStore"]
 
 
 class MemoryStepStore(StepStore):
-    """A :class:`StepStore` held in memory.
+    """A [`StepStore`][flexiq_plugins.StepStore] held in memory.
 
     Parameters:
-      clock(Callable[[], float] | None): the store's clock in epoch seconds;
-        defaults to :func:`time.time`. Tests pass their own to move time.
+      clock (Callable[[], float] | None): the store's clock in epoch seconds;
+        defaults to `time.time`. Tests pass their own to move time.
     """
 
     def __init__(self, clock: Callable[[], float] | None = None) -> None:
@@ -85,12 +85,13 @@ class MemoryStepStore(StepStore):
         return "memory:// (in this process only: lost when it exits)"
 
     def local_clock(self) -> Callable[[], float]:
-        """The clock itself: reading it costs nothing (see :meth:`StepStore.local_clock`)."""
+        """The clock itself: reading it costs nothing (see
+        [`StepStore.local_clock`][flexiq_plugins.StepStore.local_clock])."""
         return self._clock
 
     # ------------------------------------------------------------- attempts
     def begin(self, run_key: str, job_id: str, envelope: JobEnvelope, owner: str, lease_seconds: float) -> BeginResult:
-        """See :meth:`StepStore.begin`."""
+        """See [`StepStore.begin`][flexiq_plugins.StepStore.begin]."""
         with self._lock:
             now = self.now()
             run = self._runs.get(run_key) or self._new_run(run_key, envelope, now)
@@ -104,7 +105,7 @@ class MemoryStepStore(StepStore):
             return Begun(claim, snapshot, now, decision.takeovers, run.envelope, run.created_at, run.cancel_reason)
 
     def record_queued(self, run_key: str, job_id: str, envelope: JobEnvelope, delay_seconds: float = 0.0) -> None:
-        """See :meth:`StepStore.record_queued`."""
+        """See [`StepStore.record_queued`][flexiq_plugins.StepStore.record_queued]."""
         with self._lock:
             if run_key not in self._runs:
                 now = self.now()
@@ -113,7 +114,7 @@ class MemoryStepStore(StepStore):
                 self._runs[run_key] = dataclasses.replace(run, status="queued", job_id=job_id, wake_at=due)
 
     def acquire_sweep_lease(self, owner: str, lease_seconds: float, *, name: str = "recovery") -> bool:
-        """See :meth:`StepStore.acquire_sweep_lease`."""
+        """See [`StepStore.acquire_sweep_lease`][flexiq_plugins.StepStore.acquire_sweep_lease]."""
         with self._lock:
             now = self.now()
             if not may_take_sweep_lease(*self._sweep_leases.get(name, (None, None)), owner=owner, now=now):
@@ -122,7 +123,7 @@ class MemoryStepStore(StepStore):
             return True
 
     def release_sweep_lease(self, owner: str, *, name: str = "recovery") -> None:
-        """See :meth:`StepStore.release_sweep_lease`."""
+        """See [`StepStore.release_sweep_lease`][flexiq_plugins.StepStore.release_sweep_lease]."""
         with self._lock:
             if self._sweep_leases.get(name, (None, None))[0] == owner:
                 self._sweep_leases.pop(name)
@@ -153,7 +154,7 @@ class MemoryStepStore(StepStore):
         return run
 
     def renew(self, claim: Claim, lease_seconds: float) -> Claim:
-        """See :meth:`StepStore.renew`."""
+        """See [`StepStore.renew`][flexiq_plugins.StepStore.renew]."""
         with self._lock:
             run = self._fenced(claim)
             until = self.now() + lease_seconds
@@ -161,7 +162,7 @@ class MemoryStepStore(StepStore):
             return dataclasses.replace(claim, lease_until=until)
 
     def commit_step(self, claim: Claim, row: StepRow) -> StepRow:
-        """See :meth:`StepStore.commit_step`."""
+        """See [`StepStore.commit_step`][flexiq_plugins.StepStore.commit_step]."""
         with self._lock:
             run = self._fenced(claim)
             stored = self._insert_step(run, claim, row, self.now())
@@ -185,7 +186,7 @@ class MemoryStepStore(StepStore):
 
     # --------------------------------------------------------- step attempts
     def begin_step_attempt(self, claim: Claim, step_key: str, max_attempts: int) -> StepAttemptBegin:
-        """See :meth:`StepStore.begin_step_attempt`."""
+        """See [`StepStore.begin_step_attempt`][flexiq_plugins.StepStore.begin_step_attempt]."""
         with self._lock:
             run = self._fenced(claim)
             now = self.now()
@@ -206,7 +207,7 @@ class MemoryStepStore(StepStore):
     def fail_step_attempt(
         self, claim: Claim, failure: StepAttemptFailure, *, row: StepRow | None = None
     ) -> StepAttemptFailed:
-        """See :meth:`StepStore.fail_step_attempt`."""
+        """See [`StepStore.fail_step_attempt`][flexiq_plugins.StepStore.fail_step_attempt]."""
         with self._lock:
             run = self._fenced(claim)
             now = self.now()
@@ -223,12 +224,12 @@ class MemoryStepStore(StepStore):
             return StepAttemptFailed(attempt, stored)
 
     def get_step_attempts(self, run_key: str) -> list[StepAttempt]:
-        """See :meth:`StepStore.get_step_attempts`."""
+        """See [`StepStore.get_step_attempts`][flexiq_plugins.StepStore.get_step_attempts]."""
         with self._lock:
             return sorted(self._attempts.get(run_key, ()), key=lambda a: (a.started_at, a.step_key, a.number))
 
     def start_compensation(self, run_key: str, marker: StepRow, *, status: str, attempt: int) -> bool:
-        """See :meth:`StepStore.start_compensation`."""
+        """See [`StepStore.start_compensation`][flexiq_plugins.StepStore.start_compensation]."""
         with self._lock:
             run = self._runs.get(run_key)
             if run is None or run.status != status or run.attempt != attempt or run.owner is not None:
@@ -244,7 +245,7 @@ class MemoryStepStore(StepStore):
             return True
 
     def commit_step_on(self, connection: CallerConnection, claim: Claim, row: StepRow) -> StepRow:
-        """:meth:`commit_step`, at once: memory shares no database transaction (C42).
+        """`commit_step`, at once: memory shares no database transaction (C42).
 
         So that task bodies with transactional steps can be unit-tested on the
         memory store (``flexiq_plugins.testing``): the body still runs inside
@@ -262,7 +263,7 @@ class MemoryStepStore(StepStore):
         wake_at: float | None = None,
         outcome: bytes | None = None,
     ) -> None:
-        """See :meth:`StepStore.finish`."""
+        """See [`StepStore.finish`][flexiq_plugins.StepStore.finish]."""
         with self._lock:
             run = self._fenced(claim)
             now = self.now()
@@ -293,7 +294,7 @@ class MemoryStepStore(StepStore):
         self._next_dead_id += 1
 
     def settle_failed(self, run_key: str, attempt: int) -> bool:
-        """See :meth:`StepStore.settle_failed`."""
+        """See [`StepStore.settle_failed`][flexiq_plugins.StepStore.settle_failed]."""
         with self._lock:
             run = self._runs.get(run_key)
             if run is None or run.status != "retrying" or run.attempt != attempt:
@@ -303,7 +304,7 @@ class MemoryStepStore(StepStore):
 
     # --------------------------------------------------------------- events
     def poll_event(self, claim: Claim, topic: str, key: str, deadline: float | None) -> EventPoll:
-        """See :meth:`StepStore.poll_event`."""
+        """See [`StepStore.poll_event`][flexiq_plugins.StepStore.poll_event]."""
         with self._lock:
             run = self._fenced(claim)
             if run.cancel_reason is not None:
@@ -329,13 +330,13 @@ class MemoryStepStore(StepStore):
         )
 
     def next_event(self, run_key: str, topic: str, key: str) -> EventRecord | None:
-        """See :meth:`StepStore.next_event`."""
+        """See [`StepStore.next_event`][flexiq_plugins.StepStore.next_event]."""
         with self._lock:
             run = self._runs.get(run_key)
             return None if run is None else self._next_event(run, topic, key)
 
     def add_event(self, topic: str, key: str, payload: bytes | None, *, run_key: str | None = None) -> SentEvent:
-        """See :meth:`StepStore.add_event`."""
+        """See [`StepStore.add_event`][flexiq_plugins.StepStore.add_event]."""
         with self._lock:
             event = EventRecord(self._next_event_id, topic, key, run_key, payload, self.now())
             self._events[event.id] = event
@@ -344,7 +345,7 @@ class MemoryStepStore(StepStore):
             return SentEvent(event, waiters)
 
     def cleanup_events(self, *, older_than: float) -> int:
-        """See :meth:`StepStore.cleanup_events`."""
+        """See [`StepStore.cleanup_events`][flexiq_plugins.StepStore.cleanup_events]."""
         with self._lock:
             doomed = [i for i, e in self._events.items() if e.created_at < older_than]
             for i in doomed:
@@ -353,7 +354,7 @@ class MemoryStepStore(StepStore):
 
     # --------------------------------------------------------- cancellation
     def request_cancel(self, run_key: str, reason: str) -> RunRecord:
-        """See :meth:`StepStore.request_cancel`."""
+        """See [`StepStore.request_cancel`][flexiq_plugins.StepStore.request_cancel]."""
         with self._lock:
             run = self.get_run(run_key)
             if run.status not in TERMINAL_STATUSES and run.cancel_reason is None:
@@ -362,7 +363,7 @@ class MemoryStepStore(StepStore):
             return run
 
     def settle_cancelled(self, run_key: str, *, status: str, attempt: int, outcome: bytes | None = None) -> bool:
-        """See :meth:`StepStore.settle_cancelled`."""
+        """See [`StepStore.settle_cancelled`][flexiq_plugins.StepStore.settle_cancelled]."""
         with self._lock:
             run = self._runs.get(run_key)
             now = self.now()
@@ -376,7 +377,7 @@ class MemoryStepStore(StepStore):
     def release_run(
         self, run_key: str, status: RunStatus, *, while_status: Collection[str], outcome: bytes | None = None
     ) -> bool:
-        """See :meth:`StepStore.release_run`."""
+        """See [`StepStore.release_run`][flexiq_plugins.StepStore.release_run]."""
         with self._lock:
             run = self._runs.get(run_key)
             if run is None or run.status not in while_status:
@@ -386,7 +387,8 @@ class MemoryStepStore(StepStore):
             return True
 
     def dead_letter_unstarted(self, run_key: str, dead_letter: NewDeadLetter, *, outcome: bytes | None = None) -> bool:
-        """See :meth:`StepStore.dead_letter_unstarted`: attempt 0, or a retried dead letter unchanged since."""
+        """See [`StepStore.dead_letter_unstarted`][flexiq_plugins.StepStore.dead_letter_unstarted]: attempt 0, or a
+        retried dead letter unchanged since."""
         with self._lock:
             run = self._runs.get(run_key)
             if run is None or run.status not in UNSTARTED_STATUSES or not (run.attempt == 0 or self._retried(run)):
@@ -411,7 +413,7 @@ class MemoryStepStore(StepStore):
 
     # ------------------------------------------------------------ operators
     def get_run(self, run_key: str) -> RunRecord:
-        """See :meth:`StepStore.get_run`."""
+        """See [`StepStore.get_run`][flexiq_plugins.StepStore.get_run]."""
         with self._lock:
             try:
                 return self._runs[run_key]
@@ -427,7 +429,7 @@ class MemoryStepStore(StepStore):
         limit: int = 100,
         job_id: str | None = None,
     ) -> list[RunRecord]:
-        """See :meth:`StepStore.list_runs`."""
+        """See [`StepStore.list_runs`][flexiq_plugins.StepStore.list_runs]."""
         with self._lock:
             runs = [
                 r
@@ -441,14 +443,14 @@ class MemoryStepStore(StepStore):
         return runs[:limit]
 
     def get_steps(self, run_key: str) -> list[StepRow]:
-        """See :meth:`StepStore.get_steps`."""
+        """See [`StepStore.get_steps`][flexiq_plugins.StepStore.get_steps]."""
         with self._lock:
             return sorted(self._steps.get(run_key, ()), key=lambda s: s.position)
 
     def list_dead_letters(
         self, *, task_name: str | None = None, include_retried: bool = False
     ) -> list[DeadLetterRecord]:
-        """See :meth:`StepStore.list_dead_letters`."""
+        """See [`StepStore.list_dead_letters`][flexiq_plugins.StepStore.list_dead_letters]."""
         with self._lock:
             return [
                 d
@@ -457,7 +459,7 @@ class MemoryStepStore(StepStore):
             ]
 
     def get_dead_letter(self, dead_letter_id: int) -> DeadLetterRecord:
-        """See :meth:`StepStore.get_dead_letter`."""
+        """See [`StepStore.get_dead_letter`][flexiq_plugins.StepStore.get_dead_letter]."""
         with self._lock:
             try:
                 return self._dead[dead_letter_id]
@@ -465,7 +467,7 @@ class MemoryStepStore(StepStore):
                 raise UnknownDeadLetter(f"no dead letter has the id {dead_letter_id!r}") from None
 
     def prepare_retry(self, dead_letter_id: int, *, reset_from: str | None = None) -> DeadLetterRecord:
-        """See :meth:`StepStore.prepare_retry`."""
+        """See [`StepStore.prepare_retry`][flexiq_plugins.StepStore.prepare_retry]."""
         with self._lock:
             dead = self.get_dead_letter(dead_letter_id)
             run = self.get_run(dead.run_key)
@@ -493,7 +495,7 @@ class MemoryStepStore(StepStore):
             return dead
 
     def purge_dead_letters(self, ids: Sequence[int] | None = None) -> int:
-        """See :meth:`StepStore.purge_dead_letters`."""
+        """See [`StepStore.purge_dead_letters`][flexiq_plugins.StepStore.purge_dead_letters]."""
         with self._lock:
             doomed = list(self._dead) if ids is None else sorted({i for i in ids if i in self._dead})
             for i in doomed:
@@ -501,7 +503,7 @@ class MemoryStepStore(StepStore):
             return len(doomed)
 
     def mark_recovered(self, run_key: str, *, status: str, updated_at: float) -> bool:
-        """See :meth:`StepStore.mark_recovered`."""
+        """See [`StepStore.mark_recovered`][flexiq_plugins.StepStore.mark_recovered]."""
         with self._lock:
             run = self._runs.get(run_key)
             now = self.now()
@@ -511,7 +513,7 @@ class MemoryStepStore(StepStore):
             return True
 
     def cleanup(self, *, older_than: float) -> int:
-        """See :meth:`StepStore.cleanup`."""
+        """See [`StepStore.cleanup`][flexiq_plugins.StepStore.cleanup]."""
         with self._lock:
             doomed = [k for k, r in self._runs.items() if r.status in CLEANABLE_STATUSES and r.updated_at < older_than]
             for k in doomed:

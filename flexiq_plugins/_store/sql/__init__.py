@@ -2,14 +2,14 @@
 
 One module per concern, each with its reasons in its docstring:
 
-- :mod:`.engine`: store URLs, engine creation, per-database session set-up,
+- `engine`: store URLs, engine creation, per-database session set-up,
   the fork hook;
-- :mod:`.tables`: the three tables, as the migrations create them;
-- :mod:`.migrate`: :func:`upgrade_store` and the migration lock;
-- :mod:`.errors`: the one boundary where database errors become
-  :class:`~flexiq_plugins.errors.StoreError` types;
-- :mod:`.mapping`: rows to records and back;
-- :mod:`.store`: :class:`SqlStepStore`, one transaction per interface call.
+- `tables`: the three tables, as the migrations create them;
+- `migrate`: [`upgrade_store`][flexiq_plugins.upgrade_store] and the migration lock;
+- `errors`: the one boundary where database errors become
+  [`StoreError`][flexiq_plugins.errors.StoreError] types;
+- `mapping`: rows to records and back;
+- `store`: [`SqlStepStore`][flexiq_plugins.SqlStepStore], one transaction per interface call.
 """
 
 from __future__ import annotations

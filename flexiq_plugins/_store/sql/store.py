@@ -15,24 +15,24 @@ their own modules, each with its reasons):
   inserted already claimed in one statement. On PostgreSQL ``begin`` first
   tries without holding the lock: it reads the run and its row version, and
   writes the claim with a compare-and-set on that version, two autocommitted
-  statements (:mod:`.folded` says why that decides the same); only a lost
+  statements (`folded` says why that decides the same); only a lost
   race takes the locking transaction. ``mark_recovered`` locks the row the
   same way. ``renew``, ``commit_step`` and ``finish`` are fenced ``UPDATE …
   WHERE run_key AND owner AND attempt``: a zero row count means another
-  attempt took the run over, and nothing is written (:class:`ClaimLost`). The
+  attempt took the run over, and nothing is written ([`ClaimLost`][flexiq_plugins.errors.ClaimLost]). The
   hot paths (a step, a start, a finish) are folded into as few statements as
-  each database allows, in :mod:`.folded` (one autocommitted statement each on
+  each database allows, in `folded` (one autocommitted statement each on
   PostgreSQL). What each decision is (claim,
   busy, finished, fenced out, recoverable) is not written here but in
-  :mod:`flexiq_plugins._store.claims`, shared with the memory store.
+  `flexiq_plugins._store.claims`, shared with the memory store.
 - **MySQL's insert-if-absent takes the row lock itself.** ``INSERT … ON
   DUPLICATE KEY UPDATE`` X-locks an existing row, where ``INSERT IGNORE`` would
   take a shared lock that two concurrent ``FOR UPDATE`` readers then deadlock
   on. A deadlock the server reports anyway (the whole transaction was rolled
-  back) is retried a few times before it surfaces as :class:`StoreUnavailable`.
+  back) is retried a few times before it surfaces as [`StoreUnavailable`][flexiq_plugins.errors.StoreUnavailable].
 - **Lazy schema.** Construction never connects. The first call runs the Alembic
   migrations once per store object (thread-safe), under the migration lock of
-  :mod:`.migrate`.
+  `migrate`.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ _DEADLOCK_RETRIES = 3
 _QUICK_DROP_S = 1.0
 """A connection found dead within this many seconds was stale (the server had closed it): worth one retry.
 
-One that failed later timed out on a silent network (see :mod:`.engine`); a
+One that failed later timed out on a silent network (see `engine`); a
 new connection would only wait for its connect timeout too.
 """
 _CLOCKS = {
@@ -162,11 +162,11 @@ def _driver_connection(conn: Connection) -> Any:
 
 
 _ORPHANED: list[_Hold] = []
-"""Holds a forked child inherited from its parent: kept, never closed (see :meth:`_Hold.orphan`)."""
+"""Holds a forked child inherited from its parent: kept, never closed (see `_Hold.orphan`)."""
 
 
 class _Hold:
-    """The connection one thread keeps for an attempt (:meth:`SqlStepStore.held`); checked out at first use.
+    """The connection one thread keeps for an attempt (`SqlStepStore.held`); checked out at first use.
 
     Between calls the connection has no open transaction. ``autocommit`` says
     whether its driver connection is in autocommit mode now (PostgreSQL's
@@ -220,7 +220,7 @@ class _Executes(Protocol):
 
 @dataclasses.dataclass(frozen=True)
 class _StartArgs:
-    """What :meth:`SqlStepStore.begin` was given (the envelope also as stored: JSON text)."""
+    """What `SqlStepStore.begin` was given (the envelope also as stored: JSON text)."""
 
     run_key: str
     job_id: str
@@ -231,23 +231,23 @@ class _StartArgs:
 
 
 class SqlStepStore(StepStore):
-    """A :class:`StepStore` in a SQL database, through SQLAlchemy Core.
+    """A [`StepStore`][flexiq_plugins.StepStore] in a SQL database, through SQLAlchemy Core.
 
     Parameters:
-      url_or_engine(str | URL | Engine): a SQLAlchemy URL (``sqlite:///path``,
+      url_or_engine (str | URL | Engine): a SQLAlchemy URL (``sqlite:///path``,
         ``postgresql://…``, ``mysql://…``, ``mariadb://…``; a missing driver is
         filled in: psycopg 3, PyMySQL) or an engine you configured yourself (it
-        is used as is, and not disposed by :meth:`close`).
-      auto_upgrade(bool): run the shipped migrations on first use (once per
-        store object). Off, run :func:`upgrade_store` (``flexiq store
+        is used as is, and not disposed by `close`).
+      auto_upgrade (bool): run the shipped migrations on first use (once per
+        store object). Off, run [`upgrade_store`][flexiq_plugins.upgrade_store] (``flexiq store
         upgrade``) yourself.
-      table_prefix(str): prefix of the table names (``flexiq_runs`` …).
+      table_prefix (str): prefix of the table names (``flexiq_runs`` …).
 
     Raises:
       ConfigurationError: an unusable URL, another database or a missing driver.
 
     Construction does not connect; an unreachable server raises
-    :class:`StoreUnavailable` at first use.
+    [`StoreUnavailable`][flexiq_plugins.errors.StoreUnavailable] at first use.
     """
 
     def __init__(
@@ -327,7 +327,7 @@ class SqlStepStore(StepStore):
         """Keep one pooled connection for this thread's store calls inside the block (issue 14).
 
         Without it every call checks a connection out of the pool and back in
-        (with the checks of :mod:`.engine`); inside it, the thread's first call
+        (with the checks of `engine`); inside it, the thread's first call
         checks one out and the following calls reuse it, each first checking
         it as a checkout would (closed by the server? idle for more than 10
         seconds: pinged), so a step body that ran for minutes finds a live
@@ -387,7 +387,7 @@ class SqlStepStore(StepStore):
 
         On PostgreSQL the statement commits by itself (one round trip instead
         of ``BEGIN``, the statement and ``COMMIT``); elsewhere it runs in a
-        transaction as :meth:`_write` does.
+        transaction as `_write` does.
         """
         return self._run(work, read_only=False, autocommit=self._dialect == "postgresql")
 
@@ -419,7 +419,7 @@ class SqlStepStore(StepStore):
                 raise dropped.error  # noqa: B904 - the driver error, as translated() expects
 
     def _transaction(self, work: Callable[[Connection], T], *, read_only: bool, autocommit: bool) -> T:
-        """Run ``work`` in one transaction on a pooled connection (pinged only after idling, see :mod:`.engine`).
+        """Run ``work`` in one transaction on a pooled connection (pinged only after idling, see `engine`).
 
         With ``autocommit``, ``work`` is one statement that the database commits
         by itself (no ``BEGIN``/``COMMIT`` round trips); a drop during it leaves
@@ -467,7 +467,7 @@ class SqlStepStore(StepStore):
     def _held_transaction(
         self, hold: _Hold, work: Callable[[Connection], T], *, read_only: bool, autocommit: bool
     ) -> T:
-        """:meth:`_transaction` on the connection the thread holds; one that raised is given back to the pool."""
+        """`_transaction` on the connection the thread holds; one that raised is given back to the pool."""
         committing = autocommit
         try:
             conn = self._held_connection(hold)
@@ -505,7 +505,8 @@ class SqlStepStore(StepStore):
         return float(conn.execute(sa.select(self._clock)).scalar_one())
 
     def _fenced_update(self, conn: _Executes, claim: Claim, **values: Any) -> None:
-        """Update the run only while ``claim`` holds it, else raise :class:`ClaimLost` (C25)."""
+        """Update the run only while ``claim`` holds it, else raise [`ClaimLost`][flexiq_plugins.errors.ClaimLost]
+        (C25)."""
         runs = self._t.runs
         result = conn.execute(sa.update(runs).where(*self._fence_of(claim)).values(**values))
         if result.rowcount != 1:
@@ -524,7 +525,7 @@ class SqlStepStore(StepStore):
         """Claim the run for a new attempt and read its snapshot (C23–C26).
 
         Insert the run if absent, read it with the database clock, decide as
-        :meth:`StepStore.begin` states (:func:`decide_claim`), and write the
+        [`StepStore.begin`][flexiq_plugins.StepStore.begin] states (`decide_claim`), and write the
         claim only on the run as read: PostgreSQL, two autocommitted statements
         (one for a new run), the claim a compare-and-set on the row version,
         else one transaction that locks the row; SQLite, one ``BEGIN
@@ -533,11 +534,11 @@ class SqlStepStore(StepStore):
         five for a run not stored yet).
 
         Parameters:
-          run_key(str): the run (at most 255 characters).
-          job_id(str): the framework's job id.
-          envelope(JobEnvelope): stored with a new run (C35); must be JSON-compatible.
-          owner(str): the claiming worker's id.
-          lease_seconds(float): the lease, in seconds.
+          run_key (str): the run (at most 255 characters).
+          job_id (str): the framework's job id.
+          envelope (JobEnvelope): stored with a new run (C35); must be JSON-compatible.
+          owner (str): the claiming worker's id.
+          lease_seconds (float): the lease, in seconds.
 
         Raises:
           StoreUnavailable: the database cannot be reached (retryable, C28).
@@ -554,16 +555,16 @@ class SqlStepStore(StepStore):
         return self._write(lambda conn: self._begin(conn, args))
 
     def _begin_optimistic(self, args: _StartArgs) -> BeginResult | None:
-        """PostgreSQL: :meth:`begin` in two autocommitted statements, or one for a new run.
+        """PostgreSQL: `begin` in two autocommitted statements, or one for a new run.
 
         The first inserts a new run already claimed, or reads the stored run
-        with the clock and its row version; :func:`decide_claim` decides on
+        with the clock and its row version; `decide_claim` decides on
         what it read. A granted claim is then written with the snapshot's read
-        in one compare-and-set on that row version (:meth:`Folded.claim_if_unchanged`):
+        in one compare-and-set on that row version (`Folded.claim_if_unchanged`):
         the decision stands only if nobody wrote the run in between, exactly as
         if the row had stayed locked, and the claim's times are the clock read
         when it is written (C23). ``None`` if a concurrent write got in between
-        (nothing was written): :meth:`begin` then decides again with the row locked.
+        (nothing was written): `begin` then decides again with the row locked.
         """
         granted_new = claim_of_new_run(args.run_key, owner=args.owner, lease_seconds=args.lease_seconds)
         run = self._single_statement(
@@ -597,7 +598,7 @@ class SqlStepStore(StepStore):
         return Begun(claim, snapshot, claimed_at, decision.takeovers, stored, run.created_at, run.cancel_reason)
 
     def _begin_in_three(self, conn: Connection, args: _StartArgs) -> BeginResult:
-        """SQLite: :meth:`begin` in one write transaction of one statement for a new run, three otherwise.
+        """SQLite: `begin` in one write transaction of one statement for a new run, three otherwise.
 
         ``BEGIN IMMEDIATE`` takes the database's write lock first. The new
         run is inserted already claimed; a stored run is read with the clock
@@ -632,7 +633,7 @@ class SqlStepStore(StepStore):
         )
 
     def _begin(self, conn: Connection, args: _StartArgs) -> BeginResult:
-        """:meth:`begin` with the run's row locked all along (MySQL/MariaDB; PostgreSQL after a race)."""
+        """`begin` with the run's row locked all along (MySQL/MariaDB; PostgreSQL after a race)."""
         run = self._folded.lock_run(conn, args.run_key, args.envelope, args.envelope_json)
         now = float(run.now)
         decision = decide_claim(run, now=now, owner=args.owner, lease_seconds=args.lease_seconds)
@@ -645,7 +646,8 @@ class SqlStepStore(StepStore):
         return Begun(claim, snapshot, now, decision.takeovers, stored, run.created_at, run.cancel_reason)
 
     def record_queued(self, run_key: str, job_id: str, envelope: JobEnvelope, delay_seconds: float = 0.0) -> None:
-        """Record a new job's run as ``queued``, unless the run exists (C39); see :meth:`StepStore.record_queued`.
+        """Record a new job's run as ``queued``, unless the run exists (C39); see
+        [`StepStore.record_queued`][flexiq_plugins.StepStore.record_queued].
 
         One statement in one transaction: an insert that does nothing on an
         existing run key.
@@ -662,10 +664,11 @@ class SqlStepStore(StepStore):
         self._write(lambda conn: conn.execute(statement))
 
     def acquire_sweep_lease(self, owner: str, lease_seconds: float, *, name: str = "recovery") -> bool:
-        """Take or renew the recovery lease on the database's clock (C39); see :meth:`StepStore.acquire_sweep_lease`.
+        """Take or renew the recovery lease on the database's clock (C39); see
+        [`StepStore.acquire_sweep_lease`][flexiq_plugins.StepStore.acquire_sweep_lease].
 
         One transaction: insert the lease row if absent, lock it, decide with
-        :func:`~flexiq_plugins._store.claims.may_take_sweep_lease`, write.
+        `may_take_sweep_lease`, write.
 
         Raises:
           StoreUnavailable: the database cannot be reached.
@@ -743,12 +746,12 @@ class SqlStepStore(StepStore):
         IMMEDIATE`` transaction (its lock is the whole database's: it waits,
         up to the busy timeout). A row another transaction holds (a
         transactional step's caller transaction, C42) is not waited for:
-        :class:`RunLocked`, so the process's one renewer goes on renewing the
+        [`RunLocked`][flexiq_plugins.errors.RunLocked], so the process's one renewer goes on renewing the
         other claims.
 
         Parameters:
-          claim(Claim): the attempt's claim.
-          lease_seconds(float): the new lease, in seconds from now.
+          claim (Claim): the attempt's claim.
+          lease_seconds (float): the new lease, in seconds from now.
 
         Raises:
           ClaimLost: another attempt holds the run (C25); nothing was written.
@@ -810,11 +813,11 @@ class SqlStepStore(StepStore):
         """Insert one step row and update the run's step totals (C5, C9).
 
         One transaction, fenced on the claim, in as few statements as the
-        database allows (one on PostgreSQL: :mod:`.folded`).
+        database allows (one on PostgreSQL: `folded`).
 
         Parameters:
-          claim(Claim): the attempt's claim.
-          row(StepRow): the step to store; ``committed_at`` and ``attempt`` are set here.
+          claim (Claim): the attempt's claim.
+          row (StepRow): the step to store; ``committed_at`` and ``attempt`` are set here.
 
         Returns:
           StepRow: the stored row, ``committed_at`` on the database's clock.
@@ -843,7 +846,7 @@ class SqlStepStore(StepStore):
     def commit_step_on(self, connection: CallerConnection, claim: Claim, row: StepRow) -> StepRow:
         """Write one step row in the caller's open transaction on ``connection`` (C42).
 
-        The same statements as :meth:`commit_step` (the run's row updated,
+        The same statements as `commit_step` (the run's row updated,
         fenced on the claim, then the step row inserted), sent on the caller's
         connection and not committed here: they commit or roll back with the
         caller's transaction. The fenced update locks the run's row until then.
@@ -851,9 +854,9 @@ class SqlStepStore(StepStore):
         means the connection reaches another database.
 
         Parameters:
-          connection(CallerConnection): the caller's connection, inside its transaction.
-          claim(Claim): the attempt's claim.
-          row(StepRow): the step to store.
+          connection (CallerConnection): the caller's connection, inside its transaction.
+          claim (Claim): the attempt's claim.
+          row (StepRow): the step to store.
 
         Raises:
           InvalidTransaction: the connection is to another database, or the
@@ -912,13 +915,13 @@ class SqlStepStore(StepStore):
         """Journal a new attempt of ``step_key`` before its body runs, if its budget allows (C31).
 
         One transaction, fenced on the claim: open attempts become ``lost``,
-        then :func:`~flexiq_plugins._store.step_attempts.decide_step_attempt`
+        then `decide_step_attempt`
         decides on the database's clock and a started attempt is inserted.
 
         Parameters:
-          claim(Claim): the attempt's claim.
-          step_key(str): the step.
-          max_attempts(int): the step's budget, the first attempt included.
+          claim (Claim): the attempt's claim.
+          step_key (str): the step.
+          max_attempts (int): the step's budget, the first attempt included.
 
         Raises:
           ClaimLost: another attempt holds the run (C25); nothing was written.
@@ -952,9 +955,9 @@ class SqlStepStore(StepStore):
         are on the database's clock.
 
         Parameters:
-          claim(Claim): the attempt's claim.
-          failure(StepAttemptFailure): the attempt and its error.
-          row(StepRow | None): the step row to commit with it.
+          claim (Claim): the attempt's claim.
+          failure (StepAttemptFailure): the attempt and its error.
+          row (StepRow | None): the step row to commit with it.
 
         Raises:
           ClaimLost: another attempt holds the run, or ``row``'s key is already
@@ -1009,10 +1012,10 @@ class SqlStepStore(StepStore):
         run becomes ``pending``.
 
         Parameters:
-          run_key(str): the run.
-          marker(StepRow): the ``compensation`` row; its position is chosen here.
-          status(str): the status the run must have.
-          attempt(int): the attempt number the run must be at.
+          run_key (str): the run.
+          marker (StepRow): the ``compensation`` row; its position is chosen here.
+          status (str): the status the run must have.
+          attempt (int): the attempt number the run must be at.
 
         Returns:
           bool: whether it applied.
@@ -1059,14 +1062,14 @@ class SqlStepStore(StepStore):
         One transaction, fenced on the claim.
 
         Parameters:
-          claim(Claim): the attempt's claim.
-          status(str): ``sleeping``, ``retrying``, ``succeeded``, ``failed``,
+          claim (Claim): the attempt's claim.
+          status (str): ``sleeping``, ``retrying``, ``succeeded``, ``failed``,
             ``dead``, ``cancelled`` or ``compensated``.
-          drop_steps(bool): delete the run's step rows and step attempts (C27).
-          dead_letter(NewDeadLetter | None): record a dead letter carrying the
+          drop_steps (bool): delete the run's step rows and step attempts (C27).
+          dead_letter (NewDeadLetter | None): record a dead letter carrying the
             run's envelope (C30).
-          wake_at(float | None): the run's wake time when ``sleeping``, epoch seconds (C35).
-          outcome(bytes | None): the run's outcome, written in the same
+          wake_at (float | None): the run's wake time when ``sleeping``, epoch seconds (C35).
+          outcome (bytes | None): the run's outcome, written in the same
             ``UPDATE`` as the status (C37); ``None`` clears it.
 
         Raises:
@@ -1102,8 +1105,8 @@ class SqlStepStore(StepStore):
         One transaction; applies only while the run is ``retrying`` at ``attempt``.
 
         Parameters:
-          run_key(str): the run.
-          attempt(int): the attempt that ended ``retrying``.
+          run_key (str): the run.
+          attempt (int): the attempt that ended ``retrying``.
 
         Returns:
           bool: whether the run was marked ``failed``.
@@ -1125,17 +1128,18 @@ class SqlStepStore(StepStore):
 
     # ---------------------------------------------------- events
     def poll_event(self, claim: Claim, topic: str, key: str, deadline: float | None) -> EventPoll:
-        """Look for the event a waiting step can receive (C33); see :meth:`StepStore.poll_event`.
+        """Look for the event a waiting step can receive (C33); see
+        [`StepStore.poll_event`][flexiq_plugins.StepStore.poll_event].
 
         Two transactions, each fenced on the claim: the wait fields are
         recorded and committed first, so a sender that commits an event after
         the read below finds this run among its waiters.
 
         Parameters:
-          claim(Claim): the attempt's claim.
-          topic(str): the event's topic.
-          key(str): the event's key.
-          deadline(float | None): when the wait times out, epoch seconds (``None``: never).
+          claim (Claim): the attempt's claim.
+          topic (str): the event's topic.
+          key (str): the event's key.
+          deadline (float | None): when the wait times out, epoch seconds (``None``: never).
 
         Raises:
           ClaimLost: another attempt holds the run (C25).
@@ -1197,10 +1201,10 @@ class SqlStepStore(StepStore):
         """Store an event (committed first), then read the runs to wake for it (C33).
 
         Parameters:
-          topic(str): the topic (at most 255 characters).
-          key(str): the key (at most 255 characters).
-          payload(bytes | None): the encoded payload.
-          run_key(str | None): send it to this run only.
+          topic (str): the topic (at most 255 characters).
+          key (str): the key (at most 255 characters).
+          payload (bytes | None): the encoded payload.
+          run_key (str | None): send it to this run only.
 
         Raises:
           StoreUnavailable: the database cannot be reached.
@@ -1239,7 +1243,8 @@ class SqlStepStore(StepStore):
 
     # ---------------------------------------------------- cancellation
     def request_cancel(self, run_key: str, reason: str) -> RunRecord:
-        """Record that ``run_key`` is to be cancelled with ``reason`` (C34); see :meth:`StepStore.request_cancel`.
+        """Record that ``run_key`` is to be cancelled with ``reason`` (C34); see
+        [`StepStore.request_cancel`][flexiq_plugins.StepStore.request_cancel].
 
         Raises:
           UnknownRun: no run has ``run_key``.
@@ -1262,10 +1267,10 @@ class SqlStepStore(StepStore):
         """End a run no attempt holds as ``cancelled`` (C34): a compare-and-set on its locked row.
 
         Parameters:
-          run_key(str): the run.
-          status(str): the status it must still have.
-          attempt(int): the attempt it must still be at.
-          outcome(bytes | None): the run's outcome, written with the status (C37).
+          run_key (str): the run.
+          status (str): the status it must still have.
+          attempt (int): the attempt it must still be at.
+          outcome (bytes | None): the run's outcome, written with the status (C37).
 
         Returns:
           bool: whether it applied.
@@ -1295,10 +1300,10 @@ class SqlStepStore(StepStore):
         time are cleared, ``outcome`` is written (C37), no takeover counted.
 
         Parameters:
-          run_key(str): the run.
-          status(str): the new status: ``failed``, ``cancelled`` or ``pending``.
-          while_status(Collection[str]): the statuses it applies from.
-          outcome(bytes | None): the run's outcome, written with the status (``None`` clears it).
+          run_key (str): the run.
+          status (str): the new status: ``failed``, ``cancelled`` or ``pending``.
+          while_status (Collection[str]): the statuses it applies from.
+          outcome (bytes | None): the run's outcome, written with the status (``None`` clears it).
 
         Returns:
           bool: whether it applied.
@@ -1341,9 +1346,9 @@ class SqlStepStore(StepStore):
         table than the one updated.
 
         Parameters:
-          run_key(str): the run.
-          dead_letter(NewDeadLetter): the dead letter to record.
-          outcome(bytes | None): the run's outcome (``None`` clears it, C37).
+          run_key (str): the run.
+          dead_letter (NewDeadLetter): the dead letter to record.
+          outcome (bytes | None): the run's outcome (``None`` clears it, C37).
 
         Returns:
           bool: whether it applied.
@@ -1394,11 +1399,11 @@ class SqlStepStore(StepStore):
         """Return runs, newest ``updated_at`` first.
 
         Parameters:
-          status(str | None): only runs in this status.
-          task_name(str | None): only runs of this task or actor.
-          since(float | None): only runs updated at or after this time, epoch seconds.
-          limit(int): at most this many runs.
-          job_id(str | None): only the run whose current job (task or message id) is this one;
+          status (str | None): only runs in this status.
+          task_name (str | None): only runs of this task or actor.
+          since (float | None): only runs updated at or after this time, epoch seconds.
+          limit (int): at most this many runs.
+          job_id (str | None): only the run whose current job (task or message id) is this one;
             not indexed, for an operator's lookup.
 
         Raises:
@@ -1436,8 +1441,8 @@ class SqlStepStore(StepStore):
         """Return dead letters, oldest first (C30).
 
         Parameters:
-          task_name(str | None): only dead letters of this task or actor.
-          include_retried(bool): include those already retried.
+          task_name (str | None): only dead letters of this task or actor.
+          include_retried (bool): include those already retried.
 
         Raises:
           StoreUnavailable: the database cannot be reached.
@@ -1477,8 +1482,8 @@ class SqlStepStore(StepStore):
         ``retried_at`` is set.
 
         Parameters:
-          dead_letter_id(int): the dead letter.
-          reset_from(str | None): the step key to replay from.
+          dead_letter_id (int): the dead letter.
+          reset_from (str | None): the step key to replay from.
 
         Returns:
           DeadLetterRecord: the dead letter with ``retried_at`` set.
@@ -1550,15 +1555,15 @@ class SqlStepStore(StepStore):
         """Claim a stranded run for recovery: a compare-and-set on its locked row (C35).
 
         One transaction: lock the run's row, read the database's clock, and
-        set ``updated_at`` to it only if :func:`~flexiq_plugins._store.claims.may_recover`
+        set ``updated_at`` to it only if `may_recover`
         allows (``status`` and ``updated_at`` are the ones given and, for a
         ``running`` run, the lease has expired). A concurrent recoverer waits
         on the lock, then reads the new ``updated_at`` and loses.
 
         Parameters:
-          run_key(str): the run.
-          status(str): the status the caller read.
-          updated_at(float): the ``updated_at`` the caller read, epoch seconds.
+          run_key (str): the run.
+          status (str): the status the caller read.
+          updated_at (float): the ``updated_at`` the caller read, epoch seconds.
 
         Returns:
           bool: whether this caller won the run.
@@ -1584,7 +1589,7 @@ class SqlStepStore(StepStore):
         Dead-lettered runs are kept so a retry can replay them (C27).
 
         Parameters:
-          older_than(float): epoch seconds, database clock.
+          older_than (float): epoch seconds, database clock.
 
         Returns:
           int: how many runs were deleted.
