@@ -1,12 +1,12 @@
 """Durable steps for the Celery tasks you already have.
 
-Three lines::
+Three lines:
 
     import celery_ext
     app = Celery("shop", broker="redis://localhost:6379/0", backend="redis://localhost:6379/0")
     celery_ext.install(app, store="postgresql://localhost/shop")
 
-Then, inside any task::
+Then, inside any task:
 
     from flexiq_plugins import current_job
 

@@ -25,7 +25,7 @@ def publisher(app: Any) -> Publisher:
     woken by an event (C33) gets the run's outcome under its first task id.
 
     Parameters:
-      app(celery.Celery): the application whose broker receives the job.
+      app (celery.Celery): the application whose broker receives the job.
     """
 
     def publish(envelope: JobEnvelope, run_key: str, *, job_id: str | None = None, unstarted_only: bool = False) -> str:
@@ -35,7 +35,7 @@ def publisher(app: Any) -> Publisher:
 
 
 class CeleryAdapter:
-    """:class:`flexiq_plugins.integration.Adapter` for Celery."""
+    """[`flexiq_plugins.integration.Adapter`][flexiq_plugins.integration.Adapter] for Celery."""
 
     framework = "celery"
     publish_hint = "--app module:app"

@@ -1,10 +1,10 @@
 """The dead-letter path of a Celery job (C13, C29, C30).
 
-By the time an adapter sees a :class:`~flexiq_plugins._attempt.outcomes.DeadLetter`
+By the time an adapter sees a [`DeadLetter`][flexiq_plugins.integration.DeadLetter]
 the store has already recorded the dead letter (task, arguments, run key,
 reason, traceback). What is left is the broker's side:
 
-- RabbitMQ has a native path: :class:`DeadLetterReject` is a
+- RabbitMQ has a native path: [`DeadLetterReject`][celery_ext.DeadLetterReject] is a
   ``Reject(requeue=False)``, so a queue declared with
   ``x-dead-letter-exchange`` hands the message to its dead-letter exchange.
 - Redis has none: the job is first published, unchanged but for a
@@ -13,8 +13,8 @@ reason, traceback). What is left is the broker's side:
   on Redis acknowledges it.
 
 Either way Celery's worker stores FAILURE with this exception in the result
-backend, so ``AsyncResult.get()`` raises :class:`DeadLetterReject` (a
-:class:`~flexiq_plugins.errors.DeadLettered`) instead of waiting forever, and
+backend, so ``AsyncResult.get()`` raises [`DeadLetterReject`][celery_ext.DeadLetterReject] (a
+[`DeadLettered`][flexiq_plugins.errors.DeadLettered]) instead of waiting forever, and
 no retry policy is ever consulted: ``Reject`` is not a failure Celery retries.
 """
 
@@ -36,11 +36,11 @@ DEAD_LETTER_HEADER = "flexiq_dead_letter"
 
 
 class DeadLetterReject(Reject, DeadLettered):  # type: ignore[misc]
-    """``Reject(requeue=False)`` that is also a :class:`DeadLettered` (C30).
+    """``Reject(requeue=False)`` that is also a [`DeadLettered`][flexiq_plugins.errors.DeadLettered] (C30).
 
     Parameters:
-      reason(str): ``"<reason kind>: <message>"``.
-      requeue(bool): always ``False``; accepted so that Celery's result
+      reason (str): ``"<reason kind>: <message>"``.
+      requeue (bool): always ``False``; accepted so that Celery's result
         backend can rebuild the exception from its stored arguments.
     """
 

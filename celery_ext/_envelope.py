@@ -1,10 +1,11 @@
-"""From a Celery request to the core's :class:`JobInfo`, and back to a message (C35, C36).
+"""From a Celery request to the core's [`JobInfo`][flexiq_plugins.integration.JobInfo], and back to a message (C35,
+C36).
 
 The envelope stored with each run is what an operator needs to publish the job
 again (a dead-letter retry, a recovery of a lost sleeper): the task name, its
 arguments, the queue and the routing options. Arguments the envelope's JSON
 cannot take (``pickle`` apps) are kept encoded with the app's task serializer
-(:func:`flexiq_plugins.integration.build_envelope`).
+([`flexiq_plugins.integration.build_envelope`][flexiq_plugins.integration.build_envelope]).
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ def _eager_run_key(request: Any) -> str:
     task (C1), so an eager job without a ``flexiq_run_key`` header gets a new
     one, its task id and a random suffix (``<task id>.<12 hex digits>``):
     tasks run under one id never share a run. An eager retry carries the key
-    of the run it retries (:meth:`DurableTask.retry`).
+    of the run it retries ([`DurableTask.retry`][celery_ext.DurableTask.retry]).
     """
     if _header(request, RUN_KEY_HEADER):
         return run_key_of(request)
@@ -158,12 +159,12 @@ def republish(
     first delivered from.
 
     Parameters:
-      app(celery.Celery): the application to publish with.
-      envelope(JobEnvelope): the stored envelope of the run.
-      run_key(str): the run key to carry.
-      task_id(str | None): the new job's task id (a fresh UUID when ``None``).
-      countdown(float | None): delay before the job runs, seconds.
-      unstarted_only(bool): the copy runs only while its run never started (C39).
+      app (celery.Celery): the application to publish with.
+      envelope (JobEnvelope): the stored envelope of the run.
+      run_key (str): the run key to carry.
+      task_id (str | None): the new job's task id (a fresh UUID when ``None``).
+      countdown (float | None): delay before the job runs, seconds.
+      unstarted_only (bool): the copy runs only while its run never started (C39).
 
     Returns:
       celery.result.AsyncResult: the new job's result handle.

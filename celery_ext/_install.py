@@ -32,13 +32,13 @@ def install(app: Any, store: StoreSpec = None, **options: Any) -> None:
     cannot use.
 
     Parameters:
-      app(celery.Celery): the application.
-      store(str | sqlalchemy.Engine | StepStore | None): a SQLAlchemy URL
+      app (celery.Celery): the application.
+      store (str | sqlalchemy.Engine | StepStore | None): a SQLAlchemy URL
         (``"sqlite:///steps.db"``, ``"postgresql://…"``), an engine or a
         store. ``None``: the ``FLEXIQ_STORE_URL`` environment variable, then
         the app setting ``flexiq_store_url``, then ``sqlite:///flexiq_steps.db``.
-      options: the fields of :class:`CeleryConfig`: the shared ones of
-        :class:`~flexiq_plugins.DurableConfig` (``max_hop_seconds`` (seconds
+      options: the fields of [`CeleryConfig`][celery_ext.CeleryConfig]: the shared ones of
+        [`DurableConfig`][flexiq_plugins.DurableConfig] (``max_hop_seconds`` (seconds
         or ``"15m"``, C18), ``lease_seconds`` (C23), ``busy_retry_seconds``
         (C24), ``store_retry_seconds`` (C28), ``max_takeovers`` (C25),
         ``step_bytes`` / ``run_bytes`` (bytes) and ``run_steps`` (C22),

@@ -1,11 +1,12 @@
-"""The options of :func:`celery_ext.install`: the core's :class:`DurableConfig` plus the Celery-only ones.
+"""The options of [`celery_ext.install`][celery_ext.install]: the core's [`DurableConfig`][flexiq_plugins.DurableConfig]
+plus the Celery-only ones.
 
 The shared options (``max_hop_seconds``, ``lease_seconds``, the caps,
 ``codecs`` …) are declared, converted and validated once by
-:class:`flexiq_plugins.integration.DurableConfig`; :class:`CeleryConfig` adds
-the dead-letter path and accepts a kombu serializer *name* for
+[`flexiq_plugins.integration.DurableConfig`][flexiq_plugins.DurableConfig]; [`CeleryConfig`][celery_ext.CeleryConfig]
+adds the dead-letter path and accepts a kombu serializer *name* for
 ``serializer``. Unknown names and unusable values raise
-:class:`~flexiq_plugins.ConfigurationError` at install time, listing every
+[`ConfigurationError`][flexiq_plugins.errors.ConfigurationError] at install time, listing every
 accepted option, never later inside a worker.
 """
 
@@ -75,7 +76,7 @@ def kombu_serializer(name: str) -> FunctionSerializer:
 def step_serializer(name: str) -> Serializer:
     """The serializer of step values for the kombu serializer ``name`` (C7).
 
-    ``"json"`` is the core's :class:`~flexiq_plugins.JsonSerializer`, which
+    ``"json"`` is the core's [`JsonSerializer`][flexiq_plugins.JsonSerializer], which
     keeps ``datetime``, ``Decimal``, ``UUID``, ``timedelta`` and ``bytes`` the
     same way on Celery and Dramatiq; any other name is kombu's own.
     """
@@ -84,7 +85,7 @@ def step_serializer(name: str) -> Serializer:
 
 @dataclass(frozen=True)
 class CeleryConfig(DurableConfig):
-    """The Celery integration's options: :class:`DurableConfig`'s and these.
+    """The Celery integration's options: [`DurableConfig`][flexiq_plugins.DurableConfig]'s and these.
 
     ``serializer`` also accepts a kombu serializer name (``"json"``,
     ``"pickle"``); by default step values use the app's ``task_serializer`` (C7).

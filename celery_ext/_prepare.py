@@ -1,10 +1,10 @@
 """Making tasks durable, whenever and however they were declared.
 
 Tasks declared after ``install`` without a ``base=`` are created from the
-app's ``Task``, which ``install`` replaced with a :class:`DurableTask`
+app's ``Task``, which ``install`` replaced with a [`DurableTask`][celery_ext.DurableTask]
 subclass: nothing to do. The others, tasks with their own ``base=`` class and
 tasks created before ``install`` on an already finalized app, get a subclass
-of their class with :class:`DurableTask` mixed in first; the instance in the
+of their class with [`DurableTask`][celery_ext.DurableTask] mixed in first; the instance in the
 registry keeps its identity (its ``__class__`` is swapped), so references
 held by user code stay valid. This runs at ``install`` (finalized apps),
 after finalization and at ``worker_init``.
@@ -34,7 +34,7 @@ def prepare_app(app: Any) -> None:
 
 
 def prepare_task(task: Any, app: Any) -> None:
-    """Mix :class:`DurableTask` into ``task``'s class unless it is there or ``durable=False``."""
+    """Mix [`DurableTask`][celery_ext.DurableTask] into ``task``'s class unless it is there or ``durable=False``."""
     if isinstance(task, DurableTask) or getattr(task, "durable", True) is False:
         return
     original = type(task)

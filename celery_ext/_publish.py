@@ -6,7 +6,7 @@ sleep hop, a put-back, a recovery, a dead-letter retry) or a producer's
 explicit key, and is left alone. A new one gets a key and, unless its task
 (``record_at_publish=False``) or the message (header ``flexiq_record``) opts
 out, its run is recorded through the core's
-:func:`~flexiq_plugins.integration.record_at_publish`; the header
+[`record_at_publish`][flexiq_plugins.integration.record_at_publish]; the header
 ``flexiq_recorded`` then says so.
 """
 

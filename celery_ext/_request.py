@@ -3,18 +3,19 @@
 Some ends of a job happen in the worker's main process, where no task body
 runs: a hard ``time_limit`` kills the pool process inside a step, a failure
 is acknowledged, a cold shutdown kills the process running a step. Celery
-handles them in its :class:`~celery.worker.request.Request`; durable tasks
+handles them in its `Request`; durable tasks
 use this subclass (``Task.Request``), which lets Celery do exactly what it
 does, then reports what happened to the core, which settles the run:
 
 - a hard time limit or a failure Celery acknowledged (or rejected for good):
-  the run is ``failed`` (:meth:`AttemptDriver.framework_ended`);
+  the run is ``failed`` ([`AttemptDriver.framework_ended`][flexiq_plugins.integration.AttemptDriver.framework_ended]);
 - a cold shutdown that kills the process running the job, whose message
   Celery leaves to be delivered again: the run goes back to ``pending``
-  without counting a takeover (:meth:`AttemptDriver.worker_stopped`).
+  without counting a takeover
+  ([`AttemptDriver.worker_stopped`][flexiq_plugins.integration.AttemptDriver.worker_stopped]).
 
 A revoke is reported by Celery's ``task_revoked`` signal (see
-:mod:`celery_ext._signals`).
+`celery_ext._signals`).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 The store is opened on first use in each process, never at ``install`` time:
 the app's configuration may not be loaded yet, and a prefork parent must not
 hand its database connections to its children. ``worker_process_init`` drops
-the driver in each child (see :mod:`celery_ext._signals`), and
-:class:`~flexiq_plugins.integration.PerProcess` checks the process id for any
+the driver in each child (see `celery_ext._signals`), and
+[`PerProcess`][flexiq_plugins.integration.PerProcess] checks the process id for any
 other fork, so a child always opens its own store.
 """
 
@@ -34,7 +34,7 @@ _RUNTIMES: weakref.WeakKeyDictionary[Any, Runtime] = weakref.WeakKeyDictionary()
 
 
 def runtime_of(app: Any) -> Runtime | None:
-    """Return the runtime :func:`celery_ext.install` attached to ``app``, or ``None``."""
+    """Return the runtime [`celery_ext.install`][celery_ext.install] attached to ``app``, or ``None``."""
     return _RUNTIMES.get(app)
 
 
@@ -47,10 +47,10 @@ class Runtime:
     """What ``install`` attached to one Celery app.
 
     Parameters:
-      app(celery.Celery): the application.
-      store(StoreSpec): the configured store, or ``None`` for the default chain
+      app (celery.Celery): the application.
+      store (StoreSpec): the configured store, or ``None`` for the default chain
         (``FLEXIQ_STORE_URL``, then ``app.conf.flexiq_store_url``, then SQLite).
-      config(CeleryConfig): the checked options.
+      config (CeleryConfig): the checked options.
     """
 
     def __init__(self, app: Any, store: StoreSpec, config: CeleryConfig) -> None:

@@ -2,7 +2,7 @@
 the start line, revokes, jobs of tasks the worker does not have.
 
 They are connected once per process (``dispatch_uid``), whatever the number
-of apps, and do nothing for an app that :func:`celery_ext.install` was not
+of apps, and do nothing for an app that [`celery_ext.install`][celery_ext.install] was not
 called on. ``celery.*`` built-in tasks are never touched.
 """
 
@@ -118,7 +118,7 @@ def settle_revoked(sender: Any = None, request: Any = None, expired: bool = Fals
     Sent in the worker's main process when Celery discards a revoked or
     expired message (a sleeping or waiting job's next hop included) or
     terminates a running one. The core's one cancellation
-    (:func:`~flexiq_plugins.integration.cancel_run`): a run no attempt holds
+    ([`cancel_run`][flexiq_plugins.cancel_run]): a run no attempt holds
     ends ``cancelled``, its undos run first in a new job published through the
     app (the revoked task id would be discarded again); a run an attempt still
     holds (``revoke(terminate=True)``) is cancelled by its next delivery, which
@@ -153,7 +153,7 @@ def dead_letter_unknown_task(
     attempt started (C39), or a retried dead letter no attempt started since
     its retry, would otherwise stay ``queued`` or ``pending`` and be
     re-published by recovery forever: the core dead-letters it with the reason
-    ``unregistered_task`` (:func:`~flexiq_plugins.integration.dead_letter_unregistered`),
+    ``unregistered_task`` ([`dead_letter_unregistered`][flexiq_plugins.integration.dead_letter_unregistered]),
     to be retried with ``flexiq dlq retry`` once the workers have the task. The
     run key is read from the message's headers (task protocol 2).
     """

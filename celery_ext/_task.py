@@ -1,8 +1,8 @@
 """The durable task class: one attempt of the core around each execution of the body.
 
 Celery's tracer calls ``task(*args, **kwargs)`` when a task class defines
-``__call__``; :class:`DurableTask` does, so every delivery of a durable task
-goes through :meth:`DurableTask.__call__`:
+``__call__``; [`DurableTask`][celery_ext.DurableTask] does, so every delivery of a durable task
+goes through `DurableTask.__call__`:
 
 ``__call__ → AttemptDriver.run_job(job, body) → act(outcome)``
 
@@ -16,11 +16,11 @@ solo and threads pools).
 When the pool terminates the process running a body (a cold shutdown, a
 ``revoke(terminate=True)``, a hard time limit), billiard raises
 ``SystemExit`` in it. The core hears it as a
-:class:`~flexiq_plugins.integration.WorkerInterrupted`: the interrupted step
+[`WorkerInterrupted`][flexiq_plugins.errors.WorkerInterrupted]: the interrupted step
 commits nothing and the run's claim is released, so the message Celery gives
 back is claimed again at once, without a takeover (C38); then the
 ``SystemExit`` goes on. What Celery decided for the job itself (a revoke, a
-time limit) is settled by :mod:`celery_ext._request` and the ``task_revoked``
+time limit) is settled by `celery_ext._request` and the ``task_revoked``
 receiver.
 """
 
@@ -149,7 +149,7 @@ def _retry_options(request: Any, options: dict[str, Any]) -> dict[str, Any]:
     """The retry's options: it carries the run key, and resumes the run if this attempt claimed it (C11, C23).
 
     An eager retry is applied at once under the same task id but would get a
-    run of its own (:func:`celery_ext._envelope.job_info`): it carries the
+    run of its own (`celery_ext._envelope.job_info`): it carries the
     run key. A retry of an attempt that claimed its run claims before its
     body runs, so the run is settled however the retry ends.
     """
@@ -164,7 +164,7 @@ def _retry_options(request: Any, options: dict[str, Any]) -> dict[str, Any]:
 
 @functools.cache
 def _next_call_is_celerys(cls: type) -> bool:
-    """Whether the ``__call__`` after :class:`DurableTask` in ``cls``'s MRO is Celery's own."""
+    """Whether the ``__call__`` after [`DurableTask`][celery_ext.DurableTask] in ``cls``'s MRO is Celery's own."""
     mro = cls.__mro__
     for klass in mro[mro.index(DurableTask) + 1 :]:
         if "__call__" in klass.__dict__:

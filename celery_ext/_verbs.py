@@ -8,10 +8,10 @@ Outcome              What the task does
                      run key, then ``Ignore`` (acked); if the publish keeps
                      failing, ``Reject(requeue=True)``: the message stays
 ``Failure``          re-raises, so ``autoretry_for``/``self.retry`` decide; no
-                     retry → :meth:`AttemptDriver.give_up` before the ack: the
-                     run is settled ``failed``, or, with undos to run (C32),
+                     retry → [`AttemptDriver.give_up`][flexiq_plugins.integration.AttemptDriver.give_up] before the ack:
+                     the run is settled ``failed``, or, with undos to run (C32),
                      the same task id is re-published once to run them
-``DeadLetter``       :mod:`celery_ext._deadletter`: never a retry
+``DeadLetter``       `celery_ext._deadletter`: never a retry
 ``Ack``              ``Ignore``: acked, the stored result is left as it is
 ``Replay``           the run already finished (C37): returns its stored value,
                      or raises its stored error, from ``__call__``, outside
@@ -27,7 +27,7 @@ key explicitly (C36): a sleep touches no retry counter (C16). It is published
 
 Celery logs every ``Ignore`` as "Task … ignored" at INFO, which would be one
 line per sleep hop. The put-backs and acknowledgements made here raise
-:class:`HandedBack`, whose line :class:`QuietIgnoredFilter` turns into a
+`HandedBack`, whose line `QuietIgnoredFilter` turns into a
 DEBUG record (the way ``dramatiq_ext`` quiets its skips).
 """
 
@@ -71,10 +71,10 @@ class HandedBack(Ignore):  # type: ignore[misc]
 
 
 class QuietIgnoredFilter(logging.Filter):
-    """Turns Celery's "Task … ignored" INFO record of a :class:`HandedBack` into a DEBUG record."""
+    """Turns Celery's "Task … ignored" INFO record of a `HandedBack` into a DEBUG record."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """Demote the record of a :class:`HandedBack` (Celery logs it inside its ``except Ignore``)."""
+        """Demote the record of a `HandedBack` (Celery logs it inside its ``except Ignore``)."""
         if record.levelno != logging.INFO or not isinstance(sys.exc_info()[1], HandedBack):
             return True
         record.levelno, record.levelname = logging.DEBUG, "DEBUG"
@@ -82,7 +82,7 @@ class QuietIgnoredFilter(logging.Filter):
 
 
 def install_quiet_ignored_filter() -> None:
-    """Attach one :class:`QuietIgnoredFilter` to Celery's task tracer logger (idempotent)."""
+    """Attach one `QuietIgnoredFilter` to Celery's task tracer logger (idempotent)."""
     trace_logger = logging.getLogger("celery.app.trace")
     if not any(isinstance(f, QuietIgnoredFilter) for f in trace_logger.filters):
         trace_logger.addFilter(QuietIgnoredFilter())

@@ -1,6 +1,6 @@
 """Durable steps for Dramatiq actors.
 
-Add the middleware, then use ``current_job.step`` in any actor::
+Add the middleware, then use ``current_job.step`` in any actor:
 
     import dramatiq
     from dramatiq_ext import DurableSteps

@@ -33,7 +33,7 @@ class Body:
     """An actor's own function, as Dramatiq declared it.
 
     Parameters:
-      fn(Callable[..., Any]): ``actor.fn`` before wrapping.
+      fn (Callable[..., Any]): ``actor.fn`` before wrapping.
     """
 
     def __init__(self, fn: Callable[..., Any]) -> None:
@@ -48,7 +48,7 @@ class Body:
         return self.fn(*args, **kwargs)
 
     def check(self) -> None:
-        """Raise :class:`RuntimeError` before anything is claimed if the body cannot run here."""
+        """Raise `RuntimeError` before anything is claimed if the body cannot run here."""
         if self.is_async and get_event_loop_thread() is None:
             raise RuntimeError(
                 "Global event loop thread not set. Have you added the AsyncIO middleware to your middleware stack?"
@@ -90,15 +90,15 @@ def execute(
 
     Dramatiq's ``Shutdown`` (an actor with ``notify_shutdown`` interrupted
     by a worker shutdown) reaches the core as
-    :class:`~flexiq_plugins.integration.WorkerInterrupted`: the job is put
+    [`WorkerInterrupted`][flexiq_plugins.errors.WorkerInterrupted]: the job is put
     back, no retry counted (C38). An async body runs on the AsyncIO
     middleware's event loop thread; if the wait for it is interrupted, the
     coroutine is cancelled and the attempt concludes on the loop: as a
     put-back when the worker is ``stopping``, else (``TimeLimitExceeded``)
-    as a :class:`Failure` of this attempt. Call :meth:`Body.check` first.
+    as a [`Failure`][flexiq_plugins.integration.Failure] of this attempt. Call `Body.check` first.
 
     Parameters:
-      stopping(Callable[[], bool]): whether the worker is shutting down.
+      stopping (Callable[[], bool]): whether the worker is shutting down.
     """
     if not body.is_async:
         with driver.store.held():  # one connection for the attempt's store calls in this thread, not one per call

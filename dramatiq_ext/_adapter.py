@@ -24,7 +24,7 @@ def publisher(broker: Any) -> Publisher:
     """A publisher that re-publishes Dramatiq jobs on ``broker``, carrying the run key (C11, C30, C36).
 
     Parameters:
-      broker(dramatiq.Broker): the broker to enqueue on.
+      broker (dramatiq.Broker): the broker to enqueue on.
     """
 
     def publish(envelope: JobEnvelope, run_key: str, *, job_id: str | None = None, unstarted_only: bool = False) -> str:
@@ -40,7 +40,7 @@ def _read_json(data: bytes) -> Any:
 
 
 class DramatiqAdapter:
-    """:class:`flexiq_plugins.integration.Adapter` for Dramatiq."""
+    """[`flexiq_plugins.integration.Adapter`][flexiq_plugins.integration.Adapter] for Dramatiq."""
 
     framework = "dramatiq"
     publish_hint = "--broker module:broker"

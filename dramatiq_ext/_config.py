@@ -1,10 +1,10 @@
-"""Where :class:`~dramatiq_ext.DurableSteps` gets its store and options.
+"""Where [`DurableSteps`][dramatiq_ext.DurableSteps] gets its store and options.
 
 A middleware listed by dotted path in django_dramatiq's
 ``DRAMATIQ_BROKER["MIDDLEWARE"]`` is built with no arguments while Django is
 still loading its apps, so nothing may be read at construction. Everything is
 resolved the first time a worker process needs it, through the core's one
-order (:func:`flexiq_plugins.integration.resolve_store`):
+order ([`flexiq_plugins.integration.resolve_store`][flexiq_plugins.integration.resolve_store]):
 
 1. the ``store`` argument given to ``DurableSteps``;
 2. the ``FLEXIQ_STORE_URL`` environment variable;
@@ -46,12 +46,12 @@ def django_settings() -> tuple[str | None, dict[str, Any]]:
 
 
 def encoder_serializer(encoder: Any) -> FunctionSerializer:
-    """Wrap a Dramatiq :class:`~dramatiq.Encoder` as a step value serializer (C7).
+    """Wrap a Dramatiq `Encoder` as a step value serializer (C7).
 
     An encoder encodes message dicts, so a value is stored as ``{"v": value}``.
 
     Parameters:
-      encoder(dramatiq.Encoder): usually ``dramatiq.get_encoder()``.
+      encoder (dramatiq.Encoder): usually ``dramatiq.get_encoder()``.
     """
     kind = {"JSONEncoder": "json", "PickleEncoder": "pickle"}.get(type(encoder).__name__, type(encoder).__name__)
     return FunctionSerializer(
@@ -64,10 +64,10 @@ def encoder_serializer(encoder: Any) -> FunctionSerializer:
 def step_serializer(encoder: Any) -> Serializer:
     """The serializer of step values for the broker's ``encoder`` (C7).
 
-    Dramatiq's ``JSONEncoder`` gives the core's :class:`~flexiq_plugins.JsonSerializer`,
+    Dramatiq's ``JSONEncoder`` gives the core's [`JsonSerializer`][flexiq_plugins.JsonSerializer],
     which keeps ``datetime``, ``Decimal``, ``UUID``, ``timedelta`` and
     ``bytes`` the same way on Celery and Dramatiq; any other encoder is used
-    as it is (:func:`encoder_serializer`).
+    as it is (`encoder_serializer`).
     """
     import dramatiq
 

@@ -4,7 +4,7 @@ The run key travels in the message option ``flexiq_run_key``, stamped when the
 message is first enqueued; a message published without it (by a producer that
 does not load the middleware) uses its own message id as run key, and every
 message the middleware publishes for that run carries it from then on. The
-:class:`~flexiq_plugins.integration.JobEnvelope` stored with every run keeps
+[`JobEnvelope`][flexiq_plugins.JobEnvelope] stored with every run keeps
 what is needed to publish the job again: actor, queue, arguments and the
 options that describe the job rather than one delivery of it, so a
 dead-letter retry starts with a fresh retry budget and no stale ``eta``.
@@ -57,7 +57,8 @@ def run_key_of(message: Any) -> str:
 
 
 def job_info(message: Any, **fields: Any) -> JobInfo:
-    """Describe a Dramatiq message (or proxy) for the attempt driver; ``fields`` are more :class:`JobInfo` fields.
+    """Describe a Dramatiq message (or proxy) for the attempt driver; ``fields`` are more
+    [`JobInfo`][flexiq_plugins.integration.JobInfo] fields.
 
     Arguments that are not JSON (a ``PickleEncoder`` broker sending a
     ``datetime``) are kept encoded with the broker's encoder (C35). The
@@ -125,12 +126,12 @@ def republish(
     ``step.idempotency_key`` is unchanged.
 
     Parameters:
-      broker(dramatiq.Broker): the broker to enqueue on.
-      envelope(JobEnvelope): the run's stored envelope (a ``dramatiq`` job).
-      run_key(str): the run key to carry.
-      message_id(str | None): the new message id; a fresh UUID by default.
-      delay_ms(int | None): milliseconds to delay the message by.
-      unstarted_only(bool): the copy runs only while its run never started (C39).
+      broker (dramatiq.Broker): the broker to enqueue on.
+      envelope (JobEnvelope): the run's stored envelope (a ``dramatiq`` job).
+      run_key (str): the run key to carry.
+      message_id (str | None): the new message id; a fresh UUID by default.
+      delay_ms (int | None): milliseconds to delay the message by.
+      unstarted_only (bool): the copy runs only while its run never started (C39).
 
     Returns:
       dramatiq.Message: the enqueued message.

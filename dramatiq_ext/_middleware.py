@@ -82,7 +82,7 @@ _handled: contextvars.ContextVar[str | None] = contextvars.ContextVar("flexiq_dr
 class InvalidActorOption(ConfigurationError, MiddlewareError):
     """An actor option of this middleware (``step_retry``) that cannot be used; raised where the actor is declared.
 
-    A :class:`~dramatiq.middleware.MiddlewareError`, so Dramatiq lets it
+    A `MiddlewareError`, so Dramatiq lets it
     through instead of logging it and leaving the actor without durable steps.
     """
 
@@ -100,11 +100,11 @@ class DurableSteps(Middleware):
     ``DRAMATIQ_BROKER["MIDDLEWARE"]``.
 
     Parameters:
-      store(StepStore | Engine | str | None): the step store, a SQLAlchemy
+      store (StepStore | Engine | str | None): the step store, a SQLAlchemy
         engine or URL. ``None`` reads ``FLEXIQ_STORE_URL``, then Django's
         ``FLEXIQ_STORE_URL`` / ``FLEXIQ["STORE_URL"]``, then uses
         ``sqlite:///flexiq_steps.db``.
-      options: the fields of :class:`~flexiq_plugins.DurableConfig`:
+      options: the fields of [`DurableConfig`][flexiq_plugins.DurableConfig]:
         ``max_hop_seconds`` (seconds or ``"15m"``, C18), ``lease_seconds``
         (C23), ``busy_retry_seconds`` (C24), ``store_retry_seconds`` (C28),
         ``max_takeovers`` (C25), ``step_bytes`` / ``run_bytes`` (bytes) and
@@ -180,7 +180,8 @@ class DurableSteps(Middleware):
         return self._settings
 
     def _config_or_arguments(self) -> DurableConfig:
-        """:attr:`config`, or the keyword options alone when the settings are unusable (a put-back's delay)."""
+        """[`config`][dramatiq_ext.DurableSteps.config], or the keyword options alone when the settings are unusable (a
+        put-back's delay)."""
         try:
             return self.config
         except ConfigurationError:

@@ -20,14 +20,14 @@ Outcome              What the actor call does
                      a delivery that would only replay it again
 ===================  ============================================================
 
-A skip is raised as :class:`~dramatiq.middleware.SkipMessage`: the worker
+A skip is raised as `SkipMessage`: the worker
 then acknowledges the message, the Retries middleware is not consulted and no
 ``on_success`` callback or pipeline fires. A put-back or an acknowledgement
 stores no result either: a ``Results`` backend would otherwise record
 ``None`` as the value of a job that is only sleeping (C39), so the delivery
 is marked ``store_results=False`` before it is skipped and a result waiter
 gets the value of the attempt that completes. The worker logs every skipped
-message at WARNING; a sleep logs no warning (C16), so :class:`QuietSkipFilter`
+message at WARNING; a sleep logs no warning (C16), so `QuietSkipFilter`
 drops that one record for the skips made here (the way ``RabbitmqBroker``
 filters pika's scary logs).
 """
@@ -67,13 +67,13 @@ logger = logging.getLogger("dramatiq_ext.DurableSteps")
 class DeadLettered(SkipMessage):
     """The durable job was dead-lettered; raised at Dramatiq's boundary (C13, C29, C30).
 
-    It is a :class:`~dramatiq.middleware.SkipMessage`, so no retry policy sees
+    It is a `SkipMessage`, so no retry policy sees
     it, and the message is already failed, so the broker moves it to its
     dead-letter queue and a Results backend stores this as the job's failure.
 
     Parameters:
-      reason(str): short kind: ``divergence``, ``size_cap``, ``worker_lost`` …
-      detail(str): the message recorded with the dead letter.
+      reason (str): short kind: ``divergence``, ``size_cap``, ``worker_lost`` …
+      detail (str): the message recorded with the dead letter.
     """
 
     def __init__(self, reason: str, detail: str) -> None:
@@ -89,13 +89,14 @@ class QuietSkipFilter(logging.Filter):
     """Drops the worker's "Message … was skipped." record for skips raised here."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """Return ``False`` for the worker's record of a :class:`_Handled` or :class:`DeadLettered` skip."""
+        """Return ``False`` for the worker's record of a `_Handled` or [`DeadLettered`][dramatiq_ext.DeadLettered]
+        skip."""
         handling = sys.exc_info()[1]  # the worker logs from inside its ``except SkipMessage``
         return not isinstance(handling, (_Handled, DeadLettered))
 
 
 def install_quiet_skip_filter() -> None:
-    """Attach one :class:`QuietSkipFilter` to the worker threads' logger (idempotent)."""
+    """Attach one `QuietSkipFilter` to the worker threads' logger (idempotent)."""
     logger = logging.getLogger("dramatiq.worker.WorkerThread")
     if not any(isinstance(f, QuietSkipFilter) for f in logger.filters):
         logger.addFilter(QuietSkipFilter())
@@ -104,7 +105,7 @@ def install_quiet_skip_filter() -> None:
 def enqueue_again(broker: dramatiq.Broker, message: Any, run_key: str, delay_ms: int) -> None:
     """Enqueue the same message (same id, the run's key) again after ``delay_ms`` milliseconds (C15, C36).
 
-    Held until the broker accepts it (:func:`~flexiq_plugins.integration.hand_off`
+    Held until the broker accepts it ([`hand_off`][flexiq_plugins.integration.hand_off]
     with ``forever``): the current message is not acknowledged before its
     successor is in the broker, so the job is never lost and no retry is
     counted (C16). A time limit or a shutdown notice raised in the thread

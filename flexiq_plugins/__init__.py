@@ -1,6 +1,6 @@
 """flexiq-plugins: durable steps for the Celery and Dramatiq task queues you already run.
 
-Inside a task body::
+Inside a task body:
 
     from flexiq_plugins import current_job
 

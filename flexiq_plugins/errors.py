@@ -4,7 +4,7 @@ Two roots, on purpose. Control-flow *signals* derive from ``BaseException``
 because they are not errors: a sleep is the normal way for an attempt to end,
 and a divergence must not be caught by a task's ``except Exception`` and turned
 into a retry or, worse, a success (C20). Everything else is an ordinary
-``Exception`` under :class:`FlexiqError`::
+``Exception`` under [`FlexiqError`][flexiq_plugins.errors.FlexiqError]:
 
     BaseException
     ├── StepSignal                      control flow, never an error (C20)
@@ -56,12 +56,12 @@ into a retry or, worse, a success (C20). Everything else is an ordinary
             ├── AlreadyRetried                the dead letter's run has moved on
             └── RunCompensated                the dead letter's run was compensated: retry it only from a step
 
-Classification (:func:`classify`) lives here, next to the errors, so every
+Classification ([`classify`][flexiq_plugins.errors.classify]) lives here, next to the errors, so every
 adapter reads the same answer before it consults any retry filter (C28, C29).
 A step that failed for good re-raises the error its body raised (its own type,
-so a body's ``except`` still matches) *marked final* (:func:`mark_final`):
+so a body's ``except`` still matches) *marked final* (`mark_final`):
 whatever its type, it is then never retried and it triggers the run's
-compensations (:func:`compensates`, C31, C32).
+compensations (`compensates`, C31, C32).
 """
 
 from __future__ import annotations
@@ -145,8 +145,8 @@ class SleepSignal(StepSignal):
     """Raised by ``step.sleep`` to end the attempt until ``wake_at`` (C15).
 
     Parameters:
-      step_key(str): the sleep's step key, such as ``"sleep#0"``.
-      wake_at(float): the wake time in seconds since the epoch, store clock.
+      step_key (str): the sleep's step key, such as ``"sleep#0"``.
+      wake_at (float): the wake time in seconds since the epoch, store clock.
     """
 
     def __init__(self, step_key: str, wake_at: float) -> None:
@@ -165,28 +165,28 @@ def _moment(t: float) -> str:
 class StepRetrySignal(SleepSignal):
     """A step with a retry budget failed with attempts left: the attempt ends until ``wake_at`` (C31).
 
-    A :class:`SleepSignal`, so the attempt ends the way a sleep does (the job is
+    A [`SleepSignal`][flexiq_plugins.errors.SleepSignal], so the attempt ends the way a sleep does (the job is
     put back, no retry of the task is counted), but the put-back's reason is
     ``step_retry``. Its ``__cause__`` is the error of the failed attempt.
 
     Parameters:
-      step_key(str): the failed step's key, such as ``"ship#0"``.
-      wake_at(float): when its next attempt is due, epoch seconds, store clock.
+      step_key (str): the failed step's key, such as ``"ship#0"``.
+      wake_at (float): when its next attempt is due, epoch seconds, store clock.
     """
 
 
 class EventWaitSignal(SleepSignal):
     """``step.wait_for_event`` found no event yet: the attempt ends until one is sent or the deadline (C33).
 
-    A :class:`SleepSignal`, so everything that lets a sleep end an attempt
+    A [`SleepSignal`][flexiq_plugins.errors.SleepSignal], so everything that lets a sleep end an attempt
     lets a wait end one too; the run is then ``waiting`` for ``(topic, key)``.
 
     Parameters:
-      step_key(str): the wait's step key, such as ``"payment#0"``.
-      deadline(float | None): when the wait times out, epoch seconds, store
+      step_key (str): the wait's step key, such as ``"payment#0"``.
+      deadline (float | None): when the wait times out, epoch seconds, store
         clock; ``None`` waits without a timeout.
-      topic(str): the event's topic.
-      key(str): the event's key.
+      topic (str): the event's topic.
+      key (str): the event's key.
     """
 
     def __init__(self, step_key: str, deadline: float | None, topic: str, key: str) -> None:
@@ -206,7 +206,7 @@ class RunCancelled(StepSignal):
     run, and the run ends ``cancelled`` with ``reason``.
 
     Parameters:
-      reason(str): why, as ``flexiq runs list`` shows it.
+      reason (str): why, as ``flexiq runs list`` shows it.
     """
 
     def __init__(self, reason: str) -> None:
@@ -294,9 +294,9 @@ class NotInStep(StepUsageError, RuntimeError):
 class InvalidDuration(ConfigurationError, StepUsageError):
     """A duration that is negative, not finite, too long for a sleep or not in an accepted form (C19).
 
-    A :class:`ValueError` (through :class:`ConfigurationError`), raised before
+    A `ValueError` (through [`ConfigurationError`][flexiq_plugins.errors.ConfigurationError]), raised before
     anything is committed; the message names the value and the accepted forms.
-    It is a :class:`StepUsageError` too: a bad ``step.sleep`` that escapes the
+    It is a [`StepUsageError`][flexiq_plugins.errors.StepUsageError] too: a bad ``step.sleep`` that escapes the
     task body is dead-lettered at once (reason ``invalid_duration``), since no
     retry can fix it.
     """
@@ -390,11 +390,11 @@ class StepRetryExhausted(FlexiqError):
     dead-lettered with reason ``step_retry_exhausted``.
 
     Parameters:
-      message(str): what happened, naming the step.
-      step_key(str | None): the step whose budget is spent.
-      attempts(int): how many attempts the step had (a worker lost inside
+      message (str): what happened, naming the step.
+      step_key (str | None): the step whose budget is spent.
+      attempts (int): how many attempts the step had (a worker lost inside
         the body counts as one).
-      last_error(BaseException | None): the last attempt's error, rebuilt
+      last_error (BaseException | None): the last attempt's error, rebuilt
         from the store on a replay (``None`` if its worker was lost).
     """
 
@@ -448,8 +448,8 @@ class ReplayedError(NonRetryableError):
     that fails, this error stands in for it.
 
     Parameters:
-      message(str): ``"<error type>: <message>"``.
-      error_type(str): the stored qualified class name.
+      message (str): ``"<error type>: <message>"``.
+      error_type (str): the stored qualified class name.
     """
 
     def __init__(self, message: str = "", error_type: str = "") -> None:
@@ -510,7 +510,7 @@ class ClaimLost(StoreError):
 class RunLocked(StoreError):
     """The run's row is locked by another open transaction; a write that would wait for it was not made.
 
-    Raised by :meth:`~flexiq_plugins.SqlStepStore.renew` on PostgreSQL and
+    Raised by `renew` on PostgreSQL and
     MySQL/MariaDB instead of waiting: the lock is typically a transactional
     step's, held until its caller's transaction ends (C42), and the process's
     one lease renewer must not wait on one claim while the others' leases run
@@ -523,13 +523,13 @@ class CancelRequested(StoreError):
 
     Raised by a fenced write at a step boundary (``commit_step``,
     ``poll_event``) *after* its transaction: a step
-    row it was given is committed all the same and travels in :attr:`row`,
+    row it was given is committed all the same and travels in `row`,
     so the attempt can undo it. The attempt turns it into
-    :class:`RunCancelled`; it never reaches a task body.
+    [`RunCancelled`][flexiq_plugins.errors.RunCancelled]; it never reaches a task body.
 
     Parameters:
-      reason(str): the reason the cancellation was requested with.
-      row(StepRow | None): the step row the write committed, if any.
+      reason (str): the reason the cancellation was requested with.
+      row (StepRow | None): the step row the write committed, if any.
     """
 
     def __init__(self, reason: str, row: object = None) -> None:
@@ -620,15 +620,15 @@ def mark_final(exc: BaseException, reason: str) -> BaseException:
     its type; uncaught, it triggers the run's compensations (C32).
 
     Parameters:
-      exc(BaseException): the error the step's body raised (or its rebuilt copy on a replay).
-      reason(str): the dead letter's reason kind, e.g. ``"non_retryable"``.
+      exc (BaseException): the error the step's body raised (or its rebuilt copy on a replay).
+      reason (str): the dead letter's reason kind, e.g. ``"non_retryable"``.
     """
     setattr(exc, _FINAL_ATTRIBUTE, reason)
     return exc
 
 
 def final_reason(exc: BaseException) -> str | None:
-    """The reason :func:`mark_final` gave ``exc``, or ``None`` if it is not marked."""
+    """The reason `mark_final` gave ``exc``, or ``None`` if it is not marked."""
     reason = getattr(exc, _FINAL_ATTRIBUTE, None)
     return reason if isinstance(reason, str) else None
 
@@ -636,7 +636,7 @@ def final_reason(exc: BaseException) -> str | None:
 def compensates(exc: BaseException) -> bool:
     """Whether ``exc``, uncaught, fails the run for good in a way that runs its compensations (C32).
 
-    True for an exhausted step budget, a :class:`NonRetryableError`, an
+    True for an exhausted step budget, a [`NonRetryableError`][flexiq_plugins.errors.NonRetryableError], an
     error marked final and a cancellation (C34); false for the dead letters
     that point at a defect (divergence, usage errors, caps), which an
     operator fixes and retries without undoing anything.
@@ -645,10 +645,10 @@ def compensates(exc: BaseException) -> bool:
 
 
 def classify(exc: BaseException) -> Disposition:
-    """Return the :class:`Disposition` for ``exc``, before any retry filter (C28, C29).
+    """Return the [`Disposition`][flexiq_plugins.errors.Disposition] for ``exc``, before any retry filter (C28, C29).
 
     Parameters:
-      exc(BaseException): what the task body (or the driver) raised.
+      exc (BaseException): what the task body (or the driver) raised.
     """
     for kind, disposition in _BY_TYPE:
         if isinstance(exc, kind):

@@ -3,47 +3,48 @@
 ``celery_ext`` and ``dramatiq_ext`` import only this module and the package
 root; a third integration would too. The shape of an adapter:
 
-1. At publish, stamp a run key on each new job (:func:`new_run_key`) and,
-   unless the task or the message opts out (:func:`wants_record`), record
-   its run ``queued`` before the message leaves (:func:`record_at_publish`,
-   C39); flag the message with :data:`RECORDED_FLAG` when it was recorded.
-   A worker starts recovery with :func:`start_recovery` (C39).
-2. At delivery, describe the message as a :class:`JobInfo` (the run key by
-   :func:`run_key_from`, the envelope by :func:`build_envelope`) and run it
-   with the per-process :class:`AttemptDriver` (:class:`PerProcess`):
+1. At publish, stamp a run key on each new job ([`new_run_key`][flexiq_plugins.integration.new_run_key]) and,
+   unless the task or the message opts out ([`wants_record`][flexiq_plugins.integration.wants_record]), record
+   its run ``queued`` before the message leaves ([`record_at_publish`][flexiq_plugins.integration.record_at_publish],
+   C39); flag the message with [`RECORDED_FLAG`][flexiq_plugins.integration.RECORDED_FLAG] when it was recorded.
+   A worker starts recovery with [`start_recovery`][flexiq_plugins.integration.start_recovery] (C39).
+2. At delivery, describe the message as a [`JobInfo`][flexiq_plugins.integration.JobInfo] (the run key by
+   [`run_key_from`][flexiq_plugins.integration.run_key_from], the envelope by
+   [`build_envelope`][flexiq_plugins.integration.build_envelope]) and run it with the per-process
+   [`AttemptDriver`][flexiq_plugins.integration.AttemptDriver] ([`PerProcess`][flexiq_plugins.integration.PerProcess]):
    ``driver.run_job(job, body)``.
-3. Translate the :data:`Outcome` into the framework's verb with ``match`` and
-   ``assert_never`` (see :mod:`flexiq_plugins._attempt.outcomes` for the table). The
+3. Translate the [`Outcome`][flexiq_plugins.integration.Outcome] into the framework's verb with ``match`` and
+   ``assert_never`` (see `flexiq_plugins._attempt.outcomes` for each outcome's verb). The
    core has already decided everything that does not depend on the framework.
    A put-back re-enqueues the same job carrying the run's key (C36) through
-   :func:`hand_off`; if it still fails, the message stays in the broker.
-4. Register an :class:`Adapter` under the entry point group
+   [`hand_off`][flexiq_plugins.integration.hand_off]; if it still fails, the message stays in the broker.
+4. Register an [`Adapter`][flexiq_plugins.integration.Adapter] under the entry point group
    ``flexiq_plugins.adapters`` so the operator tools can re-publish its jobs.
 
-Options are one frozen :class:`DurableConfig` (subclass it for options of
-your own), the store comes from :func:`resolve_store`. A task's or actor's
-own ``step_retry`` option (C31) is checked with :func:`retry_policy_option`
-and travels in :attr:`JobInfo.step_retry`; its caps (``max_run_seconds``,
-``max_suspended_seconds``, C34) are checked with :func:`cancellation_option`
-and travel in :attr:`JobInfo.cancellation`. When the framework gives up on a
-:class:`Failure`, call :meth:`AttemptDriver.give_up`: a run with undos to run
-(C32) comes back as a :class:`PutBack` to re-enqueue. A worker that
-receives a recorded job for a task or actor it does not have (the framework
-discards the message) calls :func:`dead_letter_unregistered` from the
-framework's hook, so the run is dead-lettered instead of staying ``queued``
-(C39). A store setting is
-checked when the integration is configured (:func:`check_store_spec`) and the
-store is reached once when a worker starts (:func:`check_store_at_start`), so
-a misconfiguration stops the worker with one line instead of failing jobs
+Options are one frozen [`DurableConfig`][flexiq_plugins.DurableConfig] (subclass it for options of
+your own), the store comes from [`resolve_store`][flexiq_plugins.integration.resolve_store]. A task's or actor's
+own ``step_retry`` option (C31) is checked with [`retry_policy_option`][flexiq_plugins.integration.retry_policy_option]
+and travels in `JobInfo.step_retry`; its caps (``max_run_seconds``,
+``max_suspended_seconds``, C34) are checked with [`cancellation_option`][flexiq_plugins.integration.cancellation_option]
+and travel in `JobInfo.cancellation`. When the framework gives up on a
+[`Failure`][flexiq_plugins.integration.Failure], call
+[`AttemptDriver.give_up`][flexiq_plugins.integration.AttemptDriver.give_up]: a run with undos to run (C32) comes back as
+a [`PutBack`][flexiq_plugins.integration.PutBack] to re-enqueue. A worker that receives a recorded job for a task or
+actor it does not have (the framework discards the message) calls
+[`dead_letter_unregistered`][flexiq_plugins.integration.dead_letter_unregistered] from the framework's hook, so the run
+is dead-lettered instead of staying ``queued`` (C39). A store setting is
+checked when the integration is configured ([`check_store_spec`][flexiq_plugins.integration.check_store_spec]) and the
+store is reached once when a worker starts ([`check_store_at_start`][flexiq_plugins.integration.check_store_at_start]),
+so a misconfiguration stops the worker with one line instead of failing jobs
 (C41); a job that cannot open its store is put back
-(:func:`driver_or_put_back`), never acknowledged away.
+([`driver_or_put_back`][flexiq_plugins.integration.driver_or_put_back]), never acknowledged away.
 
-An integration configured in a process calls :func:`register_installation`
-with its app or broker, so :func:`flexiq_plugins.send_event` and
-:func:`flexiq_plugins.cancel_run` called there use its store and wake runs
+An integration configured in a process calls [`register_installation`][flexiq_plugins.integration.register_installation]
+with its app or broker, so [`flexiq_plugins.send_event`][flexiq_plugins.send_event] and
+[`flexiq_plugins.cancel_run`][flexiq_plugins.cancel_run] called there use its store and wake runs
 through it (C33, C34). When the framework cancels a job itself (a Celery
-``revoke``), :meth:`AttemptDriver.framework_ended` calls :func:`cancel_run`,
-the one cancellation.
+``revoke``), [`AttemptDriver.framework_ended`][flexiq_plugins.integration.AttemptDriver.framework_ended] calls
+[`cancel_run`][flexiq_plugins.cancel_run], the one cancellation.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """pytest fixtures for testing durable task bodies (registered through the ``pytest11`` entry point).
 
-- ``flexiq_clock``: a :class:`~flexiq_plugins.testing.FakeClock` at ``START``;
-- ``flexiq_store``: an empty :class:`~flexiq_plugins.MemoryStepStore` on that clock;
+- ``flexiq_clock``: a [`FakeClock`][flexiq_plugins.testing.FakeClock] at ``START``;
+- ``flexiq_store``: an empty [`MemoryStepStore`][flexiq_plugins.MemoryStepStore] on that clock;
 - ``durable_run``: a factory, ``durable_run(task, *args, **kwargs)`` gives a
-  :class:`~flexiq_plugins.testing.DurableRun` on that store and clock (each
+  [`DurableRun`][flexiq_plugins.testing.DurableRun] on that store and clock (each
   call a new run key: ``run-1``, ``run-2`` …).
 """
 
@@ -35,7 +35,8 @@ def flexiq_store(flexiq_clock: FakeClock) -> MemoryStepStore:
 
 @pytest.fixture
 def durable_run(flexiq_store: MemoryStepStore, flexiq_clock: FakeClock) -> Callable[..., DurableRun]:
-    """``durable_run(task, *args, **kwargs)``: a :class:`DurableRun` of ``task`` on the shared store."""
+    """``durable_run(task, *args, **kwargs)``: a [`DurableRun`][flexiq_plugins.testing.DurableRun] of ``task`` on the
+    shared store."""
     numbers = itertools.count(1)
 
     def make(task: Callable[..., Any], *args: Any, **kwargs: Any) -> DurableRun:

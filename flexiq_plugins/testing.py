@@ -1,9 +1,9 @@
 """Unit-testing durable task bodies without a broker or a worker.
 
-A :class:`DurableRun` runs a task body the way a worker would, one attempt at
-a time, against an in-memory store on a :class:`FakeClock`: the body sees
+A [`DurableRun`][flexiq_plugins.testing.DurableRun] runs a task body the way a worker would, one attempt at
+a time, against an in-memory store on a [`FakeClock`][flexiq_plugins.testing.FakeClock]: the body sees
 ``current_job`` and its steps are memoized, replayed and checked exactly as
-in production. A test can then simulate what happens between attempts::
+in production. A test can then simulate what happens between attempts:
 
     from flexiq_plugins.testing import DurableRun
 
@@ -19,22 +19,25 @@ in production. A test can then simulate what happens between attempts::
         assert payments.calls == 1
 
 Step retries (C31) and compensations (C32) are driven the same way: an
-attempt whose step failed with budget left is :attr:`AttemptResult.step_retrying`
-(:meth:`DurableRun.wake` lets its backoff pass), a body that raises
-:class:`SimulatedCrash` inside a step dies there like a killed worker, and
-:meth:`DurableRun.give_up` plays a framework that stops retrying.
+attempt whose step failed with budget left is
+[`AttemptResult.step_retrying`][flexiq_plugins.testing.AttemptResult.step_retrying]
+([`DurableRun.wake`][flexiq_plugins.testing.DurableRun.wake] lets its backoff pass), a body that raises
+[`SimulatedCrash`][flexiq_plugins.testing.SimulatedCrash] inside a step dies there like a killed worker, and
+[`DurableRun.give_up`][flexiq_plugins.testing.DurableRun.give_up] plays a framework that stops retrying.
 
 Events (C33) and cancellation (C34) too: an attempt that waits for an event
-is :attr:`AttemptResult.waiting`; :meth:`DurableRun.send_event` sends one (the
-next :meth:`~DurableRun.attempt` receives it), :meth:`DurableRun.wake` lets a
-wait's timeout pass, and :meth:`DurableRun.cancel` cancels the run as
-``flexiq runs cancel`` does (the next attempt then runs the undos).
+is [`AttemptResult.waiting`][flexiq_plugins.testing.AttemptResult.waiting];
+[`DurableRun.send_event`][flexiq_plugins.testing.DurableRun.send_event] sends one (the next
+[`attempt`][flexiq_plugins.testing.DurableRun.attempt] receives it),
+[`DurableRun.wake`][flexiq_plugins.testing.DurableRun.wake] lets a wait's timeout pass, and
+[`DurableRun.cancel`][flexiq_plugins.testing.DurableRun.cancel] cancels the run as ``flexiq runs cancel`` does (the next
+attempt then runs the undos).
 
-The pytest plugin (:mod:`flexiq_plugins.pytest_plugin`, loaded through the
+The pytest plugin ([`flexiq_plugins.pytest_plugin`][flexiq_plugins.pytest_plugin], loaded through the
 ``pytest11`` entry point) gives the fixtures ``flexiq_clock``,
 ``flexiq_store`` and ``durable_run``. Nothing here imports a framework: a
 Celery task or a Dramatiq actor is turned into its plain function by its
-installed adapter (:meth:`~flexiq_plugins._delivery.registry.Adapter.task_body`).
+installed adapter ([`task_body`][flexiq_plugins.integration.Adapter.task_body]).
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ from ._store.memory import MemoryStepStore
 __all__ = ["START", "AttemptResult", "DurableRun", "FakeClock", "SimulatedCrash", "task_body"]
 
 START = 1_700_000_000.0
-"""Where a :class:`FakeClock` starts, epoch seconds (2023-11-14 22:13:20 UTC)."""
+"""Where a [`FakeClock`][flexiq_plugins.testing.FakeClock] starts, epoch seconds (2023-11-14 22:13:20 UTC)."""
 
 _job_ids = itertools.count(1)
 
@@ -72,7 +75,7 @@ class FakeClock:
     """A store clock that moves only when told to (epoch seconds).
 
     Parameters:
-      start(float): the initial time, epoch seconds.
+      start (float): the initial time, epoch seconds.
     """
 
     def __init__(self, start: float = START) -> None:
@@ -96,8 +99,8 @@ class AttemptResult:
     """What one attempt did.
 
     Parameters:
-      number(int | None): the attempt's number (``None`` if it never started: busy, duplicate …).
-      outcome(Outcome | None): the core's outcome; ``None`` for a simulated crash.
+      number (int | None): the attempt's number (``None`` if it never started: busy, duplicate …).
+      outcome (Outcome | None): the core's outcome; ``None`` for a simulated crash.
     """
 
     number: int | None
@@ -105,7 +108,8 @@ class AttemptResult:
 
     @property
     def crashed(self) -> bool:
-        """The attempt was stopped by :class:`SimulatedCrash`; its claim is still held."""
+        """The attempt was stopped by [`SimulatedCrash`][flexiq_plugins.testing.SimulatedCrash]; its claim is still
+        held."""
         return self.outcome is None and self.number is not None
 
     @property
@@ -115,18 +119,20 @@ class AttemptResult:
 
     @property
     def sleeping(self) -> bool:
-        """The body slept (``step.sleep``); :meth:`DurableRun.wake` lets the time pass."""
+        """The body slept (``step.sleep``); [`DurableRun.wake`][flexiq_plugins.testing.DurableRun.wake] lets the time
+        pass."""
         return isinstance(self.outcome, outcomes.PutBack) and self.outcome.reason is outcomes.PutBackReason.SLEEP
 
     @property
     def step_retrying(self) -> bool:
-        """A step with a retry budget failed with attempts left (C31); :meth:`DurableRun.wake` lets its backoff pass."""
+        """A step with a retry budget failed with attempts left (C31);
+        [`DurableRun.wake`][flexiq_plugins.testing.DurableRun.wake] lets its backoff pass."""
         return isinstance(self.outcome, outcomes.PutBack) and self.outcome.reason is outcomes.PutBackReason.STEP_RETRY
 
     @property
     def waiting(self) -> bool:
-        """The body waits for an event (C33): :meth:`DurableRun.send_event` sends it, :meth:`DurableRun.wake`
-        lets its timeout pass."""
+        """The body waits for an event (C33): [`DurableRun.send_event`][flexiq_plugins.testing.DurableRun.send_event]
+        sends it, [`DurableRun.wake`][flexiq_plugins.testing.DurableRun.wake] lets its timeout pass."""
         outcome = self.outcome
         if isinstance(outcome, outcomes.PutBack):
             return outcome.reason is outcomes.PutBackReason.WAIT
@@ -149,7 +155,7 @@ class AttemptResult:
 
     @property
     def value(self) -> Any:
-        """The body's return value (``None`` unless :attr:`completed`)."""
+        """The body's return value (``None`` unless [`completed`][flexiq_plugins.testing.AttemptResult.completed])."""
         return self.outcome.value if isinstance(self.outcome, outcomes.Completed) else None
 
     @property
@@ -196,14 +202,15 @@ class DurableRun:
     """One run of a task body, driven attempt by attempt against an in-memory store.
 
     Parameters:
-      task(Callable[..., Any]): the task function, a Celery task or a Dramatiq actor.
-      *args(Any): the job's positional arguments.
-      **kwargs(Any): the job's keyword arguments.
-      run_key(str): the run's key (default ``"run-1"``); steps' idempotency keys start with it.
-      store(StepStore | None): where the run lives; a :class:`MemoryStepStore` on ``clock`` by default.
-      clock(FakeClock | None): the store's clock when the store is made here.
-      config(DurableConfig | None): the options (caps, lease, ``step_retry`` …); defaults otherwise.
-      task_name(str | None): the name recorded with the run (default: the function's name).
+      task (Callable[..., Any]): the task function, a Celery task or a Dramatiq actor.
+      *args (Any): the job's positional arguments.
+      **kwargs (Any): the job's keyword arguments.
+      run_key (str): the run's key (default ``"run-1"``); steps' idempotency keys start with it.
+      store (StepStore | None): where the run lives; a [`MemoryStepStore`][flexiq_plugins.MemoryStepStore] on ``clock``
+        by default.
+      clock (FakeClock | None): the store's clock when the store is made here.
+      config (DurableConfig | None): the options (caps, lease, ``step_retry`` …); defaults otherwise.
+      task_name (str | None): the name recorded with the run (default: the function's name).
 
     A Celery task's or Dramatiq actor's own ``step_retry`` option (C31) and
     caps (``max_run_seconds``, ``max_suspended_seconds``, C34) are used as its
@@ -239,11 +246,11 @@ class DurableRun:
 
         If the previous attempt crashed, its claim is taken over first (the
         clock moves past its lease, as a redelivery after a dead worker does).
-        A body (or a step body, or an undo) that raises :class:`SimulatedCrash`
+        A body (or a step body, or an undo) that raises [`SimulatedCrash`][flexiq_plugins.testing.SimulatedCrash]
         crashes the attempt there.
 
         Parameters:
-          crash_after_steps(int | None): stop this attempt right after it has
+          crash_after_steps (int | None): stop this attempt right after it has
             committed that many *new* steps (``0``: before the first one), as
             if the worker were killed there; nothing else is recorded.
         """
@@ -298,16 +305,17 @@ class DurableRun:
         self.clock.advance(max(last.wake_at - self.clock(), 0.0))
 
     def send_event(self, topic: str, key: str, payload: Any = None, *, to_this_run: bool = False) -> EventSent:
-        """Send the event ``(topic, key)`` as :func:`flexiq_plugins.send_event` does, into this run's store (C33).
+        """Send the event ``(topic, key)`` as [`flexiq_plugins.send_event`][flexiq_plugins.send_event] does, into this
+        run's store (C33).
 
-        No worker is woken here: the next :meth:`attempt` is the delivery that
+        No worker is woken here: the next [`attempt`][flexiq_plugins.testing.DurableRun.attempt] is the delivery that
         receives it.
 
         Parameters:
-          topic(str): the topic.
-          key(str): the key.
-          payload(Any): what the wait returns.
-          to_this_run(bool): send it to this run only (by its run key).
+          topic (str): the topic.
+          key (str): the key.
+          payload (Any): what the wait returns.
+          to_this_run (bool): send it to this run only (by its run key).
         """
         run_key = self.run_key if to_this_run else None
         return send_event(
@@ -315,7 +323,8 @@ class DurableRun:
         )
 
     def cancel(self, reason: str = "") -> CancelResult:
-        """Cancel the run as ``flexiq runs cancel`` does (C34); its undos, if any, run at the next :meth:`attempt`."""
+        """Cancel the run as ``flexiq runs cancel`` does (C34); its undos, if any, run at the next
+        [`attempt`][flexiq_plugins.testing.DurableRun.attempt]."""
         return cancel_run(self.run_key, reason=reason, store=self.store, publishers={})
 
     def give_up(self) -> outcomes.PutBack | None:
@@ -323,7 +332,7 @@ class DurableRun:
 
         The run is settled ``failed``; or, if it has committed steps with
         undos, it waits for its compensation and the returned ``PutBack`` says
-        so: the next :meth:`attempt` runs the undos.
+        so: the next [`attempt`][flexiq_plugins.testing.DurableRun.attempt] runs the undos.
 
         Raises:
           RuntimeError: the last attempt did not fail with a retryable error.
@@ -336,7 +345,7 @@ class DurableRun:
     def until_done(self, *, max_attempts: int = 100) -> AttemptResult:
         """Run attempts, letting every sleep and step backoff elapse, until the run is done or dead-lettered.
 
-        A :class:`~flexiq_plugins._attempt.outcomes.Failure` is retried (as a framework
+        A [`Failure`][flexiq_plugins.integration.Failure] is retried (as a framework
         with retries left would); a crashed attempt is followed by a takeover.
         Returns the last attempt's result.
 

@@ -1,9 +1,9 @@
 """Attempts: claiming a run, running its body, concluding into exactly one outcome.
 
-The driver (:mod:`flexiq_plugins._attempt.driver`) claims a run and starts an
-:class:`~flexiq_plugins._attempt.attempt.Attempt`; the attempt keeps its lease
-(:mod:`flexiq_plugins._attempt.lease`), and concludes with the compensations
-(:mod:`flexiq_plugins._attempt.compensation`), cancellations and run caps the
+The driver (`flexiq_plugins._attempt.driver`) claims a run and starts an
+[`Attempt`][flexiq_plugins.integration.Attempt]; the attempt keeps its lease
+(`flexiq_plugins._attempt.lease`), and concludes with the compensations
+(`flexiq_plugins._attempt.compensation`), cancellations and run caps the
 run calls for. Every framework-neutral decision is made here, once, for every
 adapter.
 """

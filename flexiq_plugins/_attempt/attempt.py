@@ -1,11 +1,11 @@
 """One attempt of a run: the body under its claim, and the one outcome it concludes with.
 
-An :class:`Attempt` is made by the driver (:class:`~flexiq_plugins._attempt.driver.AttemptDriver`)
-once the run is claimed (or, for a ``lazy`` job, claims it at the body's
-first step). It binds ``current_job`` to the run's step journal, keeps the
+An [`Attempt`][flexiq_plugins.integration.Attempt] is made by the driver
+([`AttemptDriver`][flexiq_plugins.integration.AttemptDriver]) once the run is claimed (or, for a ``lazy`` job, claims it
+at the body's first step). It binds ``current_job`` to the run's step journal, keeps the
 claim's lease alive while the body runs (C23), and then *concludes*: what the
 body returned or raised becomes exactly one committed run state and one
-:mod:`~flexiq_plugins._attempt.outcomes` value (C13–C16, C21, C25–C29, C32–C34).
+`outcomes` value (C13–C16, C21, C25–C29, C32–C34).
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ failure waited for a network timeout (a black-holed store), and waiting for more
 
 
 class AttemptHost(Protocol):
-    """What an attempt asks of the driver that started it (:class:`~flexiq_plugins._attempt.driver.AttemptDriver`)."""
+    """What an attempt asks of the driver that started it
+    ([`AttemptDriver`][flexiq_plugins.integration.AttemptDriver])."""
 
     config: DurableConfig
     codec: CodecChain
@@ -90,11 +91,13 @@ class AttemptHost(Protocol):
 class Attempt:
     """One execution of a task body for a run, holding its claim.
 
-    Created by :meth:`AttemptDriver.start`. Use :meth:`run` / :meth:`arun`, or
-    :meth:`activate` + :meth:`conclude` when the framework calls the body itself.
-    An attempt of a ``lazy`` job claims its run at the body's first use of
-    ``current_job.step`` (:meth:`claim_now`); until then :attr:`claim`,
-    :attr:`number` and :attr:`journal` are ``None``.
+    Created by [`AttemptDriver.start`][flexiq_plugins.integration.AttemptDriver.start]. Use
+    [`run`][flexiq_plugins.integration.Attempt.run] / [`arun`][flexiq_plugins.integration.Attempt.arun], or
+    [`activate`][flexiq_plugins.integration.Attempt.activate] +
+    [`conclude`][flexiq_plugins.integration.Attempt.conclude] when the framework calls the body itself. An attempt of a
+    ``lazy`` job claims its run at the body's first use of ``current_job.step``
+    ([`claim_now`][flexiq_plugins.integration.Attempt.claim_now]); until then `claim`, `number` and `journal` are
+    ``None``.
     """
 
     def __init__(self, driver: AttemptHost, job: JobInfo, begun: Begun | None, *, owner: str | None = None) -> None:
@@ -125,9 +128,9 @@ class Attempt:
     def _take(self, begun: Begun, *, bind: bool = True) -> None:
         """Hold the claim ``begun``: the journal, the caps and the lease of the run (C23, C34).
 
-        :attr:`claim` is set last, and ``current_job`` is bound to the journal
+        `claim` is set last, and ``current_job`` is bound to the journal
         only with ``bind``: a lazy claim binds it once its keeper has started
-        (see :meth:`claim_now`).
+        (see [`claim_now`][flexiq_plugins.integration.Attempt.claim_now]).
         """
         self._clock_offset = begun.now - time.time()
         self._local_clock = self._store.local_clock()
@@ -272,8 +275,8 @@ class Attempt:
         """Commit what the body did and return exactly one outcome (C13–C16, C21, C25–C29).
 
         Parameters:
-          value(Any): the body's return value, when it returned.
-          error(BaseException | None): what it raised, when it raised.
+          value (Any): the body's return value, when it returned.
+          error (BaseException | None): what it raised, when it raised.
         """
         if self._refused is not None:  # the lazy claim found the run busy, finished or dead (C24–C28)
             return self._refused

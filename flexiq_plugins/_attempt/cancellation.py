@@ -1,25 +1,25 @@
 """Cancelling a run on request (C34): the one cancellation every path uses.
 
-**On request** (:func:`cancel`, the one cancellation every path uses:
-``flexiq runs cancel``, :func:`flexiq_plugins.cancel_run`, a framework's
-revoke through :meth:`AttemptDriver.framework_ended`). The request is first
-recorded on the run (:meth:`AttemptStore.request_cancel`), so whichever attempt
+**On request** (`cancel`, the one cancellation every path uses:
+``flexiq runs cancel``, [`flexiq_plugins.cancel_run`][flexiq_plugins.cancel_run], a framework's
+revoke through [`AttemptDriver.framework_ended`][flexiq_plugins.integration.AttemptDriver.framework_ended]). The request
+is first recorded on the run (`AttemptStore.request_cancel`), so whichever attempt
 holds or next claims the run sees it; then:
 
 - a **finished** run is left as it is;
 - a run **held by a live attempt** is left to it: the attempt sees the
   request with its next commit, unwinds with
-  :class:`~flexiq_plugins.errors.RunCancelled`, runs its undos and ends
+  [`RunCancelled`][flexiq_plugins.errors.RunCancelled], runs its undos and ends
   ``cancelled``;
 - a run **no attempt holds** (pending, sleeping, waiting, retrying, or its
   worker died) with committed undos is turned into a compensation
-  (:func:`~flexiq_plugins._attempt.compensation.begin_compensation`): its next
+  (`begin_compensation`): its next
   delivery (the caller re-publishes its job, else recovery does) replays the
   body, runs the undos and ends the run ``cancelled``;
 - otherwise it ends ``cancelled`` at once (a compare-and-set). A wake-up
   message still in the broker finds a finished run and is dropped (C26).
 
-A run over one of its run caps (:mod:`flexiq_plugins._attempt.caps`) is cancelled the same way.
+A run over one of its run caps (`flexiq_plugins._attempt.caps`) is cancelled the same way.
 """
 
 from __future__ import annotations
@@ -51,14 +51,14 @@ class CancelResult:
     """What a cancellation did (C34).
 
     Parameters:
-      run_key(str): the run.
-      outcome(str): ``cancelled`` (ended now); ``compensating`` (its undos run
+      run_key (str): the run.
+      outcome (str): ``cancelled`` (ended now); ``compensating`` (its undos run
         at the next delivery, then it ends ``cancelled``); ``requested`` (an
         attempt holds it and stops at its next step boundary); ``finished``
         (it had already ended: nothing changed).
-      status(str): the run's status after the call.
-      job_id(str | None): the job re-published to run the undos, if any.
-      note(str): why a compensation was not re-published ('' otherwise).
+      status (str): the run's status after the call.
+      job_id (str | None): the job re-published to run the undos, if any.
+      note (str): why a compensation was not re-published ('' otherwise).
     """
 
     run_key: str
@@ -72,7 +72,7 @@ def cancel(store: AttemptStore, run_key: str, reason: str = "") -> CancelResult:
     """Cancel the run ``run_key`` with ``reason`` (C34); see the module's description. Publishes nothing.
 
     A ``compensating`` run waits for one delivery: re-publish its job (as
-    :func:`flexiq_plugins.operations.cancel_run` does), or recovery will.
+    [`flexiq_plugins.operations.cancel_run`][flexiq_plugins.cancel_run] does), or recovery will.
 
     Raises:
       UnknownRun: no run has ``run_key``.

@@ -3,19 +3,19 @@
 A task (or actor, or the whole integration) may say how long a run may last
 from its creation (``max_run_seconds``) and how long it may spend suspended in
 sleeps and waits for events (``max_suspended_seconds``), together a
-:class:`~flexiq_plugins.CancellationPolicy`. A run that goes over
+[`CancellationPolicy`][flexiq_plugins.CancellationPolicy]. A run that goes over
 either cap is cancelled: it ends ``cancelled`` with the reason, and the
 compensations of its committed steps run (C32) — the same end as
 ``flexiq runs cancel``.
 
 **Where the time is counted.** Nothing new is stored for it: the run's
 ``created_at`` comes with its claim, and its suspension is read from its own
-step rows (:func:`suspended_seconds`): a sleep is suspended from its commit to
+step rows (`suspended_seconds`): a sleep is suspended from its commit to
 its wake time, a wait from its ``wait`` row to the ``event`` row that ended it
 (or until now). Step-retry backoffs and the framework's own retries are not
 suspensions.
 
-**When a cap is checked** (:class:`RunCaps`):
+**When a cap is checked** (`RunCaps`):
 
 - when an attempt claims the run (a run over a cap replays its committed
   steps only, so their undos are registered, and stops at the first step that
@@ -46,8 +46,8 @@ def suspended_seconds(rows: Iterable[StepRow], now: float) -> float:
     earlier); a wait from its ``wait`` row to its ``event`` row (or now).
 
     Parameters:
-      rows(Iterable[StepRow]): the run's committed step rows.
-      now(float): the store's clock, epoch seconds.
+      rows (Iterable[StepRow]): the run's committed step rows.
+      now (float): the store's clock, epoch seconds.
     """
     rows = list(rows)
     ended = {r.step_key.removeprefix(EVENT_PREFIX): r.committed_at for r in rows if r.kind == "event"}
@@ -69,8 +69,8 @@ class RunCaps:
     """A run's caps against its clock: whether it is over one, and how long it may stay suspended (C34).
 
     Parameters:
-      policy(CancellationPolicy): the caps.
-      created_at(float): when the run was created, epoch seconds, store clock.
+      policy (CancellationPolicy): the caps.
+      created_at (float): when the run was created, epoch seconds, store clock.
     """
 
     policy: CancellationPolicy
@@ -100,9 +100,9 @@ class RunCaps:
         """The earliest of ``wake_at`` and the moments a run suspending now reaches a cap (epoch seconds).
 
         Parameters:
-          wake_at(float | None): when the sleep or wait ends by itself; ``None``: never.
-          rows(Sequence[StepRow]): the run's committed step rows.
-          now(float): the store's clock, epoch seconds.
+          wake_at (float | None): when the sleep or wait ends by itself; ``None``: never.
+          rows (Sequence[StepRow]): the run's committed step rows.
+          now (float): the store's clock, epoch seconds.
         """
         times = [t for t in (wake_at, self.run_deadline) if t is not None and t != math.inf]
         cap = self.policy.max_suspended_seconds

@@ -9,7 +9,7 @@ each time the body passes it, in the attempt's journal.
 **When a run fails for good inside an attempt** (an exhausted step budget, a
 non-retryable error, an error marked final), the body has just replayed
 every committed step before it, so their undos are registered:
-:func:`settle` commits a ``compensation:start`` row holding the failure, and
+`settle` commits a ``compensation:start`` row holding the failure, and
 runs the undos at once, in the same attempt, under its claim.
 
 **When the undos are not in memory** (the framework gave up retrying an
@@ -18,13 +18,13 @@ undo failed with attempts left and its job came back), the run's
 ``compensation:start`` row tells the next delivery to compensate: its body
 is replayed *replay-only* (memo hits register their undos; the first step
 that never ran, or a sleep not due, stops it with
-:class:`~flexiq_plugins.errors.ReplayStopped`), then the undos run.
-:meth:`AttemptDriver.give_up` is the adapters' entry point for the first
+[`ReplayStopped`][flexiq_plugins.errors.ReplayStopped]), then the undos run.
+[`AttemptDriver.give_up`][flexiq_plugins.integration.AttemptDriver.give_up] is the adapters' entry point for the first
 case: it records the failure and asks them to put the job back once.
 
 **How the undos run.** In reverse commit order, each once: each is a step of
 its own, ``compensate:<step key>``, memoized, with its own idempotency key
-and its own :class:`~flexiq_plugins.RetryPolicy` (the undo's, else the task's
+and its own [`RetryPolicy`][flexiq_plugins.RetryPolicy] (the undo's, else the task's
 ``step_retry``, else ``RetryPolicy()``); a failure with attempts left ends
 the attempt and the job comes back like any step retry. A committed step
 whose undo is not registered again, or an undo that fails for good, ends the
@@ -34,9 +34,9 @@ inside an attempt the job then goes to the dead letters with its original
 reason; if the framework had already reported the failure, the job is
 acknowledged.
 
-A cancellation (C34) enters the same way: :func:`begin_compensation` for a
-run that is not running (with a ``cancelled`` :class:`RunFailure`), or
-:func:`settle` with the :class:`~flexiq_plugins.errors.RunCancelled` that
+A cancellation (C34) enters the same way: `begin_compensation` for a
+run that is not running (with a ``cancelled`` `RunFailure`), or
+`settle` with the [`RunCancelled`][flexiq_plugins.errors.RunCancelled] that
 ends an attempt; the run then ends ``cancelled`` instead of ``compensated``.
 """
 
@@ -86,8 +86,8 @@ class Compensated:
     """Every undo of the run ran: how the attempt ends (status ``compensated``).
 
     Parameters:
-      failure(RunFailure): why the run was compensated.
-      undone(tuple[str, ...]): the undos' step keys, in the order they ran.
+      failure (RunFailure): why the run was compensated.
+      undone (tuple[str, ...]): the undos' step keys, in the order they ran.
     """
 
     failure: RunFailure
@@ -150,13 +150,13 @@ def settle(host: CompensationHost, error: BaseException | None) -> Compensated |
 
     - The run is being compensated (a ``compensation:start`` row): whatever
       the replay-only body did, the undos run now.
-    - ``error`` fails the run for good (:func:`~flexiq_plugins.errors.compensates`)
+    - ``error`` fails the run for good (`compensates`)
       and committed steps have undos: the failure is recorded, the undos run now.
     - Otherwise ``error`` is returned unchanged.
 
-    Returns :class:`Compensated` when every undo has run; a
-    :class:`~flexiq_plugins.errors.StepRetrySignal` when an undo failed with
-    attempts left; a :class:`~flexiq_plugins.CompensationFailed` when one
+    Returns `Compensated` when every undo has run; a
+    [`StepRetrySignal`][flexiq_plugins.errors.StepRetrySignal] when an undo failed with
+    attempts left; a [`CompensationFailed`][flexiq_plugins.errors.CompensationFailed] when one
     failed for good or is missing.
 
     Raises:

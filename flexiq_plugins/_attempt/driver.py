@@ -1,12 +1,12 @@
 """The attempt driver: the only thing the framework adapters talk to.
 
-An adapter turns a framework message into a :class:`JobInfo` and hands it,
-with the task body, to :meth:`AttemptDriver.run_job` (or ``arun_job`` for an
-``async def`` body). The driver claims the run and reads its snapshot in one
+An adapter turns a framework message into a [`JobInfo`][flexiq_plugins.integration.JobInfo] and hands it,
+with the task body, to [`AttemptDriver.run_job`][flexiq_plugins.integration.AttemptDriver.run_job] (or ``arun_job`` for
+an ``async def`` body). The driver claims the run and reads its snapshot in one
 transaction (before the body, or, for a ``lazy`` job, at the body's first
 step: a body that takes no step does no store I/O), runs the body with
 ``current_job`` set, commits the run's state (if it claimed one), and returns
-exactly one :mod:`~flexiq_plugins._attempt.outcomes` value. Every decision
+exactly one `outcomes` value. Every decision
 that does not depend on the framework is made here, once, for every adapter:
 
 - classification of what the body raised, before any retry filter (C28, C29);
@@ -18,13 +18,13 @@ that does not depend on the framework is made here, once, for every adapter:
 - a sleep is put back for its time left, capped at one hop (C15–C18), and so
   is a step retry (C31);
 - a run past its takeover limit is dead-lettered ``worker_lost`` (C25);
-- a run that fails for good is compensated (C32, :mod:`flexiq_plugins._attempt.compensation`);
+- a run that fails for good is compensated (C32, `flexiq_plugins._attempt.compensation`);
 - a wait for an event ends the attempt ``waiting``: put back for its deadline,
   or acknowledged without a deadline, the sender waking it (C33);
 - a cancelled run (on request, or over a cap of its task) is compensated and
-  ends ``cancelled`` (C34, :mod:`flexiq_plugins._attempt.cancellation`).
+  ends ``cancelled`` (C34, `flexiq_plugins._attempt.cancellation`).
 
-The step protocol itself lives in :mod:`flexiq_plugins._steps.journal`; the driver
+The step protocol itself lives in `flexiq_plugins._steps.journal`; the driver
 gives it a writer fenced on the attempt's claim.
 """
 
@@ -78,7 +78,7 @@ _ENDED_STATUS: dict[outcomes.Ended, RunStatus] = {
 }
 
 _CANCELLING = frozenset({outcomes.Ended.REVOKED, outcomes.Ended.EXPIRED, outcomes.Ended.SKIPPED})
-"""The ends that cancel a run (C34): through :func:`flexiq_plugins._attempt.cancellation.cancel`, undos included."""
+"""The ends that cancel a run (C34): through `flexiq_plugins._attempt.cancellation.cancel`, undos included."""
 
 
 _HANDED_ON = frozenset({"sleeping", "waiting", "retrying"})
@@ -98,13 +98,13 @@ class _Outage:
     the outage: the first failure at WARNING unless another part of the
     process (its lease renewals, its recovery sweeper, a publish) already
     reported it, each longer wait at DEBUG, and its end once at INFO. A
-    :class:`StoreMisconfigured` store is an ERROR once per outage: it will
+    [`StoreMisconfigured`][flexiq_plugins.errors.StoreMisconfigured] store is an ERROR once per outage: it will
     not pass by itself.
 
     Parameters:
-      first(float): the first delay, seconds (``store_retry_seconds``).
-      cap(float): the longest delay, seconds (``store_retry_max_seconds``).
-      health(StoreHealth): the store's health in this process (:func:`store_health`).
+      first (float): the first delay, seconds (``store_retry_seconds``).
+      cap (float): the longest delay, seconds (``store_retry_max_seconds``).
+      health (StoreHealth): the store's health in this process (`store_health`).
     """
 
     def __init__(self, first: float, cap: float, health: StoreHealth) -> None:
@@ -154,8 +154,8 @@ class AttemptDriver:
     """Runs attempts against one store with one configuration.
 
     Parameters:
-      store(StepStore): where runs and steps live.
-      config(DurableConfig | None): options; defaults apply when ``None``.
+      store (StepStore): where runs and steps live.
+      config (DurableConfig | None): options; defaults apply when ``None``.
     """
 
     def __init__(self, store: StepStore, config: DurableConfig | None = None) -> None:
@@ -173,7 +173,7 @@ class AttemptDriver:
 
         The attempt's store calls in this thread (its start, its steps, its
         finish) share one connection, given back when it ends
-        (:meth:`StepStore.held`).
+        (`StepStore.held`).
 
         Raises:
           InvalidRunKey: the run key is not a ``str`` of 1 to 255 characters.
@@ -185,22 +185,24 @@ class AttemptDriver:
     async def arun_job(
         self, job: JobInfo, body: Callable[[], Awaitable[Any]], *, owner: str | None = None
     ) -> outcomes.Outcome:
-        """Async :meth:`run_job`: ``body()`` is awaited."""
+        """Async [`run_job`][flexiq_plugins.integration.AttemptDriver.run_job]: ``body()`` is awaited."""
         started = self.start(job, owner=owner)
         return await started.arun(body) if isinstance(started, Attempt) else started
 
     # ------------------------------------------------------------ starting
     def start(self, job: JobInfo, owner: str | None = None) -> Attempt | outcomes.Outcome:
-        """Claim ``job``'s run and return a ready :class:`Attempt`, or an outcome at once.
+        """Claim ``job``'s run and return a ready [`Attempt`][flexiq_plugins.integration.Attempt], or an outcome at
+        once.
 
-        One store transaction (C9). Returns a :class:`~flexiq_plugins._attempt.outcomes.PutBack`
+        One store transaction (C9). Returns a [`PutBack`][flexiq_plugins.integration.PutBack]
         while another live claim holds the run (C24) or the store is down
-        (C28), a :class:`~flexiq_plugins._attempt.outcomes.Replay` (or, keeping no
-        outcome, an ``Ack``) if the run is terminal (C26, C37, :meth:`replay_finished`),
-        a :class:`~flexiq_plugins._attempt.outcomes.DeadLetter` (``worker_lost``)
-        past the takeover limit (C25). A ``lazy`` job claims nothing now: its
-        :class:`Attempt` claims at the body's first step, and any of those
-        outcomes then ends the attempt from there (:class:`ClaimRefused`).
+        (C28), a [`Replay`][flexiq_plugins.integration.Replay] (or, keeping no
+        outcome, an ``Ack``) if the run is terminal (C26, C37,
+        [`replay_finished`][flexiq_plugins.integration.AttemptDriver.replay_finished]), a
+        [`DeadLetter`][flexiq_plugins.integration.DeadLetter] (``worker_lost``) past the takeover limit (C25). A
+        ``lazy`` job claims nothing now: its [`Attempt`][flexiq_plugins.integration.Attempt] claims at the body's first
+        step, and any of those outcomes then ends the attempt from there
+        ([`ClaimRefused`][flexiq_plugins.errors.ClaimRefused]).
 
         Raises:
           InvalidRunKey: the run key is not a ``str`` of 1 to 255 characters.
@@ -264,17 +266,17 @@ class AttemptDriver:
         The one place that decides what such an attempt is, so that a body
         that takes no step behaves as it would without the integration: no
         run exists for it (a job recorded at publish claims before its body,
-        :func:`~flexiq_plugins.integration.claims_before_body`), so nothing
-        is written: a value is :class:`~flexiq_plugins._attempt.outcomes.Completed`, a
+        [`claims_before_body`][flexiq_plugins.integration.claims_before_body]), so nothing
+        is written: a value is [`Completed`][flexiq_plugins.integration.Completed], a
         worker shutdown puts the job back (C38), any other error is a
         ``Failure`` with ``claimed=False``, left to the framework's own retry
         policy as without the integration (no dead letter of the library's,
         C29/C30 apply to runs only).
 
         Parameters:
-          job(JobInfo): the job.
-          value(Any): what the body returned.
-          error(BaseException | None): what it raised.
+          job (JobInfo): the job.
+          value (Any): what the body returned.
+          error (BaseException | None): what it raised.
         """
         if error is None:
             return outcomes.Completed(value)
@@ -286,7 +288,7 @@ class AttemptDriver:
         """The outcome of a job whose run is already finished: replay its stored outcome (C26, C37).
 
         A duplicate delivery, or a new job published with a finished run's
-        key: the body does not run; the :class:`~flexiq_plugins._attempt.outcomes.Replay`
+        key: the body does not run; the [`Replay`][flexiq_plugins.integration.Replay]
         carries the value the run returned, or the error it ended with
         (decoded here with this driver's codec chain). A run that keeps no
         outcome (it finished before outcomes were kept, or the framework
@@ -305,7 +307,7 @@ class AttemptDriver:
 
         The delay starts at ``store_retry_seconds`` and doubles while the
         outage lasts, up to ``store_retry_max_seconds``; the job stays in the
-        broker whatever the cause, a :class:`StoreMisconfigured` store included.
+        broker whatever the cause, a [`StoreMisconfigured`][flexiq_plugins.errors.StoreMisconfigured] store included.
         """
         delay = self._outage.failed(exc)
         return outcomes.PutBack(outcomes.PutBackReason.STORE_UNAVAILABLE, delay, str(exc))
@@ -329,7 +331,7 @@ class AttemptDriver:
         """The framework ended the job of ``run_key`` by itself: settle its run to match (C34, C38).
 
         A revoke, an expiry or a skip cancels the run through the one
-        cancellation (:func:`flexiq_plugins._attempt.cancellation.cancel`): a run no
+        cancellation (`flexiq_plugins._attempt.cancellation.cancel`): a run no
         attempt holds ends ``cancelled`` (or, with undos to run, ``pending``
         until its next delivery runs them: recovery publishes it); an attempt
         still running stops at its next step. A time limit or a failure the
@@ -417,9 +419,9 @@ class AttemptDriver:
     def give_up(self, failure: outcomes.Failure) -> outcomes.PutBack | None:
         """The framework will not retry ``failure``: compensate its run (C32), else mark it ``failed`` (C26).
 
-        Call it instead of :meth:`settle_failed`, before the message is
-        acknowledged. If the run has committed steps with undos, the failure
-        is recorded and a :class:`~flexiq_plugins._attempt.outcomes.PutBack` is
+        Call it instead of [`settle_failed`][flexiq_plugins.integration.AttemptDriver.settle_failed], before the message
+        is acknowledged. If the run has committed steps with undos, the failure
+        is recorded and a [`PutBack`][flexiq_plugins.integration.PutBack] is
         returned: re-enqueue the job with it (the framework still reports the
         failure as usual); its next delivery runs the undos. Otherwise the
         run is settled ``failed`` and ``None`` is returned. A store error is

@@ -19,29 +19,29 @@ class JobInfo:
     """One framework message, as the core sees it.
 
     Parameters:
-      run_key(str): the run key the message carries (or its job id, C1 words).
-      job_id(str): the framework's job id.
-      envelope(JobEnvelope | Callable[[], JobEnvelope]): what re-publishes the
+      run_key (str): the run key the message carries (or its job id, C1 words).
+      job_id (str): the framework's job id.
+      envelope (JobEnvelope | Callable[[], JobEnvelope]): what re-publishes the
         job (C35); or a function that builds it, called once, when the run is
         claimed (a job that takes no step never builds it).
-      step_retry(RetryPolicy | None): the task's or actor's default budget for
+      step_retry (RetryPolicy | None): the task's or actor's default budget for
         its steps (its ``step_retry`` option, C31); ``None``: the integration's.
-      cancellation(CancellationPolicy | None): the task's or actor's caps
+      cancellation (CancellationPolicy | None): the task's or actor's caps
         (``max_run_seconds``, ``max_suspended_seconds``, C34); each cap it
         leaves off is the integration's.
-      eager(bool): the job runs in the caller's process with no broker
+      eager (bool): the job runs in the caller's process with no broker
         (Celery's ``task_always_eager``, ``Task.apply``): it cannot be put
         back, so a sleep fails its run instead of leaving one to resume (C38).
-      lazy(bool): claim the run at the body's first use of ``current_job.step``
+      lazy (bool): claim the run at the body's first use of ``current_job.step``
         (or ``current_job.attempt``) instead of before the body: a body that
         takes no step does no store I/O at all. Adapters set it for a first
         delivery of a new job that was not recorded at publish; a delivery
         that may continue a run (a retry, a put-back, a redelivery, a
         re-publish, a producer's own run key) or whose run was recorded at
         publish claims before the body, so its run is settled however the
-        body ends (:func:`~flexiq_plugins.integration.claims_before_body`).
-      task_name(str | None): the task or actor name; ``None``: the envelope's.
-      unstarted_only(bool): recovery's copy of a run that was still ``queued``
+        body ends ([`claims_before_body`][flexiq_plugins.integration.claims_before_body]).
+      task_name (str | None): the task or actor name; ``None``: the envelope's.
+      unstarted_only (bool): recovery's copy of a run that was still ``queued``
         (C39): it runs only while the run has never started; once another
         delivery (the original, out of a backlog) has claimed it, the copy is
         acknowledged as a duplicate (or replays a finished run's outcome).

@@ -1,11 +1,11 @@
 """Lease renewal: one renewer thread per process keeps every running attempt's claim alive (C23).
 
 A claim lives ``lease_seconds`` (30 s by default) unless it is renewed; while
-an attempt's body runs, its :class:`LeaseKeeper` has the claim renewed every
+an attempt's body runs, its `LeaseKeeper` has the claim renewed every
 third of the lease (every 10 s by default). A process has one renewer
 daemon thread, started at the first keeper's start (a thread started and
 joined per attempt would cost about 14% of a Dramatiq worker thread's busy
-time), and a schedule of the claims it keeps (a heap by due time, :func:`time.monotonic` seconds). The
+time), and a schedule of the claims it keeps (a heap by due time, `time.monotonic` seconds). The
 renewer sleeps until the earliest renewal is due; a keeper that registers with
 an earlier due time wakes it (as every keeper's first renewal is a third of a
 lease away, that is rare: a busy worker's starts do not wake it).
@@ -19,7 +19,7 @@ A claim whose run's row another transaction holds is different: a
 transactional step's write holds it until its caller's transaction ends
 (C42), while the other claims could be renewed. So a renewal does not wait
 for a row lock (PostgreSQL and MySQL/MariaDB lock with ``NOWAIT``): refused
-(:class:`~flexiq_plugins.errors.RunLocked`), it is tried again every
+([`RunLocked`][flexiq_plugins.errors.RunLocked]), it is tried again every
 ``_LOCKED_RETRY_S`` seconds, and the renewer goes on with the others
 (measured before: one such transaction let another attempt's lease expire
 and be taken over while its keeper ran). On SQLite, whose lock is the whole
@@ -39,16 +39,16 @@ of the renewer taken by Python code (``threading.Condition.__enter__``
 returns after acquiring), the lock would stay held for good: the renewer
 thread, and every later attempt of the process, would wait on it forever
 (measured: SIGALRM raising in a loop of keeper starts and stops leaked it
-within milliseconds). So a keeper's :meth:`~LeaseKeeper.start` and
-:meth:`~LeaseKeeper.stop` take no lock but the keeper's own ``RLock`` (the
+within milliseconds). So a keeper's `start` and
+`stop` take no lock but the keeper's own ``RLock`` (the
 renewer takes it only around that keeper's renewal) and, once per process,
 the lock that guards the thread's start, each a C lock entered by ``with``
 directly (CPython leaves no gap between acquiring it and the protected
 block, so an exception in the block releases it); they hand the
-registration over through a :class:`collections.deque` and wake the renewer
-through a :class:`queue.SimpleQueue`, both implemented in C (one call, no
+registration over through a `collections.deque` and wake the renewer
+through a `queue.SimpleQueue`, both implemented in C (one call, no
 lock left behind), and the renewer thread is started by
-:func:`_thread.start_new_thread`, one C call (``threading.Thread.start`` can be
+`_thread.start_new_thread`, one C call (``threading.Thread.start`` can be
 interrupted after the thread was started and before it was recorded). The
 schedule (the heap) is the renewer thread's alone. A start interrupted while
 it hands its registration over leaves the keeper stopped (its entry, if handed
@@ -58,7 +58,7 @@ renewed until the next stop: an attempt stops its keeper when its body ends
 and again when it concludes.
 
 Forks: a Celery prefork child inherits the parent's schedule but not its
-thread. :func:`os.register_at_fork` gives the child a fresh renewer, with an
+thread. `os.register_at_fork` gives the child a fresh renewer, with an
 empty schedule and no thread, started at the child's first keeper.
 """
 
@@ -95,23 +95,23 @@ _tickets = itertools.count(1)
 class LeaseKeeper:
     """Keeps one claim's lease alive while started: renewed every ``lease_seconds / 3`` (C23).
 
-    :meth:`start` registers the claim with the process's renewer, its first
-    renewal due a third of the lease later; :meth:`stop` unregisters it and
+    `start` registers the claim with the process's renewer, its first
+    renewal due a third of the lease later; `stop` unregisters it and
     returns once no renewal of it is running or will start. A stopped keeper
     can be started again (an attempt's compensation runs after its body, C32).
     Both may be called from any thread, the renewer's included, and an
     exception that interrupts either (a time limit's) leaves the renewer
     working (see the module's documentation).
 
-    A renewal that finds the claim taken over sets :attr:`lost` and renews no
+    A renewal that finds the claim taken over sets `lost` and renews no
     more (C25); one that meets the store unavailable is reported to the
     store's health in this process (one WARNING per outage, C28, C41) and
     tried again a third of a lease later.
 
     Parameters:
-      store(AttemptStore): the store that holds the claim.
-      claim(Claim): the claim to keep.
-      lease_seconds(float): the lease each renewal gives, in seconds from the renewal.
+      store (AttemptStore): the store that holds the claim.
+      claim (Claim): the claim to keep.
+      lease_seconds (float): the lease each renewal gives, in seconds from the renewal.
     """
 
     def __init__(self, store: AttemptStore, claim: Claim, lease_seconds: float) -> None:
@@ -134,7 +134,7 @@ class LeaseKeeper:
         return self.lease_seconds / 3
 
     def start(self) -> None:
-        """Have the claim renewed every :attr:`interval` seconds from now; nothing if already started."""
+        """Have the claim renewed every `interval` seconds from now; nothing if already started."""
         renewer = _RENEWER
         with self._renewing:
             if self._ticket is not None and self._renewer is renewer:
@@ -161,12 +161,12 @@ class LeaseKeeper:
         """Renew the lease once if ``ticket`` is still in force; return the seconds until the next renewal.
 
         Called by the renewer thread, holding this keeper's lock, which
-        :meth:`stop` takes to end the registration: a stop waits for this
+        `stop` takes to end the registration: a stop waits for this
         renewal, and a renewal after a stop renews nothing.
 
         Returns:
-          float | None: seconds until the next renewal (:attr:`interval`, or
-          sooner after :class:`RunLocked`); ``None``: renew it no more.
+          float | None: seconds until the next renewal (`interval`, or
+          sooner after [`RunLocked`][flexiq_plugins.errors.RunLocked]); ``None``: renew it no more.
         """
         with self._renewing:
             if self._ticket != ticket:
@@ -199,13 +199,13 @@ class LeaseKeeper:
 
 
 _Entry = tuple[float, int, LeaseKeeper]
-"""A scheduled renewal: due (:func:`time.monotonic` seconds), the keeper's ticket, the keeper."""
+"""A scheduled renewal: due (`time.monotonic` seconds), the keeper's ticket, the keeper."""
 
 
 class _Renewer:
     """A process's schedule of claims to renew, and the one daemon thread that renews them.
 
-    Keepers hand their registrations over through :attr:`_submitted` (a
+    Keepers hand their registrations over through `_submitted` (a
     deque: ``append`` and ``popleft`` are atomic); only the renewer thread
     touches the heap. A stopped keeper's entries are dropped when they come
     to the top, when they are taken from the deque, or when entries outnumber
@@ -286,7 +286,8 @@ class _Renewer:
 
 
 _LOCKED_RETRY_S = 0.1
-"""Seconds until a renewal refused with :class:`RunLocked` is tried again (at most the keeper's interval)."""
+"""Seconds until a renewal refused with [`RunLocked`][flexiq_plugins.errors.RunLocked] is tried again (at most the
+keeper's interval)."""
 
 _STALE_SLACK = 64
 """Entries tolerated on the heap beyond twice the live ones at the last rebuild."""

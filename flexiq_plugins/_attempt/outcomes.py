@@ -4,31 +4,27 @@ The core has committed the run's state and made every framework-neutral
 decision (whether a failure is retried, how long a put-back waits, what a
 store outage does) before an outcome reaches an adapter. The adapter only
 translates it into its framework's verb, and dispatches with ``match`` over
-:data:`Outcome` ending in ``assert_never``, so a new outcome kind is a type
+[`Outcome`][flexiq_plugins.integration.Outcome] ending in ``assert_never``, so a new outcome kind is a type
 error in every adapter, never a silent acknowledgement.
 
-========================  =====================================================
-Outcome                   Adapter's verb
-========================  =====================================================
-:class:`Completed`        return the value; acknowledge
-:class:`PutBack`          re-enqueue the same job (same id, same run key) after
-                          ``delay`` s, then acknowledge; if the re-enqueue
-                          fails, keep the current message in the broker (no
-                          acknowledgement, no retry counted). Reason
-                          ``SHUTDOWN``: the worker is going away; a framework
-                          that gives the message of a terminated process back
-                          by itself (Celery) lets the process exit instead
-:class:`Failure`          the framework's own retry policy decides; when it
-                          gives up, call :meth:`AttemptDriver.give_up` and
-                          re-enqueue the job if it returns a ``PutBack``
-:class:`DeadLetter`       no retry: the broker's dead-letter path (the store
-                          already records the dead letter)
-:class:`Ack`              acknowledge without running anything more
-:class:`Replay`           the run already finished (a duplicate): hand the
-                          framework its stored outcome as if the body had just
-                          ended: return ``value``, or raise ``error`` past the
-                          framework's retry policy (C37)
-========================  =====================================================
+Each outcome and the adapter's verb for it:
+
+- [`Completed`][flexiq_plugins.integration.Completed]: return the value; acknowledge.
+- [`PutBack`][flexiq_plugins.integration.PutBack]: re-enqueue the same job (same id, same run key) after
+  ``delay`` s, then acknowledge; if the re-enqueue fails, keep the current
+  message in the broker (no acknowledgement, no retry counted). Reason
+  ``SHUTDOWN``: the worker is going away; a framework that gives the message
+  of a terminated process back by itself (Celery) lets the process exit
+  instead.
+- [`Failure`][flexiq_plugins.integration.Failure]: the framework's own retry policy decides; when it gives
+  up, call [`AttemptDriver.give_up`][flexiq_plugins.integration.AttemptDriver.give_up] and re-enqueue the job if it
+  returns a ``PutBack``.
+- [`DeadLetter`][flexiq_plugins.integration.DeadLetter]: no retry: the broker's dead-letter path (the store
+  already records the dead letter).
+- [`Ack`][flexiq_plugins.integration.Ack]: acknowledge without running anything more.
+- [`Replay`][flexiq_plugins.integration.Replay]: the run already finished (a duplicate): hand the framework
+  its stored outcome as if the body had just ended: return ``value``, or raise
+  ``error`` past the framework's retry policy (C37).
 """
 
 from __future__ import annotations
@@ -91,7 +87,7 @@ class Completed:
     """The body returned; the run is committed ``succeeded`` (C26).
 
     Parameters:
-      value(Any): what the body returned.
+      value (Any): what the body returned.
     """
 
     value: Any
@@ -102,11 +98,11 @@ class PutBack:
     """Re-enqueue the same job after ``delay`` seconds; the run's key travels with it (C15, C24, C28, C36).
 
     Parameters:
-      reason(PutBackReason): why.
-      delay(float): seconds until the job should run again (a sleep's time
+      reason (PutBackReason): why.
+      delay (float): seconds until the job should run again (a sleep's time
         left, capped at the maximum hop, C18).
-      detail(str): a human-readable note for logs, e.g. the sleep's step key.
-      wake_at(float | None): a sleep's wake time, or a wait's deadline, epoch
+      detail (str): a human-readable note for logs, e.g. the sleep's step key.
+      wake_at (float | None): a sleep's wake time, or a wait's deadline, epoch
         seconds (store clock); a cap of the run's may bring it earlier (C34).
     """
 
@@ -122,7 +118,7 @@ class Failure:
 
     The run is ``retrying`` with its claim released. If the framework gives up
     (no retry left, a filter that does not match), the adapter calls
-    :meth:`~flexiq_plugins.integration.AttemptDriver.give_up` before the
+    [`give_up`][flexiq_plugins.integration.AttemptDriver.give_up] before the
     message is acknowledged (C26): the run is settled ``failed``, or, when it
     has undos to run, a ``PutBack`` asks for one more delivery (C32).
 
@@ -132,10 +128,10 @@ class Failure:
     the integration.
 
     Parameters:
-      error(BaseException): what the body raised.
-      run_key(str): the run.
-      attempt(int): the attempt that failed (``0`` when it never claimed its run).
-      claimed(bool): whether the attempt claimed its run (lazy claims, C23).
+      error (BaseException): what the body raised.
+      run_key (str): the run.
+      attempt (int): the attempt that failed (``0`` when it never claimed its run).
+      claimed (bool): whether the attempt claimed its run (lazy claims, C23).
     """
 
     error: BaseException
@@ -149,9 +145,9 @@ class DeadLetter:
     """The job goes to the dead-letter path, never retried (C13, C29, C30).
 
     Parameters:
-      reason(str): short kind: ``divergence``, ``size_cap``, ``worker_lost`` …
-      message(str): a human-readable message.
-      error(BaseException | None): the error, when there is one.
+      reason (str): short kind: ``divergence``, ``size_cap``, ``worker_lost`` …
+      message (str): a human-readable message.
+      error (BaseException | None): the error, when there is one.
     """
 
     reason: str
@@ -164,8 +160,8 @@ class Ack:
     """Acknowledge without running (more): a duplicate of a terminal run, or a dropped attempt.
 
     Parameters:
-      reason(AckReason): why.
-      detail(str): for the log, e.g. the run's terminal status.
+      reason (AckReason): why.
+      detail (str): for the log, e.g. the run's terminal status.
     """
 
     reason: AckReason
@@ -185,9 +181,9 @@ class Replay:
     would only replay it again.
 
     Parameters:
-      status(str): the run's terminal status.
-      value(Any): the run's return value (when ``error`` is ``None``).
-      error(BaseException | None): the error to raise: the body's error
+      status (str): the run's terminal status.
+      value (Any): the run's return value (when ``error`` is ``None``).
+      error (BaseException | None): the error to raise: the body's error
         rebuilt by its class name (C31 rules), a ``DeadLettered``, a
         ``JobCancelled``, or an ``OutcomeNotKept`` for a value over the cap.
     """
@@ -205,7 +201,7 @@ class Ended(enum.Enum):
     """How the framework ended a job by itself, as an adapter reports it (C38).
 
     The adapter reports what happened through
-    :meth:`~flexiq_plugins.integration.AttemptDriver.framework_ended`; the
+    [`framework_ended`][flexiq_plugins.integration.AttemptDriver.framework_ended]; the
     core decides what the run becomes: ``cancelled`` when the framework
     dropped the job (a revoke, an expiry, a skip), ``failed`` when it gave
     the job up as failed (a time limit, a failure it acknowledged or

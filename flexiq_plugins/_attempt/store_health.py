@@ -4,7 +4,7 @@ Several parts of a worker process meet a store outage on their own: an
 attempt's claim or step (its job is put back), the lease renewer thread, the
 recovery sweeper, a publish that records its run (C39). Each logging its own
 WARNING gave an operator several lines per process for one outage, each
-repeated by every process. :class:`StoreHealth` is what they share instead:
+repeated by every process. `StoreHealth` is what they share instead:
 the first part to find the store unreachable logs its line at WARNING, and
 every other failure until the store answers again is logged at DEBUG; the
 first part to reach the store again logs ``step store reachable again`` at
@@ -13,11 +13,11 @@ INFO, once.
 A failure can come back after the store does: a statement sent during the
 outage ends in its network timeout seconds after another part found the
 store answering again. Such a failure says nothing about the store now, so a
-part that knows when its operation began passes the :attr:`StoreHealth.generation`
+part that knows when its operation began passes the `StoreHealth.generation`
 it read then (``since``): a failure begun before the store came back is
 logged at DEBUG and starts no new outage.
 
-One :class:`StoreHealth` per store object and process (:func:`store_health`):
+One `StoreHealth` per store object and process (`store_health`):
 a process that talks to two stores has two outages to report.
 """
 
@@ -54,16 +54,16 @@ class StoreHealth:
 
     @property
     def generation(self) -> int:
-        """How many outages have ended: read it before an operation, pass it to :meth:`failed` as ``since``."""
+        """How many outages have ended: read it before an operation, pass it to `failed` as ``since``."""
         return self._returns
 
     def failed(self, message: str, *args: object, since: int | None = None) -> bool:
         """Report a failure: ``message % args`` at WARNING if it starts an outage, else at DEBUG.
 
         Parameters:
-          message(str): a ``logging`` format string naming what failed and what follows from it.
-          args(object): its arguments.
-          since(int | None): the :attr:`generation` read when the failed
+          message (str): a ``logging`` format string naming what failed and what follows from it.
+          args (object): its arguments.
+          since (int | None): the `generation` read when the failed
             operation began; if an outage ended since, the failure belongs to
             it (DEBUG, and the store is not marked down). ``None``: unknown.
 
@@ -103,7 +103,7 @@ if hasattr(os, "register_at_fork"):
 
 
 def store_health(store: object) -> StoreHealth:
-    """The :class:`StoreHealth` of ``store`` (a store, or the callable that opens one) in this process."""
+    """The `StoreHealth` of ``store`` (a store, or the callable that opens one) in this process."""
     health = _HEALTH.get(store)
     if health is None:
         with _HEALTH_LOCK:

@@ -1,6 +1,6 @@
 """Cancelling a run on request (C34), and re-publishing it when its undos must run.
 
-:func:`cancel_run` is :func:`flexiq_plugins._attempt.cancellation.cancel` (the one
+[`cancel_run`][flexiq_plugins.cancel_run] is `flexiq_plugins._attempt.cancellation.cancel` (the one
 cancellation: ``flexiq runs cancel``, a framework's revoke) plus the publish
 of a run whose compensation waits for a delivery, through the publisher of its framework; without one, recovery
 publishes it (a run with a requested cancellation is stranded).
@@ -35,13 +35,13 @@ def cancel_run(
     framework (else recovery re-publishes it).
 
     Parameters:
-      run_key(str): the run.
-      reason(str): why, as ``flexiq runs list`` shows it (default
+      run_key (str): the run.
+      reason (str): why, as ``flexiq runs list`` shows it (default
         ``"cancelled on request"``). The first reason given is kept.
-      store(StepStore | Engine | str | None): where the run is; ``None``: the
+      store (StepStore | Engine | str | None): where the run is; ``None``: the
         store of the integration configured in this process, else
         ``FLEXIQ_STORE_URL``, else the default SQLite file (which must exist).
-      publishers(Mapping[str, Publisher] | None): a publisher per framework
+      publishers (Mapping[str, Publisher] | None): a publisher per framework
         name; ``None``: the app or broker of each integration configured in
         this process; ``{}``: leave the re-publish to recovery.
 

@@ -2,15 +2,15 @@
 
 **Committed first, then woken.** The event is stored before anything is
 published: a run that polls from then on receives it, and a run that waits
-already is found by the store (:meth:`OperatorStore.add_event`) and re-published
+already is found by the store (`OperatorStore.add_event`) and re-published
 through the publisher of its framework (an app or broker of this process,
-:mod:`flexiq_plugins._delivery.registry`). Without one the run is left to recovery
-(``flexiq recover``, the :class:`~flexiq_plugins.operations.Sweeper`), which
+`flexiq_plugins._delivery.registry`). Without one the run is left to recovery
+(``flexiq recover``, the [`Sweeper`][flexiq_plugins.operations.Sweeper]), which
 re-publishes a waiting run whose event has arrived: the event is never lost,
 only later.
 
 **Woken once per waiting state.** A ``waiting`` run is won with the same
-compare-and-set recovery uses (:meth:`OperatorStore.mark_recovered`), so a
+compare-and-set recovery uses (`OperatorStore.mark_recovered`), so a
 sender and a sweeper that read the same state publish it once. A run still ``running``
 between its poll and its suspension is published without it: that delivery
 finds the run busy and comes back shortly, by which time the run waits.
@@ -41,12 +41,12 @@ logger = logging.getLogger("flexiq_plugins.operations")
 
 @dataclass(frozen=True)
 class EventSent:
-    """What :func:`send_event` did (C33).
+    """What [`send_event`][flexiq_plugins.send_event] did (C33).
 
     Parameters:
-      event(EventRecord): the stored event.
-      woken(list[tuple[str, str]]): ``(run key, job id)`` of each run re-published now.
-      left(list[tuple[str, str]]): ``(run key, why)`` of each waiting run left to
+      event (EventRecord): the stored event.
+      woken (list[tuple[str, str]]): ``(run key, job id)`` of each run re-published now.
+      left (list[tuple[str, str]]): ``(run key, why)`` of each waiting run left to
         recovery: no publisher for its framework, woken by another sender, or a
         publish that failed.
     """
@@ -76,23 +76,23 @@ def send_event(
 
     Call it from wherever the outside world reaches your code: a web request
     (a payment webhook), a script, another task. What it needs comes from the
-    process it runs in unless given (:mod:`flexiq_plugins._delivery.process`).
+    process it runs in unless given (`flexiq_plugins._delivery.process`).
 
     Parameters:
-      topic(str): the topic, e.g. ``"payment"`` (1–255 characters, no control characters).
-      key(str): the key, e.g. an order id (same rules).
-      payload(Any): what the wait returns; JSON-compatible values (and
+      topic (str): the topic, e.g. ``"payment"`` (1–255 characters, no control characters).
+      key (str): the key, e.g. an order id (same rules).
+      payload (Any): what the wait returns; JSON-compatible values (and
         ``datetime``, ``Decimal``, ``UUID`` …), or what the integration's
         serializer takes; at most the step value limit once encoded.
-      run_key(str | None): send it to that run only; it is then received even
+      run_key (str | None): send it to that run only; it is then received even
         if the run did not exist yet when it was sent.
-      store(StepStore | Engine | str | None): where the runs are; ``None``: the
+      store (StepStore | Engine | str | None): where the runs are; ``None``: the
         store of the integration configured in this process, else
         ``FLEXIQ_STORE_URL``, else the default SQLite file (which must exist).
-      publishers(Mapping[str, Publisher] | None): a publisher per framework
+      publishers (Mapping[str, Publisher] | None): a publisher per framework
         name; ``None``: the app or broker of each integration configured in
         this process; ``{}``: wake nobody (recovery does).
-      codec(CodecChain | None): encodes the payload; ``None``: the codec chain
+      codec (CodecChain | None): encodes the payload; ``None``: the codec chain
         of the integration configured in this process, else the core's JSON
         (workers read both their own chain and JSON).
 
@@ -136,7 +136,7 @@ def _wake(store: OperatorStore, run: RunRecord, publishers: Mapping[str, Publish
 def wake_run(store: OperatorStore, run: RunRecord, publishers: Mapping[str, Publisher]) -> str | None:
     """Re-publish a run that waits for an event that has arrived; return the job id, or ``None`` (C33).
 
-    A ``waiting`` run is won first (:meth:`OperatorStore.mark_recovered`); one
+    A ``waiting`` run is won first (`OperatorStore.mark_recovered`); one
     that another sender or a recoverer won, or whose framework has no
     publisher here, returns ``None``. On Celery the job keeps its task id.
 

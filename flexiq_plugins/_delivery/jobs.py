@@ -1,9 +1,9 @@
 """What an adapter makes of a message: its envelope, its arguments, and whether it claims before its body.
 
-The envelope is what re-publishes a job (C35, :func:`build_envelope`); a
+The envelope is what re-publishes a job (C35, [`build_envelope`][flexiq_plugins.integration.build_envelope]); a
 delivery claims its run before the body when it may continue a run or was
-recorded at publish (:func:`claims_before_body`, C39, C23), else lazily at the
-body's first step.
+recorded at publish ([`claims_before_body`][flexiq_plugins.integration.claims_before_body], C39, C23), else lazily at
+the body's first step.
 """
 
 from __future__ import annotations
@@ -47,14 +47,14 @@ def claims_before_body(
     body that takes no step costs no store I/O.
 
     Parameters:
-      resume(bool | None): the message's resume mark (``flexiq_resume``):
+      resume (bool | None): the message's resume mark (``flexiq_resume``):
         ``True`` on the library's own re-publishes, put-backs and retries of an
         attempt that claimed, and on a job published with a run key the
         producer chose; ``False`` on a job whose run key the integration
         stamped at publish (a new run); ``None`` when no integration marked it.
-      run_key_given(bool): whether the message carries a run key.
-      redelivered(bool): whether the broker says it delivered the message before.
-      recorded(bool): whether the message says its run was recorded at publish (C39).
+      run_key_given (bool): whether the message carries a run key.
+      redelivered (bool): whether the broker says it delivered the message before.
+      recorded (bool): whether the message says its run was recorded at publish (C39).
 
     Returns:
       bool: ``True`` to claim before the body.
@@ -70,8 +70,8 @@ def resume_mark_at_publish(resume: bool | None, *, run_key_given: bool) -> bool:
     """The resume mark a publish hook sets (C23, C37): kept if set, else ``True`` for a producer's own run key.
 
     Parameters:
-      resume(bool | None): the mark already on the message, if any.
-      run_key_given(bool): whether the producer put a run key on the message
+      resume (bool | None): the mark already on the message, if any.
+      run_key_given (bool): whether the producer put a run key on the message
         (``False``: the hook is stamping a new one, the job is a new run).
     """
     if resume is not None:
@@ -99,21 +99,21 @@ def build_envelope(
     options: Mapping[str, Any],
     serializer: Serializer,
 ) -> JobEnvelope:
-    """The :class:`JobEnvelope` stored with a run, what re-publishes its job (C35).
+    """The [`JobEnvelope`][flexiq_plugins.JobEnvelope] stored with a run, what re-publishes its job (C35).
 
     Arguments a JSON encoder cannot take (a pickle-configured app sending a
     ``datetime``) are kept encoded by the framework's ``serializer``, base64,
-    under the option :data:`PAYLOAD_OPTION`; :func:`envelope_arguments` reads
-    them back. Options must be JSON already.
+    under the option [`PAYLOAD_OPTION`][flexiq_plugins.integration.PAYLOAD_OPTION];
+    [`envelope_arguments`][flexiq_plugins.integration.envelope_arguments] reads them back. Options must be JSON already.
 
     Parameters:
-      task_name(str): the task or actor name.
-      framework(str): the adapter's framework name.
-      queue(str | None): the queue the job was delivered from.
-      args(Sequence[Any]): positional arguments.
-      kwargs(Mapping[str, Any]): keyword arguments.
-      options(Mapping[str, Any]): what re-publishing needs besides the arguments.
-      serializer(Serializer): encodes non-JSON arguments.
+      task_name (str): the task or actor name.
+      framework (str): the adapter's framework name.
+      queue (str | None): the queue the job was delivered from.
+      args (Sequence[Any]): positional arguments.
+      kwargs (Mapping[str, Any]): keyword arguments.
+      options (Mapping[str, Any]): what re-publishing needs besides the arguments.
+      serializer (Serializer): encodes non-JSON arguments.
     """
     args, kwargs, kept = list(args), dict(kwargs), dict(options)
     if not is_json(args, kwargs):
@@ -124,7 +124,8 @@ def build_envelope(
 
 
 def envelope_arguments(envelope: JobEnvelope, serializer: Serializer) -> tuple[list[Any], dict[str, Any]]:
-    """The job's ``(args, kwargs)``, decoding :data:`PAYLOAD_OPTION` with ``serializer`` if present."""
+    """The job's ``(args, kwargs)``, decoding [`PAYLOAD_OPTION`][flexiq_plugins.integration.PAYLOAD_OPTION] with
+    ``serializer`` if present."""
     payload = envelope.options.get(PAYLOAD_OPTION)
     if not payload:
         return list(envelope.args), dict(envelope.kwargs)

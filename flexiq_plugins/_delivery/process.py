@@ -1,6 +1,6 @@
 """What a sender or a canceller finds in the process it runs in: the store, the codec chain, the publishers.
 
-:func:`~flexiq_plugins.send_event` (C33) and :func:`~flexiq_plugins.cancel_run`
+[`send_event`][flexiq_plugins.send_event] (C33) and [`cancel_run`][flexiq_plugins.cancel_run]
 (C34) are meant to be called from wherever the outside world reaches your
 code: a web request (a payment webhook), a script, another task. Each takes
 ``store=`` and ``publishers=``; what it is not given comes from here:
@@ -8,7 +8,7 @@ code: a web request (a payment webhook), a script, another task. Each takes
 - **the store**: the ``store`` argument; else the store of the integration
   configured in this process (``celery_ext.install(app, ...)``, the
   ``DurableSteps`` middleware on a broker); else ``FLEXIQ_STORE_URL``, else the
-  default SQLite file, as a worker would (:func:`flexiq_plugins.open_store`).
+  default SQLite file, as a worker would ([`flexiq_plugins.open_store`][flexiq_plugins.open_store]).
   A SQLite file that does not exist is refused (``ConfigurationError``), never
   created: no run waits in a new, empty store;
 - **the codec chain and the size limits**: with no store given, those of the
@@ -48,10 +48,10 @@ class ThisProcess:
     """The store, options, codec chain and publishers a sender uses (see the module's description).
 
     Parameters:
-      store(StepStore): the store.
-      config(DurableConfig): the options of the integration whose store it is, else the defaults.
-      codec(CodecChain | None): that integration's codec chain; ``None``: the core's JSON.
-      publishers(Mapping[str, Publisher]): a publisher per framework name.
+      store (StepStore): the store.
+      config (DurableConfig): the options of the integration whose store it is, else the defaults.
+      codec (CodecChain | None): that integration's codec chain; ``None``: the core's JSON.
+      publishers (Mapping[str, Publisher]): a publisher per framework name.
     """
 
     store: StepStore

@@ -1,8 +1,8 @@
 """Re-publishing a stored job through its framework's adapter, and loading apps and brokers by reference.
 
 A dead-letter retry or a recovery publishes the stored
-:class:`~flexiq_plugins.JobEnvelope` again with a *new* job id that carries
-the *old* run key (C11, C36), through a :data:`~flexiq_plugins._delivery.registry.Publisher`
+[`JobEnvelope`][flexiq_plugins.JobEnvelope] again with a *new* job id that carries
+the *old* run key (C11, C36), through a [`Publisher`][flexiq_plugins.integration.Publisher]
 per framework. Publishers come from the adapters (``flexiq_plugins._delivery.registry``):
 the core never imports a framework.
 """
@@ -32,8 +32,8 @@ def load_object(ref: str, default_attrs: Sequence[str] = ()) -> Any:
     module is found when the command runs from the project's root.
 
     Parameters:
-      ref(str): ``"proj.celery:app"``, ``"proj.tasks:broker"`` or ``"proj"``.
-      default_attrs(Sequence[str]): attribute names tried when ``ref`` has no ``:``.
+      ref (str): ``"proj.celery:app"``, ``"proj.tasks:broker"`` or ``"proj"``.
+      default_attrs (Sequence[str]): attribute names tried when ``ref`` has no ``:``.
 
     Raises:
       ConfigurationError: the module cannot be imported or has no such attribute.

@@ -6,7 +6,7 @@ crashed worker had taken off a Redis list without noting it) left nothing
 for recovery to find. With the integration installed, publishing a **new**
 durable job (no run key on the message yet) writes its run as ``queued``
 with its envelope, in one small transaction, before the message leaves
-(:func:`record_at_publish`). Recovery re-publishes a run that stays
+([`record_at_publish`][flexiq_plugins.integration.record_at_publish]). Recovery re-publishes a run that stays
 ``queued`` past ``recovery_queued_seconds`` under the same run key; the
 claim makes a late original harmless (C24, C26). The library's own
 re-publishes (sleeps, put-backs, recovery, dead-letter retries) carry the run
@@ -26,15 +26,15 @@ unknown scheme, a missing driver, a refused login: C41) is one ERROR line
 naming the cause, once per process and cause; the job still goes out, and
 the worker that meets the same store refuses to start with that line.
 
-A message whose run was recorded carries the flag :data:`RECORDED_FLAG`
+A message whose run was recorded carries the flag [`RECORDED_FLAG`][flexiq_plugins.integration.RECORDED_FLAG]
 (a Celery header, a Dramatiq message option): its run row exists, so its
 delivery claims the run before the body runs, even if the body takes no step
-(:func:`~flexiq_plugins.integration.claims_before_body`). A recorded job of a
+([`claims_before_body`][flexiq_plugins.integration.claims_before_body]). A recorded job of a
 task the worker runs with ``durable=False`` never claims; it is ended with
-:func:`settle_unclaimed_run`.
+[`settle_unclaimed_run`][flexiq_plugins.integration.settle_unclaimed_run].
 
-Every worker runs the recovery :class:`~flexiq_plugins.operations.Sweeper`
-by default (:func:`start_recovery`); the store's recovery lease lets one
+Every worker runs the recovery [`Sweeper`][flexiq_plugins.operations.Sweeper]
+by default ([`start_recovery`][flexiq_plugins.integration.start_recovery]); the store's recovery lease lets one
 sweep run at a time across all of them.
 """
 
@@ -80,9 +80,9 @@ def wants_record(config: DurableConfig, *, task_option: object = None, call_opti
     """Whether a new job is recorded at publish: the message's option, else the task's, else the integration's.
 
     Parameters:
-      config(DurableConfig): the integration's options (``record_at_publish``).
-      task_option(object): the task's or actor's ``record_at_publish`` (``None``: not set).
-      call_option(object): the message's ``flexiq_record`` (``None``: not set).
+      config (DurableConfig): the integration's options (``record_at_publish``).
+      task_option (object): the task's or actor's ``record_at_publish`` (``None``: not set).
+      call_option (object): the message's ``flexiq_record`` (``None``: not set).
     """
     chosen = next((value for value in (call_option, task_option) if value is not None), config.record_at_publish)
     return bool(chosen)
@@ -126,22 +126,23 @@ def record_at_publish(
 ) -> bool:
     """Record a new job's run as ``queued`` before its message leaves; return whether it was recorded (C39).
 
-    Insert-if-absent (:meth:`AttemptStore.record_queued`): a run that exists is
+    Insert-if-absent (`AttemptStore.record_queued`): a run that exists is
     never reset. Never raises for the store: an unreachable store is logged
     once per outage, a misconfigured one once per cause, and the job is
     published unrecorded (see the module's description).
 
     Parameters:
-      open_store(Callable[[], AttemptStore]): this process's store (opened on first use).
-      run_key(str): the run key just stamped on the message.
-      job_id(str): the message's job id.
-      envelope(JobEnvelope): what re-publishes the job (C35).
-      delay_seconds(float): the message's countdown or ETA from now, seconds:
+      open_store (Callable[[], AttemptStore]): this process's store (opened on first use).
+      run_key (str): the run key just stamped on the message.
+      job_id (str): the message's job id.
+      envelope (JobEnvelope): what re-publishes the job (C35).
+      delay_seconds (float): the message's countdown or ETA from now, seconds:
         recovery counts ``recovery_queued_seconds`` from then, so a scheduled
         job is never re-published before it is due.
 
     Returns:
-      bool: ``True`` when the run is in the store: put :data:`RECORDED_FLAG` on the message.
+      bool: ``True`` when the run is in the store: put [`RECORDED_FLAG`][flexiq_plugins.integration.RECORDED_FLAG] on
+        the message.
     """
     store: object = open_store
     try:
@@ -172,9 +173,9 @@ def settle_unclaimed_run(store: AttemptStore, run_key: str, status: SettledStatu
     attempt claimed meanwhile is left to that attempt.
 
     Parameters:
-      store(AttemptStore): the store.
-      run_key(str): the run.
-      status(str): ``succeeded``, ``failed`` or ``cancelled``.
+      store (AttemptStore): the store.
+      run_key (str): the run.
+      status (str): ``succeeded``, ``failed`` or ``cancelled``.
 
     Returns:
       bool: whether the run was ``queued`` and is now ``status``.
@@ -199,10 +200,10 @@ def start_recovery(
     A store that cannot be opened is one WARNING line, and no sweeper.
 
     Parameters:
-      open_store(Callable[[], OperatorStore]): this process's store.
-      publishers(Mapping[str, Publisher]): the worker's publisher per framework.
-      config(DurableConfig): ``recovery`` and the ``recovery_*_seconds`` options.
-      name(str): names the worker in log lines, e.g. ``"celery worker"``.
+      open_store (Callable[[], OperatorStore]): this process's store.
+      publishers (Mapping[str, Publisher]): the worker's publisher per framework.
+      config (DurableConfig): ``recovery`` and the ``recovery_*_seconds`` options.
+      name (str): names the worker in log lines, e.g. ``"celery worker"``.
 
     Returns:
       Sweeper | None: the running sweeper (stop it when the worker stops), or ``None``.

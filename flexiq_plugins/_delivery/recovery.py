@@ -8,16 +8,16 @@ integration in its process), and runs a cancellation no attempt carried out
 yet (C34: its undos to run, or a run that suspended as it was cancelled).
 
 **Exactly once per stranded state.** Each candidate is claimed with
-:meth:`OperatorStore.mark_recovered`, a compare-and-set on the run's status and
+`OperatorStore.mark_recovered`, a compare-and-set on the run's status and
 ``updated_at``: of two recoverers running at once, one publishes. The claim
 moves ``updated_at`` past the run's due time, so a recovered run is not
 recovered again until ``stale_after`` has passed without it starting. A
 duplicate would still be harmless (the core's claim lets one delivery run the
 body), but it is avoided.
 
-**One sweep at a time (C39).** Every worker runs a :class:`Sweeper` by
+**One sweep at a time (C39).** Every worker runs a [`Sweeper`][flexiq_plugins.integration.Sweeper] by
 default; each tick it asks the store for the one recovery lease
-(:meth:`OperatorStore.acquire_sweep_lease`, on the database's clock) and sweeps
+(`OperatorStore.acquire_sweep_lease`, on the database's clock) and sweeps
 only while it holds it. The holder renews it at every tick; when it dies, the
 lease expires after three intervals and another worker takes over.
 """
@@ -55,20 +55,23 @@ __all__ = [
 logger = logging.getLogger("flexiq_plugins.operations")
 
 DEFAULT_GRACE_SECONDS = 60.0
-"""How long past its wake time or lease a run may be before :func:`recover` takes it, seconds."""
+"""How long past its wake time or lease a run may be before [`recover`][flexiq_plugins.operations.recover] takes it,
+seconds."""
 
 DEFAULT_STALE_SECONDS = 3600.0
-"""How long a ``pending`` or ``retrying`` run may go without an update before :func:`recover` takes it, seconds."""
+"""How long a ``pending`` or ``retrying`` run may go without an update before
+[`recover`][flexiq_plugins.operations.recover] takes it, seconds."""
 
 DEFAULT_QUEUED_SECONDS = 600.0
-"""How long a run recorded at publish may stay ``queued`` without a start before :func:`recover` takes it, seconds.
+"""How long a run recorded at publish may stay ``queued`` without a start before
+[`recover`][flexiq_plugins.operations.recover] takes it, seconds.
 
-Longer than :data:`DEFAULT_GRACE_SECONDS`: a queue's backlog delays a start
+Longer than [`DEFAULT_GRACE_SECONDS`][flexiq_plugins.operations.DEFAULT_GRACE_SECONDS]: a queue's backlog delays a start
 without anything being lost, and every copy re-published for it is work the
 claim then throws away (C39)."""
 
 DEFAULT_INTERVAL_SECONDS = 60.0
-"""Time between two ticks of a :class:`Sweeper`, seconds."""
+"""Time between two ticks of a [`Sweeper`][flexiq_plugins.integration.Sweeper], seconds."""
 
 _SCAN_LIMIT = 100_000
 _STALE_STATUSES = ("pending", "retrying")
@@ -80,10 +83,10 @@ class Stranded:
     """A run that no broker message will wake (C35).
 
     Parameters:
-      run(RunRecord): the run as read.
-      why(str): ``"never_started"``, ``"sleep_overdue"``, ``"wait_overdue"``, ``"event_arrived"``,
+      run (RunRecord): the run as read.
+      why (str): ``"never_started"``, ``"sleep_overdue"``, ``"wait_overdue"``, ``"event_arrived"``,
         ``"cancel_requested"``, ``"lease_expired"`` or ``"stale"``.
-      due_at(float): when it should have moved on: its publish, the wake time, the wait's
+      due_at (float): when it should have moved on: its publish, the wake time, the wait's
         deadline, the event's arrival, the lease expiry or the last update,
         epoch seconds.
     """
@@ -95,13 +98,13 @@ class Stranded:
 
 @dataclass
 class RecoveryReport:
-    """What :func:`recover` did.
+    """What [`recover`][flexiq_plugins.operations.recover] did.
 
     Parameters:
-      dry_run(bool): nothing was changed or published.
-      recovered(list[tuple[Stranded, str]]): re-published runs with the new job id ('' in a dry run).
-      skipped(list[tuple[Stranded, str]]): runs left alone, with why.
-      failed(list[tuple[Stranded, str]]): runs whose publish failed, with the error.
+      dry_run (bool): nothing was changed or published.
+      recovered (list[tuple[Stranded, str]]): re-published runs with the new job id ('' in a dry run).
+      skipped (list[tuple[Stranded, str]]): runs left alone, with why.
+      failed (list[tuple[Stranded, str]]): runs whose publish failed, with the error.
     """
 
     dry_run: bool
@@ -117,7 +120,7 @@ def find_stranded(
     stale_after: str | float = DEFAULT_STALE_SECONDS,
     queued_after: str | float = DEFAULT_QUEUED_SECONDS,
 ) -> list[Stranded]:
-    """Return the runs :func:`recover` would re-publish, oldest due first (C35, C39).
+    """Return the runs [`recover`][flexiq_plugins.operations.recover] would re-publish, oldest due first (C35, C39).
 
     - ``queued`` (recorded at publish, C39) and not started ``queued_after``
       after it was due (its publish, or the end of its countdown or ETA):
@@ -142,10 +145,10 @@ def find_stranded(
     pile up copies of one job.
 
     Parameters:
-      store(OperatorStore): the store.
-      grace(str | float): a duration (``"60s"``) or seconds.
-      stale_after(str | float): a duration (``"1h"``) or seconds.
-      queued_after(str | float): a duration (``"10m"``) or seconds.
+      store (OperatorStore): the store.
+      grace (str | float): a duration (``"60s"``) or seconds.
+      stale_after (str | float): a duration (``"1h"``) or seconds.
+      queued_after (str | float): a duration (``"10m"``) or seconds.
 
     Raises:
       ValueError: a duration cannot be parsed.
@@ -242,18 +245,18 @@ def recover(
 ) -> RecoveryReport:
     """Re-publish stranded runs, each exactly once even with several recoverers at once (C35, C39).
 
-    Each candidate of :func:`find_stranded` is won with
-    :meth:`OperatorStore.mark_recovered`, then re-published through its framework's
+    Each candidate of [`find_stranded`][flexiq_plugins.operations.find_stranded] is won with
+    `OperatorStore.mark_recovered`, then re-published through its framework's
     publisher with a new job id carrying its run key.
 
     Parameters:
-      store(OperatorStore): the store.
-      publishers(Mapping[str, Publisher]): a publisher per framework name;
+      store (OperatorStore): the store.
+      publishers (Mapping[str, Publisher]): a publisher per framework name;
         runs of another framework are skipped.
-      grace(str | float): see :func:`find_stranded`.
-      stale_after(str | float): see :func:`find_stranded`.
-      queued_after(str | float): see :func:`find_stranded`.
-      dry_run(bool): only report what would be re-published.
+      grace (str | float): see [`find_stranded`][flexiq_plugins.operations.find_stranded].
+      stale_after (str | float): see [`find_stranded`][flexiq_plugins.operations.find_stranded].
+      queued_after (str | float): see [`find_stranded`][flexiq_plugins.operations.find_stranded].
+      dry_run (bool): only report what would be re-published.
 
     Raises:
       ValueError: a duration cannot be parsed.
@@ -290,29 +293,29 @@ def _recover_one(
 
 
 class Sweeper:
-    """A daemon thread that calls :func:`recover` every ``interval`` seconds (C35, C39).
+    """A daemon thread that calls [`recover`][flexiq_plugins.operations.recover] every ``interval`` seconds (C35, C39).
 
     Safe to run in every worker at once: with ``lease`` (the default) a tick
     sweeps only while this sweeper holds the store's one recovery lease, so
     one sweep runs at a time across all workers; and
-    :meth:`OperatorStore.mark_recovered` lets one recoverer re-publish each
+    `OperatorStore.mark_recovered` lets one recoverer re-publish each
     stranded run in any case. A store that cannot be reached is logged once
     as a WARNING when it starts failing (unless another part of the process
     already reported that outage) and once at INFO when it is back;
     other errors are logged and the next tick goes on.
 
     Parameters:
-      store(OperatorStore): the store.
-      publishers(Mapping[str, Publisher]): a publisher per framework name.
-      interval(str | float): time between ticks (``"1m"`` or seconds).
-      grace(str | float): see :func:`find_stranded`.
-      stale_after(str | float): see :func:`find_stranded`.
-      queued_after(str | float): see :func:`find_stranded`.
-      lease(bool): sweep only while holding the store's recovery lease of
+      store (OperatorStore): the store.
+      publishers (Mapping[str, Publisher]): a publisher per framework name.
+      interval (str | float): time between ticks (``"1m"`` or seconds).
+      grace (str | float): see [`find_stranded`][flexiq_plugins.operations.find_stranded].
+      stale_after (str | float): see [`find_stranded`][flexiq_plugins.operations.find_stranded].
+      queued_after (str | float): see [`find_stranded`][flexiq_plugins.operations.find_stranded].
+      lease (bool): sweep only while holding the store's recovery lease of
         these publishers' frameworks (``recovery:celery``, held for three
         intervals, renewed at every tick): a Dramatiq worker never holds up
         the recovery of Celery runs sharing the store.
-      name(str): names this sweeper in log lines (e.g. ``"celery worker"``).
+      name (str): names this sweeper in log lines (e.g. ``"celery worker"``).
 
     Raises:
       ConfigurationError: (a ``ValueError``) a duration cannot be parsed, or ``interval`` is zero.

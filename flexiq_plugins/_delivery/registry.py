@@ -1,20 +1,20 @@
 """The adapter registry: how the core finds a framework integration without importing it.
 
-An integration package announces an :class:`Adapter` under the Python entry
-point group ``flexiq_plugins.adapters`` (its name is the framework's name)::
+An integration package announces an [`Adapter`][flexiq_plugins.integration.Adapter] under the Python entry
+point group ``flexiq_plugins.adapters`` (its name is the framework's name):
 
     [project.entry-points."flexiq_plugins.adapters"]
     celery = "celery_ext:adapter"
 
-or calls :func:`register_adapter` at import. The operator API and the
+or calls [`register_adapter`][flexiq_plugins.integration.register_adapter] at import. The operator API and the
 ``flexiq`` CLI then ask the registry for a publisher of a framework's jobs, or
 for a reader of a serializer's bytes, and never name a framework themselves.
 An adapter is loaded (its package imported) only when it is asked for.
 
 An integration configured in a process (``celery_ext.install(app)``, the
 ``DurableSteps`` middleware on a broker) also registers an
-:class:`Installation` (:func:`register_installation`): then
-:func:`flexiq_plugins.send_event` and :func:`flexiq_plugins.cancel_run`,
+`Installation` ([`register_installation`][flexiq_plugins.integration.register_installation]): then
+[`flexiq_plugins.send_event`][flexiq_plugins.send_event] and [`flexiq_plugins.cancel_run`][flexiq_plugins.cancel_run],
 called from any code of that process (a web request, a script, another task),
 use its store and codecs and wake runs through its app or broker (C33, C34).
 """
@@ -51,7 +51,7 @@ __all__ = [
 logger = logging.getLogger("flexiq_plugins.registry")
 
 ENTRY_POINT_GROUP = "flexiq_plugins.adapters"
-"""The entry point group integrations register their :class:`Adapter` under."""
+"""The entry point group integrations register their [`Adapter`][flexiq_plugins.integration.Adapter] under."""
 
 
 class Publisher(Protocol):
@@ -65,7 +65,7 @@ class Publisher(Protocol):
         ``job_id``: reuse this job id where the framework allows two messages
         of one id (Celery: a result waiter then sees the run's outcome);
         otherwise, or when ``None``, a new id is made. ``unstarted_only``:
-        mark the message (:data:`UNSTARTED_ONLY`) so that it runs only while
+        mark the message ([`UNSTARTED_ONLY`][flexiq_plugins.integration.UNSTARTED_ONLY]) so that it runs only while
         its run has never started: recovery's copy of a ``queued`` run whose
         original may still be in a backlog (C39).
         """
@@ -83,8 +83,8 @@ class Adapter(Protocol):
     """What an integration tells the core about itself.
 
     Attributes:
-      framework(str): the name stored in each run's envelope (``"celery"``).
-      publish_hint(str): how an operator supplies a publisher on the command
+      framework (str): the name stored in each run's envelope (``"celery"``).
+      publish_hint (str): how an operator supplies a publisher on the command
         line, for error messages (``"--app module:app"``).
     """
 
@@ -95,7 +95,8 @@ class Adapter(Protocol):
         """Whether ``target`` (an app, a broker …) is this framework's, so it can publish."""
 
     def publisher(self, target: object) -> Publisher:
-        """A :data:`Publisher` that re-publishes this framework's jobs through ``target``."""
+        """A [`Publisher`][flexiq_plugins.integration.Publisher] that re-publishes this framework's jobs through
+        ``target``."""
 
     def value_readers(self) -> Mapping[str, ValueReader]:
         """Readers of the serializers this framework stores values with, by serializer name."""
@@ -103,7 +104,7 @@ class Adapter(Protocol):
     def task_body(self, task: object) -> Callable[..., Any] | None:
         """The plain function behind ``task`` (a task or actor object of this framework), else ``None``.
 
-        Used by :mod:`flexiq_plugins.testing` to run a body without a worker.
+        Used by [`flexiq_plugins.testing`][flexiq_plugins.testing] to run a body without a worker.
         """
 
 
@@ -165,10 +166,10 @@ class Installation:
     """An integration configured in this process: what sends events and cancels runs from here (C33, C34).
 
     Parameters:
-      framework(str): the adapter's framework name.
-      target(Callable[[], object | None]): the app or broker it publishes with
+      framework (str): the adapter's framework name.
+      target (Callable[[], object | None]): the app or broker it publishes with
         (a weak reference: ``None`` once it is gone).
-      driver(Callable[[], AttemptDriver]): the process's attempt driver (its
+      driver (Callable[[], AttemptDriver]): the process's attempt driver (its
         store, codecs and options), opened on first use.
     """
 

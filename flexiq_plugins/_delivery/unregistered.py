@@ -11,13 +11,13 @@ message of the job is left, so the run must not stay ``queued``: recovery
 would re-publish it every ``recovery_stale_seconds``, forever, and the store
 would disagree with the framework.
 
-:func:`dead_letter_unregistered` is the one decision both adapters call from
-the framework's own hook (Celery's ``task_unknown`` signal, Dramatiq's
+[`dead_letter_unregistered`][flexiq_plugins.integration.dead_letter_unregistered] is the one decision both adapters call
+from the framework's own hook (Celery's ``task_unknown`` signal, Dramatiq's
 ``before_nack``): a run **no attempt started** (``queued``, or ``pending``
 after a dead-letter retry, with attempt 0; or a retried dead letter of a run
 that had started, which counts as unstarted until an attempt starts after
 the retry, like a freshly published job) is dead-lettered with the reason
-:data:`UNREGISTERED_REASON`, naming the task and what the worker knows. It
+[`UNREGISTERED_REASON`][flexiq_plugins.integration.UNREGISTERED_REASON], naming the task and what the worker knows. It
 then shows in ``flexiq dlq list``, recovery leaves it alone (it is
 terminal), and ``flexiq dlq retry`` re-publishes it under the same run key
 once the workers have the task. A run an attempt has started (a worker that
@@ -54,10 +54,10 @@ def unregistered_message(task_name: str, known: Iterable[str], *, worker: str, k
     """The dead letter's message: which worker does not know which task, and the closest names it knows.
 
     Parameters:
-      task_name(str): the job's task or actor name.
-      known(Iterable[str]): the names the worker has.
-      worker(str): names the worker, e.g. ``"celery worker celery@host"``.
-      kind(str): ``"task"`` or ``"actor"``.
+      task_name (str): the job's task or actor name.
+      known (Iterable[str]): the names the worker has.
+      worker (str): names the worker, e.g. ``"celery worker celery@host"``.
+      kind (str): ``"task"`` or ``"actor"``.
     """
     names = sorted({str(name) for name in known})
     close = difflib.get_close_matches(task_name, names, n=3, cutoff=0.6)
@@ -87,26 +87,26 @@ def dead_letter_unregistered(
     """Dead-letter the run of a job the framework discarded because the worker does not have its task (C30, C39).
 
     Applies only to a run no attempt started
-    (:meth:`AttemptStore.dead_letter_unstarted`: ``queued`` or ``pending`` with
+    (`AttemptStore.dead_letter_unstarted`: ``queued`` or ``pending`` with
     attempt 0, or a retried dead letter no attempt started since its retry);
     any other run, an unknown one, or a message without a run key is left
     alone. The run ends
-    ``dead`` with a dead letter of reason :data:`UNREGISTERED_REASON` whose
-    message is :func:`unregistered_message`; a duplicate of the job then
-    replays :class:`~flexiq_plugins.DeadLettered` (C37). One WARNING line
+    ``dead`` with a dead letter of reason [`UNREGISTERED_REASON`][flexiq_plugins.integration.UNREGISTERED_REASON] whose
+    message is `unregistered_message`; a duplicate of the job then
+    replays [`DeadLettered`][flexiq_plugins.errors.DeadLettered] (C37). One WARNING line
     when it applies. Never raises: it runs inside the framework's consumer;
     a store that cannot be reached is the outage's one WARNING per process (C41; the run stays
     ``queued``, recovery re-publishes it, and the next worker to discard it
     tries again).
 
     Parameters:
-      open_store(Callable[[], AttemptStore]): this process's store (opened on first use).
-      carried_run_key(object): the run key the message carries (its header or option), ``None`` if none.
-      job_id(str): the framework's job id (Celery task id, Dramatiq message id).
-      task_name(str): the task or actor name the message names.
-      known(Iterable[str]): the task or actor names the worker has, for the hint.
-      worker(str): names the worker in the message, e.g. ``"celery worker celery@host"``.
-      kind(str): ``"task"`` (Celery) or ``"actor"`` (Dramatiq).
+      open_store (Callable[[], AttemptStore]): this process's store (opened on first use).
+      carried_run_key (object): the run key the message carries (its header or option), ``None`` if none.
+      job_id (str): the framework's job id (Celery task id, Dramatiq message id).
+      task_name (str): the task or actor name the message names.
+      known (Iterable[str]): the task or actor names the worker has, for the hint.
+      worker (str): names the worker in the message, e.g. ``"celery worker celery@host"``.
+      kind (str): ``"task"`` (Celery) or ``"actor"`` (Dramatiq).
 
     Returns:
       bool: whether the run was dead-lettered now.

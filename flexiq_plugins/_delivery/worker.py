@@ -1,11 +1,12 @@
 """A worker's side of the store: checked when it starts, one driver per process, hand-offs that must not fail.
 
-A store setting is reached once when a worker starts (:func:`check_store_at_start`),
-so a misconfiguration stops the worker with one line instead of failing jobs
-(C41); a job that cannot open its store is put back (:func:`driver_or_put_back`),
-never acknowledged away. :class:`PerProcess` keeps one driver per process and
-opens it again after a fork (Celery prefork, Dramatiq worker processes);
-:func:`hand_off` retries a publish the library must not lose (a put-back).
+A store setting is reached once when a worker starts
+([`check_store_at_start`][flexiq_plugins.integration.check_store_at_start]), so a misconfiguration stops the worker with
+one line instead of failing jobs (C41); a job that cannot open its store is put back
+([`driver_or_put_back`][flexiq_plugins.integration.driver_or_put_back]), never acknowledged away.
+[`PerProcess`][flexiq_plugins.integration.PerProcess] keeps one driver per process and opens it again after a fork
+(Celery prefork, Dramatiq worker processes); [`hand_off`][flexiq_plugins.integration.hand_off] retries a publish the
+library must not lose (a put-back).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ T = TypeVar("T")
 
 
 HAND_OFF_PAUSES = (0.2, 0.5, 1.0)
-"""Seconds between the tries of a failing hand-off before :func:`hand_off` gives up."""
+"""Seconds between the tries of a failing hand-off before [`hand_off`][flexiq_plugins.integration.hand_off] gives up."""
 
 
 _HAND_OFF_STEADY_PAUSE = 5.0
@@ -66,16 +67,16 @@ def check_store_at_start(open_driver: Callable[[], AttemptDriver], *, worker: st
     setting read only now, a login the database refuses, an unknown
     database, a SQLite file in a missing directory, a migration that fails)
     is logged as one CRITICAL line naming the cause, and the worker stops
-    with :data:`EXIT_CONFIGURATION`. A store that is only unreachable
+    with [`EXIT_CONFIGURATION`][flexiq_plugins.integration.EXIT_CONFIGURATION]. A store that is only unreachable
     (connection refused, a timeout) is logged as one WARNING line: the worker
     starts, and its jobs are put back until the store returns (C28).
 
     Parameters:
-      open_driver(Callable[[], AttemptDriver]): the adapter's per-process driver.
-      worker(str): names the worker in the log line, e.g. ``"celery worker"``.
+      open_driver (Callable[[], AttemptDriver]): the adapter's per-process driver.
+      worker (str): names the worker in the log line, e.g. ``"celery worker"``.
 
     Raises:
-      SystemExit: with :data:`EXIT_CONFIGURATION`, the store cannot be used.
+      SystemExit: with [`EXIT_CONFIGURATION`][flexiq_plugins.integration.EXIT_CONFIGURATION], the store cannot be used.
     """
     store: object = open_driver
     try:
@@ -99,14 +100,14 @@ def _refuse_to_start(worker: str, exc: Exception) -> NoReturn:
 def driver_or_put_back(open_driver: Callable[[], AttemptDriver], config: DurableConfig) -> AttemptDriver | PutBack:
     """This process's driver, or the put-back of a job whose store cannot be opened (C41).
 
-    A job never meets a :class:`~flexiq_plugins.ConfigurationError` that
+    A job never meets a [`ConfigurationError`][flexiq_plugins.errors.ConfigurationError] that
     would fail it and let the framework acknowledge it away: it goes back to
     the broker for ``store_retry_max_seconds``, with an ERROR line, until the
     configuration is fixed.
 
     Parameters:
-      open_driver(Callable[[], AttemptDriver]): the adapter's per-process driver.
-      config(DurableConfig): the adapter's options.
+      open_driver (Callable[[], AttemptDriver]): the adapter's per-process driver.
+      config (DurableConfig): the adapter's options.
     """
     try:
         return open_driver()
@@ -126,9 +127,9 @@ def hand_off(publish: Callable[[], T], *, what: str, forever: bool = False) -> T
     A sleep's hand-off is never a retry (C16).
 
     Parameters:
-      publish(Callable[[], T]): enqueues the job again.
-      what(str): names the job in log lines.
-      forever(bool): never give up.
+      publish (Callable[[], T]): enqueues the job again.
+      what (str): names the job in log lines.
+      forever (bool): never give up.
     """
     for pause in HAND_OFF_PAUSES:
         try:
@@ -154,8 +155,8 @@ def log_worker_start(make_driver: Callable[[], AttemptDriver], who: str) -> None
     line instead; jobs then meet it as usual (put back while it is unavailable).
 
     Parameters:
-      make_driver(Callable[[], AttemptDriver]): the process's driver (e.g. ``PerProcess.get``).
-      who(str): names the worker, e.g. ``"celery worker"``.
+      make_driver (Callable[[], AttemptDriver]): the process's driver (e.g. ``PerProcess.get``).
+      who (str): names the worker, e.g. ``"celery worker"``.
     """
     try:
         described = make_driver().store.describe()
@@ -173,7 +174,8 @@ class PerProcess(Generic[T]):
     fork must not hand its connections to the children. Thread-safe.
 
     Parameters:
-      factory(Callable[[], T]): makes the value (e.g. opens the store and builds an :class:`AttemptDriver`).
+      factory (Callable[[], T]): makes the value (e.g. opens the store and builds an
+        [`AttemptDriver`][flexiq_plugins.integration.AttemptDriver]).
     """
 
     def __init__(self, factory: Callable[[], T]) -> None:
@@ -194,7 +196,7 @@ class PerProcess(Generic[T]):
             return self._value
 
     def forget(self) -> None:
-        """Drop this process's value; the next :meth:`get` makes a new one."""
+        """Drop this process's value; the next [`get`][flexiq_plugins.integration.PerProcess.get] makes a new one."""
         with self._lock:
             self._value = None
             self._pid = -1

@@ -5,7 +5,7 @@ A value goes through the framework's own *serializer* (Celery: the app's
 by default), then through a chain of byte *codecs* (zlib compression,
 ``cryptography`` Fernet encryption with key rotation). The stored bytes start
 with a short header naming the serializer and the chain that made them, so a
-row written by another chain is a clear :class:`DecodeError`, never garbage.
+row written by another chain is a clear [`DecodeError`][flexiq_plugins.errors.DecodeError], never garbage.
 
 The first run of a step returns ``decode(encode(value))``, the same value a
 memo hit returns, so a caller never sees one type on the first attempt and
@@ -49,7 +49,7 @@ class Serializer(Protocol):
         """Encode ``value``; raise any exception if it cannot be encoded."""
 
     def loads(self, data: bytes) -> Any:
-        """Decode bytes made by :meth:`dumps`."""
+        """Decode bytes made by [`dumps`][flexiq_plugins.integration.Serializer.dumps]."""
 
 
 @runtime_checkable
@@ -62,7 +62,7 @@ class Codec(Protocol):
         """Transform ``data`` for storage."""
 
     def decode(self, data: bytes) -> bytes:
-        """Undo :meth:`encode`; raise :class:`DecodeError` when it cannot."""
+        """Undo `encode`; raise [`DecodeError`][flexiq_plugins.errors.DecodeError] when it cannot."""
 
 
 _TAG = "__flexiq__"
@@ -124,11 +124,12 @@ class JsonSerializer:
     name = "json"
 
     def dumps(self, value: Any) -> bytes:
-        """Encode ``value`` as JSON bytes; :class:`TypeError` for a type it does not keep."""
+        """Encode ``value`` as JSON bytes; `TypeError` for a type it does not keep."""
         return _ENCODER.encode(value).encode()
 
     def loads(self, data: bytes) -> Any:
-        """Decode JSON bytes (UTF-8, as :meth:`dumps` writes them), turning tagged values back into their types."""
+        """Decode JSON bytes (UTF-8, as [`dumps`][flexiq_plugins.JsonSerializer.dumps] writes them), turning tagged
+        values back into their types."""
         return _DECODER.decode(data.decode("utf-8", "surrogatepass"))
 
 
@@ -137,9 +138,9 @@ class FunctionSerializer:
     """A serializer made of two functions (how adapters plug in the framework's own).
 
     Parameters:
-      name(str): recorded in the stored bytes, e.g. ``"kombu:json"``.
-      dump_fn(Callable[[Any], bytes]): encoder.
-      load_fn(Callable[[bytes], Any]): decoder.
+      name (str): recorded in the stored bytes, e.g. ``"kombu:json"``.
+      dump_fn (Callable[[Any], bytes]): encoder.
+      load_fn (Callable[[bytes], Any]): decoder.
     """
 
     name: str
@@ -160,7 +161,7 @@ class ZlibCodec:
     """zlib compression.
 
     Parameters:
-      level(int): compression level 0–9 (default 6).
+      level (int): compression level 0–9 (default 6).
     """
 
     level: int = 6
@@ -171,7 +172,7 @@ class ZlibCodec:
         return zlib.compress(data, self.level)
 
     def decode(self, data: bytes) -> bytes:
-        """Decompress ``data``; :class:`DecodeError` if it is not zlib data."""
+        """Decompress ``data``; [`DecodeError`][flexiq_plugins.errors.DecodeError] if it is not zlib data."""
         try:
             return zlib.decompress(data)
         except zlib.error as exc:
@@ -182,7 +183,7 @@ class FernetCodec:
     """Fernet encryption (``cryptography``) with key rotation via ``MultiFernet``.
 
     Parameters:
-      keys(str | bytes | Sequence[str | bytes]): url-safe base64 Fernet keys.
+      keys (str | bytes | Sequence[str | bytes]): url-safe base64 Fernet keys.
         The first encrypts; all decrypt, so a rotated-out key can still be
         listed for reading while its rows age out.
 
@@ -216,7 +217,8 @@ class FernetCodec:
         return self._fernet.encrypt(data)
 
     def decode(self, data: bytes) -> bytes:
-        """Decrypt ``data`` with any configured key; :class:`DecodeError` if none matches."""
+        """Decrypt ``data`` with any configured key; [`DecodeError`][flexiq_plugins.errors.DecodeError] if none
+        matches."""
         from cryptography.fernet import InvalidToken
 
         try:
@@ -232,8 +234,8 @@ class CodecChain:
     """A serializer followed by codecs; what the store keeps is ``header + payload``.
 
     Parameters:
-      serializer(Serializer | None): defaults to :class:`JsonSerializer`.
-      codecs(Sequence[Codec]): applied in order on encode, reversed on decode.
+      serializer (Serializer | None): defaults to [`JsonSerializer`][flexiq_plugins.JsonSerializer].
+      codecs (Sequence[Codec]): applied in order on encode, reversed on decode.
     """
 
     def __init__(self, serializer: Serializer | None = None, codecs: Sequence[Codec] = ()) -> None:
@@ -251,7 +253,8 @@ class CodecChain:
         return self._header[len(_MAGIC) + 1 : -1].decode()
 
     def encode(self, value: Any, *, step_key: str = "?") -> bytes:
-        """Serialize and encode ``value``; :class:`EncodeError` naming the step if it cannot (C7)."""
+        """Serialize and encode ``value``; [`EncodeError`][flexiq_plugins.errors.EncodeError] naming the step if it
+        cannot (C7)."""
         try:
             data = self.serializer.dumps(value)
         except Exception as exc:
@@ -265,7 +268,8 @@ class CodecChain:
         return self._header + data
 
     def decode(self, stored: bytes, *, step_key: str = "?") -> Any:
-        """Decode stored bytes; :class:`DecodeError` if another chain wrote them or decoding fails."""
+        """Decode stored bytes; [`DecodeError`][flexiq_plugins.errors.DecodeError] if another chain wrote them or
+        decoding fails."""
         header, sep, data = stored.partition(b"\n")
         if not sep or header + b"\n" != self._header:
             made_by = header.decode(errors="replace") if header.startswith(_MAGIC) else "unknown"

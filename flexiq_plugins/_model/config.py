@@ -1,17 +1,17 @@
 """The options of an integration: one frozen dataclass, one name per option, parsed once.
 
 ``celery_ext.install(app, **options)`` and ``DurableSteps(**options)`` hand
-their keyword arguments to :meth:`DurableConfig.from_options`, so an option is
+their keyword arguments to [`DurableConfig.from_options`][flexiq_plugins.DurableConfig.from_options], so an option is
 spelled, converted and validated the same way on both frameworks, and an
 unknown name is refused with the one list of accepted options. An adapter with
-options of its own subclasses :class:`DurableConfig` (as ``celery_ext`` does
+options of its own subclasses [`DurableConfig`][flexiq_plugins.DurableConfig] (as ``celery_ext`` does
 for its dead-letter path); the accepted list is then that subclass's fields.
 
 Units are in the names: ``*_seconds`` fields take seconds (or a duration
 string such as ``"15m"``, converted once here), ``*_bytes`` fields bytes.
 
 Where the store comes from is not an option of this class: the store layer
-decides it (:func:`flexiq_plugins._store.factory.resolve_store`).
+decides it ([`flexiq_plugins._store.factory.resolve_store`][flexiq_plugins.integration.resolve_store]).
 """
 
 from __future__ import annotations
@@ -51,12 +51,13 @@ def _doc(text: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Limits:
-    """The size caps on encoded bytes (C22), as :attr:`DurableConfig.limits` groups them.
+    """The size caps on encoded bytes (C22), as [`DurableConfig.limits`][flexiq_plugins.DurableConfig.limits] groups
+    them.
 
     Parameters:
-      step_bytes(int): one step's stored value, bytes.
-      run_bytes(int): all step values of one run, bytes.
-      run_steps(int): the number of steps of one run.
+      step_bytes (int): one step's stored value, bytes.
+      run_bytes (int): all step values of one run, bytes.
+      run_steps (int): the number of steps of one run.
     """
 
     step_bytes: int
@@ -203,8 +204,8 @@ class DurableConfig:
         """Check and convert an integration's keyword options (C18, C22–C25, C27, C28).
 
         Parameters:
-          options(Mapping[str, Any]): option names (see :meth:`accepted`) to values.
-          where(str): who received them, for the error message (``"celery_ext.install"``).
+          options (Mapping[str, Any]): option names (see `accepted`) to values.
+          where (str): who received them, for the error message (``"celery_ext.install"``).
 
         Raises:
           ConfigurationError: an unknown name, listing every accepted option, or an unusable value.

@@ -2,7 +2,7 @@
 
 A sleep's duration is parsed once, before anything is committed, so a typo
 fails loudly instead of sleeping for a surprising time (C19). A sleep is also
-capped at :data:`MAX_SLEEP_SECONDS` (366 days): a longer one is almost always
+capped at `MAX_SLEEP_SECONDS` (366 days): a longer one is almost always
 a unit mistake (milliseconds for seconds, an epoch timestamp for a duration)
 that would otherwise hop every 15 minutes for decades.
 """
@@ -34,7 +34,7 @@ def parse_duration(value: object) -> float:
     """Return ``value`` as a number of seconds (``float``, ≥ 0).
 
     Parameters:
-      value(str | timedelta | int | float): ``"500ms"``, ``"30s"``, ``"5m"``,
+      value (str | timedelta | int | float): ``"500ms"``, ``"30s"``, ``"5m"``,
         ``"1h30m"``, ``"3d"``, ``"1w"``; a ``timedelta``; or seconds.
 
     Raises:
@@ -51,10 +51,12 @@ def parse_duration(value: object) -> float:
 
 
 def parse_sleep(value: object) -> float:
-    """Return a sleep's duration in seconds: :func:`parse_duration`, at most :data:`MAX_SLEEP_SECONDS`.
+    """Return a sleep's duration in seconds: [`parse_duration`][flexiq_plugins.parse_duration], at most
+    `MAX_SLEEP_SECONDS`.
 
     Raises:
-      InvalidDuration: what :func:`parse_duration` refuses, or a duration longer than 366 days.
+      InvalidDuration: what [`parse_duration`][flexiq_plugins.parse_duration] refuses, or a duration longer than 366
+        days.
     """
     seconds = parse_duration(value)
     if seconds > MAX_SLEEP_SECONDS:

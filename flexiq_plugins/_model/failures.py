@@ -2,17 +2,17 @@
 
 A failed step attempt is recorded as text: the error's qualified class name,
 its message and its traceback, each cut to a size (messages to
-:data:`MAX_MESSAGE_CHARS`, tracebacks to their last :data:`MAX_TRACEBACK_CHARS`
+`MAX_MESSAGE_CHARS`, tracebacks to their last `MAX_TRACEBACK_CHARS`
 characters, never more than the step value cap). Like dead letters, these
 texts do not go through the step codecs: do not put secrets in error messages.
 
 A step that failed for good keeps its failure in its step row, as JSON; a
 replay raises the same error again without calling the body
-(:func:`replay_error`): the class is imported by name and built with the
+(`replay_error`): the class is imported by name and built with the
 message, so a body's ``except PaymentDeclined`` matches on every attempt
 (only ``Exception`` subclasses are imported, by the name the store holds: the
 store is trusted like the code that wrote it). A class that can no longer be
-imported or built is replaced by a :class:`~flexiq_plugins.NonRetryableError`
+imported or built is replaced by a [`NonRetryableError`][flexiq_plugins.errors.NonRetryableError]
 naming it.
 """
 
@@ -58,9 +58,9 @@ class ErrorText:
     """An error as text, within the size caps.
 
     Parameters:
-      error_type(str): the qualified class name, ``module.QualName``.
-      message(str): ``str(error)``, cut to :data:`MAX_MESSAGE_CHARS`.
-      traceback(str): the formatted traceback, its last characters.
+      error_type (str): the qualified class name, ``module.QualName``.
+      message (str): ``str(error)``, cut to `MAX_MESSAGE_CHARS`.
+      traceback (str): the formatted traceback, its last characters.
     """
 
     error_type: str
@@ -82,12 +82,12 @@ def _cut_end(text: str, limit: int) -> str:
 
 
 def error_text(error: BaseException, *, max_traceback: int = MAX_TRACEBACK_CHARS) -> ErrorText:
-    """``error`` as :class:`ErrorText`: class name, message and traceback, cut to the caps.
+    """``error`` as `ErrorText`: class name, message and traceback, cut to the caps.
 
     Parameters:
-      error(BaseException): the error.
-      max_traceback(int): the traceback's cap in characters (the smaller of
-        this and :data:`MAX_TRACEBACK_CHARS` applies).
+      error (BaseException): the error.
+      max_traceback (int): the traceback's cap in characters (the smaller of
+        this and `MAX_TRACEBACK_CHARS` applies).
     """
     message = str(error)
     if len(message) > MAX_MESSAGE_CHARS:
@@ -101,11 +101,11 @@ class StepFailure:
     """Why a step failed for good, as its step row keeps it (C31).
 
     Parameters:
-      reason(str): ``non_retryable`` or ``step_retry_exhausted``.
-      error_type(str | None): the (last) error's class name; ``None`` when
+      reason (str): ``non_retryable`` or ``step_retry_exhausted``.
+      error_type (str | None): the (last) error's class name; ``None`` when
         the last attempt's worker was lost.
-      message(str): the (last) error's message.
-      attempts(int): the attempts the step had.
+      message (str): the (last) error's message.
+      attempts (int): the attempts the step had.
     """
 
     reason: str
@@ -123,14 +123,14 @@ class RunFailure:
     """Why a run is being compensated, as its ``compensation`` row keeps it (C32).
 
     Parameters:
-      origin(str): ``dead_letter`` (it failed for good inside an attempt: the
+      origin (str): ``dead_letter`` (it failed for good inside an attempt: the
         job is dead-lettered once compensated), ``framework`` (the
         framework gave up retrying it and has already reported the failure)
         or ``cancelled`` (it was cancelled: it ends ``cancelled``, C34).
-      reason(str): the dead letter's reason kind, e.g. ``step_retry_exhausted``.
-      error_type(str): the error's class name.
-      message(str): the error's message.
-      traceback(str): the error's traceback.
+      reason (str): the dead letter's reason kind, e.g. ``step_retry_exhausted``.
+      error_type (str): the error's class name.
+      message (str): the error's message.
+      traceback (str): the error's traceback.
     """
 
     origin: Origin
@@ -156,7 +156,7 @@ class RunFailure:
 
 
 def load_failure(text: str) -> StepFailure | RunFailure:
-    """Read what :meth:`StepFailure.to_json` or :meth:`RunFailure.to_json` wrote.
+    """Read what `StepFailure.to_json` or `RunFailure.to_json` wrote.
 
     Raises:
       ValueError: the text is not such JSON.
@@ -173,7 +173,7 @@ def rebuild_error(error_type: str | None, message: str) -> BaseException | None:
     """The error ``error_type(message)``, imported by name; ``None`` for ``None``.
 
     A class that cannot be imported, is not an exception, or cannot be built
-    from its message is replaced by :class:`NonRetryableError` naming it.
+    from its message is replaced by [`NonRetryableError`][flexiq_plugins.errors.NonRetryableError] naming it.
     """
     if error_type is None:
         return None
@@ -219,7 +219,7 @@ def replay_error(failure: StepFailure, step_key: str) -> BaseException:
     """The error a replay of a step that failed for good raises, marked final (C31).
 
     ``non_retryable``: the body's own error again (its class, its message).
-    ``step_retry_exhausted``: :class:`StepRetryExhausted` carrying the
+    ``step_retry_exhausted``: [`StepRetryExhausted`][flexiq_plugins.errors.StepRetryExhausted] carrying the
     attempts and the last error.
     """
     last = rebuild_error(failure.error_type, failure.message)
@@ -229,7 +229,8 @@ def replay_error(failure: StepFailure, step_key: str) -> BaseException:
 
 
 def exhausted_error(step_key: str, attempts: int, last: BaseException | None) -> StepRetryExhausted:
-    """The :class:`StepRetryExhausted` of ``step_key`` after ``attempts`` attempts, ``last`` its cause."""
+    """The [`StepRetryExhausted`][flexiq_plugins.errors.StepRetryExhausted] of ``step_key`` after ``attempts`` attempts,
+    ``last`` its cause."""
     why = f"last error: {type(last).__name__}: {last}" if last is not None else "the last attempt's worker was lost"
     error = StepRetryExhausted(
         f"step {step_key!r} failed {attempts} of {attempts} attempts; {why}",

@@ -8,7 +8,7 @@ A step is identified by what the code asks for, never by the callable (C4):
   A keyed call does not advance the counter: adding one must not shift the key
   of every later unkeyed call of the same name.
 
-:class:`Sequence` replays an attempt against the snapshot loaded when it
+`Sequence` replays an attempt against the snapshot loaded when it
 started, in memory (C9): keyed steps are matched by key anywhere in the
 recorded sequence, unkeyed ones by their position among the unkeyed steps.
 """
@@ -44,7 +44,8 @@ _KEY_FORMS = "a str or int of at most 256 bytes UTF-8, without control character
 
 
 def validate_name(name: object) -> str:
-    """Return ``name`` if it is a valid step name, else raise :class:`InvalidStepName` (C2)."""
+    """Return ``name`` if it is a valid step name, else raise [`InvalidStepName`][flexiq_plugins.errors.InvalidStepName]
+    (C2)."""
     if not isinstance(name, str):
         raise InvalidStepName(f"step name {name!r} is a {type(name).__name__}; a name is {_NAME_FORMS}")
     problem = _name_problem(name)
@@ -71,7 +72,8 @@ def _name_problem(name: str) -> str:
 
 
 def validate_key(key: object) -> str:
-    """Return ``key`` as a ``str`` (an ``int`` is converted), else raise :class:`InvalidStepKey` (C2)."""
+    """Return ``key`` as a ``str`` (an ``int`` is converted), else raise
+    [`InvalidStepKey`][flexiq_plugins.errors.InvalidStepKey] (C2)."""
     if isinstance(key, bool) or not isinstance(key, (str, int)):
         raise InvalidStepKey(f"step key {key!r} is a {type(key).__name__}; a key is {_KEY_FORMS}")
     try:
@@ -113,10 +115,10 @@ class StepId:
     """A step's identity within an attempt.
 
     Parameters:
-      name(str): the validated name.
-      key(str | None): the validated explicit key, if any.
-      step_key(str): ``name#n`` or ``name:key``.
-      kind(str): ``"run"`` or ``"sleep"``.
+      name (str): the validated name.
+      key (str | None): the validated explicit key, if any.
+      step_key (str): ``name#n`` or ``name:key``.
+      kind (str): ``"run"`` or ``"sleep"``.
     """
 
     name: str
@@ -134,8 +136,8 @@ class Sequence:
     """The running step sequence of one attempt, checked against its snapshot.
 
     Parameters:
-      snapshot(Iterable[StepRow]): the run's committed step rows.
-      job_label(str): how divergence messages name the job.
+      snapshot (Iterable[StepRow]): the run's committed step rows.
+      job_label (str): how divergence messages name the job.
     """
 
     def __init__(self, snapshot: Iterable[StepRow], job_label: str) -> None:
@@ -172,7 +174,7 @@ class Sequence:
     def enter(self, step: StepId) -> StepRow | None:
         """Record that ``step`` runs now; return its committed row (memo) or ``None`` (new).
 
-        Raises :class:`StepDivergence` if the recorded row at this step's place
+        Raises [`StepDivergence`][flexiq_plugins.errors.StepDivergence] if the recorded row at this step's place
         has another key or kind (C12).
         """
         self._seen.add(step.step_key)
@@ -210,7 +212,7 @@ class Sequence:
         )
 
     def abandon(self, step: StepId) -> None:
-        """Undo :meth:`enter` for a new step whose body raised: it committed nothing (C6).
+        """Undo `enter` for a new step whose body raised: it committed nothing (C6).
 
         The next call of the same step then derives the same key and takes the
         same place, so a retry loop around a failing step inside one attempt
@@ -253,7 +255,8 @@ def new_run_key() -> str:
 
 
 def check_run_key(run_key: object) -> str:
-    """Return ``run_key`` if it is a ``str`` of 1 to 255 characters, else raise :class:`InvalidRunKey`.
+    """Return ``run_key`` if it is a ``str`` of 1 to 255 characters, else raise
+    [`InvalidRunKey`][flexiq_plugins.errors.InvalidRunKey].
 
     The characters must be valid Unicode without control characters (a NUL
     cannot be stored by PostgreSQL, and none belongs in an identifier).
@@ -275,10 +278,10 @@ def run_key_from(carried: object, job_id: str, *, where: str = "run key") -> str
     """The run key of a delivered job: the one it carries, else its own job id (C1 words, C11).
 
     Parameters:
-      carried(object): the value of the message's run key header or option
+      carried (object): the value of the message's run key header or option
         (``None`` or empty when the producer stamped none).
-      job_id(str): the framework's job id.
-      where(str): names the header or option in the error message.
+      job_id (str): the framework's job id.
+      where (str): names the header or option in the error message.
 
     Raises:
       InvalidRunKey: a carried value that is not a ``str`` (a ``repr()`` would

@@ -1,17 +1,17 @@
 """What ``step.run`` accepts besides its body: a retry budget (C31) and an undo (C32).
 
-A :class:`RetryPolicy` is a durable budget for one step: its attempts are
+A [`RetryPolicy`][flexiq_plugins.RetryPolicy] is a durable budget for one step: its attempts are
 counted in the store, not in the broker's headers, so a worker killed inside
 the body uses one and a redelivery does not give any back. Between two
 attempts the job leaves the worker, like a sleep, for the policy's backoff.
 The task's own retry settings (Celery's ``max_retries``, Dramatiq's
 ``Retries``) are not touched by a step's retries.
 
-A :class:`Compensation` is what undoes a committed step when the run fails for
+A [`Compensation`][flexiq_plugins.Compensation] is what undoes a committed step when the run fails for
 good; ``step.run(..., compensate=undo)`` takes a plain callable too.
 
-A :class:`CancellationPolicy` caps a whole run: its duration and its time
-suspended in sleeps and waits (C34, :mod:`flexiq_plugins._attempt.cancellation`).
+A [`CancellationPolicy`][flexiq_plugins.CancellationPolicy] caps a whole run: its duration and its time
+suspended in sleeps and waits (C34, `flexiq_plugins._attempt.cancellation`).
 
 Both are plain frozen values with no store or framework in them, so they can
 be module constants shared by many tasks.
@@ -41,20 +41,20 @@ class RetryPolicy:
     """A step's durable retry budget and backoff (C31).
 
     Parameters:
-      max_attempts(int): attempts in all, the first included (default 3);
+      max_attempts (int): attempts in all, the first included (default 3);
         at least 1. A worker lost inside the body counts as an attempt.
-      initial_delay(float): seconds before the second attempt (default 1);
+      initial_delay (float): seconds before the second attempt (default 1);
         a duration string such as ``"30s"`` or a ``timedelta`` is accepted.
-      multiplier(float): each later delay is the previous one times this
+      multiplier (float): each later delay is the previous one times this
         (default 2); at least 1.
-      max_delay(float): no delay is longer than this, seconds (default 300).
-      jitter(float): up to this many seconds, drawn at random, are added to
+      max_delay (float): no delay is longer than this, seconds (default 300).
+      jitter (float): up to this many seconds, drawn at random, are added to
         each delay so many runs failing at once do not retry at once (default 0).
-      retry_on(type | tuple[type, ...]): the errors the budget retries
+      retry_on (type | tuple[type, ...]): the errors the budget retries
         (default ``(Exception,)``). Any other error fails the step for good.
-      no_retry_on(type | tuple[type, ...]): errors that fail the step for good
+      no_retry_on (type | tuple[type, ...]): errors that fail the step for good
         even if ``retry_on`` matches (default none). A
-        :class:`~flexiq_plugins.NonRetryableError` always does.
+        [`NonRetryableError`][flexiq_plugins.errors.NonRetryableError] always does.
 
     Raises:
       ConfigurationError: a value of the wrong type or range, naming the field
@@ -130,11 +130,12 @@ def _error_types(name: str, value: object) -> ErrorTypes:
 
 
 def retry_policy_option(value: object, *, where: str) -> RetryPolicy | None:
-    """Check a ``step_retry`` option: a :class:`RetryPolicy`, a mapping of its fields, or ``None``.
+    """Check a ``step_retry`` option: a [`RetryPolicy`][flexiq_plugins.RetryPolicy], a mapping of its fields, or
+    ``None``.
 
     Parameters:
-      value(object): what the task, actor or integration was given.
-      where(str): names the option in the error message, e.g. ``"task 'shop.checkout' step_retry"``.
+      value (object): what the task, actor or integration was given.
+      where (str): names the option in the error message, e.g. ``"task 'shop.checkout' step_retry"``.
 
     Raises:
       ConfigurationError: any other value, naming the accepted forms.
@@ -156,12 +157,12 @@ class Compensation:
     a plain callable (``compensate=refund``) is the same with the defaults.
 
     Parameters:
-      fn(Callable[[Any], Any]): called with the step's value; it runs as a step
+      fn (Callable[[Any], Any]): called with the step's value; it runs as a step
         of its own, ``compensate:<step key>``, with its own idempotency key.
         It may return an awaitable, which is awaited.
-      retry(RetryPolicy | None): its budget; ``None``: the task's
+      retry (RetryPolicy | None): its budget; ``None``: the task's
         ``step_retry`` if set, else ``RetryPolicy()`` (3 attempts).
-      name(str | None): how the store and the dead letters name the undo;
+      name (str | None): how the store and the dead letters name the undo;
         default: the function's qualified name.
     """
 
@@ -192,10 +193,10 @@ class CancellationPolicy:
     """The caps of a run (C34); ``None`` leaves a cap off.
 
     Parameters:
-      max_run_seconds(float | None): the longest a run may last from its
+      max_run_seconds (float | None): the longest a run may last from its
         creation, seconds (a duration string such as ``"7d"`` or a
         ``timedelta`` is accepted).
-      max_suspended_seconds(float | None): the longest a run may spend in
+      max_suspended_seconds (float | None): the longest a run may spend in
         sleeps and waits for events in all, seconds (or a duration).
 
     Raises:
@@ -242,9 +243,9 @@ def cancellation_option(
     """A task's or actor's caps from its two options, or ``None`` when both are unset (C34).
 
     Parameters:
-      max_run_seconds(object): the option's value (seconds, a duration string, ``None``).
-      max_suspended_seconds(object): the option's value.
-      where(str): names the task in the error message, e.g. ``"task 'shop.checkout'"``.
+      max_run_seconds (object): the option's value (seconds, a duration string, ``None``).
+      max_suspended_seconds (object): the option's value.
+      where (str): names the task in the error message, e.g. ``"task 'shop.checkout'"``.
 
     Raises:
       ConfigurationError: a value that is not a positive duration, naming the task.

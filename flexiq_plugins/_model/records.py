@@ -1,10 +1,10 @@
 """The records of a run as the store keeps them, and what its methods return.
 
 A store keeps five things: *runs* (one row per run key: status, the claim and
-the job envelope, :class:`RunRecord`), *step rows* (the committed steps of a
-run, :class:`StepRow`), *step attempts* (each attempt of a step with a retry
-budget, journaled before its body runs, C31, :class:`StepAttempt`), *dead
-letters* (:class:`DeadLetterRecord`) and *events* (:class:`EventRecord`,
+the job envelope, [`RunRecord`][flexiq_plugins.RunRecord]), *step rows* (the committed steps of a
+run, [`StepRow`][flexiq_plugins.StepRow]), *step attempts* (each attempt of a step with a retry
+budget, journaled before its body runs, C31, [`StepAttempt`][flexiq_plugins.StepAttempt]), *dead
+letters* ([`DeadLetterRecord`][flexiq_plugins.DeadLetterRecord]) and *events* (`EventRecord`,
 C33). These are plain frozen dataclasses: every layer above the store reads
 them, none of them does I/O.
 
@@ -82,11 +82,12 @@ LIVE_STATUSES: frozenset[str] = frozenset({"queued", "pending", "running", "slee
 
 UNSTARTED_STATUSES: frozenset[str] = frozenset({"queued", "pending"})
 """The states of a run no attempt started: with ``attempt`` 0, or (``pending``) a retried dead letter unchanged
-since its retry (:meth:`StepStore.dead_letter_unstarted`)."""
+since its retry (`StepStore.dead_letter_unstarted`)."""
 
 
 CLEANABLE_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "compensated"})
-"""Terminal states that :meth:`StepStore.cleanup` may drop; ``dead`` runs stay until purged (C27)."""
+"""Terminal states that `StepStore.cleanup` may drop; ``dead`` runs stay until
+purged (C27)."""
 
 
 StepKind = Literal["run", "sleep", "compensation", "wait", "event"]
@@ -108,14 +109,14 @@ class JobEnvelope:
     """What is needed to re-publish a job (C35): stored with its run.
 
     Parameters:
-      task_name(str): the Celery task name or Dramatiq actor name.
-      framework(str): ``"celery"``, ``"dramatiq"`` or ``"test"``.
-      queue(str | None): the queue the job was published to.
-      args(list): positional arguments, as the framework serialized them.
-      kwargs(dict): keyword arguments.
-      options(dict): framework options needed to re-publish (headers, eta …),
+      task_name (str): the Celery task name or Dramatiq actor name.
+      framework (str): ``"celery"``, ``"dramatiq"`` or ``"test"``.
+      queue (str | None): the queue the job was published to.
+      args (list): positional arguments, as the framework serialized them.
+      kwargs (dict): keyword arguments.
+      options (dict): framework options needed to re-publish (headers, eta …),
         JSON-compatible.
-      corrupt(str | None): why the stored envelope could not be read (then only
+      corrupt (str | None): why the stored envelope could not be read (then only
         ``task_name``, ``framework`` and ``queue`` are known, from their own
         columns, and it cannot be re-published); ``None`` for a sound one.
     """
@@ -141,7 +142,7 @@ class JobEnvelope:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> JobEnvelope:
-        """Build an envelope from :meth:`to_dict`'s output."""
+        """Build an envelope from [`to_dict`][flexiq_plugins.JobEnvelope.to_dict]'s output."""
         return cls(
             task_name=data["task_name"],
             framework=data["framework"],
@@ -157,10 +158,10 @@ class Claim:
     """``(run key, owner, attempt, lease_until)``: what every write is fenced on.
 
     Parameters:
-      run_key(str): the run claimed.
-      owner(str): the claiming worker's id (host, pid, random part).
-      attempt(int): this attempt's number, 1 for the first.
-      lease_until(float): lease expiry, epoch seconds, store clock.
+      run_key (str): the run claimed.
+      owner (str): the claiming worker's id (host, pid, random part).
+      attempt (int): this attempt's number, 1 for the first.
+      lease_until (float): lease expiry, epoch seconds, store clock.
     """
 
     run_key: str
@@ -174,19 +175,19 @@ class StepRow:
     """One committed step.
 
     Parameters:
-      position(int): 0-based index in the run's recorded sequence.
-      step_key(str): ``name#n`` or ``name:key`` (C1).
-      kind(str): ``"run"`` or ``"sleep"``.
-      value(bytes | None): the encoded value of a ``run`` step.
-      wake_at(float | None): a ``sleep`` step's wake time, epoch seconds.
-      committed_at(float | None): commit time, epoch seconds, store clock
+      position (int): 0-based index in the run's recorded sequence.
+      step_key (str): ``name#n`` or ``name:key`` (C1).
+      kind (str): ``"run"`` or ``"sleep"``.
+      value (bytes | None): the encoded value of a ``run`` step.
+      wake_at (float | None): a ``sleep`` step's wake time, epoch seconds.
+      committed_at (float | None): commit time, epoch seconds, store clock
         (``None`` before it is stored).
-      attempt(int): the attempt that committed it.
-      failure(str | None): for a step that failed for good, or a
+      attempt (int): the attempt that committed it.
+      failure (str | None): for a step that failed for good, or a
         ``compensation`` row, the failure as JSON text (written and read by
-        :mod:`flexiq_plugins._model.failures`; the store does not look inside).
-      compensate(str | None): the name of the undo the step registered (C32).
-      event_id(int | None): for an ``event`` row, the id of the event it
+        `flexiq_plugins._model.failures`; the store does not look inside).
+      compensate (str | None): the name of the undo the step registered (C32).
+      event_id (int | None): for an ``event`` row, the id of the event it
         received (C33): an event is received at most once per run.
     """
 
@@ -215,17 +216,17 @@ class StepAttempt:
     a step without one records only its failures.
 
     Parameters:
-      run_key(str): the run.
-      step_key(str): the step.
-      number(int): 1 for the step's first attempt.
-      run_attempt(int): the run's attempt (the job's execution) that made it.
-      started_at(float): when it was journaled, epoch seconds, store clock.
-      outcome(str | None): see :data:`StepAttemptOutcome`.
-      error_type(str | None): the error's qualified class name.
-      message(str | None): the error's message (truncated).
-      traceback(str | None): the formatted traceback (truncated to its end).
-      failed_at(float | None): when the failure was recorded, epoch seconds.
-      retry_at(float | None): when the next attempt is due, epoch seconds.
+      run_key (str): the run.
+      step_key (str): the step.
+      number (int): 1 for the step's first attempt.
+      run_attempt (int): the run's attempt (the job's execution) that made it.
+      started_at (float): when it was journaled, epoch seconds, store clock.
+      outcome (str | None): see `StepAttemptOutcome`.
+      error_type (str | None): the error's qualified class name.
+      message (str | None): the error's message (truncated).
+      traceback (str | None): the formatted traceback (truncated to its end).
+      failed_at (float | None): when the failure was recorded, epoch seconds.
+      retry_at (float | None): when the next attempt is due, epoch seconds.
     """
 
     run_key: str
@@ -243,17 +244,19 @@ class StepAttempt:
 
 @dataclass(frozen=True)
 class StepAttemptFailure:
-    """What :meth:`StepStore.fail_step_attempt` records about a failed step attempt (C31).
+    """What `StepStore.fail_step_attempt` records about a failed step
+    attempt (C31).
 
     Parameters:
-      step_key(str): the step.
-      number(int | None): the attempt journaled by :meth:`StepStore.begin_step_attempt`;
-        ``None`` for a step without a budget (the store gives it the next number).
-      outcome(str): ``failed``, ``exhausted`` or ``non_retryable``.
-      error_type(str | None): the error's qualified class name (``None``: the worker was lost).
-      message(str): the error's message, already truncated.
-      traceback(str): the formatted traceback, already truncated.
-      retry_delay(float | None): seconds from the store's now until the next
+      step_key (str): the step.
+      number (int | None): the attempt journaled by
+        `StepStore.begin_step_attempt`; ``None`` for a step without a
+        budget (the store gives it the next number).
+      outcome (str): ``failed``, ``exhausted`` or ``non_retryable``.
+      error_type (str | None): the error's qualified class name (``None``: the worker was lost).
+      message (str): the error's message, already truncated.
+      traceback (str): the formatted traceback, already truncated.
+      retry_delay (float | None): seconds from the store's now until the next
         attempt is due (``outcome == "failed"`` with a budget).
     """
 
@@ -271,8 +274,8 @@ class AttemptStarted:
     """A new step attempt was journaled: run the body.
 
     Parameters:
-      number(int): the new attempt's number.
-      previous(tuple[StepAttempt, ...]): the step's earlier attempts.
+      number (int): the new attempt's number.
+      previous (tuple[StepAttempt, ...]): the step's earlier attempts.
     """
 
     number: int
@@ -284,7 +287,7 @@ class AttemptNotDue:
     """The step's last attempt failed and its next one is not due yet (an early delivery).
 
     Parameters:
-      retry_at(float): when it is due, epoch seconds, store clock.
+      retry_at (float): when it is due, epoch seconds, store clock.
     """
 
     retry_at: float
@@ -295,7 +298,7 @@ class AttemptsSpent:
     """The step's budget is spent: no attempt was journaled.
 
     Parameters:
-      previous(tuple[StepAttempt, ...]): every attempt of the step.
+      previous (tuple[StepAttempt, ...]): every attempt of the step.
     """
 
     previous: tuple[StepAttempt, ...]
@@ -309,8 +312,8 @@ class StepAttemptFailed:
     """A recorded step failure, as stored.
 
     Parameters:
-      attempt(StepAttempt): the attempt, ``failed_at`` and ``retry_at`` on the store's clock.
-      row(StepRow | None): the step row committed with it (a step failed for good).
+      attempt (StepAttempt): the attempt, ``failed_at`` and ``retry_at`` on the store's clock.
+      row (StepRow | None): the step row committed with it (a step failed for good).
     """
 
     attempt: StepAttempt
@@ -322,14 +325,14 @@ class Begun:
     """The run was claimed: run the body.
 
     Parameters:
-      claim(Claim): the new claim.
-      snapshot(tuple[StepRow, ...]): every committed step row, by position.
-      now(float): the store's clock when the claim was taken (epoch seconds).
-      takeovers(int): how many times a claim of this run was taken over from a
+      claim (Claim): the new claim.
+      snapshot (tuple[StepRow, ...]): every committed step row, by position.
+      now (float): the store's clock when the claim was taken (epoch seconds).
+      takeovers (int): how many times a claim of this run was taken over from a
         worker whose lease expired, this takeover included (C25).
-      envelope(JobEnvelope): the run's stored envelope.
-      created_at(float): when the run was created, epoch seconds (its duration cap, C34).
-      cancel_reason(str | None): the run's requested cancellation, if any (C34).
+      envelope (JobEnvelope): the run's stored envelope.
+      created_at (float): when the run was created, epoch seconds (its duration cap, C34).
+      cancel_reason (str | None): the run's requested cancellation, if any (C34).
     """
 
     claim: Claim
@@ -346,7 +349,7 @@ class Busy:
     """Another live claim holds the run (C24).
 
     Parameters:
-      lease_remaining(float): seconds until that claim's lease expires.
+      lease_remaining (float): seconds until that claim's lease expires.
     """
 
     lease_remaining: float
@@ -357,10 +360,10 @@ class Finished:
     """The run is already terminal (C26): acknowledge without running.
 
     Parameters:
-      status(str): the terminal status.
-      outcome(bytes | None): the run's stored outcome, written with its
+      status (str): the terminal status.
+      outcome (bytes | None): the run's stored outcome, written with its
         terminal status (C37): opaque to the store, written and read by
-        :mod:`flexiq_plugins._model.failures` (``run_outcome`` / ``load_outcome``);
+        `flexiq_plugins._model.failures` (``run_outcome`` / ``load_outcome``);
         ``None`` for a run that keeps none (finished before outcomes were
         kept, or ended by the framework itself).
     """
@@ -377,10 +380,10 @@ class NewDeadLetter:
     """What the driver records when a job is dead-lettered (C30).
 
     Parameters:
-      job_id(str): the framework's job id.
-      reason(str): a short kind, e.g. ``"divergence"``, ``"worker_lost"``.
-      message(str): the error's message.
-      traceback(str): the formatted traceback ('' if none).
+      job_id (str): the framework's job id.
+      reason (str): a short kind, e.g. ``"divergence"``, ``"worker_lost"``.
+      message (str): the error's message.
+      traceback (str): the formatted traceback ('' if none).
     """
 
     job_id: str
@@ -415,7 +418,7 @@ class RunRecord:
     ``wait_key`` name the event a ``waiting`` run waits for (C33);
     ``cancel_reason`` is a ``cancelled`` run's reason, or a cancellation
     requested and not yet carried out (C34). ``outcome`` is a terminal run's
-    stored outcome (C37), opaque bytes (see :class:`Finished`).
+    stored outcome (C37), opaque bytes (see `Finished`).
     """
 
     run_key: str
@@ -446,13 +449,13 @@ class EventRecord:
     """A stored event (C33).
 
     Parameters:
-      id(int): its id; ids grow in the order events are sent and are never reused.
-      topic(str): its topic, e.g. ``"payment"``.
-      key(str): its key, e.g. an order id.
-      run_key(str | None): the one run it was sent to, or ``None`` for every
+      id (int): its id; ids grow in the order events are sent and are never reused.
+      topic (str): its topic, e.g. ``"payment"``.
+      key (str): its key, e.g. an order id.
+      run_key (str | None): the one run it was sent to, or ``None`` for every
         run waiting on ``(topic, key)``.
-      payload(bytes | None): the encoded payload (``None``: none).
-      created_at(float): when it was sent, epoch seconds, store clock.
+      payload (bytes | None): the encoded payload (``None``: none).
+      created_at (float): when it was sent, epoch seconds, store clock.
     """
 
     id: int
@@ -465,12 +468,12 @@ class EventRecord:
 
 @dataclass(frozen=True)
 class EventPoll:
-    """What :meth:`StepStore.poll_event` found for a waiting step (C33).
+    """What `StepStore.poll_event` found for a waiting step (C33).
 
     Parameters:
-      event(EventRecord | None): the first event the run can receive, or ``None``.
-      now(float): the store's clock, epoch seconds.
-      timed_out(bool): no event, and the wait's deadline has passed.
+      event (EventRecord | None): the first event the run can receive, or ``None``.
+      now (float): the store's clock, epoch seconds.
+      timed_out (bool): no event, and the wait's deadline has passed.
     """
 
     event: EventRecord | None
@@ -480,11 +483,11 @@ class EventPoll:
 
 @dataclass(frozen=True)
 class SentEvent:
-    """What :meth:`StepStore.add_event` stored, and the runs to wake for it (C33).
+    """What `StepStore.add_event` stored, and the runs to wake for it (C33).
 
     Parameters:
-      event(EventRecord): the stored event.
-      waiters(tuple[RunRecord, ...]): the runs waiting on its ``(topic, key)``
+      event (EventRecord): the stored event.
+      waiters (tuple[RunRecord, ...]): the runs waiting on its ``(topic, key)``
         that can receive it (``waiting``, or ``running`` and about to wait).
     """
 

@@ -8,12 +8,12 @@ and read only here.
   step value is (serializer and codecs, C7). A value over the step value cap
   (``step_bytes``), or one the serializer cannot encode, is not kept: a
   marker is stored instead, and a replay raises
-  :class:`~flexiq_plugins.errors.OutcomeNotKept` saying so, never ``None``.
+  [`OutcomeNotKept`][flexiq_plugins.errors.OutcomeNotKept] saying so, never ``None``.
 - ``E`` + JSON: an error, as its kind and text: ``error`` (the body's error:
   its qualified class name and message, rebuilt by name on replay, else a
-  :class:`~flexiq_plugins.errors.ReplayedError`), ``dead_letter`` (a
-  :class:`~flexiq_plugins.errors.DeadLettered` naming the reason),
-  ``cancelled`` (a :class:`~flexiq_plugins.errors.JobCancelled` naming the
+  [`ReplayedError`][flexiq_plugins.errors.ReplayedError]), ``dead_letter`` (a
+  [`DeadLettered`][flexiq_plugins.errors.DeadLettered] naming the reason),
+  ``cancelled`` (a [`JobCancelled`][flexiq_plugins.errors.JobCancelled] naming the
   reason) or ``not_kept`` (the marker above). Like dead letters, error texts
   do not go through the step codecs: do not put secrets in error messages.
 """
@@ -50,8 +50,8 @@ class Replayed:
     """What a duplicate of a finished run replays: its value, or its error (C37).
 
     Parameters:
-      value(Any): the run's return value (when ``error`` is ``None``).
-      error(BaseException | None): the error to raise instead.
+      value (Any): the run's return value (when ``error`` is ``None``).
+      error (BaseException | None): the error to raise instead.
     """
 
     value: Any = None
@@ -62,7 +62,7 @@ def value_outcome(value: Any, codec: CodecChain, cap: int) -> bytes:
     """The stored outcome of a run that returned ``value``: encoded with ``codec``, within ``cap`` bytes.
 
     A value over ``cap`` bytes, or one the serializer cannot encode, is kept
-    as a marker: its replay raises :class:`OutcomeNotKept`. Never raises.
+    as a marker: its replay raises [`OutcomeNotKept`][flexiq_plugins.errors.OutcomeNotKept]. Never raises.
     """
     try:
         encoded = codec.encode(value, step_key=_RETURN_VALUE)
@@ -93,12 +93,14 @@ def failure_outcome(error_type: str, message: str) -> bytes:
 
 
 def dead_letter_outcome(reason: str, message: str) -> bytes:
-    """The stored outcome of a dead-lettered run: replayed as :class:`DeadLettered` (``"<reason>: <message>"``)."""
+    """The stored outcome of a dead-lettered run: replayed as [`DeadLettered`][flexiq_plugins.errors.DeadLettered]
+    (``"<reason>: <message>"``)."""
     return _error_bytes("dead_letter", reason, message)
 
 
 def cancelled_outcome(reason: str) -> bytes:
-    """The stored outcome of a cancelled run: replayed as :class:`JobCancelled` naming ``reason``."""
+    """The stored outcome of a cancelled run: replayed as [`JobCancelled`][flexiq_plugins.errors.JobCancelled] naming
+    ``reason``."""
     return _error_bytes("cancelled", "cancelled", reason)
 
 
@@ -108,7 +110,8 @@ def _error_bytes(kind: ErrorKind, name: str, message: str) -> bytes:
 
 
 def load_outcome(stored: bytes, codec: CodecChain) -> Replayed:
-    """What a duplicate replays from ``stored``; a value that cannot be decoded replays as a :class:`DecodeError`."""
+    """What a duplicate replays from ``stored``; a value that cannot be decoded replays as a
+    [`DecodeError`][flexiq_plugins.errors.DecodeError]."""
     tag, data = stored[:1], stored[1:]
     if tag == _VALUE:
         try:

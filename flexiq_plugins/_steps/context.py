@@ -1,11 +1,11 @@
 """``current_job`` and the step API a task body uses.
 
-``current_job`` reads a :class:`contextvars.ContextVar`, so threads, asyncio
+``current_job`` reads a `contextvars.ContextVar`, so threads, asyncio
 tasks and gevent greenlets each see their own job. The step methods are thin:
 they validate what only they can, then hand a verb to the running attempt's
-:class:`~flexiq_plugins._steps.journal.StepJournal`, which runs the one step protocol
+`StepJournal`, which runs the one step protocol
 (enter → replay the memo or execute → commit). This module knows nothing of
-claims, stores or frameworks; the attempt builds a :class:`JobContext` and
+claims, stores or frameworks; the attempt builds a [`JobContext`][flexiq_plugins.JobContext] and
 activates it around the task body.
 """
 
@@ -63,8 +63,8 @@ class StepContext:
     anything runs; the errors it raises are listed per method.
 
     Parameters:
-      journal(StepJournal): the attempt's step journal.
-      run_key(str): the run's key, for :attr:`idempotency_key`.
+      journal (StepJournal): the attempt's step journal.
+      run_key (str): the run's key, for [`idempotency_key`][flexiq_plugins.StepContext.idempotency_key].
     """
 
     def __init__(self, journal: StepJournal, run_key: str) -> None:
@@ -86,19 +86,19 @@ class StepContext:
         """Run ``fn()`` once per run and return its value; later attempts get the stored value.
 
         Parameters:
-          name(str): the step name (C2): non-empty, ≤ 128 bytes UTF-8, no
+          name (str): the step name (C2): non-empty, ≤ 128 bytes UTF-8, no
             ``#``, ``:`` or control characters. Never inferred (C4).
-          fn(Callable[[], T]): the step body, called with no arguments.
-          key(str | int | None): pins the step to data (``name:key``), ≤ 256
+          fn (Callable[[], T]): the step body, called with no arguments.
+          key (str | int | None): pins the step to data (``name:key``), ≤ 256
             bytes; keyed calls do not advance the ``name#n`` counter (C1).
-          retry(RetryPolicy | False | None): the step's durable budget (C31):
+          retry (RetryPolicy | False | None): the step's durable budget (C31):
             attempts are counted in the store, a failure with attempts left
             ends the attempt and the job comes back after the backoff.
             ``None``: the task's ``step_retry`` option, if any; ``False``: no
             budget, the task's own retry policy decides.
-          compensate(Callable[[T], object] | Compensation | None): the undo,
+          compensate (Callable[[T], object] | Compensation | None): the undo,
             called with the step's value if the run fails for good (C32).
-          allow_open_transaction(bool): run even inside an open database
+          allow_open_transaction (bool): run even inside an open database
             transaction the store does not share (C42): say so only when the
             body writes nothing that a rollback of it would undo.
 
@@ -108,7 +108,7 @@ class StepContext:
         Raises:
           InvalidStepName, InvalidStepKey: bad name or key (C2), before anything runs.
           InvalidStepBody: ``fn`` is not a callable (before anything runs), or
-            it returned an awaitable (use :meth:`arun`).
+            it returned an awaitable (use [`arun`][flexiq_plugins.StepContext.arun]).
           OpenTransaction: called inside an open transaction the store does not
             share (C42): before the body runs, or after it wrote in one.
           DuplicateStepKey: the same step key twice in one attempt (C3).
@@ -136,9 +136,9 @@ class StepContext:
         compensate: Callable[[T], object] | Compensation | None = None,
         allow_open_transaction: bool = False,
     ) -> T:
-        """Async form of :meth:`run`: ``fn()`` may return an awaitable, which is awaited.
+        """Async form of [`run`][flexiq_plugins.StepContext.run]: ``fn()`` may return an awaitable, which is awaited.
 
-        Same parameters, return value and errors as :meth:`run`. Two ``arun``
+        Same parameters, return value and errors as [`run`][flexiq_plugins.StepContext.run]. Two ``arun``
         calls under ``asyncio.gather`` fail the attempt with ``ConcurrentStep`` (C8).
         """
         _check_body(name, fn)
@@ -165,20 +165,21 @@ class StepContext:
         the body's writes and the memo commit or roll back together: exactly
         once for those writes. The step store and the tables ``fn`` writes must
         be in the same database. Later attempts get the stored value like
-        :meth:`run`'s.
+        [`run`][flexiq_plugins.StepContext.run]'s.
 
         Parameters:
-          name(str): the step name (C2).
-          fn(Callable[[], T]): the body; its database writes go through ``using``.
-          using(str | object): a Django database alias (``"default"``) or
+          name (str): the step name (C2).
+          fn (Callable[[], T]): the body; its database writes go through ``using``.
+          using (str | object): a Django database alias (``"default"``) or
             connection, or a SQLAlchemy ``Session``, ``scoped_session`` or ``Connection``.
-          key(str | int | None): as for :meth:`run` (C1).
+          key (str | int | None): as for [`run`][flexiq_plugins.StepContext.run] (C1).
 
         Raises:
           InvalidTransaction: ``using`` is none of those, reaches another
             database than the store's, or the store cannot share a transaction.
           OpenTransaction: another open transaction the store does not share.
-          The errors of :meth:`run` otherwise.
+
+        Otherwise it raises the errors of [`run`][flexiq_plugins.StepContext.run].
         """
         _check_body(name, fn)
         verb = TransactionVerb(caller_transaction(using))
@@ -189,9 +190,9 @@ class StepContext:
         """End the attempt now; the job comes back after ``duration`` (C15–C19).
 
         Parameters:
-          duration(str | timedelta | int | float): ``"500ms"``, ``"30s"``,
+          duration (str | timedelta | int | float): ``"500ms"``, ``"30s"``,
             ``"5m"``, ``"1h30m"``, ``"3d"``, ``"1w"``, a ``timedelta`` or seconds.
-          name(str | None): names the sleep step (``name#n``); unnamed sleeps
+          name (str | None): names the sleep step (``name#n``); unnamed sleeps
             are ``sleep#0``, ``sleep#1`` …
 
         The wake time is fixed by the first commit (C17): a replay of a due
@@ -200,7 +201,7 @@ class StepContext:
         Raises:
           InvalidDuration: (a ``ValueError``) a negative, unparsable or longer
             than 366 days duration, naming the accepted forms; a ``datetime``
-            (use :meth:`sleep_until`).
+            (use [`sleep_until`][flexiq_plugins.StepContext.sleep_until]).
           SleepSignal: always, unless the sleep is already due; not an error (C20).
         """
         seconds = parse_sleep(duration)
@@ -235,20 +236,20 @@ class StepContext:
 
         Suspends like a sleep: if no event has arrived the attempt ends, the
         worker is free, and the job comes back when one is sent with
-        :func:`flexiq_plugins.send_event` (or at the timeout). An event sent
+        [`flexiq_plugins.send_event`][flexiq_plugins.send_event] (or at the timeout). An event sent
         after the run was created, or sent to this run by its run key, is
         received even if it came before the wait started; each event is
         received at most once per run, the oldest first. The wait is a
         recorded step: a replay returns the same payload without waiting.
 
         Parameters:
-          topic(str): the event's topic, e.g. ``"payment"``; at most 255
+          topic (str): the event's topic, e.g. ``"payment"``; at most 255
             characters, no control characters.
-          key(str): the event's key, e.g. an order id; same rules.
-          timeout(str | timedelta | int | float | None): how long to wait
+          key (str): the event's key, e.g. an order id; same rules.
+          timeout (str | timedelta | int | float | None): how long to wait
             from the first time this wait is reached (``"2h"``, seconds …);
             ``None`` waits without a timeout.
-          name(str | None): names the wait step (``name#n``); default the
+          name (str | None): names the wait step (``name#n``); default the
             topic, which must then be a valid step name (no ``#`` or ``:``).
 
         Returns the payload decoded from its stored bytes (C7), or ``None``
@@ -268,7 +269,8 @@ class StepContext:
     async def await_event(
         self, topic: str, *, key: str, timeout: str | timedelta | float | None = None, name: str | None = None
     ) -> Any:
-        """Async form of :meth:`wait_for_event`: the same parameters, return value and errors (C33)."""
+        """Async form of [`wait_for_event`][flexiq_plugins.StepContext.wait_for_event]: the same parameters, return
+        value and errors (C33)."""
         verb, step_name = self._wait_verbs(topic, key, timeout, name)
         wait = await adrive(self._journal.protocol(verb, step_name), _no_body)
         received = self._journal.protocol_for(EventVerb(topic, key, wait), event_step(wait.step_key))
@@ -309,20 +311,22 @@ class JobContext:
     """The running job as the body sees it.
 
     Attributes:
-      run_key(str): the durable identity that survives retries, sleeps and
+      run_key (str): the durable identity that survives retries, sleeps and
         dead-letter retries.
-      job_id(str): the framework's id of this message.
-      attempt(int): this attempt's number, 1 for the first.
-      task_name(str): the task or actor name.
-      step(StepContext): the step API.
+      job_id (str): the framework's id of this message.
+      attempt (int): this attempt's number, 1 for the first.
+      task_name (str): the task or actor name.
+      step (StepContext): the step API.
 
     Parameters:
-      run_key(str), job_id(str), task_name(str): as the attributes.
-      attempt(int | None): the attempt's number; ``None`` until the run is claimed.
-      journal(StepJournal | None): the attempt's step journal; ``None`` until the run is claimed.
-      claim(Callable[[], None] | None): claims the run, called at the first read of
-        :attr:`step` or :attr:`attempt` while there is no journal (a lazy claim); it
-        calls :meth:`bind`, or raises :class:`~flexiq_plugins.errors.ClaimRefused`.
+      run_key (str): as the attributes.
+      job_id (str): as the attributes.
+      task_name (str): as the attributes.
+      attempt (int | None): the attempt's number; ``None`` until the run is claimed.
+      journal (StepJournal | None): the attempt's step journal; ``None`` until the run is claimed.
+      claim (Callable[[], None] | None): claims the run, called at the first read of
+        [`step`][flexiq_plugins.JobContext.step] or [`attempt`][flexiq_plugins.JobContext.attempt] while there is no
+        journal (a lazy claim); it calls `bind`, or raises [`ClaimRefused`][flexiq_plugins.errors.ClaimRefused].
     """
 
     def __init__(
@@ -390,11 +394,11 @@ class JobContext:
             self.leave(tokens)
 
     def enter(self) -> tuple[Token[JobContext | None], Token[str | None]]:
-        """Make this the current job, outside any step, until :meth:`leave` with the tokens returned."""
+        """Make this the current job, outside any step, until `leave` with the tokens returned."""
         return _job.set(self), leave_steps()
 
     def leave(self, tokens: tuple[Token[JobContext | None], Token[str | None]]) -> None:
-        """Undo :meth:`enter`."""
+        """Undo `enter`."""
         back_in_steps(tokens[1])
         _job.reset(tokens[0])
 
@@ -402,7 +406,7 @@ class JobContext:
 class _CurrentJob:
     """The proxy behind ``current_job``: each attribute reads the running job.
 
-    Raises :class:`NoCurrentJob` outside a durable job, saying how to enable
+    Raises [`NoCurrentJob`][flexiq_plugins.errors.NoCurrentJob] outside a durable job, saying how to enable
     the plugin.
     """
 
@@ -419,7 +423,7 @@ class _CurrentJob:
 
     @property
     def step(self) -> StepContext:
-        """The :class:`StepContext` of the running job."""
+        """The [`StepContext`][flexiq_plugins.StepContext] of the running job."""
         return self._require().step
 
     @property
@@ -455,7 +459,7 @@ def _no_body() -> None:
 
 
 current_job = _CurrentJob()
-"""The running durable job; ``current_job.step`` is its :class:`StepContext`."""
+"""The running durable job; ``current_job.step`` is its [`StepContext`][flexiq_plugins.StepContext]."""
 
 
 def _called_directly_message(task: str) -> str:
@@ -476,7 +480,7 @@ def no_current_job(task_name: str | None = None) -> Iterator[None]:
     ``task_name`` was called directly.
 
     Parameters:
-      task_name(str | None): the task or actor called directly, for the message.
+      task_name (str | None): the task or actor called directly, for the message.
     """
     token = _job.set(None)
     direct = _called_directly.set(f"the task {task_name!r}" if task_name else "the durable task")

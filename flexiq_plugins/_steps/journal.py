@@ -1,18 +1,18 @@
 """The step protocol: "enter the step → replay its memo, or execute it → commit", written once.
 
 Every verb of the step API (``run``, ``arun``, ``sleep``, and the verbs to
-come) goes through :meth:`StepJournal.protocol`. The protocol is a generator
+come) goes through `StepJournal.protocol`. The protocol is a generator
 so that one implementation serves sync and async bodies alike: where the
-step's body must run it *yields* :data:`CALL_BODY`, and a driver calls the
-body and sends its value back (:func:`drive`), or awaits it
-(:func:`adrive`); an exception from the body is thrown back in. So the guard
+step's body must run it *yields* `CALL_BODY`, and a driver calls the
+body and sends its value back (`drive`), or awaits it
+(`adrive`); an exception from the body is thrown back in. So the guard
 (C8), the identity and divergence check (C1–C3, C12), the memo (C5, C9), the
 abandonment of a failed step (C6), the caps (C22) and the commit happen in
 exactly one place.
 
-A :class:`Verb` says what is particular to one kind of step: how a memo is
+A `Verb` says what is particular to one kind of step: how a memo is
 replayed, how a new step executes, and what it commits. The journal never
-sees a claim or a framework: it commits through a :class:`StepWriter`, which
+sees a claim or a framework: it commits through a `StepWriter`, which
 the attempt fences on its claim.
 
 The journal also owns the *latch* (C21): every signal or fatal step error it
@@ -20,15 +20,15 @@ raises is remembered, so a body that catches it and returns anyway still
 fails, naming what it swallowed.
 
 For compensations (C32) the journal keeps the undos that ``step.run(...,
-compensate=...)`` registered in this attempt (:attr:`StepJournal.compensations`),
-and knows when its run is being compensated (:attr:`StepJournal.replay_only`):
+compensate=...)`` registered in this attempt (`StepJournal.compensations`),
+and knows when its run is being compensated (`StepJournal.replay_only`):
 the body is then replayed only to register them, and stops at the first step
-that never ran (:class:`~flexiq_plugins.errors.ReplayStopped`).
+that never ran ([`ReplayStopped`][flexiq_plugins.errors.ReplayStopped]).
 
-A cancelled run (C34, :attr:`StepJournal.cancellation`) is replayed the same
-way and stops with :class:`~flexiq_plugins.errors.RunCancelled` instead. A
+A cancelled run (C34, `StepJournal.cancellation`) is replayed the same
+way and stops with [`RunCancelled`][flexiq_plugins.errors.RunCancelled] instead. A
 cancellation requested while the attempt runs reaches the journal as a notice
-from the store's commit (:class:`~flexiq_plugins.errors.CancelRequested`): the
+from the store's commit ([`CancelRequested`][flexiq_plugins.errors.CancelRequested]): the
 step is committed, its undo registered, and then the body unwinds.
 """
 
@@ -87,7 +87,7 @@ COMPENSATION_KEY = "compensation:start"
 """The step key of the row recording why a run is being compensated (C32)."""
 
 Protocol_ = Generator[object, Any, Any]
-"""A step protocol in progress: yields :data:`CALL_BODY`, receives the body's value, returns the step's."""
+"""A step protocol in progress: yields `CALL_BODY`, receives the body's value, returns the step's."""
 
 _step_key: ContextVar[str | None] = ContextVar("flexiq_current_step", default=None)
 
@@ -108,12 +108,12 @@ def outside_steps() -> Iterator[None]:
 
 
 def leave_steps() -> Token[str | None]:
-    """From now on, no step body runs in this context; :func:`back_in_steps` with the token undoes it."""
+    """From now on, no step body runs in this context; `back_in_steps` with the token undoes it."""
     return _step_key.set(None)
 
 
 def back_in_steps(token: Token[str | None]) -> None:
-    """Undo :func:`leave_steps`."""
+    """Undo `leave_steps`."""
     _step_key.reset(token)
 
 
@@ -165,10 +165,10 @@ class Verb(Protocol):
         """Return the step's value from its memo (no store statement, C9)."""
 
     def execute(self, journal: StepJournal, step: Step) -> Protocol_:
-        """Execute a new step (yielding :data:`CALL_BODY` for its body) and return what to commit."""
+        """Execute a new step (yielding `CALL_BODY` for its body) and return what to commit."""
 
     def commit(self, journal: StepJournal, step: Step, produced: Any) -> Any:
-        """Commit what :meth:`execute` produced; return the step's value."""
+        """Commit what `execute` produced; return the step's value."""
 
 
 # ----------------------------------------------------------------- journal
@@ -176,23 +176,23 @@ class StepJournal:
     """The recorded and running steps of one attempt, and the one step protocol.
 
     Parameters:
-      snapshot(tuple[StepRow, ...]): the run's committed step rows (C9).
-      job_label(str): how messages name the job, e.g. ``"job j-1 (run r-1)"``.
-      writer(StepWriter): commits rows, fenced on the attempt's claim.
-      codec(CodecChain): serializer and codecs of step values (C7).
-      limits(Limits): the size caps (C22).
-      step_retry(RetryPolicy | None): the task's default budget for its steps (C31).
+      snapshot (tuple[StepRow, ...]): the run's committed step rows (C9).
+      job_label (str): how messages name the job, e.g. ``"job j-1 (run r-1)"``.
+      writer (StepWriter): commits rows, fenced on the attempt's claim.
+      codec (CodecChain): serializer and codecs of step values (C7).
+      limits (Limits): the size caps (C22).
+      step_retry (RetryPolicy | None): the task's default budget for its steps (C31).
 
     Attributes:
-      compensations(dict[str, Compensation]): the undo each committed step
+      compensations (dict[str, Compensation]): the undo each committed step
         registered in this attempt, by step key (C32).
-      replay_only(bool): the run is being compensated: a step that never ran
+      replay_only (bool): the run is being compensated: a step that never ran
         stops the body instead of running (C32).
-      cancellation(RunCancelled | None): the run is cancelled (C34): a step
+      cancellation (RunCancelled | None): the run is cancelled (C34): a step
         that never ran stops the body with it, and the attempt ends cancelled.
-      run_deadline(tuple[float, str] | None): when the run reaches its
+      run_deadline (tuple[float, str] | None): when the run reaches its
         duration cap (epoch seconds) and the reason to cancel it then (C34).
-      ignore_cancel(bool): the undos are running: a cancellation requested
+      ignore_cancel (bool): the undos are running: a cancellation requested
         meanwhile does not stop them.
     """
 
@@ -251,7 +251,7 @@ class StepJournal:
             self._active = None
 
     def protocol_for(self, verb: Verb, step_id: StepId) -> Protocol_:
-        """:meth:`protocol` for a step whose identity the core made, e.g. an undo ``compensate:<key>`` (C32)."""
+        """`protocol` for a step whose identity the core made, e.g. an undo ``compensate:<key>`` (C32)."""
         self._admit()
         try:
             try:
@@ -278,8 +278,8 @@ class StepJournal:
     def check_new_step(self, step: Step) -> None:
         """Let a step that never ran start, unless the run is being compensated or is cancelled (C32, C34).
 
-        Raises :class:`ReplayStopped` during a compensation replay, the
-        run's :class:`RunCancelled` once it is cancelled or past its duration
+        Raises [`ReplayStopped`][flexiq_plugins.errors.ReplayStopped] during a compensation replay, the
+        run's [`RunCancelled`][flexiq_plugins.errors.RunCancelled] once it is cancelled or past its duration
         cap; both latched.
         """
         if self.replay_only or self.cancellation is not None:
@@ -339,7 +339,7 @@ class StepJournal:
     def decode(self, step: Step) -> Any:
         """Decode a memo hit from the snapshot; no store statement (C5, C9).
 
-        A stored ``run`` row without a value is a fatal :class:`CorruptRecord`.
+        A stored ``run`` row without a value is a fatal [`CorruptRecord`][flexiq_plugins.errors.CorruptRecord].
         """
         assert step.memo is not None
         if step.memo.value is None:
@@ -393,7 +393,7 @@ class StepJournal:
         Called when the task body ends, before the claim's lease stops: the
         open transaction holds the run's row lock, on which the store's own
         writes would wait forever. The attempt then fails with a latched
-        :class:`InvalidTransaction`.
+        [`InvalidTransaction`][flexiq_plugins.errors.InvalidTransaction].
         """
         for step_key, caller in self.joined:
             if caller.is_open():
@@ -410,7 +410,7 @@ class StepJournal:
         """Encode ``value`` and read it back: ``(stored bytes, decoded value)`` (C7).
 
         A value that cannot be encoded, or not read back, is a fatal
-        :class:`EncodeError`: its body already ran (C29).
+        [`EncodeError`][flexiq_plugins.errors.EncodeError]: its body already ran (C29).
         """
         key = step.id.step_key
         try:
@@ -454,7 +454,7 @@ class StepJournal:
         event_id: int | None = None,
         connection: CallerConnection | None = None,
     ) -> StepRow:
-        """:meth:`commit` without recording the row in the running sequence; return the row as stored."""
+        """`commit` without recording the row in the running sequence; return the row as stored."""
         row = StepRow(self.sequence.next_position, step.id.step_key, step.id.kind, encoded, wake_at)
         row = dataclasses.replace(row, compensate=compensate, event_id=event_id)
         self._check_limits(row.step_key, row.size)
@@ -508,7 +508,7 @@ class StepJournal:
             self.refuse(self.cancellation)
 
     def begin_attempt(self, step: Step, max_attempts: int) -> StepAttemptBegin:
-        """Journal a new attempt of ``step`` before its body runs (C31); see :meth:`StepWriter.begin_step_attempt`."""
+        """Journal a new attempt of ``step`` before its body runs (C31); see `StepWriter.begin_step_attempt`."""
         return self._writer.begin_step_attempt(step.id.step_key, max_attempts)
 
     def fail_attempt(self, attempt: StepAttemptFailure) -> StepAttemptFailed:
@@ -526,7 +526,8 @@ class StepJournal:
                 )
 
     def sleep_until(self, step: Step, wake_at: float) -> None:
-        """Raise :class:`SleepSignal` (latched) unless ``wake_at`` has passed on the store's clock (C15, C17).
+        """Raise [`SleepSignal`][flexiq_plugins.errors.SleepSignal] (latched) unless ``wake_at`` has passed on the
+        store's clock (C15, C17).
 
         During a compensation replay a sleep that is not due stops the body
         instead (C32), and so it does in a cancelled run (C34).
@@ -576,7 +577,7 @@ def _discard(value: Any) -> None:
 
 
 async def adrive(protocol: Protocol_, body: Callable[[], Awaitable[Any] | Any]) -> Any:
-    """Async :func:`drive`: ``body()`` may return an awaitable, which is awaited.
+    """Async `drive`: ``body()`` may return an awaitable, which is awaited.
 
     Before the body runs the driver yields to the event loop once, so a
     concurrent sibling step (``asyncio.gather``) reaches the guard now and is

@@ -1,28 +1,28 @@
 """The verb of ``step.run`` / ``step.arun``: the memo, plus a retry budget, stored failures and an undo (C31, C32).
 
-:class:`StepRunVerb` is :class:`~flexiq_plugins._steps.run.RunVerb` with what
+`StepRunVerb` is `RunVerb` with what
 happens when the body raises:
 
 - **No budget** (no ``retry=`` and no task default): as before, nothing is
   committed and the error goes to the task's own retry policy (C6, C28); the
   failure is recorded as a step attempt for ``flexiq runs show``. A
-  :class:`~flexiq_plugins.NonRetryableError` fails the step for good instead.
-- **A budget** (:class:`~flexiq_plugins.RetryPolicy`): each attempt is
+  [`NonRetryableError`][flexiq_plugins.errors.NonRetryableError] fails the step for good instead.
+- **A budget** ([`RetryPolicy`][flexiq_plugins.RetryPolicy]): each attempt is
   journaled in the store *before* the body runs (a worker killed inside the
   body has used it; a redelivery does not give it back). A failure with
   attempts left is recorded and the attempt ends like a sleep
-  (:class:`~flexiq_plugins.errors.StepRetrySignal`) until the backoff has
+  ([`StepRetrySignal`][flexiq_plugins.errors.StepRetrySignal]) until the backoff has
   passed; the task's retry budget is not touched. The last failure commits
   the step as failed for good and raises
-  :class:`~flexiq_plugins.StepRetryExhausted`.
+  [`StepRetryExhausted`][flexiq_plugins.errors.StepRetryExhausted].
 - **Failed for good** (a non-retryable error, or an error the policy's filters
   do not retry): the step row keeps the error, and the same error is raised,
-  marked final (:func:`~flexiq_plugins.errors.mark_final`): never retried,
+  marked final (`mark_final`): never retried,
   whatever its type. Every replay raises it again without calling the body.
 
 A step with ``compensate=`` records the undo's name in its row when it
 commits and registers the undo in the attempt's journal on every commit and
-replay, so the compensation phase (:mod:`flexiq_plugins._attempt.compensation`) finds
+replay, so the compensation phase (`flexiq_plugins._attempt.compensation`) finds
 it (C32). Neither a budget nor an undo costs a statement on a memo hit (C9).
 """
 
@@ -57,7 +57,7 @@ def retry_of(retry: object, journal: StepJournal) -> RetryPolicy | None:
     """The budget of a step: ``retry=`` if given, the task's default for ``None``, no budget for ``False`` (C31).
 
     Raises:
-      InvalidStepOption: ``retry`` is not a :class:`RetryPolicy`, ``None`` or ``False``.
+      InvalidStepOption: ``retry`` is not a [`RetryPolicy`][flexiq_plugins.RetryPolicy], ``None`` or ``False``.
     """
     if retry is None:
         return journal.step_retry
@@ -72,7 +72,7 @@ def retry_of(retry: object, journal: StepJournal) -> RetryPolicy | None:
 
 
 def compensation_of(compensate: object) -> Compensation | None:
-    """The undo of a step: a :class:`Compensation`, or a callable wrapped in one (C32).
+    """The undo of a step: a [`Compensation`][flexiq_plugins.Compensation], or a callable wrapped in one (C32).
 
     Raises:
       InvalidStepOption: ``compensate`` is neither, nor ``None``.
@@ -96,7 +96,7 @@ class RunVerb:
     written in one), unless ``allow_open_transaction`` (C42).
 
     Parameters:
-      allow_open_transaction(bool): skip that check.
+      allow_open_transaction (bool): skip that check.
     """
 
     kind: StepKind = "run"
@@ -127,7 +127,7 @@ class RunVerb:
 
 @dataclass(frozen=True)
 class _Failed:
-    """What :meth:`StepRunVerb.execute` produced when the body failed: the commit decides what follows."""
+    """What `StepRunVerb.execute` produced when the body failed: the commit decides what follows."""
 
     error: Exception
     number: int | None
@@ -144,9 +144,9 @@ class StepRunVerb(RunVerb):
     """``step.run`` / ``step.arun`` with an optional retry budget and undo (C5–C7, C31, C32).
 
     Parameters:
-      retry(RetryPolicy | None): the step's budget; ``None``: none.
-      compensate(Compensation | None): the step's undo.
-      allow_open_transaction(bool): run even inside a database transaction the store does not share (C42).
+      retry (RetryPolicy | None): the step's budget; ``None``: none.
+      compensate (Compensation | None): the step's undo.
+      allow_open_transaction (bool): run even inside a database transaction the store does not share (C42).
     """
 
     def __init__(
@@ -174,7 +174,7 @@ class StepRunVerb(RunVerb):
 
     # --------------------------------------------------------------- execute
     def execute(self, journal: StepJournal, step: Step) -> Protocol_:
-        """Journal the attempt (with a budget), run the body once, and hand a failure to :meth:`commit`."""
+        """Journal the attempt (with a budget), run the body once, and hand a failure to `commit`."""
         number: int | None = None
         if self.retry is not None:
             begun = journal.begin_attempt(step, self.retry.max_attempts)
@@ -195,7 +195,7 @@ class StepRunVerb(RunVerb):
 
     # ---------------------------------------------------------------- commit
     def commit(self, journal: StepJournal, step: Step, produced: Any) -> Any:
-        """Commit the value (with the undo's name), or settle the failure :meth:`execute` produced."""
+        """Commit the value (with the undo's name), or settle the failure `execute` produced."""
         if isinstance(produced, _Spent):
             self._spent(journal, step, produced.previous)
         if isinstance(produced, _Failed):

@@ -2,7 +2,7 @@
 
 The first commit fixes the wake time from the store's clock (C17, C23); a
 replay returns at once when it has passed, and ends the attempt again
-(:class:`~flexiq_plugins.errors.SleepSignal`) when it has not.
+([`SleepSignal`][flexiq_plugins.errors.SleepSignal]) when it has not.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ class SleepVerb:
     """``step.sleep`` / ``sleep_until``: the wake time is the memo (C15, C17).
 
     Parameters:
-      wake_at_from(Callable[[float], float]): the wake time, epoch seconds,
+      wake_at_from (Callable[[float], float]): the wake time, epoch seconds,
         from the store clock's ``now`` at the first commit.
     """
 

@@ -1,6 +1,6 @@
 """The verb of ``step.transaction``: the memo commits in the caller's own database transaction (C42).
 
-How an open transaction is found and joined is :mod:`flexiq_plugins._store.caller`'s.
+How an open transaction is found and joined is `flexiq_plugins._store.caller`'s.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class TransactionVerb:
     the body again.
 
     Parameters:
-      caller(CallerTransaction): the transaction to commit in.
+      caller (CallerTransaction): the transaction to commit in.
     """
 
     kind: StepKind = "run"
@@ -50,5 +50,5 @@ class TransactionVerb:
         return decoded
 
     def commit(self, journal: StepJournal, step: Step, produced: Any) -> Any:
-        """Nothing left to commit: :meth:`execute` wrote the row in the caller's transaction."""
+        """Nothing left to commit: `execute` wrote the row in the caller's transaction."""
         return produced

@@ -1,18 +1,18 @@
 """The verbs of ``step.wait_for_event`` (C33), and how an event's topic, key and payload are checked.
 
-A wait is two steps of the one step protocol (:mod:`flexiq_plugins._steps.journal`):
+A wait is two steps of the one step protocol (`flexiq_plugins._steps.journal`):
 
-1. **the wait** (:class:`WaitVerb`, kind ``wait``, e.g. ``payment#0``): its
+1. **the wait** (`WaitVerb`, kind ``wait``, e.g. ``payment#0``): its
    row fixes the deadline when the wait first starts (``wake_at``; ``None``
    without a timeout), like a sleep fixes its wake time (C17). A replay keeps
    the deadline; its commit time is when the run began to wait.
-2. **what it received** (:class:`EventVerb`, kind ``event``, the step
+2. **what it received** (`EventVerb`, kind ``event``, the step
    ``event:payment#0``): a memo hit replays the payload (or ``None`` for a
    timeout) without a store statement (C9). A new one polls the store
-   (:meth:`~flexiq_plugins.StepStore.poll_event`): an event the run can
+   ([`poll_event`][flexiq_plugins.integration.Attempt.poll_event]): an event the run can
    receive is committed with its id, so it is received once per run; with
    none and the deadline passed, ``None`` is committed; otherwise the attempt
-   ends with :class:`~flexiq_plugins.errors.EventWaitSignal` (like a sleep)
+   ends with [`EventWaitSignal`][flexiq_plugins.errors.EventWaitSignal] (like a sleep)
    and the run is ``waiting`` until a sender or the deadline brings it back.
 
 Payloads travel as bytes made by the sender's codec chain (the integration's
@@ -55,11 +55,12 @@ _FORMS = f"a non-empty str of at most {MAX_EVENT_FIELD} characters without contr
 
 
 def validate_event_field(what: str, value: object) -> str:
-    """Return ``value`` if it is a usable topic or key, else raise :class:`InvalidEvent` naming it (C33).
+    """Return ``value`` if it is a usable topic or key, else raise [`InvalidEvent`][flexiq_plugins.errors.InvalidEvent]
+    naming it (C33).
 
     Parameters:
-      what(str): ``"topic"`` or ``"key"``.
-      value(object): the value given.
+      what (str): ``"topic"`` or ``"key"``.
+      value (object): the value given.
     """
     if not isinstance(value, str) or not value:
         raise InvalidEvent(f"event {what} {value!r} is not {_FORMS}")
@@ -113,7 +114,7 @@ class WaitVerb:
     """The wait's start: the deadline, fixed from the store's clock when first committed, is the memo (C33).
 
     Parameters:
-      timeout(float | None): seconds from the start until the wait returns ``None``.
+      timeout (float | None): seconds from the start until the wait returns ``None``.
     """
 
     kind: StepKind = "wait"
@@ -144,9 +145,9 @@ class EventVerb:
     """What the wait received: the event's payload, or ``None`` at the timeout, is the memo (C33).
 
     Parameters:
-      topic(str): the topic waited on.
-      key(str): the key waited on.
-      wait(WaitStart): the wait step it belongs to.
+      topic (str): the topic waited on.
+      key (str): the key waited on.
+      wait (WaitStart): the wait step it belongs to.
     """
 
     kind: StepKind = "event"

@@ -1,14 +1,14 @@
 """The store as an attempt and its delivery use it: claims, fenced step writes, the ends of a run.
 
 Everything a worker asks of the store while it delivers a job: the claim and
-snapshot at the start (:meth:`AttemptStore.begin`), the lease, the step rows
+snapshot at the start (`AttemptStore.begin`), the lease, the step rows
 and step attempts written under the claim (each fenced on it, C25), the wait
 for an event, the end of the attempt, and the ends a framework gives a job
 outside an attempt (given up, revoked, dropped unregistered: C38), besides
 the run a producer records when it publishes the job (C39). An operator's
-side is :class:`~flexiq_plugins._store.operator_side.OperatorStore`; both
-extend :class:`~flexiq_plugins._store.reads.StoreReads` (the store's clock, a
-run, its step rows) and :class:`~flexiq_plugins.StepStore` is both.
+side is `OperatorStore`; both
+extend `StoreReads` (the store's clock, a
+run, its step rows) and [`StepStore`][flexiq_plugins.StepStore] is both.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class AttemptStore(StoreReads):
     ``request_cancel`` is here though an operator's ``cancel_run`` calls it
     too: an attempt whose body cancels its run records the reason with it,
     and every cancellation, a framework's or an operator's, goes through
-    :func:`~flexiq_plugins._attempt.cancellation.cancel`, which settles the
+    `cancel`, which settles the
     run with this interface's writes.
     """
 
@@ -65,13 +65,13 @@ class AttemptStore(StoreReads):
         One transaction. Creates the run (status ``running``) if it does not
         exist, storing ``envelope``. Then, reading the store's clock ``now``:
 
-        - status terminal → :class:`Finished`, nothing written;
-        - a claim is held and ``lease_until > now`` → :class:`Busy`, nothing
+        - status terminal → `Finished`, nothing written;
+        - a claim is held and ``lease_until > now`` → `Busy`, nothing
           written;
         - otherwise the run is claimed: ``attempt += 1``, ``owner = owner``,
           ``lease_until = now + lease_seconds``, status ``running``, job id
           updated. If the previous claim was still held (its lease expired:
-          its worker died) ``takeovers += 1``. Returns :class:`Begun` with
+          its worker died) ``takeovers += 1``. Returns `Begun` with
           every step row, the run's ``created_at`` and its requested
           cancellation (C34).
 
@@ -83,7 +83,7 @@ class AttemptStore(StoreReads):
         """Extend the claim's lease to ``now + lease_seconds`` (store clock).
 
         One transaction, fenced on ``(run_key, owner, attempt)``: raises
-        :class:`~flexiq_plugins.errors.ClaimLost` if the claim is no longer the
+        [`ClaimLost`][flexiq_plugins.errors.ClaimLost] if the claim is no longer the
         run's. Returns the renewed claim.
         """
 
@@ -96,13 +96,13 @@ class AttemptStore(StoreReads):
         delay_seconds`` on the store's clock: when the job is due to start)
         only if no run has this key; an existing run is left exactly as it
         is (a new job with an existing run key never resets it).
-        :meth:`begin` then claims a ``queued`` run like a ``pending`` one.
+        `begin` then claims a ``queued`` run like a ``pending`` one.
 
         Parameters:
-          run_key(str): the new job's run key (at most 255 characters).
-          job_id(str): the framework's job id.
-          envelope(JobEnvelope): what re-publishes the job (C35); JSON-compatible.
-          delay_seconds(float): how long after now the job is due (a countdown or ETA), seconds.
+          run_key (str): the new job's run key (at most 255 characters).
+          job_id (str): the framework's job id.
+          envelope (JobEnvelope): what re-publishes the job (C35); JSON-compatible.
+          delay_seconds (float): how long after now the job is due (a countdown or ETA), seconds.
         """
 
     # ------------------------------------------------------------- steps
@@ -112,13 +112,13 @@ class AttemptStore(StoreReads):
 
         One transaction, fenced: the row is inserted only while the run's
         ``(owner, attempt)`` are the claim's; otherwise
-        :class:`~flexiq_plugins.errors.ClaimLost` and nothing is written. The
+        [`ClaimLost`][flexiq_plugins.errors.ClaimLost] and nothing is written. The
         run's step count and byte total are updated in the same transaction.
         Returns the row with ``committed_at`` set.
 
-        If the run's cancellation was requested (:meth:`request_cancel`), the
+        If the run's cancellation was requested (`request_cancel`), the
         row is committed all the same and
-        :class:`~flexiq_plugins.errors.CancelRequested` is raised after the
+        [`CancelRequested`][flexiq_plugins.errors.CancelRequested] is raised after the
         transaction, carrying the stored row (C34): the attempt sees the
         cancellation at this step boundary with no extra statement.
         """
@@ -126,7 +126,7 @@ class AttemptStore(StoreReads):
     def commit_step_on(self, connection: CallerConnection, claim: Claim, row: StepRow) -> StepRow:
         """Insert one step row on the caller's ``connection``, inside its open transaction (C42).
 
-        Fenced like :meth:`commit_step`, but nothing is committed here: the row
+        Fenced like `commit_step`, but nothing is committed here: the row
         (and the run's step totals) commit or roll back with the caller's
         transaction, together with the writes the step's body made in it. The
         caller's connection must reach the store's own database.
@@ -146,15 +146,15 @@ class AttemptStore(StoreReads):
         """Journal a new attempt of ``step_key`` before its body runs, if its budget allows (C31).
 
         One transaction, fenced on the claim (else
-        :class:`~flexiq_plugins.errors.ClaimLost`, nothing written). The
+        [`ClaimLost`][flexiq_plugins.errors.ClaimLost], nothing written). The
         step's attempts that have no outcome belonged to attempts that are
         over (their worker died, their claim was lost): they become ``lost``.
-        Then, by :func:`~flexiq_plugins._store.step_attempts.decide_step_attempt`
-        on the store's clock: :class:`AttemptNotDue` if the last attempt
-        ``failed`` with a ``retry_at`` still ahead; :class:`AttemptsSpent` if
+        Then, by `decide_step_attempt`
+        on the store's clock: `AttemptNotDue` if the last attempt
+        ``failed`` with a ``retry_at`` still ahead; `AttemptsSpent` if
         ``max_attempts`` attempts exist; else attempt ``count + 1`` is
         inserted (``run_attempt = claim.attempt``, ``started_at = now``) and
-        :class:`AttemptStarted` returned.
+        `AttemptStarted` returned.
         """
 
     @abc.abstractmethod
@@ -164,11 +164,11 @@ class AttemptStore(StoreReads):
         """Record a failed step attempt and, for a step failed for good, commit its step row (C31).
 
         One transaction, fenced on the claim (else
-        :class:`~flexiq_plugins.errors.ClaimLost`, nothing written). The
+        [`ClaimLost`][flexiq_plugins.errors.ClaimLost], nothing written). The
         attempt ``failure.number`` (a new one numbered ``count + 1`` when
         ``None`` or absent) gets the outcome, the error, ``failed_at = now``
         and ``retry_at = now + retry_delay``. With ``row`` the step row is
-        inserted as :meth:`commit_step` does (raising ``ClaimLost`` if its
+        inserted as `commit_step` does (raising ``ClaimLost`` if its
         key is already committed).
         """
 
@@ -178,19 +178,19 @@ class AttemptStore(StoreReads):
         """Look for the event a waiting step can receive, for an attempt at ``step.wait_for_event`` (C33).
 
         Two transactions, each fenced on the claim (else
-        :class:`~flexiq_plugins.errors.ClaimLost`, nothing written):
+        [`ClaimLost`][flexiq_plugins.errors.ClaimLost], nothing written):
 
         1. record on the run that it waits on ``(topic, key)`` (``wait_topic``,
            ``wait_key``) and commit, so a sender that commits an event from
-           now on finds the run among its waiters (:meth:`OperatorStore.add_event`); if the
+           now on finds the run among its waiters (`OperatorStore.add_event`); if the
            run's cancellation was requested, nothing is written and
-           :class:`~flexiq_plugins.errors.CancelRequested` is raised (C34);
+           [`CancelRequested`][flexiq_plugins.errors.CancelRequested] is raised (C34);
         2. read the first event the run can receive (the rule of
-           :meth:`OperatorStore.next_event`). With one, or with none and ``deadline <= now``
+           `OperatorStore.next_event`). With one, or with none and ``deadline <= now``
            (``timed_out``), the run's wait fields are cleared again.
 
         Nothing is consumed here: an event counts as received once an
-        ``event`` row holding its id is committed (:meth:`commit_step`).
+        ``event`` row holding its id is committed (`commit_step`).
         ``deadline`` is epoch seconds, store clock (``None``: no timeout).
         """
 
@@ -209,7 +209,7 @@ class AttemptStore(StoreReads):
         """End the attempt: set ``status`` and release the claim.
 
         One transaction, fenced on the claim (else
-        :class:`~flexiq_plugins.errors.ClaimLost`, nothing written). With
+        [`ClaimLost`][flexiq_plugins.errors.ClaimLost], nothing written). With
         ``drop_steps`` the run's step rows and step attempts are deleted (C27); with
         ``dead_letter`` a dead letter is recorded carrying the run's envelope
         (C30). ``status`` is one of ``sleeping``, ``retrying``, ``succeeded``,
@@ -217,8 +217,8 @@ class AttemptStore(StoreReads):
         recorded as the run's wake time (``None`` clears it): a ``sleeping``
         run's, so recovery can decide on it (C35). ``outcome`` (opaque bytes)
         is written in the same statement as the status (``None`` clears it): a
-        terminal run's outcome, which :meth:`begin` hands to a duplicate in
-        :class:`Finished` (C37).
+        terminal run's outcome, which `begin` hands to a duplicate in
+        `Finished` (C37).
         """
 
     @abc.abstractmethod
@@ -272,7 +272,7 @@ class AttemptStore(StoreReads):
         - it is a retried dead letter no attempt started since its retry,
           like a freshly published job: ``pending``, no owner, and one of its
           dead letters has ``retried_at`` equal to the run's ``updated_at``
-          (:meth:`OperatorStore.prepare_retry` writes both from one reading of the store's
+          (`OperatorStore.prepare_retry` writes both from one reading of the store's
           clock; an attempt's start, a put-back, a recovery and every other
           change of the run's state stamp ``updated_at`` anew, a cancellation
           request alone does not). The attempt count is kept: attempt
@@ -280,15 +280,15 @@ class AttemptStore(StoreReads):
 
         A run a delivery has started is never touched (a late copy of its
         message cannot harm it), nor one recovery re-published since its
-        retry (:meth:`OperatorStore.mark_recovered` moves ``updated_at``). The run becomes
+        retry (`OperatorStore.mark_recovered` moves ``updated_at``). The run becomes
         ``dead`` with its claim and wake time cleared, ``outcome`` written
         with the status (C37), steps kept, and ``dead_letter`` recorded
         carrying the run's envelope (C30).
 
         Parameters:
-          run_key(str): the run.
-          dead_letter(NewDeadLetter): the dead letter to record.
-          outcome(bytes | None): the run's outcome (``None`` clears it).
+          run_key (str): the run.
+          dead_letter (NewDeadLetter): the dead letter to record.
+          outcome (bytes | None): the run's outcome (``None`` clears it).
 
         Returns:
           bool: whether it applied (``False`` for a started, terminal or unknown run).
@@ -301,7 +301,7 @@ class AttemptStore(StoreReads):
         One transaction. A run that is not terminal gets ``cancel_reason``
         (the first reason given is kept); nothing else changes: an attempt
         holding the run sees the request at its next step boundary
-        (:meth:`commit_step`), the next one to claim it at :meth:`begin`. A
+        (`commit_step`), the next one to claim it at `begin`. A
         terminal run is returned unchanged.
 
         Raises:

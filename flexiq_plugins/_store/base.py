@@ -1,17 +1,17 @@
 """The interface between the core and durable storage.
 
-A store keeps the records of :mod:`flexiq_plugins._model.records`: runs, step
+A store keeps the records of `flexiq_plugins._model.records`: runs, step
 rows, step attempts, dead letters and events. Every
 method states its atomicity and its fencing; both
-implementations (:class:`~flexiq_plugins.MemoryStepStore`,
-:class:`~flexiq_plugins.SqlStepStore`) pass one contract test suite.
+implementations ([`MemoryStepStore`][flexiq_plugins.MemoryStepStore],
+[`SqlStepStore`][flexiq_plugins.SqlStepStore]) pass one contract test suite.
 
 The interface is split by who calls it:
-:class:`~flexiq_plugins._store.attempt_side.AttemptStore` (an attempt and its
-delivery), :class:`~flexiq_plugins._store.operator_side.OperatorStore`
+`AttemptStore` (an attempt and its
+delivery), `OperatorStore`
 (operators, recovery, event senders), both over
-:class:`~flexiq_plugins._store.reads.StoreReads` (the reads both make).
-:class:`StepStore` is both: what a store implements and what users pass around.
+`StoreReads` (the reads both make).
+[`StepStore`][flexiq_plugins.StepStore] is both: what a store implements and what users pass around.
 
 Times are ``float`` seconds since the epoch **on the store's clock** (C23): a
 SQL store reads the database's clock inside the same transaction, so a worker
@@ -33,7 +33,7 @@ class StepStore(AttemptStore, OperatorStore):
     for SQL, between processes (each process opens its own connections; a
     forked child never reuses its parent's). Errors from the storage engine are
     translated here: connection loss and timeouts raise
-    :class:`~flexiq_plugins.errors.StoreUnavailable`.
+    [`StoreUnavailable`][flexiq_plugins.errors.StoreUnavailable].
     """
 
     def describe(self) -> str:

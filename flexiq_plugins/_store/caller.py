@@ -4,12 +4,12 @@ A plain step commits its memo on the store's own connection, at once. Called
 inside a transaction the store does not share (a Django ``atomic`` block, a
 SQLAlchemy session that has written), the memo outlives a rollback of that
 transaction, and a retry gets the memo of writes that no longer exist. So a
-step asks :func:`open_transactions` first and is refused if one is open.
+step asks `open_transactions` first and is refused if one is open.
 
 A *transactional* step (``step.transaction(name, fn, using=...)``) commits its
 step row on the caller's connection, inside the caller's transaction: the
-body's writes and the memo commit or roll back together. :func:`caller_transaction`
-turns ``using`` into a :class:`CallerTransaction`, whose :meth:`~CallerTransaction.scope`
+body's writes and the memo commit or roll back together. `caller_transaction`
+turns ``using`` into a `CallerTransaction`, whose `scope`
 joins an open transaction (as a savepoint) or opens one that commits at its end.
 
 What is detected, reliably, and what is not:
@@ -19,7 +19,7 @@ What is detected, reliably, and what is not:
 - SQLAlchemy: a ``Connection`` of this thread (a ``Session``'s included) whose
   open transaction has executed a statement that writes (INSERT, UPDATE,
   DELETE, MERGE, DDL …), seen through SQLAlchemy's engine events once a worker
-  runs durable jobs (:func:`watch_sqlalchemy`). A transaction that has only
+  runs durable jobs (`watch_sqlalchemy`). A transaction that has only
   read cannot be rolled back out from under a memo and is not refused.
 - Not seen: ORM changes not flushed yet, ``AsyncSession`` / ``AsyncConnection``,
   raw DB-API connections, transactions opened in another thread.
@@ -66,8 +66,8 @@ class OpenTransactionInfo:
     """An open transaction a step can see.
 
     Parameters:
-      key(tuple[str, object]): what it is on, e.g. ``("django", "default")``.
-      description(str): how messages name it.
+      key (tuple[str, object]): what it is on, e.g. ``("django", "default")``.
+      description (str): how messages name it.
     """
 
     key: tuple[str, object]
@@ -84,7 +84,7 @@ def open_transactions(exclude: CallerTransaction | None = None) -> list[OpenTran
     """The open transactions of this thread that a plain step's memo could outlive (C42).
 
     Parameters:
-      exclude(CallerTransaction | None): the transaction a transactional step
+      exclude (CallerTransaction | None): the transaction a transactional step
         shares; it is not a hazard to that step.
     """
     found = _django_open() + _sqlalchemy_open()
@@ -199,8 +199,8 @@ class CallerConnection:
     error is raised as SQLAlchemy's (``IntegrityError`` …).
 
     Attributes:
-      dialect_name(str): ``"postgresql"``, ``"mysql"``, ``"mariadb"``, ``"sqlite"`` …
-      description(str): how messages name the connection.
+      dialect_name (str): ``"postgresql"``, ``"mysql"``, ``"mariadb"``, ``"sqlite"`` …
+      description (str): how messages name the connection.
     """
 
     dialect_name: str
@@ -215,8 +215,8 @@ class CallerTransaction(abc.ABC):
     """The transaction a transactional step commits in (C42).
 
     Attributes:
-      description(str): how messages name it.
-      joined(bool): whether the last :meth:`scope` joined a transaction that
+      description (str): how messages name it.
+      joined (bool): whether the last `scope` joined a transaction that
         was already open (and so stays open after it).
     """
 
@@ -229,7 +229,7 @@ class CallerTransaction(abc.ABC):
 
     @abc.abstractmethod
     def owns(self, key: tuple[str, object]) -> bool:
-        """Whether the open transaction ``key`` (:class:`OpenTransactionInfo`) is this one."""
+        """Whether the open transaction ``key`` (`OpenTransactionInfo`) is this one."""
 
     @abc.abstractmethod
     def is_open(self) -> bool:
@@ -241,10 +241,10 @@ class CallerTransaction(abc.ABC):
 
 
 def caller_transaction(using: object) -> CallerTransaction:
-    """The :class:`CallerTransaction` of ``using``.
+    """The `CallerTransaction` of ``using``.
 
     Parameters:
-      using(str | object): a Django database alias (``"default"``) or
+      using (str | object): a Django database alias (``"default"``) or
         connection (``django.db.connection``), or a SQLAlchemy ``Session``,
         ``scoped_session`` or ``Connection``.
 

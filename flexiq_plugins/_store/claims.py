@@ -4,13 +4,13 @@ A run is held by at most one attempt at a time. Three questions decide who
 holds it, and each is answered here by a pure function of the run's stored
 claim fields and the store's clock ``now``:
 
-- may a delivery claim the run (:func:`decide_claim`): a terminal run is
-  :class:`Finished`; a claim held with a live lease makes it :class:`Busy`;
+- may a delivery claim the run (`decide_claim`): a terminal run is
+  `Finished`; a claim held with a live lease makes it `Busy`;
   otherwise the new attempt takes it, counting a takeover when the previous
   claim was still held (its lease expired: its worker died);
-- does a write still belong to its attempt (:func:`fence`, :func:`holds`):
+- does a write still belong to its attempt (`fence`, `holds`):
   only while the run's owner and attempt are the claim's;
-- may a recoverer take a stranded run (:func:`may_recover`): a
+- may a recoverer take a stranded run (`may_recover`): a
   compare-and-set on the status and ``updated_at`` it read, and a ``running``
   run only once its lease has expired.
 
@@ -19,7 +19,7 @@ its own atomicity: the memory store under its lock, the SQL store inside one
 transaction after locking the run's row, or by a compare-and-set on the
 row's version that writes the answer only if the run is still exactly as
 read (PostgreSQL's attempt start), or, for fenced writes, in the ``WHERE``
-clause :func:`fence` describes. So the two cannot drift apart.
+clause `fence` describes. So the two cannot drift apart.
 Times are epoch seconds on the store's clock; a lease with ``lease_until <=
 now`` has expired.
 """
@@ -90,10 +90,10 @@ class Granted:
     """The new attempt claims the run: the run's new claim fields.
 
     Parameters:
-      owner(str): the claiming worker's id.
-      attempt(int): the new attempt's number (the previous one plus 1).
-      lease_until(float): lease expiry, epoch seconds, store clock.
-      takeovers(int): the run's takeover count, this takeover included.
+      owner (str): the claiming worker's id.
+      attempt (int): the new attempt's number (the previous one plus 1).
+      lease_until (float): lease expiry, epoch seconds, store clock.
+      takeovers (int): the run's takeover count, this takeover included.
     """
 
     owner: str
@@ -102,7 +102,7 @@ class Granted:
     takeovers: int
 
     def claim(self, run_key: str) -> Claim:
-        """Return the attempt's :class:`Claim` on ``run_key``."""
+        """Return the attempt's `Claim` on ``run_key``."""
         return Claim(run_key, self.owner, self.attempt, self.lease_until)
 
     def values(self) -> dict[str, Any]:
@@ -120,8 +120,8 @@ def lease_remaining(lease_until: float | None, now: float) -> float | None:
     """Return the seconds a lease has left, ``None`` if there is none or it has expired.
 
     Parameters:
-      lease_until(float | None): lease expiry, epoch seconds, store clock.
-      now(float): the store's clock, epoch seconds.
+      lease_until (float | None): lease expiry, epoch seconds, store clock.
+      now (float): the store's clock, epoch seconds.
     """
     if lease_until is None or lease_until <= now:
         return None
@@ -136,17 +136,17 @@ def decide_claim(run: RunState, *, now: float, owner: str, lease_seconds: float)
     still exactly as read (the clock only moves on, so the answer still holds).
 
     Parameters:
-      run(RunState): the run as stored (a new run is ``pending``, or ``queued`` when
+      run (RunState): the run as stored (a new run is ``pending``, or ``queued`` when
         recorded at publish (C39), with attempt 0).
-      now(float): the store's clock, epoch seconds.
-      owner(str): the claiming worker's id.
-      lease_seconds(float): the new lease, in seconds.
+      now (float): the store's clock, epoch seconds.
+      owner (str): the claiming worker's id.
+      lease_seconds (float): the new lease, in seconds.
 
     Returns:
-      Finished | Busy | Granted: :class:`Finished` for a terminal run, with its outcome (C37);
-      :class:`Busy` (seconds left) while a held claim's lease is live;
-      otherwise :class:`Granted` with ``attempt + 1``, a lease to ``now +
-      lease_seconds`` and ``takeovers + 1`` if the previous claim was still held.
+      Finished | Busy | Granted: `Finished` for a terminal run, with its outcome (C37);
+        `Busy` (seconds left) while a held claim's lease is live;
+        otherwise `Granted` with ``attempt + 1``, a lease to ``now +
+        lease_seconds`` and ``takeovers + 1`` if the previous claim was still held.
     """
     if run.status in TERMINAL_STATUSES:
         return Finished(run.status, run.outcome)
@@ -173,16 +173,16 @@ class _NewRun:
 
 
 def claim_of_new_run(run_key: str, *, owner: str, lease_seconds: float) -> Granted:
-    """What :func:`decide_claim` grants the first delivery of a run that is not stored yet (C24).
+    """What `decide_claim` grants the first delivery of a run that is not stored yet (C24).
 
     A store that inserts a new run already claimed, in one statement, writes
     these values; ``lease_until`` is then *seconds from now* (the decision is
     taken at ``now = 0``), which the store adds to its own clock (C23).
 
     Parameters:
-      run_key(str): the new run.
-      owner(str): the claiming worker's id.
-      lease_seconds(float): the lease, in seconds.
+      run_key (str): the new run.
+      owner (str): the claiming worker's id.
+      lease_seconds (float): the lease, in seconds.
     """
     decision = decide_claim(_NewRun(run_key), now=0.0, owner=owner, lease_seconds=lease_seconds)
     assert isinstance(decision, Granted)  # a new run is never terminal nor held
@@ -194,22 +194,22 @@ def fence(claim: Claim) -> dict[str, str | int]:
 
     A write on behalf of an attempt applies only while the run's key, owner
     and attempt are the claim's: a SQL store puts these in its ``WHERE``
-    clause, the memory store compares them with :func:`holds`.
+    clause, the memory store compares them with `holds`.
     """
     return {"run_key": claim.run_key, "owner": claim.owner, "attempt": claim.attempt}
 
 
 def fence_columns() -> tuple[str, ...]:
-    """The run fields :func:`fence` requires, for a store that builds its fenced statements once (C25)."""
+    """The run fields `fence` requires, for a store that builds its fenced statements once (C25)."""
     return ("run_key", "owner", "attempt")
 
 
 def holds(run: RunState, claim: Claim) -> bool:
-    """Whether ``claim`` still holds ``run``: every field of :func:`fence` matches (C25).
+    """Whether ``claim`` still holds ``run``: every field of `fence` matches (C25).
 
     Parameters:
-      run(RunState): the stored run.
-      claim(Claim): the attempt's claim.
+      run (RunState): the stored run.
+      claim (Claim): the attempt's claim.
     """
     return all(getattr(run, name) == value for name, value in fence(claim).items())
 
@@ -233,10 +233,10 @@ def may_recover(run: RunState, *, status: str, updated_at: float, now: float) ->
     of several recoverers exactly one wins.
 
     Parameters:
-      run(RunState): the run as stored.
-      status(str): the status the caller read.
-      updated_at(float): the ``updated_at`` the caller read, epoch seconds.
-      now(float): the store's clock, epoch seconds.
+      run (RunState): the run as stored.
+      status (str): the status the caller read.
+      updated_at (float): the ``updated_at`` the caller read, epoch seconds.
+      now (float): the store's clock, epoch seconds.
     """
     if run.status != status or run.updated_at != updated_at:
         return False
@@ -247,10 +247,10 @@ def may_take_sweep_lease(holder: str | None, lease_until: float | None, *, owner
     """Whether ``owner`` may take or renew the recovery lease held by ``holder`` until ``lease_until`` (C39).
 
     Parameters:
-      holder(str | None): the current holder, ``None`` when nobody holds it.
-      lease_until(float | None): its expiry, epoch seconds, store clock.
-      owner(str): the process asking.
-      now(float): the store's clock, epoch seconds.
+      holder (str | None): the current holder, ``None`` when nobody holds it.
+      lease_until (float | None): its expiry, epoch seconds, store clock.
+      owner (str): the process asking.
+      now (float): the store's clock, epoch seconds.
     """
     return holder is None or holder == owner or lease_remaining(lease_until, now) is None
 

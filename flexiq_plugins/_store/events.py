@@ -1,15 +1,15 @@
 """The rules of events (C33), written once for every store.
 
-Like :mod:`~flexiq_plugins._store.claims`, each question is answered by a pure
+Like `claims`, each question is answered by a pure
 function of stored fields and the store's clock, so the memory store and the
 SQL store (which states the same rules as ``WHERE`` clauses) cannot drift apart:
 
-- may a run receive an event (:func:`receivable`): same topic and key; sent to
+- may a run receive an event (`receivable`): same topic and key; sent to
   this run by its run key, or to every run at or after the run was created;
   not received by it before (no step row of the run holds its id);
-- what a waiting step's poll found (:func:`poll_result`): the event, or a
+- what a waiting step's poll found (`poll_result`): the event, or a
   timeout once the deadline has passed with none;
-- whom a sender wakes (:func:`wakes`): the runs waiting on the event's topic
+- whom a sender wakes (`wakes`): the runs waiting on the event's topic
   and key (``waiting``, or ``running`` between their poll and their
   suspension) that can receive it.
 
@@ -37,7 +37,7 @@ WAITER_STATUSES = ("waiting", "running")
 
 
 class WaitingRun(Protocol):
-    """The fields of a stored run that :func:`wakes` reads."""
+    """The fields of a stored run that `wakes` reads."""
 
     @property
     def run_key(self) -> str:
@@ -85,7 +85,7 @@ def first_receivable(
     key: str,
     consumed: Collection[int],
 ) -> EventRecord | None:
-    """The receivable event with the lowest id, or ``None`` (see :func:`receivable`)."""
+    """The receivable event with the lowest id, or ``None`` (see `receivable`)."""
     found = [
         e
         for e in events

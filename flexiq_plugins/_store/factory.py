@@ -1,4 +1,4 @@
-"""Turn whatever the user configured into a :class:`StepStore`.
+"""Turn whatever the user configured into a [`StepStore`][flexiq_plugins.StepStore].
 
 Adapters accept a store in several shapes (``install(app, store=...)``,
 ``DurableSteps(store=...)``): a ready store, a SQLAlchemy engine, a URL, or
@@ -47,16 +47,16 @@ _MEMORY_URLS = frozenset({"memory://", "memory:"})
 def open_store(spec: StoreSpec = None, **kwargs: Any) -> StepStore:
     """Return the step store that ``spec`` describes.
 
-    - a :class:`StepStore` is returned as is (``kwargs`` are ignored);
-    - ``"memory://"`` gives a :class:`MemoryStepStore` (``kwargs`` go to it);
-    - a SQLAlchemy :class:`~sqlalchemy.engine.Engine` or URL (``sqlite:///path``,
+    - a [`StepStore`][flexiq_plugins.StepStore] is returned as is (``kwargs`` are ignored);
+    - ``"memory://"`` gives a [`MemoryStepStore`][flexiq_plugins.MemoryStepStore] (``kwargs`` go to it);
+    - a SQLAlchemy `Engine` or URL (``sqlite:///path``,
       ``postgresql://…``, ``mysql://…``, ``mariadb://…``) gives a
-      :class:`SqlStepStore` (``kwargs``: ``auto_upgrade``, ``table_prefix``);
+      [`SqlStepStore`][flexiq_plugins.SqlStepStore] (``kwargs``: ``auto_upgrade``, ``table_prefix``);
     - ``None`` reads the ``FLEXIQ_STORE_URL`` environment variable, else uses
-      :data:`DEFAULT_STORE_URL`.
+      `DEFAULT_STORE_URL`.
 
     Parameters:
-      spec(str | URL | Engine | StepStore | None): the store, or where it is.
+      spec (str | URL | Engine | StepStore | None): the store, or where it is.
       kwargs: passed to the store's constructor.
 
     Raises:
@@ -75,7 +75,7 @@ def open_store(spec: StoreSpec = None, **kwargs: Any) -> StepStore:
 
 
 def check_store_spec(spec: StoreSpec) -> None:
-    """Check that :func:`open_store` can use ``spec``, without connecting (C41).
+    """Check that [`open_store`][flexiq_plugins.open_store] can use ``spec``, without connecting (C41).
 
     What an integration calls when it is configured, so that a typo in the
     scheme or a missing driver shows at once, never at the first job. A URL
@@ -100,8 +100,8 @@ def resolve_store_spec(explicit: StoreSpec, framework_setting: Callable[[], Stor
     """Where the store is: the argument, ``FLEXIQ_STORE_URL``, the framework's setting, the default.
 
     Parameters:
-      explicit(StoreSpec): what the integration was given (``store=``), or ``None``.
-      framework_setting(Callable[[], StoreSpec] | None): reads the framework's own
+      explicit (StoreSpec): what the integration was given (``store=``), or ``None``.
+      framework_setting (Callable[[], StoreSpec] | None): reads the framework's own
         setting (Celery's ``flexiq_store_url``, Django's ``FLEXIQ_STORE_URL``);
         called only when needed.
 
@@ -118,7 +118,7 @@ def resolve_store_spec(explicit: StoreSpec, framework_setting: Callable[[], Stor
 
 
 def resolve_store(explicit: StoreSpec, framework_setting: Callable[[], StoreSpec] | None = None) -> StepStore:
-    """Open the store :func:`resolve_store_spec` names.
+    """Open the store [`resolve_store_spec`][flexiq_plugins.integration.resolve_store_spec] names.
 
     Raises:
       ConfigurationError: an unknown scheme or type, or a missing database driver.

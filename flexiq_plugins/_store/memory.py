@@ -2,7 +2,7 @@
 
 It keeps everything in dictionaries behind one lock, so each method is atomic
 the way the interface describes. Nothing survives the process: use
-:class:`~flexiq_plugins.SqlStepStore` for anything durable.
+[`SqlStepStore`][flexiq_plugins.SqlStepStore] for anything durable.
 """
 
 from __future__ import annotations
@@ -57,11 +57,11 @@ __all__ = ["MemoryStepStore"]
 
 
 class MemoryStepStore(StepStore):
-    """A :class:`StepStore` held in memory.
+    """A [`StepStore`][flexiq_plugins.StepStore] held in memory.
 
     Parameters:
-      clock(Callable[[], float] | None): the store's clock in epoch seconds;
-        defaults to :func:`time.time`. Tests pass their own to move time.
+      clock (Callable[[], float] | None): the store's clock in epoch seconds;
+        defaults to `time.time`. Tests pass their own to move time.
     """
 
     def __init__(self, clock: Callable[[], float] | None = None) -> None:
@@ -81,7 +81,7 @@ class MemoryStepStore(StepStore):
         return "memory:// (in this process only: lost when it exits)"
 
     def local_clock(self) -> Callable[[], float]:
-        """The clock itself: reading it costs nothing (see :meth:`StepStore.local_clock`)."""
+        """The clock itself: reading it costs nothing (see `StepStore.local_clock`)."""
         return self._clock
 
     # ------------------------------------------------------------------ reads
@@ -90,7 +90,7 @@ class MemoryStepStore(StepStore):
         return self._clock()
 
     def get_run(self, run_key: str) -> RunRecord:
-        """See :meth:`StepStore.get_run`."""
+        """See `StepStore.get_run`."""
         with self._lock:
             try:
                 return self._runs[run_key]
@@ -98,13 +98,13 @@ class MemoryStepStore(StepStore):
                 raise UnknownRun(f"no run has the run key {run_key!r}") from None
 
     def get_steps(self, run_key: str) -> list[StepRow]:
-        """See :meth:`StepStore.get_steps`."""
+        """See `StepStore.get_steps`."""
         with self._lock:
             return sorted(self._steps.get(run_key, ()), key=lambda s: s.position)
 
     # ----------------------------------------------------------------- claims
     def begin(self, run_key: str, job_id: str, envelope: JobEnvelope, owner: str, lease_seconds: float) -> BeginResult:
-        """See :meth:`StepStore.begin`."""
+        """See `StepStore.begin`."""
         with self._lock:
             now = self.now()
             run = self._runs.get(run_key) or self._new_run(run_key, envelope, now)
@@ -143,7 +143,7 @@ class MemoryStepStore(StepStore):
         return run
 
     def renew(self, claim: Claim, lease_seconds: float) -> Claim:
-        """See :meth:`StepStore.renew`."""
+        """See `StepStore.renew`."""
         with self._lock:
             run = self._fenced(claim)
             until = self.now() + lease_seconds
@@ -152,7 +152,7 @@ class MemoryStepStore(StepStore):
 
     # ------------------------------------------------------------- publishing
     def record_queued(self, run_key: str, job_id: str, envelope: JobEnvelope, delay_seconds: float = 0.0) -> None:
-        """See :meth:`StepStore.record_queued`."""
+        """See `StepStore.record_queued`."""
         with self._lock:
             if run_key not in self._runs:
                 now = self.now()
@@ -162,7 +162,7 @@ class MemoryStepStore(StepStore):
 
     # ------------------------------------------------------------------ steps
     def commit_step(self, claim: Claim, row: StepRow) -> StepRow:
-        """See :meth:`StepStore.commit_step`."""
+        """See `StepStore.commit_step`."""
         with self._lock:
             run = self._fenced(claim)
             stored = self._insert_step(run, claim, row, self.now())
@@ -185,7 +185,7 @@ class MemoryStepStore(StepStore):
         return stored
 
     def commit_step_on(self, connection: CallerConnection, claim: Claim, row: StepRow) -> StepRow:
-        """:meth:`commit_step`, at once: memory shares no database transaction (C42).
+        """`commit_step`, at once: memory shares no database transaction (C42).
 
         So that task bodies with transactional steps can be unit-tested on the
         memory store (``flexiq_plugins.testing``): the body still runs inside
@@ -195,7 +195,7 @@ class MemoryStepStore(StepStore):
 
     # ---------------------------------------------------------- step attempts
     def begin_step_attempt(self, claim: Claim, step_key: str, max_attempts: int) -> StepAttemptBegin:
-        """See :meth:`StepStore.begin_step_attempt`."""
+        """See `StepStore.begin_step_attempt`."""
         with self._lock:
             run = self._fenced(claim)
             now = self.now()
@@ -216,7 +216,7 @@ class MemoryStepStore(StepStore):
     def fail_step_attempt(
         self, claim: Claim, failure: StepAttemptFailure, *, row: StepRow | None = None
     ) -> StepAttemptFailed:
-        """See :meth:`StepStore.fail_step_attempt`."""
+        """See `StepStore.fail_step_attempt`."""
         with self._lock:
             run = self._fenced(claim)
             now = self.now()
@@ -234,7 +234,7 @@ class MemoryStepStore(StepStore):
 
     # ------------------------------------------------------- waiting on events
     def poll_event(self, claim: Claim, topic: str, key: str, deadline: float | None) -> EventPoll:
-        """See :meth:`StepStore.poll_event`."""
+        """See `StepStore.poll_event`."""
         with self._lock:
             run = self._fenced(claim)
             if run.cancel_reason is not None:
@@ -270,7 +270,7 @@ class MemoryStepStore(StepStore):
         wake_at: float | None = None,
         outcome: bytes | None = None,
     ) -> None:
-        """See :meth:`StepStore.finish`."""
+        """See `StepStore.finish`."""
         with self._lock:
             run = self._fenced(claim)
             now = self.now()
@@ -301,7 +301,7 @@ class MemoryStepStore(StepStore):
         self._next_dead_id += 1
 
     def start_compensation(self, run_key: str, marker: StepRow, *, status: str, attempt: int) -> bool:
-        """See :meth:`StepStore.start_compensation`."""
+        """See `StepStore.start_compensation`."""
         with self._lock:
             run = self._runs.get(run_key)
             if run is None or run.status != status or run.attempt != attempt or run.owner is not None:
@@ -317,7 +317,7 @@ class MemoryStepStore(StepStore):
             return True
 
     def settle_failed(self, run_key: str, attempt: int) -> bool:
-        """See :meth:`StepStore.settle_failed`."""
+        """See `StepStore.settle_failed`."""
         with self._lock:
             run = self._runs.get(run_key)
             if run is None or run.status != "retrying" or run.attempt != attempt:
@@ -328,7 +328,7 @@ class MemoryStepStore(StepStore):
     def release_run(
         self, run_key: str, status: RunStatus, *, while_status: Collection[str], outcome: bytes | None = None
     ) -> bool:
-        """See :meth:`StepStore.release_run`."""
+        """See `StepStore.release_run`."""
         with self._lock:
             run = self._runs.get(run_key)
             if run is None or run.status not in while_status:
@@ -338,7 +338,7 @@ class MemoryStepStore(StepStore):
             return True
 
     def dead_letter_unstarted(self, run_key: str, dead_letter: NewDeadLetter, *, outcome: bytes | None = None) -> bool:
-        """See :meth:`StepStore.dead_letter_unstarted`: attempt 0, or a retried dead letter unchanged since."""
+        """See `StepStore.dead_letter_unstarted`: attempt 0, or a retried dead letter unchanged since."""
         with self._lock:
             run = self._runs.get(run_key)
             if run is None or run.status not in UNSTARTED_STATUSES or not (run.attempt == 0 or self._retried(run)):
@@ -362,7 +362,7 @@ class MemoryStepStore(StepStore):
         return any(d.run_key == run.run_key and d.retried_at == run.updated_at for d in self._dead.values())
 
     def request_cancel(self, run_key: str, reason: str) -> RunRecord:
-        """See :meth:`StepStore.request_cancel`."""
+        """See `StepStore.request_cancel`."""
         with self._lock:
             run = self.get_run(run_key)
             if run.status not in TERMINAL_STATUSES and run.cancel_reason is None:
@@ -371,7 +371,7 @@ class MemoryStepStore(StepStore):
             return run
 
     def settle_cancelled(self, run_key: str, *, status: str, attempt: int, outcome: bytes | None = None) -> bool:
-        """See :meth:`StepStore.settle_cancelled`."""
+        """See `StepStore.settle_cancelled`."""
         with self._lock:
             run = self._runs.get(run_key)
             now = self.now()
@@ -392,7 +392,7 @@ class MemoryStepStore(StepStore):
         limit: int = 100,
         job_id: str | None = None,
     ) -> list[RunRecord]:
-        """See :meth:`StepStore.list_runs`."""
+        """See `StepStore.list_runs`."""
         with self._lock:
             runs = [
                 r
@@ -406,7 +406,7 @@ class MemoryStepStore(StepStore):
         return runs[:limit]
 
     def get_step_attempts(self, run_key: str) -> list[StepAttempt]:
-        """See :meth:`StepStore.get_step_attempts`."""
+        """See `StepStore.get_step_attempts`."""
         with self._lock:
             return sorted(self._attempts.get(run_key, ()), key=lambda a: (a.started_at, a.step_key, a.number))
 
@@ -414,7 +414,7 @@ class MemoryStepStore(StepStore):
     def list_dead_letters(
         self, *, task_name: str | None = None, include_retried: bool = False
     ) -> list[DeadLetterRecord]:
-        """See :meth:`StepStore.list_dead_letters`."""
+        """See `StepStore.list_dead_letters`."""
         with self._lock:
             return [
                 d
@@ -423,7 +423,7 @@ class MemoryStepStore(StepStore):
             ]
 
     def get_dead_letter(self, dead_letter_id: int) -> DeadLetterRecord:
-        """See :meth:`StepStore.get_dead_letter`."""
+        """See `StepStore.get_dead_letter`."""
         with self._lock:
             try:
                 return self._dead[dead_letter_id]
@@ -431,7 +431,7 @@ class MemoryStepStore(StepStore):
                 raise UnknownDeadLetter(f"no dead letter has the id {dead_letter_id!r}") from None
 
     def prepare_retry(self, dead_letter_id: int, *, reset_from: str | None = None) -> DeadLetterRecord:
-        """See :meth:`StepStore.prepare_retry`."""
+        """See `StepStore.prepare_retry`."""
         with self._lock:
             dead = self.get_dead_letter(dead_letter_id)
             run = self.get_run(dead.run_key)
@@ -459,7 +459,7 @@ class MemoryStepStore(StepStore):
             return dead
 
     def purge_dead_letters(self, ids: Sequence[int] | None = None) -> int:
-        """See :meth:`StepStore.purge_dead_letters`."""
+        """See `StepStore.purge_dead_letters`."""
         with self._lock:
             doomed = list(self._dead) if ids is None else sorted({i for i in ids if i in self._dead})
             for i in doomed:
@@ -468,7 +468,7 @@ class MemoryStepStore(StepStore):
 
     # ---------------------------------------------------------------- cleanup
     def cleanup(self, *, older_than: float) -> int:
-        """See :meth:`StepStore.cleanup`."""
+        """See `StepStore.cleanup`."""
         with self._lock:
             doomed = [k for k, r in self._runs.items() if r.status in CLEANABLE_STATUSES and r.updated_at < older_than]
             for k in doomed:
@@ -478,7 +478,7 @@ class MemoryStepStore(StepStore):
             return len(doomed)
 
     def cleanup_events(self, *, older_than: float) -> int:
-        """See :meth:`StepStore.cleanup_events`."""
+        """See `StepStore.cleanup_events`."""
         with self._lock:
             doomed = [i for i, e in self._events.items() if e.created_at < older_than]
             for i in doomed:
@@ -487,7 +487,7 @@ class MemoryStepStore(StepStore):
 
     # --------------------------------------------------------------- recovery
     def acquire_sweep_lease(self, owner: str, lease_seconds: float, *, name: str = "recovery") -> bool:
-        """See :meth:`StepStore.acquire_sweep_lease`."""
+        """See `StepStore.acquire_sweep_lease`."""
         with self._lock:
             now = self.now()
             if not may_take_sweep_lease(*self._sweep_leases.get(name, (None, None)), owner=owner, now=now):
@@ -496,13 +496,13 @@ class MemoryStepStore(StepStore):
             return True
 
     def release_sweep_lease(self, owner: str, *, name: str = "recovery") -> None:
-        """See :meth:`StepStore.release_sweep_lease`."""
+        """See `StepStore.release_sweep_lease`."""
         with self._lock:
             if self._sweep_leases.get(name, (None, None))[0] == owner:
                 self._sweep_leases.pop(name)
 
     def mark_recovered(self, run_key: str, *, status: str, updated_at: float) -> bool:
-        """See :meth:`StepStore.mark_recovered`."""
+        """See `StepStore.mark_recovered`."""
         with self._lock:
             run = self._runs.get(run_key)
             now = self.now()
@@ -513,7 +513,7 @@ class MemoryStepStore(StepStore):
 
     # ----------------------------------------------------------------- events
     def add_event(self, topic: str, key: str, payload: bytes | None, *, run_key: str | None = None) -> SentEvent:
-        """See :meth:`StepStore.add_event`."""
+        """See `StepStore.add_event`."""
         with self._lock:
             event = EventRecord(self._next_event_id, topic, key, run_key, payload, self.now())
             self._events[event.id] = event
@@ -522,7 +522,7 @@ class MemoryStepStore(StepStore):
             return SentEvent(event, waiters)
 
     def next_event(self, run_key: str, topic: str, key: str) -> EventRecord | None:
-        """See :meth:`StepStore.next_event`."""
+        """See `StepStore.next_event`."""
         with self._lock:
             run = self._runs.get(run_key)
             return None if run is None else self._next_event(run, topic, key)

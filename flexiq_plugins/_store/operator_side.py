@@ -5,9 +5,9 @@ attempts and dead letters an operator inspects, the retry and purge of dead
 letters and the cleanup of old runs and events, the recovery sweep's lease and
 its compare-and-set on a stranded run (C35, C39), and the events a sender
 stores and the waiting runs it wakes (C33). The attempt's side is
-:class:`~flexiq_plugins._store.attempt_side.AttemptStore`; both extend
-:class:`~flexiq_plugins._store.reads.StoreReads` (the store's clock, a run,
-its step rows) and :class:`~flexiq_plugins.StepStore` is both.
+`AttemptStore`; both extend
+`StoreReads` (the store's clock, a run,
+its step rows) and [`StepStore`][flexiq_plugins.StepStore] is both.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class OperatorStore(StoreReads):
         """Return runs, newest first, filtered by status, task, ``updated_at >= since`` and current job id."""
 
     def iter_runs(self, **filters: Any) -> Iterator[RunRecord]:
-        """Iterate :meth:`list_runs` (convenience)."""
+        """Iterate `list_runs` (convenience)."""
         yield from self.list_runs(**filters)
 
     @abc.abstractmethod
@@ -55,7 +55,7 @@ class OperatorStore(StoreReads):
 
     @abc.abstractmethod
     def get_dead_letter(self, dead_letter_id: int) -> DeadLetterRecord:
-        """Return one dead letter; raises :class:`~flexiq_plugins.errors.UnknownDeadLetter`."""
+        """Return one dead letter; raises [`UnknownDeadLetter`][flexiq_plugins.errors.UnknownDeadLetter]."""
 
     @abc.abstractmethod
     def prepare_retry(self, dead_letter_id: int, *, reset_from: str | None = None) -> DeadLetterRecord:
@@ -101,9 +101,9 @@ class OperatorStore(StoreReads):
         it, or its holder's lease has expired; otherwise nothing changes.
 
         Parameters:
-          owner(str): the sweeping process's id.
-          lease_seconds(float): how long the lease lasts without renewal, seconds.
-          name(str): which lease (at most 64 characters): sweepers that
+          owner (str): the sweeping process's id.
+          lease_seconds (float): how long the lease lasts without renewal, seconds.
+          name (str): which lease (at most 64 characters): sweepers that
             publish for different frameworks hold different leases.
 
         Returns:
@@ -126,9 +126,9 @@ class OperatorStore(StoreReads):
         else changes (claim, attempt, takeovers, steps).
 
         Parameters:
-          run_key(str): the run.
-          status(str): the status the caller read.
-          updated_at(float): the ``updated_at`` the caller read, epoch seconds.
+          run_key (str): the run.
+          status (str): the status the caller read.
+          updated_at (float): the ``updated_at`` the caller read, epoch seconds.
 
         Returns:
           bool: whether this caller won the run.
@@ -142,14 +142,14 @@ class OperatorStore(StoreReads):
         Two transactions. The event is committed first (``created_at = now``,
         a new id). Then the runs waiting on ``(topic, key)`` that can receive
         it are read: status ``waiting`` or ``running`` with these wait fields
-        (:meth:`AttemptStore.poll_event`), and the run ``run_key`` only when given, else
+        (`AttemptStore.poll_event`), and the run ``run_key`` only when given, else
         runs created at or before the event.
 
         Parameters:
-          topic(str): the topic.
-          key(str): the key.
-          payload(bytes | None): the encoded payload.
-          run_key(str | None): send it to this run only.
+          topic (str): the topic.
+          key (str): the key.
+          payload (bytes | None): the encoded payload.
+          run_key (str | None): send it to this run only.
         """
 
     @abc.abstractmethod

@@ -4,8 +4,8 @@ An attempt's driver reads a run to settle a framework's end of its job (C38)
 and its step rows to see whether it compensates (C32); an operator reads them
 to show a run, recovery to decide on one (C35). Both read the store's clock
 (C23). So these three live below both interfaces, in this small base, rather
-than in one of them: :class:`~flexiq_plugins._store.attempt_side.AttemptStore`
-and :class:`~flexiq_plugins._store.operator_side.OperatorStore` extend it.
+than in one of them: `AttemptStore`
+and `OperatorStore` extend it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class StoreReads(abc.ABC):
 
     @abc.abstractmethod
     def get_run(self, run_key: str) -> RunRecord:
-        """Return one run; raises :class:`~flexiq_plugins.errors.UnknownRun`."""
+        """Return one run; raises [`UnknownRun`][flexiq_plugins.errors.UnknownRun]."""
 
     @abc.abstractmethod
     def get_steps(self, run_key: str) -> list[StepRow]:

@@ -5,10 +5,10 @@ worker killed inside the body has used an attempt and a redelivery cannot give
 it back. When a new attempt of the step begins, two questions are answered
 here, by pure functions of the step's recorded attempts and the store's clock:
 
-- which recorded attempts are over without an outcome (:func:`close_lost`):
+- which recorded attempts are over without an outcome (`close_lost`):
   the run is claimed by the caller, so any attempt still open belonged to a
   worker that died or lost its claim;
-- may a new attempt start (:func:`decide_step_attempt`): not before the last
+- may a new attempt start (`decide_step_attempt`): not before the last
   failure's ``retry_at`` (an early delivery: a duplicate, a sleep hop, a
   recovery), not once ``max_attempts`` attempts exist.
 
@@ -39,15 +39,15 @@ def decide_step_attempt(
     """Decide whether a new attempt of a step starts now (C31).
 
     Parameters:
-      attempts(Sequence[StepAttempt]): the step's attempts by number, lost ones already closed.
-      now(float): the store's clock, epoch seconds.
-      max_attempts(int): the step's budget, the first attempt included.
+      attempts (Sequence[StepAttempt]): the step's attempts by number, lost ones already closed.
+      now (float): the store's clock, epoch seconds.
+      max_attempts (int): the step's budget, the first attempt included.
 
     Returns:
-      AttemptStarted | AttemptNotDue | AttemptsSpent: :class:`AttemptNotDue`
+      AttemptStarted | AttemptNotDue | AttemptsSpent: `AttemptNotDue`
       while the last attempt ``failed`` and its ``retry_at`` is ahead;
-      :class:`AttemptsSpent` once ``max_attempts`` attempts exist; else
-      :class:`AttemptStarted` with the next number.
+      `AttemptsSpent` once ``max_attempts`` attempts exist; else
+      `AttemptStarted` with the next number.
     """
     previous = tuple(attempts)
     last = previous[-1] if previous else None
@@ -74,7 +74,7 @@ def failed_attempt(attempt: StepAttempt, failure: StepAttemptFailure, now: float
 
 
 class StoredStep(Protocol):
-    """The fields of a stored step row that :func:`retry_cut_position` reads (a ``StepRow`` or a SQL row)."""
+    """The fields of a stored step row that `retry_cut_position` reads (a ``StepRow`` or a SQL row)."""
 
     @property
     def position(self) -> int:

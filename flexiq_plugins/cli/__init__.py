@@ -1,7 +1,7 @@
 """The ``flexiq`` console script (``flexiq = "flexiq_plugins.cli:main"``).
 
 The commands live in ``flexiq_plugins.cli``; the same operations are a Python
-API in :mod:`flexiq_plugins.operations`. See ``docs/operations.md``.
+API in [`flexiq_plugins.operations`][flexiq_plugins.operations]. See ``docs/operations.md``.
 """
 
 from ._main import cli, main

@@ -86,9 +86,9 @@ class CliState:
     """The global options, and the objects made from them on first use.
 
     Parameters:
-      store_url(str | None): ``--store``; ``None`` reads ``FLEXIQ_STORE_URL``.
-      app_ref(str | None): ``--app module:app`` (Celery).
-      broker_ref(str | None): ``--broker module:broker`` (Dramatiq).
+      store_url (str | None): ``--store``; ``None`` reads ``FLEXIQ_STORE_URL``.
+      app_ref (str | None): ``--app module:app`` (Celery).
+      broker_ref (str | None): ``--broker module:broker`` (Dramatiq).
     """
 
     store_url: str | None = None

@@ -1,20 +1,23 @@
 """What an operator does to runs and dead letters, as a Python API (C30, C35).
 
 The ``flexiq`` command line is a thin layer over these functions; a script or
-an admin page can call them directly with any :class:`~flexiq_plugins.StepStore`.
+an admin page can call them directly with any [`StepStore`][flexiq_plugins.StepStore].
 
-- runs: :func:`list_runs`, :func:`show_run`, :func:`cleanup`;
-- step values for display: :func:`decode_step_value`;
-- dead letters: :func:`retry_dead_letter`, :func:`retry_dead_letters`,
-  :func:`purge_dead_letters`;
-- recovery: :func:`find_stranded`, :func:`recover`, :class:`Sweeper`;
-- events and cancellation: :func:`send_event`, :func:`wake_run`,
-  :func:`cleanup_events` (C33), :func:`cancel_run` (C34);
-- publishers: :func:`publishers_for` (an app or a broker, through the
-  installed adapters) and :func:`load_object` (``module:attribute``).
+- runs: [`list_runs`][flexiq_plugins.operations.list_runs], [`show_run`][flexiq_plugins.operations.show_run],
+[`cleanup`][flexiq_plugins.operations.cleanup];
+- step values for display: [`decode_step_value`][flexiq_plugins.operations.decode_step_value];
+- dead letters: [`retry_dead_letter`][flexiq_plugins.operations.retry_dead_letter],
+  [`retry_dead_letters`][flexiq_plugins.operations.retry_dead_letters],
+  [`purge_dead_letters`][flexiq_plugins.operations.purge_dead_letters];
+- recovery: [`find_stranded`][flexiq_plugins.operations.find_stranded], [`recover`][flexiq_plugins.operations.recover],
+[`Sweeper`][flexiq_plugins.operations.Sweeper];
+- events and cancellation: [`send_event`][flexiq_plugins.send_event], [`wake_run`][flexiq_plugins.operations.wake_run],
+  [`cleanup_events`][flexiq_plugins.operations.cleanup_events] (C33), [`cancel_run`][flexiq_plugins.cancel_run] (C34);
+- publishers: [`publishers_for`][flexiq_plugins.operations.publishers_for] (an app or a broker, through the
+  installed adapters) and [`load_object`][flexiq_plugins.operations.load_object] (``module:attribute``).
 
 Re-publishing goes through the job's own framework adapter, found in
-:mod:`flexiq_plugins._delivery.registry`: a new job id carrying the old run key (C11,
+`flexiq_plugins._delivery.registry`: a new job id carrying the old run key (C11,
 C36), so the run replays its committed steps and keeps its idempotency keys.
 """
 

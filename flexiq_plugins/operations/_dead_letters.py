@@ -2,7 +2,7 @@
 
 **Check, then change, then publish.** A retry first makes sure a publisher
 exists for the job's framework, so a missing ``--app`` changes nothing; only
-then does it reset the run (:meth:`OperatorStore.prepare_retry`) and publish. If
+then does it reset the run (`OperatorStore.prepare_retry`) and publish. If
 the publish fails the run stays ``pending`` and recovery picks it up.
 """
 
@@ -28,10 +28,10 @@ class Retried:
     """A dead letter re-published (C30).
 
     Parameters:
-      dead_letter_id(int): the dead letter.
-      run_key(str): the run, unchanged (C11).
-      framework(str): ``"celery"`` or ``"dramatiq"``.
-      job_id(str): the new job's id.
+      dead_letter_id (int): the dead letter.
+      run_key (str): the run, unchanged (C11).
+      framework (str): ``"celery"`` or ``"dramatiq"``.
+      job_id (str): the new job's id.
     """
 
     dead_letter_id: int
@@ -50,10 +50,10 @@ def retry_dead_letter(
     """Retry one dead letter: reset its run, then re-publish it with a new job id and the same run key (C11, C30).
 
     Parameters:
-      store(OperatorStore): the store.
-      dead_letter_id(int): the dead letter.
-      publishers(Mapping[str, Publisher]): a publisher per framework name.
-      reset_from(str | None): a step key; that step and every later one are
+      store (OperatorStore): the store.
+      dead_letter_id (int): the dead letter.
+      publishers (Mapping[str, Publisher]): a publisher per framework name.
+      reset_from (str | None): a step key; that step and every later one are
         dropped so they run again. Without it, the step that failed for good
         (a spent budget, a non-retryable error, a failed undo), if any, and
         every later one are dropped, with their attempts (C31).
@@ -65,7 +65,7 @@ def retry_dead_letter(
       CorruptRecord: the stored job envelope cannot be read (nothing changed).
       AlreadyRetried: retried before and the run is no longer ``dead`` (nothing changed).
       RunCompensated: the run was compensated and ``reset_from`` is not given (nothing changed, C32).
-      PublishFailed: the broker refused; the run stays ``pending`` for :func:`recover`.
+      PublishFailed: the broker refused; the run stays ``pending`` for [`recover`][flexiq_plugins.operations.recover].
       StoreUnavailable: the store cannot be reached.
     """
     dead = store.get_dead_letter(dead_letter_id)
@@ -96,13 +96,13 @@ def retry_dead_letters(
     """Retry several dead letters; one failure does not stop the others (C30).
 
     A publisher is checked for every selected dead letter first: if one is
-    missing, :class:`NoPublisher` is raised and nothing is changed.
+    missing, [`NoPublisher`][flexiq_plugins.errors.NoPublisher] is raised and nothing is changed.
 
     Parameters:
-      store(OperatorStore): the store.
-      publishers(Mapping[str, Publisher]): a publisher per framework name.
-      ids(Sequence[int] | None): the dead letters; every one not yet retried when ``None``.
-      task_name(str | None): with ``ids=None``, only those of this task or actor.
+      store (OperatorStore): the store.
+      publishers (Mapping[str, Publisher]): a publisher per framework name.
+      ids (Sequence[int] | None): the dead letters; every one not yet retried when ``None``.
+      task_name (str | None): with ``ids=None``, only those of this task or actor.
 
     Returns:
       tuple: the retried ones, and ``(id, error)`` for each that failed.

@@ -19,14 +19,14 @@ class RunDetails:
     """A run with its step rows and step attempts, as ``flexiq runs show`` prints it.
 
     Parameters:
-      run(RunRecord): the run.
-      steps(list[StepRow]): its committed steps by position.
-      wake_at(float | None): when it wakes: its latest sleep's wake time, or a
+      run (RunRecord): the run.
+      steps (list[StepRow]): its committed steps by position.
+      wake_at (float | None): when it wakes: its latest sleep's wake time, or a
         pending step retry's (C31), epoch seconds; ``None`` once the run has
         finished (its kept sleep steps still show their own wake times).
-      attempts(list[StepAttempt]): its recorded step attempts (C31).
-      job_id(str | None): the job id the run was looked up by, when it was
-        given one instead of a run key (see :func:`show_run`).
+      attempts (list[StepAttempt]): its recorded step attempts (C31).
+      job_id (str | None): the job id the run was looked up by, when it was
+        given one instead of a run key (see [`show_run`][flexiq_plugins.operations.show_run]).
     """
 
     run: RunRecord
@@ -47,12 +47,12 @@ def list_runs(
     """Return runs, newest first (``flexiq runs list``).
 
     Parameters:
-      store(OperatorStore): the store.
-      status(str | None): only runs in this status.
-      task_name(str | None): only runs of this task or actor.
-      since(str | float | None): only runs updated within this window before
+      store (OperatorStore): the store.
+      status (str | None): only runs in this status.
+      task_name (str | None): only runs of this task or actor.
+      since (str | float | None): only runs updated within this window before
         now (``"1h"``, ``"7d"`` or seconds), on the store's clock.
-      limit(int): at most this many runs.
+      limit (int): at most this many runs.
 
     Raises:
       ValueError: ``since`` is not a duration.
@@ -67,7 +67,7 @@ def show_run(store: OperatorStore, run_key: str) -> RunDetails:
 
     ``run_key`` may also be the id of the run's current job (a Celery task id,
     a Dramatiq message id), as a user often has that one at hand: the run is
-    then found by it and :attr:`RunDetails.job_id` says so.
+    then found by it and `RunDetails.job_id` says so.
 
     Raises:
       InvalidRunKey: ``run_key`` cannot be a run key (empty, a control character …).
@@ -104,8 +104,8 @@ def cleanup(store: OperatorStore, older_than: str | float) -> int:
     Dead-lettered, sleeping, running and pending runs are kept.
 
     Parameters:
-      store(OperatorStore): the store.
-      older_than(str | float): the retention, a duration (``"7d"``) or seconds.
+      store (OperatorStore): the store.
+      older_than (str | float): the retention, a duration (``"7d"``) or seconds.
 
     Returns:
       int: how many runs were deleted.

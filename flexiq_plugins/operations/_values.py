@@ -3,7 +3,7 @@
 The default readers cover the JSON family: the core's own ``json``, and the
 readers each installed adapter announces for its serializers (``kombu:json``,
 ``dramatiq:json``), optionally zlib-compressed. Anything else (pickle,
-encrypted values) needs the caller's own :class:`~flexiq_plugins.CodecChain`
+encrypted values) needs the caller's own [`CodecChain`][flexiq_plugins.CodecChain]
 and otherwise gets a note instead of a value.
 """
 
@@ -25,9 +25,9 @@ class DecodedValue:
     """A step value decoded for display, or why it was not.
 
     Parameters:
-      ok(bool): whether ``value`` holds the decoded value.
-      value(Any): the value (``None`` when not decoded).
-      note(str): why it was not decoded ('' when it was).
+      ok (bool): whether ``value`` holds the decoded value.
+      value (Any): the value (``None`` when not decoded).
+      note (str): why it was not decoded ('' when it was).
     """
 
     ok: bool
@@ -48,8 +48,8 @@ def decode_step_value(row: StepRow, codec: CodecChain | None = None) -> DecodedV
     and the note says which chain wrote the bytes.
 
     Parameters:
-      row(StepRow): a ``run`` step.
-      codec(CodecChain | None): the chain the workers use, if known.
+      row (StepRow): a ``run`` step.
+      codec (CodecChain | None): the chain the workers use, if known.
     """
     if row.value is None:
         note = "no value (a sleep)" if row.kind == "sleep" else "no value stored (a corrupt row)"

@@ -1,10 +1,10 @@
 """The SQL store's attempt side: claims, fenced step writes and the ends of a run.
 
-:class:`~flexiq_plugins._store.attempt_side.AttemptStore` on SQL. Why each
-write is built the way it is is in :mod:`flexiq_plugins._store.sql.store`
+`AttemptStore` on SQL. Why each
+write is built the way it is is in `flexiq_plugins._store.sql.store`
 (one transaction per call, fenced ``UPDATE``\\ s, the database's clock) and
-:mod:`.folded` (the hot paths in as few statements as each database allows);
-what each decision is, in :mod:`flexiq_plugins._store.claims`.
+`folded` (the hot paths in as few statements as each database allows);
+what each decision is, in `flexiq_plugins._store.claims`.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ __all__ = ["SqlAttemptSide"]
 
 @dataclasses.dataclass(frozen=True)
 class _StartArgs:
-    """What :meth:`SqlStepStore.begin` was given (the envelope also as stored: JSON text)."""
+    """What `SqlStepStore.begin` was given (the envelope also as stored: JSON text)."""
 
     run_key: str
     job_id: str
@@ -78,14 +78,14 @@ class _StartArgs:
 
 
 class SqlAttemptSide(SqlReads, AttemptStore):
-    """The methods of :class:`~flexiq_plugins._store.attempt_side.AttemptStore` on SQL."""
+    """The methods of `AttemptStore` on SQL."""
 
     # ---------------------------------------------------------------- claims
     def begin(self, run_key: str, job_id: str, envelope: JobEnvelope, owner: str, lease_seconds: float) -> BeginResult:
         """Claim the run for a new attempt and read its snapshot (C23–C26).
 
         Insert the run if absent, read it with the database clock, decide as
-        :meth:`StepStore.begin` states (:func:`decide_claim`), and write the
+        `StepStore.begin` states (`decide_claim`), and write the
         claim only on the run as read: PostgreSQL, two autocommitted statements
         (one for a new run), the claim a compare-and-set on the row version,
         else one transaction that locks the row; SQLite, one ``BEGIN
@@ -94,11 +94,11 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         five for a run not stored yet).
 
         Parameters:
-          run_key(str): the run (at most 255 characters).
-          job_id(str): the framework's job id.
-          envelope(JobEnvelope): stored with a new run (C35); must be JSON-compatible.
-          owner(str): the claiming worker's id.
-          lease_seconds(float): the lease, in seconds.
+          run_key (str): the run (at most 255 characters).
+          job_id (str): the framework's job id.
+          envelope (JobEnvelope): stored with a new run (C35); must be JSON-compatible.
+          owner (str): the claiming worker's id.
+          lease_seconds (float): the lease, in seconds.
 
         Raises:
           StoreUnavailable: the database cannot be reached (retryable, C28).
@@ -115,16 +115,16 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         return self._write(lambda conn: self._begin(conn, args))
 
     def _begin_optimistic(self, args: _StartArgs) -> BeginResult | None:
-        """PostgreSQL: :meth:`begin` in two autocommitted statements, or one for a new run.
+        """PostgreSQL: `begin` in two autocommitted statements, or one for a new run.
 
         The first inserts a new run already claimed, or reads the stored run
-        with the clock and its row version; :func:`decide_claim` decides on
+        with the clock and its row version; `decide_claim` decides on
         what it read. A granted claim is then written with the snapshot's read
-        in one compare-and-set on that row version (:meth:`Folded.claim_if_unchanged`):
+        in one compare-and-set on that row version (`Folded.claim_if_unchanged`):
         the decision stands only if nobody wrote the run in between, exactly as
         if the row had stayed locked, and the claim's times are the clock read
         when it is written (C23). ``None`` if a concurrent write got in between
-        (nothing was written): :meth:`begin` then decides again with the row locked.
+        (nothing was written): `begin` then decides again with the row locked.
         """
         granted_new = claim_of_new_run(args.run_key, owner=args.owner, lease_seconds=args.lease_seconds)
         run = self._single_statement(
@@ -158,7 +158,7 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         return Begun(claim, snapshot, claimed_at, decision.takeovers, stored, run.created_at, run.cancel_reason)
 
     def _begin_in_three(self, conn: Connection, args: _StartArgs) -> BeginResult:
-        """SQLite: :meth:`begin` in one write transaction of one statement for a new run, three otherwise.
+        """SQLite: `begin` in one write transaction of one statement for a new run, three otherwise.
 
         ``BEGIN IMMEDIATE`` takes the database's write lock first. The new
         run is inserted already claimed; a stored run is read with the clock
@@ -193,7 +193,7 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         )
 
     def _begin(self, conn: Connection, args: _StartArgs) -> BeginResult:
-        """:meth:`begin` with the run's row locked all along (MySQL/MariaDB; PostgreSQL after a race)."""
+        """`begin` with the run's row locked all along (MySQL/MariaDB; PostgreSQL after a race)."""
         run = self._folded.lock_run(conn, args.run_key, args.envelope, args.envelope_json)
         now = float(run.now)
         decision = decide_claim(run, now=now, owner=args.owner, lease_seconds=args.lease_seconds)
@@ -215,12 +215,12 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         IMMEDIATE`` transaction (its lock is the whole database's: it waits,
         up to the busy timeout). A row another transaction holds (a
         transactional step's caller transaction, C42) is not waited for:
-        :class:`RunLocked`, so the process's one renewer goes on renewing the
+        [`RunLocked`][flexiq_plugins.errors.RunLocked], so the process's one renewer goes on renewing the
         other claims.
 
         Parameters:
-          claim(Claim): the attempt's claim.
-          lease_seconds(float): the new lease, in seconds from now.
+          claim (Claim): the attempt's claim.
+          lease_seconds (float): the new lease, in seconds from now.
 
         Raises:
           ClaimLost: another attempt holds the run (C25); nothing was written.
@@ -279,7 +279,8 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         return [runs.c[name] == value for name, value in fence(claim).items()]
 
     def _fenced_update(self, conn: Executes, claim: Claim, **values: Any) -> None:
-        """Update the run only while ``claim`` holds it, else raise :class:`ClaimLost` (C25)."""
+        """Update the run only while ``claim`` holds it, else raise [`ClaimLost`][flexiq_plugins.errors.ClaimLost]
+        (C25)."""
         runs = self._t.runs
         result = conn.execute(sa.update(runs).where(*self._fence_of(claim)).values(**values))
         if result.rowcount != 1:
@@ -287,7 +288,7 @@ class SqlAttemptSide(SqlReads, AttemptStore):
 
     # ------------------------------------------------------------ publishing
     def record_queued(self, run_key: str, job_id: str, envelope: JobEnvelope, delay_seconds: float = 0.0) -> None:
-        """Record a new job's run as ``queued``, unless the run exists (C39); see :meth:`StepStore.record_queued`.
+        """Record a new job's run as ``queued``, unless the run exists (C39); see `StepStore.record_queued`.
 
         One statement in one transaction: an insert that does nothing on an
         existing run key.
@@ -336,11 +337,11 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         """Insert one step row and update the run's step totals (C5, C9).
 
         One transaction, fenced on the claim, in as few statements as the
-        database allows (one on PostgreSQL: :mod:`.folded`).
+        database allows (one on PostgreSQL: `folded`).
 
         Parameters:
-          claim(Claim): the attempt's claim.
-          row(StepRow): the step to store; ``committed_at`` and ``attempt`` are set here.
+          claim (Claim): the attempt's claim.
+          row (StepRow): the step to store; ``committed_at`` and ``attempt`` are set here.
 
         Returns:
           StepRow: the stored row, ``committed_at`` on the database's clock.
@@ -362,7 +363,7 @@ class SqlAttemptSide(SqlReads, AttemptStore):
     def commit_step_on(self, connection: CallerConnection, claim: Claim, row: StepRow) -> StepRow:
         """Write one step row in the caller's open transaction on ``connection`` (C42).
 
-        The same statements as :meth:`commit_step` (the run's row updated,
+        The same statements as `commit_step` (the run's row updated,
         fenced on the claim, then the step row inserted), sent on the caller's
         connection and not committed here: they commit or roll back with the
         caller's transaction. The fenced update locks the run's row until then.
@@ -370,9 +371,9 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         means the connection reaches another database.
 
         Parameters:
-          connection(CallerConnection): the caller's connection, inside its transaction.
-          claim(Claim): the attempt's claim.
-          row(StepRow): the step to store.
+          connection (CallerConnection): the caller's connection, inside its transaction.
+          claim (Claim): the attempt's claim.
+          row (StepRow): the step to store.
 
         Raises:
           InvalidTransaction: the connection is to another database, or the
@@ -431,13 +432,13 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         """Journal a new attempt of ``step_key`` before its body runs, if its budget allows (C31).
 
         One transaction, fenced on the claim: open attempts become ``lost``,
-        then :func:`~flexiq_plugins._store.step_attempts.decide_step_attempt`
+        then `decide_step_attempt`
         decides on the database's clock and a started attempt is inserted.
 
         Parameters:
-          claim(Claim): the attempt's claim.
-          step_key(str): the step.
-          max_attempts(int): the step's budget, the first attempt included.
+          claim (Claim): the attempt's claim.
+          step_key (str): the step.
+          max_attempts (int): the step's budget, the first attempt included.
 
         Raises:
           ClaimLost: another attempt holds the run (C25); nothing was written.
@@ -471,9 +472,9 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         are on the database's clock.
 
         Parameters:
-          claim(Claim): the attempt's claim.
-          failure(StepAttemptFailure): the attempt and its error.
-          row(StepRow | None): the step row to commit with it.
+          claim (Claim): the attempt's claim.
+          failure (StepAttemptFailure): the attempt and its error.
+          row (StepRow | None): the step row to commit with it.
 
         Raises:
           ClaimLost: another attempt holds the run, or ``row``'s key is already
@@ -508,17 +509,17 @@ class SqlAttemptSide(SqlReads, AttemptStore):
 
     # ---------------------------------------------------------------- events
     def poll_event(self, claim: Claim, topic: str, key: str, deadline: float | None) -> EventPoll:
-        """Look for the event a waiting step can receive (C33); see :meth:`StepStore.poll_event`.
+        """Look for the event a waiting step can receive (C33); see `StepStore.poll_event`.
 
         Two transactions, each fenced on the claim: the wait fields are
         recorded and committed first, so a sender that commits an event after
         the read below finds this run among its waiters.
 
         Parameters:
-          claim(Claim): the attempt's claim.
-          topic(str): the event's topic.
-          key(str): the event's key.
-          deadline(float | None): when the wait times out, epoch seconds (``None``: never).
+          claim (Claim): the attempt's claim.
+          topic (str): the event's topic.
+          key (str): the event's key.
+          deadline (float | None): when the wait times out, epoch seconds (``None``: never).
 
         Raises:
           ClaimLost: another attempt holds the run (C25).
@@ -568,14 +569,14 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         One transaction, fenced on the claim.
 
         Parameters:
-          claim(Claim): the attempt's claim.
-          status(str): ``sleeping``, ``retrying``, ``succeeded``, ``failed``,
+          claim (Claim): the attempt's claim.
+          status (str): ``sleeping``, ``retrying``, ``succeeded``, ``failed``,
             ``dead``, ``cancelled`` or ``compensated``.
-          drop_steps(bool): delete the run's step rows and step attempts (C27).
-          dead_letter(NewDeadLetter | None): record a dead letter carrying the
+          drop_steps (bool): delete the run's step rows and step attempts (C27).
+          dead_letter (NewDeadLetter | None): record a dead letter carrying the
             run's envelope (C30).
-          wake_at(float | None): the run's wake time when ``sleeping``, epoch seconds (C35).
-          outcome(bytes | None): the run's outcome, written in the same
+          wake_at (float | None): the run's wake time when ``sleeping``, epoch seconds (C35).
+          outcome (bytes | None): the run's outcome, written in the same
             ``UPDATE`` as the status (C37); ``None`` clears it.
 
         Raises:
@@ -613,10 +614,10 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         run becomes ``pending``.
 
         Parameters:
-          run_key(str): the run.
-          marker(StepRow): the ``compensation`` row; its position is chosen here.
-          status(str): the status the run must have.
-          attempt(int): the attempt number the run must be at.
+          run_key (str): the run.
+          marker (StepRow): the ``compensation`` row; its position is chosen here.
+          status (str): the status the run must have.
+          attempt (int): the attempt number the run must be at.
 
         Returns:
           bool: whether it applied.
@@ -654,8 +655,8 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         One transaction; applies only while the run is ``retrying`` at ``attempt``.
 
         Parameters:
-          run_key(str): the run.
-          attempt(int): the attempt that ended ``retrying``.
+          run_key (str): the run.
+          attempt (int): the attempt that ended ``retrying``.
 
         Returns:
           bool: whether the run was marked ``failed``.
@@ -684,10 +685,10 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         time are cleared, ``outcome`` is written (C37), no takeover counted.
 
         Parameters:
-          run_key(str): the run.
-          status(str): the new status: ``failed``, ``cancelled`` or ``pending``.
-          while_status(Collection[str]): the statuses it applies from.
-          outcome(bytes | None): the run's outcome, written with the status (``None`` clears it).
+          run_key (str): the run.
+          status (str): the new status: ``failed``, ``cancelled`` or ``pending``.
+          while_status (Collection[str]): the statuses it applies from.
+          outcome (bytes | None): the run's outcome, written with the status (``None`` clears it).
 
         Returns:
           bool: whether it applied.
@@ -730,9 +731,9 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         table than the one updated.
 
         Parameters:
-          run_key(str): the run.
-          dead_letter(NewDeadLetter): the dead letter to record.
-          outcome(bytes | None): the run's outcome (``None`` clears it, C37).
+          run_key (str): the run.
+          dead_letter (NewDeadLetter): the dead letter to record.
+          outcome (bytes | None): the run's outcome (``None`` clears it, C37).
 
         Returns:
           bool: whether it applied.
@@ -758,7 +759,7 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         return self._write(work)
 
     def request_cancel(self, run_key: str, reason: str) -> RunRecord:
-        """Record that ``run_key`` is to be cancelled with ``reason`` (C34); see :meth:`StepStore.request_cancel`.
+        """Record that ``run_key`` is to be cancelled with ``reason`` (C34); see `StepStore.request_cancel`.
 
         Raises:
           UnknownRun: no run has ``run_key``.
@@ -781,10 +782,10 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         """End a run no attempt holds as ``cancelled`` (C34): a compare-and-set on its locked row.
 
         Parameters:
-          run_key(str): the run.
-          status(str): the status it must still have.
-          attempt(int): the attempt it must still be at.
-          outcome(bytes | None): the run's outcome, written with the status (C37).
+          run_key (str): the run.
+          status (str): the status it must still have.
+          attempt (int): the attempt it must still be at.
+          outcome (bytes | None): the run's outcome, written with the status (C37).
 
         Returns:
           bool: whether it applied.

@@ -1,28 +1,28 @@
 """The SQL store's plumbing: its engine, its connections, and one transaction per store call.
 
-:class:`SqlConnections` is what every method of
-:class:`~flexiq_plugins._store.sql.store.SqlStepStore` runs on. It holds the
-engine (made by :mod:`.engine` from a URL, or the caller's own), the tables,
+`SqlConnections` is what every method of
+[`SqlStepStore`][flexiq_plugins.SqlStepStore] runs on. It holds the
+engine (made by `engine` from a URL, or the caller's own), the tables,
 the database's clock as a SQL expression, and the way a call gets a
 connection and a transaction:
 
-- **One transaction per call.** :meth:`~SqlConnections._write`,
-  :meth:`~SqlConnections._read` and :meth:`~SqlConnections._single_statement`
+- **One transaction per call.** `_write`,
+  `_read` and `_single_statement`
   run a call's work in one transaction (on PostgreSQL a single statement is
   autocommitted instead: no ``BEGIN``/``COMMIT`` round trips), inside the one
-  boundary where database errors become the store's (:func:`.errors.translated`).
-- **A held connection per attempt.** Inside :meth:`~SqlConnections.held` a
+  boundary where database errors become the store's (`errors.translated`).
+- **A held connection per attempt.** Inside `held` a
   thread keeps one pooled connection across its calls (a ``_Hold``), checked
   before each use as a pool checkout checks one.
 - **Retries.** A connection the server had closed, found so quickly, is
   replaced and the call run once more, never after an unknown ``COMMIT``
   outcome (C28); a deadlock the server reports (the whole transaction was
   rolled back) is retried a few times before it surfaces as
-  :class:`~flexiq_plugins.errors.StoreUnavailable`.
+  [`StoreUnavailable`][flexiq_plugins.errors.StoreUnavailable].
 - **Sharing.** In-memory SQLite has one connection for all threads: its calls
   are serialized. A forked child never uses its parent's connections (the
   fork hook; a hold inherited across the fork is orphaned, never closed).
-- **Lazy schema.** The first call runs the migrations (:mod:`.migrate`) once
+- **Lazy schema.** The first call runs the migrations (`migrate`) once
   per store object when ``auto_upgrade`` is on.
 """
 
@@ -64,7 +64,7 @@ _DEADLOCK_RETRIES = 3
 _QUICK_DROP_S = 1.0
 """A connection found dead within this many seconds was stale (the server had closed it): worth one retry.
 
-One that failed later timed out on a silent network (see :mod:`.engine`); a
+One that failed later timed out on a silent network (see `engine`); a
 new connection would only wait for its connect timeout too.
 """
 _CLOCKS = {
@@ -94,11 +94,11 @@ def _driver_connection(conn: Connection) -> Any:
 
 
 _ORPHANED: list[_Hold] = []
-"""Holds a forked child inherited from its parent: kept, never closed (see :meth:`_Hold.orphan`)."""
+"""Holds a forked child inherited from its parent: kept, never closed (see `_Hold.orphan`)."""
 
 
 class _Hold:
-    """The connection one thread keeps for an attempt (:meth:`SqlConnections.held`); checked out at first use.
+    """The connection one thread keeps for an attempt (`SqlConnections.held`); checked out at first use.
 
     Between calls the connection has no open transaction. ``autocommit`` says
     whether its driver connection is in autocommit mode now (PostgreSQL's
@@ -153,7 +153,7 @@ class Executes(Protocol):
 class SqlConnections:
     """The engine, the tables and the transactions of a SQL store (see the module docstring).
 
-    :class:`~flexiq_plugins._store.sql.store.SqlStepStore` is built on it; its
+    [`SqlStepStore`][flexiq_plugins.SqlStepStore] is built on it; its
     parameters are documented there. Construction does not connect.
 
     Raises:
@@ -222,7 +222,7 @@ class SqlConnections:
         """Keep one pooled connection for this thread's store calls inside the block.
 
         Without it every call checks a connection out of the pool and back in
-        (with the checks of :mod:`.engine`); inside it, the thread's first call
+        (with the checks of `engine`); inside it, the thread's first call
         checks one out and the following calls reuse it, each first checking
         it as a checkout would (closed by the server? idle for more than 10
         seconds: pinged), so a step body that ran for minutes finds a live
@@ -283,7 +283,7 @@ class SqlConnections:
 
         On PostgreSQL the statement commits by itself (one round trip instead
         of ``BEGIN``, the statement and ``COMMIT``); elsewhere it runs in a
-        transaction as :meth:`_write` does.
+        transaction as `_write` does.
         """
         return self._run(work, read_only=False, autocommit=self._dialect == "postgresql")
 
@@ -315,7 +315,7 @@ class SqlConnections:
                 raise dropped.error  # noqa: B904 - the driver error, as translated() expects
 
     def _transaction(self, work: Callable[[Connection], T], *, read_only: bool, autocommit: bool) -> T:
-        """Run ``work`` in one transaction on a pooled connection (pinged only after idling, see :mod:`.engine`).
+        """Run ``work`` in one transaction on a pooled connection (pinged only after idling, see `engine`).
 
         With ``autocommit``, ``work`` is one statement that the database commits
         by itself (no ``BEGIN``/``COMMIT`` round trips); a drop during it leaves
@@ -363,7 +363,7 @@ class SqlConnections:
     def _held_transaction(
         self, hold: _Hold, work: Callable[[Connection], T], *, read_only: bool, autocommit: bool
     ) -> T:
-        """:meth:`_transaction` on the connection the thread holds; one that raised is given back to the pool."""
+        """`_transaction` on the connection the thread holds; one that raised is given back to the pool."""
         committing = autocommit
         try:
             conn = self._held_connection(hold)

@@ -14,7 +14,7 @@ is kept:
 
 - each parameter goes through its column type's bind processor;
 - a driver error is raised as the SQLAlchemy exception SQLAlchemy itself
-  raises for it (:meth:`sqlalchemy.exc.DBAPIError.instance`), so the store's
+  raises for it (`sqlalchemy.exc.DBAPIError.instance`), so the store's
   error boundary classifies it exactly as before (a duplicate step key is an
   ``IntegrityError``, a busy SQLite database an ``OperationalError``);
 - an error the dialect reads as a lost connection (``Dialect.is_disconnect``)
@@ -26,7 +26,7 @@ is kept:
   greenlet's exit) invalidates the connection, whose state is then unknown.
 
 What it does not do: statement events and result processing. So it is used
-only where nothing depends on them (:func:`runs_on_driver`): pysqlite,
+only where nothing depends on them (`runs_on_driver`): pysqlite,
 psycopg and psycopg2, on an engine with no ``before_cursor_execute``
 listener (an SQL tracer, a statement rewriter), no ``handle_error`` hook and
 no ``schema_translate_map``; anything else keeps SQLAlchemy's execution. An
@@ -53,8 +53,8 @@ class DriverStatement:
     """One Core statement compiled once for a dialect and executed on its driver's cursor.
 
     Parameters:
-      statement(Executable): the statement, e.g. a fenced ``UPDATE … RETURNING``.
-      dialect(Dialect): the store engine's dialect (pysqlite binds by position,
+      statement (Executable): the statement, e.g. a fenced ``UPDATE … RETURNING``.
+      dialect (Dialect): the store engine's dialect (pysqlite binds by position,
         psycopg by name: both are handled).
 
     Raises:
@@ -103,9 +103,9 @@ def run_on_driver(conn: Connection, sql: str, values: tuple[Any, ...] | dict[str
     """Execute ``sql`` with ``values`` on the driver connection of ``conn``; its first row, or ``None``.
 
     Parameters:
-      conn(Connection): a SQLAlchemy connection whose dialect :func:`runs_on_driver`.
-      sql(str): one statement in the driver's parameter style.
-      values(tuple | dict): the parameters, already as the driver takes them.
+      conn (Connection): a SQLAlchemy connection whose dialect `runs_on_driver`.
+      sql (str): one statement in the driver's parameter style.
+      values (tuple | dict): the parameters, already as the driver takes them.
 
     Raises:
       sqlalchemy.exc.DBAPIError: the driver's error wrapped as SQLAlchemy wraps

@@ -23,7 +23,7 @@ Why it is built the way it is:
   in the pool between its calls); the store then retries the transaction
   once on a fresh connection, unless the failure hit its ``COMMIT`` (or an
   autocommitted statement), whose outcome is then unknown
-  (:class:`StoreUnavailable`, C28). MySQL/MariaDB connections are also
+  ([`StoreUnavailable`][flexiq_plugins.errors.StoreUnavailable], C28). MySQL/MariaDB connections are also
   recycled after an hour, below the server's default ``wait_timeout``, and
   rolled back on return to the pool only when a transaction is open (PyMySQL
   would otherwise send a ``ROLLBACK`` round trip after every commit).
@@ -50,7 +50,7 @@ Why it is built the way it is:
   10 s connect timeout, and TCP keepalives (first probe after 10 s of
   silence, then every 5 s) with a 20 s TCP user timeout, so a dead
   connection fails its statement with an operational error after about 20 s
-  (:class:`StoreUnavailable`, the outage handling of C28). A slow statement
+  ([`StoreUnavailable`][flexiq_plugins.errors.StoreUnavailable], the outage handling of C28). A slow statement
   is never cut: while the server works, its kernel answers the keepalive
   probes and acknowledges our data. PostgreSQL takes these as libpq
   parameters (``connect_timeout``, ``keepalives``, ``keepalives_idle``,
@@ -162,7 +162,7 @@ def normalize_url(raw: str | URL) -> URL:
     so a worker that changes directory later keeps the same file.
 
     Parameters:
-      raw(str | URL): a SQLAlchemy URL.
+      raw (str | URL): a SQLAlchemy URL.
 
     Raises:
       ConfigurationError: the URL cannot be parsed or names another database.
@@ -201,7 +201,7 @@ def create_engine(url: URL) -> Engine:
     """Create an engine configured for the store (does not connect).
 
     Parameters:
-      url(URL): a URL from :func:`normalize_url`.
+      url (URL): a URL from `normalize_url`.
 
     Raises:
       ConfigurationError: the driver is not installed, or the URL's options are unusable.
@@ -243,7 +243,7 @@ def create_engine(url: URL) -> Engine:
 
 
 def _mysql_network_timeouts(url: URL) -> dict[str, int]:
-    """:data:`NETWORK_TIMEOUTS` with the URL's own values of those names, checked (MySQL/MariaDB)."""
+    """`NETWORK_TIMEOUTS` with the URL's own values of those names, checked (MySQL/MariaDB)."""
     options = dict(NETWORK_TIMEOUTS)
     for key in NETWORK_TIMEOUTS:
         raw = url.query.get(key)
@@ -294,7 +294,7 @@ def _install_idle_ping(engine: Engine) -> None:
     flight was closed by the server (it sent its goodbye, or EOF): a local
     ``poll`` with no timeout sees that. One idle for more than
     ``_PING_IF_IDLE_S`` is also pinged. Either way a dead one raises
-    :class:`~sqlalchemy.exc.DisconnectionError`, on which the pool discards
+    `DisconnectionError`, on which the pool discards
     it and checks out (or opens) another: SQLAlchemy's pessimistic recipe,
     without a round trip per step.
     """
@@ -314,16 +314,16 @@ def _install_idle_ping(engine: Engine) -> None:
 def dead_after_idle(engine: Engine, dbapi_connection: Any, idle_since: float | None) -> str | None:
     """Why an idle connection must not be used, or ``None`` if it may; a round trip only after a long idle.
 
-    The check made at a pool checkout (:func:`_install_idle_ping`) and before
+    The check made at a pool checkout (`_install_idle_ping`) and before
     each use of a connection an attempt holds (``SqlStepStore.held``): input
     waiting on its socket means the server closed it; one idle since
     ``idle_since`` (``time.monotonic()`` seconds) for more than 10 seconds
     is pinged as well. ``None`` for ``idle_since`` skips the ping.
 
     Parameters:
-      engine(Engine): the engine the connection belongs to (its dialect pings).
-      dbapi_connection(Any): the driver's connection.
-      idle_since(float | None): when it was last used, ``time.monotonic()`` seconds.
+      engine (Engine): the engine the connection belongs to (its dialect pings).
+      dbapi_connection (Any): the driver's connection.
+      idle_since (float | None): when it was last used, ``time.monotonic()`` seconds.
 
     Returns:
       str | None: the reason it is dead, or ``None``.
@@ -448,8 +448,8 @@ def register_fork_hook(target: T, hook: Callable[[T], None]) -> None:
     store (and its engine) alive.
 
     Parameters:
-      target(T): the object the child must reset, e.g. a store.
-      hook(Callable[[T], None]): what resets it, e.g. dropping the parent's
+      target (T): the object the child must reset, e.g. a store.
+      hook (Callable[[T], None]): what resets it, e.g. dropping the parent's
         pooled connections without closing them.
     """
     ref = weakref.ref(target)

@@ -2,18 +2,18 @@
 
 Nothing from SQLAlchemy, a driver or Alembic leaves a public method of the
 store: connection failures, timeouts and other operational errors become
-:class:`~flexiq_plugins.errors.StoreUnavailable` (retryable, C28), everything
-else :class:`~flexiq_plugins.errors.StoreError`, each raised ``from`` the
+[`StoreUnavailable`][flexiq_plugins.errors.StoreUnavailable] (retryable, C28), everything
+else [`StoreError`][flexiq_plugins.errors.StoreError], each raised ``from`` the
 original and naming the URL with its password hidden. A missing table is a
-:class:`~flexiq_plugins.errors.StoreError` that names the fix.
+[`StoreError`][flexiq_plugins.errors.StoreError] that names the fix.
 
 A deadlock or serialization failure the server reports is unavailable too (the
-server rolled the whole transaction back); :func:`is_deadlock` lets the store
+server rolled the whole transaction back); `is_deadlock` lets the store
 retry it a few times first.
 
 A refusal that will not pass by itself (authentication, an unknown database,
 a SQLite file in a missing directory) is
-:class:`~flexiq_plugins.errors.StoreMisconfigured`: still an unavailability,
+[`StoreMisconfigured`][flexiq_plugins.errors.StoreMisconfigured]: still an unavailability,
 so a job that meets it is put back, but a worker refuses to start on it (C41).
 """
 
@@ -48,10 +48,10 @@ _UNAVAILABLE = (
 
 @contextmanager
 def translated(engine: Engine) -> Iterator[None]:
-    """Turn SQLAlchemy, driver and Alembic errors into :class:`StoreError` types.
+    """Turn SQLAlchemy, driver and Alembic errors into [`StoreError`][flexiq_plugins.errors.StoreError] types.
 
     Parameters:
-      engine(Engine): the store's engine, named (password hidden) in messages.
+      engine (Engine): the store's engine, named (password hidden) in messages.
 
     Raises:
       StoreUnavailable: a connection failure, timeout or other operational error.
@@ -137,7 +137,7 @@ def is_lock_unavailable(exc: BaseException | None) -> bool:
     """Whether ``exc`` says a row lock was not granted at once (``NOWAIT``) or in time.
 
     Parameters:
-      exc(BaseException | None): typically the ``__cause__`` of a translated error.
+      exc (BaseException | None): typically the ``__cause__`` of a translated error.
 
     Returns:
       bool: PostgreSQL SQLSTATE 55P03 (``lock_not_available``), MySQL error
@@ -156,7 +156,7 @@ def is_deadlock(exc: BaseException | None) -> bool:
     """Whether ``exc`` is a deadlock or serialization failure: the server rolled the transaction back.
 
     Parameters:
-      exc(BaseException | None): typically the ``__cause__`` of a translated error.
+      exc (BaseException | None): typically the ``__cause__`` of a translated error.
 
     Returns:
       bool: PostgreSQL SQLSTATE 40P01/40001 or MySQL error 1213.

@@ -1,7 +1,7 @@
 """The hot paths (a new step, an attempt's start and finish) folded into as few statements as each database allows.
 
 Why it is built the way it is: a step's cost is its round trips. The rules
-are the store's (:mod:`flexiq_plugins._store.claims`): every write is fenced
+are the store's (`flexiq_plugins._store.claims`): every write is fenced
 on the claim ``(run_key, owner, attempt)``, times are the database's clock
 read after the run's row is locked (C23), and a fence that matches nothing
 writes nothing (C25). Only how many statements carry them changes:
@@ -15,7 +15,7 @@ writes nothing (C25). Only how many statements carry them changes:
   RETURNING``) three: the fenced ``UPDATE``, a read of what it stamped, the
   ``INSERT``.
 - **An attempt start** is decided in Python by
-  :func:`~flexiq_plugins._store.claims.decide_claim` on the run as stored;
+  `decide_claim` on the run as stored;
   only how it is read and written differs.
 
   PostgreSQL: two autocommitted statements, one for a new run. The first is
@@ -84,11 +84,11 @@ _SQLITE_RETURNING = sqlite3.sqlite_version_info >= (3, 35)
 
 @dataclass(frozen=True)
 class StepWritten:
-    """A step committed by :meth:`Folded.commit_step`: the database's clock then, and a requested cancellation.
+    """A step committed by `Folded.commit_step`: the database's clock then, and a requested cancellation.
 
     Parameters:
-      now(float): the run's new ``updated_at`` = the step's ``committed_at``, epoch seconds.
-      cancel_reason(str | None): the run's requested cancellation, if any (C34).
+      now (float): the run's new ``updated_at`` = the step's ``committed_at``, epoch seconds.
+      cancel_reason (str | None): the run's requested cancellation, if any (C34).
     """
 
     now: float
@@ -113,9 +113,9 @@ class Folded:
     than a local round trip (SQLite).
 
     Parameters:
-      tables(StoreTables): the store's tables.
-      clock(ColumnElement[float]): the database's clock, epoch seconds (C23).
-      dialect(str): ``postgresql``, ``sqlite``, ``mysql`` or ``mariadb``.
+      tables (StoreTables): the store's tables.
+      clock (ColumnElement[float]): the database's clock, epoch seconds (C23).
+      dialect (str): ``postgresql``, ``sqlite``, ``mysql`` or ``mariadb``.
     """
 
     def __init__(self, tables: StoreTables, clock: sa.ColumnElement[float], dialect: str) -> None:
@@ -211,7 +211,7 @@ class Folded:
         return StepWritten(now, result.cancel_reason)
 
     def _step_on_driver(self, conn: Connection, claim: Claim, row: StepRow) -> StepWritten | None:
-        """:meth:`_step_returning` with both statements sent straight to pysqlite (:mod:`.driver`)."""
+        """`_step_returning` with both statements sent straight to pysqlite (`driver`)."""
         if self._on_driver is None:
             self._on_driver = (
                 DriverStatement(self._counted_returning, conn.dialect),
@@ -237,7 +237,7 @@ class Folded:
     # ------------------------------------------------------ an attempt's start
     @property
     def claims_new_runs(self) -> bool:
-        """Whether :meth:`claim_new_run` is available (``INSERT … ON CONFLICT DO NOTHING RETURNING``)."""
+        """Whether `claim_new_run` is available (``INSERT … ON CONFLICT DO NOTHING RETURNING``)."""
         return self._returning
 
     def claim_new_run(
@@ -250,7 +250,7 @@ class Folded:
         job_id: str,
         granted: Granted,
     ) -> Any:
-        """Insert the run already claimed by ``granted`` (see :func:`claim_of_new_run`), if it does not exist.
+        """Insert the run already claimed by ``granted`` (see `claim_of_new_run`), if it does not exist.
 
         One statement. ``granted.lease_until`` is seconds from the database's
         clock; ``created_at`` and ``updated_at`` are that clock.
@@ -289,7 +289,7 @@ class Folded:
 
     @property
     def claims_optimistically(self) -> bool:
-        """Whether :meth:`claim_new_or_read` and :meth:`claim_if_unchanged` are available (PostgreSQL)."""
+        """Whether `claim_new_or_read` and `claim_if_unchanged` are available (PostgreSQL)."""
         return self._dialect == "postgresql"
 
     def claim_new_or_read(
@@ -304,10 +304,10 @@ class Folded:
     ) -> Any:
         """PostgreSQL: insert the run already claimed by ``granted`` if absent, else read it; one statement.
 
-        A ``WITH`` of :meth:`claim_new_run`'s insert in front of a ``UNION
+        A ``WITH`` of `claim_new_run`'s insert in front of a ``UNION
         ALL`` of what it inserted and of the stored row, the database's clock
         (``now``) and the row's version (``xmin``, ``version``), which
-        :meth:`claim_if_unchanged` compares. The stored row is read, not
+        `claim_if_unchanged` compares. The stored row is read, not
         locked: the claim written afterwards applies only to that version.
 
         Returns:
@@ -344,7 +344,7 @@ class Folded:
 
         One statement: a ``WITH`` of the claim's ``UPDATE … WHERE run_key AND
         xmin = version`` (a compare-and-set on the row version
-        :meth:`claim_new_or_read` read: any write to the run since, by anyone,
+        `claim_new_or_read` read: any write to the run since, by anyone,
         makes it match nothing) in front of the ``SELECT`` of the run's steps.
         ``updated_at`` is the database's clock read once the row is locked,
         and the lease ends ``lease_seconds`` after it (C23). Every step write
@@ -352,10 +352,10 @@ class Folded:
         no step was committed since it was read.
 
         Parameters:
-          run_key(str): the run.
-          version(str): the row version read with the run.
-          claimed(dict[str, Any]): the claim's columns (``lease_until`` and ``updated_at`` excepted).
-          lease_seconds(float): the lease, seconds from the clock at the write.
+          run_key (str): the run.
+          version (str): the row version read with the run.
+          claimed (dict[str, Any]): the claim's columns (``lease_until`` and ``updated_at`` excepted).
+          lease_seconds (float): the lease, seconds from the clock at the write.
 
         Returns:
           tuple[float, float, list[Row]] | None: the claim's ``lease_until``,
@@ -460,9 +460,9 @@ class Folded:
         locking read again.
 
         Parameters:
-          run_key(str): the run.
-          envelope(JobEnvelope): a new run's task name, framework and queue.
-          envelope_json(str): the envelope as stored.
+          run_key (str): the run.
+          envelope (JobEnvelope): a new run's task name, framework and queue.
+          envelope_json (str): the envelope as stored.
 
         Returns:
           Row: every column of the run, and ``now``.
@@ -507,8 +507,8 @@ class Folded:
         """Write the granted claim on the locked run and return its step rows, ordered by position.
 
         Parameters:
-          run_key(str): the run, locked by :meth:`lock_run` in this transaction.
-          claimed(dict[str, Any]): the run's new column values.
+          run_key (str): the run, locked by `lock_run` in this transaction.
+          claimed (dict[str, Any]): the run's new column values.
         """
         statement, params = self._claim_statement(tuple(claimed)), {f"v_{k}": v for k, v in claimed.items()}
         params["p_run_key"] = run_key
@@ -548,7 +548,7 @@ class Folded:
         conn.execute(self._dead, {f"p_{k}": v for k, v in {"run_key": run_key, **given}.items()})
 
     def finish_in_one(self, conn: Connection, claim: Claim, values: dict[str, Any], drop_steps: bool) -> None:
-        """PostgreSQL: :meth:`finish` without a dead letter, and the step rows dropped, in one statement.
+        """PostgreSQL: `finish` without a dead letter, and the step rows dropped, in one statement.
 
         A ``WITH`` whose fenced ``UPDATE`` returns the run's key, and whose
         ``DELETE`` statements on the run's steps and step attempts read it: nothing is
@@ -594,7 +594,7 @@ class Folded:
 
 
 class _Prefixed:
-    """One part of a row of :meth:`Folded.read_run_and_steps`: its columns named without their prefix."""
+    """One part of a row of `Folded.read_run_and_steps`: its columns named without their prefix."""
 
     __slots__ = ("_prefix", "_row")
 
@@ -610,7 +610,7 @@ class _Prefixed:
 
 
 class _RunColumns(_Prefixed):
-    """The run's columns (and ``now``) of a row of :meth:`Folded.read_run_and_steps`."""
+    """The run's columns (and ``now``) of a row of `Folded.read_run_and_steps`."""
 
     __slots__ = ()
 
@@ -619,7 +619,7 @@ class _RunColumns(_Prefixed):
 
 
 class _StepColumns(_Prefixed):
-    """A step's columns of a row of :meth:`Folded.read_run_and_steps`."""
+    """A step's columns of a row of `Folded.read_run_and_steps`."""
 
     __slots__ = ()
 

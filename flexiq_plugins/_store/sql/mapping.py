@@ -40,7 +40,7 @@ def dump_envelope(envelope: JobEnvelope) -> str:
 
 
 def load_envelope(text: str, *, task_name: str, framework: str, queue: str | None) -> JobEnvelope:
-    """Return the envelope :func:`dump_envelope` wrote, or one marked ``corrupt`` if it cannot be read.
+    """Return the envelope `dump_envelope` wrote, or one marked ``corrupt`` if it cannot be read.
 
     Never raises, so one damaged row does not fail a whole listing; the
     columns ``task_name``, ``framework`` and ``queue`` fill the marked envelope.
@@ -73,7 +73,7 @@ def step_values(row: StepRow) -> dict[str, Any]:
 
 
 def step_row(r: sa.Row[Any]) -> StepRow:
-    """Return the :class:`StepRow` of a ``steps`` row."""
+    """Return the [`StepRow`][flexiq_plugins.StepRow] of a ``steps`` row."""
     return StepRow(
         position=r.position,
         step_key=r.step_key,
@@ -106,7 +106,7 @@ def attempt_values(attempt: StepAttempt) -> dict[str, Any]:
 
 
 def step_attempt(r: sa.Row[Any]) -> StepAttempt:
-    """Return the :class:`StepAttempt` of a ``step_attempts`` row."""
+    """Return the [`StepAttempt`][flexiq_plugins.StepAttempt] of a ``step_attempts`` row."""
     return StepAttempt(
         run_key=r.run_key,
         step_key=r.step_key,
@@ -123,7 +123,7 @@ def step_attempt(r: sa.Row[Any]) -> StepAttempt:
 
 
 def run_record(r: sa.Row[Any]) -> RunRecord:
-    """Return the :class:`RunRecord` of a ``runs`` row."""
+    """Return the [`RunRecord`][flexiq_plugins.RunRecord] of a ``runs`` row."""
     return RunRecord(
         run_key=r.run_key,
         task_name=r.task_name,
@@ -150,7 +150,7 @@ def run_record(r: sa.Row[Any]) -> RunRecord:
 
 
 def dead_letter_record(r: sa.Row[Any]) -> DeadLetterRecord:
-    """Return the :class:`DeadLetterRecord` of a ``dead_letters`` row."""
+    """Return the [`DeadLetterRecord`][flexiq_plugins.DeadLetterRecord] of a ``dead_letters`` row."""
     return DeadLetterRecord(
         id=r.id,
         run_key=r.run_key,
@@ -166,7 +166,7 @@ def dead_letter_record(r: sa.Row[Any]) -> DeadLetterRecord:
 
 
 def event_record(r: sa.Row[Any]) -> EventRecord:
-    """Return the :class:`EventRecord` of an ``events`` row."""
+    """Return the `EventRecord` of an ``events`` row."""
     return EventRecord(
         id=int(r.id),
         topic=r.topic,

@@ -52,9 +52,9 @@ def upgrade_store(
     the upgrade has committed; SQLite's ``BEGIN IMMEDIATE`` serializes it.
 
     Parameters:
-      url_or_engine(str | URL | Engine): the store's URL or an engine.
-      revision(str): the Alembic revision, ``"head"`` for the newest.
-      table_prefix(str): the prefix of the store's table names.
+      url_or_engine (str | URL | Engine): the store's URL or an engine.
+      revision (str): the Alembic revision, ``"head"`` for the newest.
+      table_prefix (str): the prefix of the store's table names.
 
     Raises:
       ConfigurationError: an unusable URL.
@@ -80,9 +80,9 @@ def migrate(engine: Engine, revision: str, prefix: str) -> str | None:
     INFO line naming both revisions.
 
     Parameters:
-      engine(Engine): the store's engine.
-      revision(str): the Alembic revision, ``"head"`` for the newest.
-      prefix(str): the prefix of the store's table names.
+      engine (Engine): the store's engine.
+      revision (str): the Alembic revision, ``"head"`` for the newest.
+      prefix (str): the prefix of the store's table names.
 
     Returns:
       str | None: the schema revision now (``None``: no tables).

@@ -1,6 +1,6 @@
 """The SQL store's operator side: listing, repairing, recovering and events.
 
-:class:`~flexiq_plugins._store.operator_side.OperatorStore` on SQL: reads for
+`OperatorStore` on SQL: reads for
 operators, the retry and purge of dead letters, cleanup, the recovery sweep's
 lease and its compare-and-set on a stranded run (C35, C39), and the events
 senders store (C33).
@@ -35,7 +35,7 @@ __all__ = ["SqlOperatorSide"]
 
 
 class SqlOperatorSide(SqlReads, OperatorStore):
-    """The methods of :class:`~flexiq_plugins._store.operator_side.OperatorStore` on SQL."""
+    """The methods of `OperatorStore` on SQL."""
 
     # ------------------------------------------------- runs and step attempts
     def list_runs(
@@ -50,11 +50,11 @@ class SqlOperatorSide(SqlReads, OperatorStore):
         """Return runs, newest ``updated_at`` first.
 
         Parameters:
-          status(str | None): only runs in this status.
-          task_name(str | None): only runs of this task or actor.
-          since(float | None): only runs updated at or after this time, epoch seconds.
-          limit(int): at most this many runs.
-          job_id(str | None): only the run whose current job (task or message id) is this one;
+          status (str | None): only runs in this status.
+          task_name (str | None): only runs of this task or actor.
+          since (float | None): only runs updated at or after this time, epoch seconds.
+          limit (int): at most this many runs.
+          job_id (str | None): only the run whose current job (task or message id) is this one;
             not indexed, for an operator's lookup.
 
         Raises:
@@ -94,8 +94,8 @@ class SqlOperatorSide(SqlReads, OperatorStore):
         """Return dead letters, oldest first (C30).
 
         Parameters:
-          task_name(str | None): only dead letters of this task or actor.
-          include_retried(bool): include those already retried.
+          task_name (str | None): only dead letters of this task or actor.
+          include_retried (bool): include those already retried.
 
         Raises:
           StoreUnavailable: the database cannot be reached.
@@ -135,8 +135,8 @@ class SqlOperatorSide(SqlReads, OperatorStore):
         ``retried_at`` is set.
 
         Parameters:
-          dead_letter_id(int): the dead letter.
-          reset_from(str | None): the step key to replay from.
+          dead_letter_id (int): the dead letter.
+          reset_from (str | None): the step key to replay from.
 
         Returns:
           DeadLetterRecord: the dead letter with ``retried_at`` set.
@@ -211,7 +211,7 @@ class SqlOperatorSide(SqlReads, OperatorStore):
         Dead-lettered runs are kept so a retry can replay them (C27).
 
         Parameters:
-          older_than(float): epoch seconds, database clock.
+          older_than (float): epoch seconds, database clock.
 
         Returns:
           int: how many runs were deleted.
@@ -242,10 +242,10 @@ class SqlOperatorSide(SqlReads, OperatorStore):
 
     # -------------------------------------------------------------- recovery
     def acquire_sweep_lease(self, owner: str, lease_seconds: float, *, name: str = "recovery") -> bool:
-        """Take or renew the recovery lease on the database's clock (C39); see :meth:`StepStore.acquire_sweep_lease`.
+        """Take or renew the recovery lease on the database's clock (C39); see `StepStore.acquire_sweep_lease`.
 
         One transaction: insert the lease row if absent, lock it, decide with
-        :func:`~flexiq_plugins._store.claims.may_take_sweep_lease`, write.
+        `may_take_sweep_lease`, write.
 
         Raises:
           StoreUnavailable: the database cannot be reached.
@@ -279,15 +279,15 @@ class SqlOperatorSide(SqlReads, OperatorStore):
         """Claim a stranded run for recovery: a compare-and-set on its locked row (C35).
 
         One transaction: lock the run's row, read the database's clock, and
-        set ``updated_at`` to it only if :func:`~flexiq_plugins._store.claims.may_recover`
+        set ``updated_at`` to it only if `may_recover`
         allows (``status`` and ``updated_at`` are the ones given and, for a
         ``running`` run, the lease has expired). A concurrent recoverer waits
         on the lock, then reads the new ``updated_at`` and loses.
 
         Parameters:
-          run_key(str): the run.
-          status(str): the status the caller read.
-          updated_at(float): the ``updated_at`` the caller read, epoch seconds.
+          run_key (str): the run.
+          status (str): the status the caller read.
+          updated_at (float): the ``updated_at`` the caller read, epoch seconds.
 
         Returns:
           bool: whether this caller won the run.
@@ -312,10 +312,10 @@ class SqlOperatorSide(SqlReads, OperatorStore):
         """Store an event (committed first), then read the runs to wake for it (C33).
 
         Parameters:
-          topic(str): the topic (at most 255 characters).
-          key(str): the key (at most 255 characters).
-          payload(bytes | None): the encoded payload.
-          run_key(str | None): send it to this run only.
+          topic (str): the topic (at most 255 characters).
+          key (str): the key (at most 255 characters).
+          payload (bytes | None): the encoded payload.
+          run_key (str | None): send it to this run only.
 
         Raises:
           StoreUnavailable: the database cannot be reached.

@@ -1,8 +1,8 @@
 """The SQL store's reads both sides make: the database's clock, a run, its step rows, a receivable event.
 
-:class:`~flexiq_plugins._store.reads.StoreReads` on SQL, and the one query an
-attempt's wait (:meth:`~flexiq_plugins._store.sql.attempt_side.SqlAttemptSide.poll_event`)
-and recovery (:meth:`~flexiq_plugins._store.sql.operator_side.SqlOperatorSide.next_event`)
+`StoreReads` on SQL, and the one query an
+attempt's wait (`poll_event`)
+and recovery (`next_event`)
 share: the first event a run can receive (C33).
 """
 
@@ -21,7 +21,7 @@ __all__ = ["SqlReads"]
 
 
 class SqlReads(SqlConnections, StoreReads):
-    """The reads of :class:`~flexiq_plugins._store.reads.StoreReads`, each in one read-only transaction."""
+    """The reads of `StoreReads`, each in one read-only transaction."""
 
     def now(self) -> float:
         """Return the database's clock, epoch seconds (C23).

@@ -1,14 +1,14 @@
 """The durable step store on SQLAlchemy Core: SQLite, PostgreSQL, MySQL/MariaDB.
 
-:class:`SqlStepStore` is composed of one module per side of the interface,
+[`SqlStepStore`][flexiq_plugins.SqlStepStore] is composed of one module per side of the interface,
 over the plumbing they share:
 
-- :mod:`.connections`: the engine, held connections, one transaction per
+- `connections`: the engine, held connections, one transaction per
   call, the retries of dropped connections and deadlocks, the clock;
-- :mod:`.reads`: what both sides read (the clock, a run, its steps);
-- :mod:`.attempt_side`: :class:`~flexiq_plugins._store.attempt_side.AttemptStore`
+- `reads`: what both sides read (the clock, a run, its steps);
+- `attempt_side`: `AttemptStore`
   (claims, fenced step writes, the ends of a run);
-- :mod:`.operator_side`: :class:`~flexiq_plugins._store.operator_side.OperatorStore`
+- `operator_side`: `OperatorStore`
   (listing, dead letters, cleanup, recovery, events).
 
 Why it is built the way it is (engines, migrations and error translation have
@@ -26,24 +26,24 @@ their own modules, each with its reasons):
   inserted already claimed in one statement. On PostgreSQL ``begin`` first
   tries without holding the lock: it reads the run and its row version, and
   writes the claim with a compare-and-set on that version, two autocommitted
-  statements (:mod:`.folded` says why that decides the same); only a lost
+  statements (`folded` says why that decides the same); only a lost
   race takes the locking transaction. ``mark_recovered`` locks the row the
   same way. ``renew``, ``commit_step`` and ``finish`` are fenced ``UPDATE …
   WHERE run_key AND owner AND attempt``: a zero row count means another
-  attempt took the run over, and nothing is written (:class:`ClaimLost`). The
+  attempt took the run over, and nothing is written ([`ClaimLost`][flexiq_plugins.errors.ClaimLost]). The
   hot paths (a step, a start, a finish) are folded into as few statements as
-  each database allows, in :mod:`.folded` (one autocommitted statement each on
+  each database allows, in `folded` (one autocommitted statement each on
   PostgreSQL). What each decision is (claim,
   busy, finished, fenced out, recoverable) is not written here but in
-  :mod:`flexiq_plugins._store.claims`, shared with the memory store.
+  `flexiq_plugins._store.claims`, shared with the memory store.
 - **MySQL's insert-if-absent takes the row lock itself.** ``INSERT … ON
   DUPLICATE KEY UPDATE`` X-locks an existing row, where ``INSERT IGNORE`` would
   take a shared lock that two concurrent ``FOR UPDATE`` readers then deadlock
   on. A deadlock the server reports anyway (the whole transaction was rolled
-  back) is retried a few times before it surfaces as :class:`StoreUnavailable`.
+  back) is retried a few times before it surfaces as [`StoreUnavailable`][flexiq_plugins.errors.StoreUnavailable].
 - **Lazy schema.** Construction never connects. The first call runs the Alembic
   migrations once per store object (thread-safe), under the migration lock of
-  :mod:`.migrate`.
+  `migrate`.
 """
 
 from __future__ import annotations
@@ -58,23 +58,23 @@ __all__ = ["SqlStepStore"]
 
 
 class SqlStepStore(SqlAttemptSide, SqlOperatorSide, StepStore):
-    """A :class:`StepStore` in a SQL database, through SQLAlchemy Core.
+    """A [`StepStore`][flexiq_plugins.StepStore] in a SQL database, through SQLAlchemy Core.
 
     Parameters:
-      url_or_engine(str | URL | Engine): a SQLAlchemy URL (``sqlite:///path``,
+      url_or_engine (str | URL | Engine): a SQLAlchemy URL (``sqlite:///path``,
         ``postgresql://…``, ``mysql://…``, ``mariadb://…``; a missing driver is
         filled in: psycopg 3, PyMySQL) or an engine you configured yourself (it
-        is used as is, and not disposed by :meth:`close`).
-      auto_upgrade(bool): run the shipped migrations on first use (once per
-        store object). Off, run :func:`upgrade_store` (``flexiq store
+        is used as is, and not disposed by [`close`][flexiq_plugins.StepStore.close]).
+      auto_upgrade (bool): run the shipped migrations on first use (once per
+        store object). Off, run [`upgrade_store`][flexiq_plugins.upgrade_store] (``flexiq store
         upgrade``) yourself.
-      table_prefix(str): prefix of the table names (``flexiq_runs`` …).
+      table_prefix (str): prefix of the table names (``flexiq_runs`` …).
 
     Raises:
       ConfigurationError: an unusable URL, another database or a missing driver.
 
     Construction does not connect; an unreachable server raises
-    :class:`StoreUnavailable` at first use.
+    [`StoreUnavailable`][flexiq_plugins.errors.StoreUnavailable] at first use.
     """
 
     def __repr__(self) -> str:

@@ -12,7 +12,7 @@ Times are ``DOUBLE`` epoch seconds on the database's clock (C23). On MySQL and
 MariaDB the tables are InnoDB in ``utf8mb4`` with the binary collation, and
 values are ``LONGBLOB`` so a 4 MiB step value fits.
 
-Keys (run keys, step keys, a dead letter's run key) are :class:`ExactKey`
+Keys (run keys, step keys, a dead letter's run key) are `ExactKey`
 columns, compared byte for byte on every backend (C40). SQLite and PostgreSQL
 compare text exactly already; on MySQL and MariaDB even the binary collation
 ``utf8mb4_bin`` is ``PAD SPACE`` (``'x'`` equals ``'x '``), so there a key is
@@ -51,7 +51,7 @@ class ExactKey(sa.types.TypeDecorator[str]):
     would make ``'rk'`` and ``'rk '`` one key. Python code sees ``str`` either way.
 
     Parameters:
-      length(int): the most characters a key may have.
+      length (int): the most characters a key may have.
     """
 
     impl = sa.String
@@ -85,13 +85,13 @@ class StoreTables:
     """The six tables of one ``table_prefix``, as Core ``Table`` objects.
 
     Parameters:
-      metadata(MetaData): the metadata holding exactly these six tables.
-      runs(Table): ``<prefix>runs``, one row per run key.
-      steps(Table): ``<prefix>steps``, the committed steps.
-      dead(Table): ``<prefix>dead_letters``.
-      attempts(Table): ``<prefix>step_attempts``, the journaled and failed step attempts (C31).
-      events(Table): ``<prefix>events``, the events sent for waiting runs (C33).
-      sweep(Table): ``<prefix>sweep_lease``, the one recovery lease of all workers (C39).
+      metadata (MetaData): the metadata holding exactly these six tables.
+      runs (Table): ``<prefix>runs``, one row per run key.
+      steps (Table): ``<prefix>steps``, the committed steps.
+      dead (Table): ``<prefix>dead_letters``.
+      attempts (Table): ``<prefix>step_attempts``, the journaled and failed step attempts (C31).
+      events (Table): ``<prefix>events``, the events sent for waiting runs (C33).
+      sweep (Table): ``<prefix>sweep_lease``, the one recovery lease of all workers (C39).
     """
 
     metadata: sa.MetaData
@@ -123,7 +123,7 @@ def store_tables(prefix: str) -> StoreTables:
     """Return the six tables of ``prefix``: runs, steps, dead letters, step attempts, events and the sweep lease.
 
     Parameters:
-      prefix(str): the store's table prefix (``flexiq_`` by default).
+      prefix (str): the store's table prefix (``flexiq_`` by default).
     """
     metadata = sa.MetaData()
     return StoreTables(
