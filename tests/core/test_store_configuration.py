@@ -11,6 +11,7 @@ doubles while the outage lasts, up to ``store_retry_max_seconds``.
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,13 +59,48 @@ def test_c41_a_store_setting_that_can_never_work_is_refused_without_connecting(s
     assert repr(spec) in str(info.value) or "needs the package" in str(info.value)
 
 
-@pytest.mark.parametrize("spec", [None, "memory://", "sqlite:///steps.db", "postgresql://u@127.0.0.1:9/db"], ids=repr)
+@pytest.mark.parametrize(
+    "spec",
+    [
+        None,
+        "memory://",
+        "sqlite:///steps.db",
+        "postgresql://u@127.0.0.1:9/db",
+        "postgresql+psycopg2://u@127.0.0.1:9/db",
+    ],
+    ids=repr,
+)
 def test_c41_a_usable_store_setting_passes_without_connecting(spec: object) -> None:
     """C41: a setting resolved later (``None``), a memory store or a well-formed URL with its driver passes.
 
-    Nothing connects: a server that is down (port 9) is not a configuration error.
+    Nothing connects: a server that is down (port 9) is not a configuration error. psycopg2, a driver the
+    store runs on, is accepted when it is installed.
     """
     check_store_spec(spec)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("url", "module", "package"),
+    [
+        ("postgresql+psycopg2://u@127.0.0.1:9/db", "psycopg2", "the package psycopg2 (pip install psycopg2-binary"),
+        ("postgresql://u@127.0.0.1:9/db", "psycopg", "the package psycopg (pip install 'flexiq-plugins[postgres]')"),
+        ("mysql://u@127.0.0.1:9/db", "pymysql", "the package pymysql (pip install 'flexiq-plugins[mysql]')"),
+    ],
+    ids=["psycopg2", "psycopg", "pymysql"],
+)
+def test_c41_a_missing_driver_names_the_package_of_the_driver_the_url_chose(
+    monkeypatch: pytest.MonkeyPatch, url: str, module: str, package: str
+) -> None:
+    """C41: a URL whose driver cannot be imported names that driver's package, never another driver's.
+
+    ``postgresql+psycopg2://`` without psycopg2 says to install psycopg2, not psycopg 3 (extra 'postgres').
+    """
+    monkeypatch.setitem(sys.modules, module, None)  # makes ``import <module>`` fail, as when it is not installed
+    with pytest.raises(ConfigurationError) as info:
+        check_store_spec(url)
+    message = str(info.value)
+    assert f"needs {package}" in message
+    assert f"for its driver {module!r}, which cannot be imported" in message
 
 
 class RefusingStore(MemoryStepStore):

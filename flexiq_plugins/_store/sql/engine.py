@@ -147,7 +147,13 @@ _DRIVERS = {
     "mariadb": "mariadb+pymysql",
     "sqlite": "sqlite",
 }
-_DRIVER_PACKAGES = {"postgresql": "psycopg (extra 'postgres')", "mysql": "pymysql (extra 'mysql')"}
+_DRIVER_PACKAGES = {
+    "psycopg": "psycopg (pip install 'flexiq-plugins[postgres]')",
+    "psycopg2": "psycopg2 (pip install psycopg2-binary, or psycopg2 to build it against your libpq)",
+    "pymysql": "pymysql (pip install 'flexiq-plugins[mysql]')",
+    "mysqldb": "mysqlclient (pip install mysqlclient)",
+}
+"""The package that provides each driver a store URL may name, for the missing-driver message."""
 
 T = TypeVar("T")
 
@@ -227,8 +233,7 @@ def create_engine(url: URL) -> Engine:
     try:
         engine = sa.create_engine(url, **kwargs)
     except ImportError as exc:
-        package = _DRIVER_PACKAGES.get("mysql" if backend == "mariadb" else backend, "its driver")
-        raise ConfigurationError(f"the step store {safe_url(url)} needs the package {package}") from exc
+        raise ConfigurationError(f"the step store {safe_url(url)} needs {_missing_driver(url, exc)}") from exc
     except (sa_exc.ArgumentError, TypeError) as exc:
         raise ConfigurationError(f"cannot create an engine for {safe_url(url)}: {exc}") from exc
     if backend == "sqlite":
@@ -240,6 +245,13 @@ def create_engine(url: URL) -> Engine:
         event.listen(engine, "connect", _mysql_keepalive_hook(mysql_keepalive))
         event.listen(engine.pool, "reset", _reset_mysql_if_in_transaction)
     return engine
+
+
+def _missing_driver(url: URL, exc: ImportError) -> str:
+    """The package to install for the driver ``url`` names (``postgresql+psycopg2://`` needs psycopg2)."""
+    driver = url.get_driver_name()
+    package = _DRIVER_PACKAGES.get(driver, f"that provides the module {exc.name or driver!r}")
+    return f"the package {package} for its driver {driver!r}, which cannot be imported ({exc})"
 
 
 def _mysql_network_timeouts(url: URL) -> dict[str, int]:
