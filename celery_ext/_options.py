@@ -5,8 +5,9 @@ The shared options (``max_hop_seconds``, ``lease_seconds``, the caps,
 :class:`flexiq_plugins.integration.DurableConfig`; :class:`CeleryConfig` adds
 the dead-letter path and accepts a kombu serializer *name* for
 ``serializer``. Unknown names and unusable values raise
-:class:`~flexiq_plugins.ConfigurationError` at install time, listing every
-accepted option, never later inside a worker.
+:class:`~flexiq_plugins.ConfigurationError` at install time (an unknown name
+with the closest accepted one, a bad value naming its option), never later
+inside a worker.
 """
 
 from __future__ import annotations
