@@ -543,12 +543,42 @@ REFUSALS = [
     pytest.param("postgresql://flexiq_nobody:s3cret@127.0.0.1:5432/test", "flexiq_nobody", marks=pytest.mark.postgres),
     pytest.param("mysql://root@127.0.0.1:3306/flexiq_no_such_db", "Unknown database", marks=pytest.mark.mysql),
     pytest.param("mysql://flexiq_nobody:s3cret@127.0.0.1:3306/test", "Access denied", marks=pytest.mark.mysql),
+    pytest.param(
+        "postgresql://postgres@127.0.0.1:5432/test?sslmode=require",
+        "server does not support SSL, but SSL was required",
+        marks=pytest.mark.postgres,
+    ),  # the test server runs without SSL
+    pytest.param(
+        "postgresql+psycopg2://postgres@127.0.0.1:5432/test?sslmode=require",
+        "server does not support SSL, but SSL was required",
+        marks=pytest.mark.postgres,
+    ),
+    pytest.param(
+        "postgresql+psycopg2://postgres@127.0.0.1:5432/flexiq_no_such_db", "does not exist", marks=pytest.mark.postgres
+    ),
+    pytest.param(
+        "postgresql+psycopg2://flexiq_nobody:s3cret@127.0.0.1:5432/test", "flexiq_nobody", marks=pytest.mark.postgres
+    ),
 ]
 
 
-@pytest.mark.parametrize(("url", "cause"), REFUSALS, ids=["pg-database", "pg-login", "mysql-database", "mysql-login"])
+@pytest.mark.parametrize(
+    ("url", "cause"),
+    REFUSALS,
+    ids=[
+        "pg-database",
+        "pg-login",
+        "mysql-database",
+        "mysql-login",
+        "pg-ssl-required",
+        "psycopg2-ssl-required",
+        "psycopg2-database",
+        "psycopg2-login",
+    ],
+)
 def test_c41_an_unknown_database_or_a_refused_login_raises_store_misconfigured(url: str, cause: str) -> None:
-    """C41: a server that refuses the login or knows no such database raises ``StoreMisconfigured``.
+    """C41: a server that refuses the login, knows no such database or cannot meet ``sslmode=require``
+    raises ``StoreMisconfigured``, through psycopg 3 and psycopg2 alike.
 
     The message names the cause and hides the password; a plain outage
     (connection refused) stays a plain ``StoreUnavailable``.

@@ -12,7 +12,7 @@ server rolled the whole transaction back); :func:`is_deadlock` lets the store
 retry it a few times first.
 
 A refusal that will not pass by itself (authentication, an unknown database,
-a SQLite file in a missing directory) is
+an SSL mode the server cannot meet, a SQLite file in a missing directory) is
 :class:`~flexiq_plugins.errors.StoreMisconfigured`: still an unavailability,
 so a job that meets it is put back, but a worker refuses to start on it (C41).
 """
@@ -35,8 +35,17 @@ __all__ = ["describe", "is_deadlock", "is_missing_table", "translated"]
 _DRIVER_MODULES = frozenset({"psycopg", "psycopg2", "pymysql", "MySQLdb", "sqlite3", "alembic"})
 _MYSQL_REFUSALS = frozenset({1044, 1045, 1049, 1698})
 """MySQL/MariaDB: access denied (to the database, for the user), unknown database."""
-_POSTGRES_REFUSALS = ("password authentication failed", "does not exist", "no pg_hba.conf entry")
-"""libpq's words for a refused login or an unknown role or database, at connection time."""
+_POSTGRES_REFUSALS = (
+    "password authentication failed",
+    "does not exist",
+    "no pg_hba.conf entry",
+    "server does not support SSL, but SSL was required",
+)
+"""libpq's words for a refused login, an unknown role or database, or an SSL mode the server cannot meet
+(``sslmode=require`` against a server without SSL), at connection time."""
+_POSTGRES_CONNECTING = ("connection failed", "connection to server")
+"""How a connection failure's message starts: psycopg 3 prefixes libpq's ``connection to server … failed:``
+with ``connection failed:``, psycopg2 passes libpq's text as it is."""
 _UNAVAILABLE = (
     sa_exc.OperationalError,
     sa_exc.InterfaceError,
@@ -94,7 +103,7 @@ def describe(exc: BaseException) -> str:
 
 
 def _is_refusal(exc: BaseException, engine: Engine) -> bool:
-    """A configuration the database refuses for good: login, unknown database, missing SQLite directory (C41)."""
+    """A configuration the database refuses for good: login, unknown database, SSL, missing SQLite directory (C41)."""
     if not isinstance(exc, sa_exc.OperationalError):
         return False
     origin = exc.orig
@@ -104,7 +113,7 @@ def _is_refusal(exc: BaseException, engine: Engine) -> bool:
         return bool(args) and args[0] in _MYSQL_REFUSALS
     if backend == "postgresql":
         text = str(origin)
-        return "connection failed" in text and any(words in text for words in _POSTGRES_REFUSALS)
+        return text.startswith(_POSTGRES_CONNECTING) and any(words in text for words in _POSTGRES_REFUSALS)
     if backend == "sqlite":
         database = engine.url.database
         return bool(database) and database != ":memory:" and not os.path.isdir(os.path.dirname(str(database)) or ".")
