@@ -63,6 +63,7 @@ def test_c41_a_worker_refuses_to_start_on_a_store_it_cannot_use_and_the_job_wait
     refusals = [line for line in stopped.output.splitlines() if "cannot start" in line]
     assert len(refusals) == 1, stopped.output[-3000:]
     assert cause in refusals[0]
+    assert "CRITICAL" in refusals[0]  # with its level, also before the framework set logging up (Celery)
     assert "Traceback" not in stopped.output
     assert harness.status(job.run_key) is None
 

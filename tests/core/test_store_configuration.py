@@ -141,6 +141,22 @@ def test_c41_a_worker_refuses_to_start_on_a_store_that_refuses_it(
     assert f"its directory {str(missing)!r} does not exist" in loud[0].getMessage()
 
 
+def test_c41_the_refusal_line_keeps_its_level_before_logging_is_set_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """C41: with no handler configured (Celery's ``worker_init`` comes before its logging setup) the line
+    still says CRITICAL, on stderr, instead of Python's last-resort bare message."""
+    monkeypatch.setattr(logging.getLogger("flexiq_plugins.integration"), "propagate", False)  # no handler above
+    driver = AttemptDriver(SqlStepStore(f"sqlite:///{tmp_path / 'missing' / 'steps.db'}"))
+    with pytest.raises(SystemExit) as stopped:
+        check_store_at_start(lambda: driver, worker="test worker")
+    assert stopped.value.code == EXIT_CONFIGURATION
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("CRITICAL:flexiq_plugins.integration:test worker cannot start: ")
+    assert logging.getLogger("flexiq_plugins.integration").handlers == []  # nothing left behind
+
+
 def test_c41_a_worker_refuses_to_start_on_a_setting_read_only_at_start(caplog: pytest.LogCaptureFixture) -> None:
     """C41: a store opened only at worker start (an environment setting) with an unknown scheme stops the worker."""
 
