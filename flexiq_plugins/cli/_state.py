@@ -39,7 +39,7 @@ __all__ = [
 EXIT_OK = 0
 """The command did what was asked."""
 EXIT_FAILED = 1
-"""An operation failed: store unreachable, broker refused, some retries failed."""
+"""An operation failed: store unreachable or refusing its configuration, broker refused, some retries failed."""
 EXIT_USAGE = 2
 """Bad command line: unknown option, bad duration, missing ``--app``/``--broker``."""
 EXIT_NOT_FOUND = 3
