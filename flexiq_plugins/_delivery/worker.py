@@ -65,7 +65,8 @@ def check_store_at_start(open_driver: Callable[[], AttemptDriver], *, worker: st
 
     A store that cannot be used (an unknown scheme or a missing driver in a
     setting read only now, a login the database refuses, an unknown
-    database, a SQLite file in a missing directory, a migration that fails)
+    database, a SQLite file in a missing directory, a store configured
+    read-only, a migration that fails)
     is logged as one CRITICAL line naming the cause (``CRITICAL:flexiq_plugins.integration:…``
     on stderr when logging is not set up yet, as in Celery's ``worker_init``), and the worker stops
     with :data:`EXIT_CONFIGURATION`. A store that is only unreachable
@@ -82,6 +83,7 @@ def check_store_at_start(open_driver: Callable[[], AttemptDriver], *, worker: st
     store: object = open_driver
     try:
         store = open_driver().store
+        store.check_writable()  # a read-only store (a SQLite URL with mode=ro) can run no job
         store.now()
     except ConfigurationError as exc:  # StoreMisconfigured included
         _refuse_to_start(worker, exc)

@@ -494,6 +494,16 @@ class StepStore(abc.ABC):
         """How a worker's start line names the store (no secrets): ``repr`` unless the store says more."""
         return repr(self)
 
+    def check_writable(self) -> None:  # noqa: B027 - optional hook, no-op by default
+        """Refuse a store its configuration makes read-only (a SQLite URL with ``mode=ro``), without connecting.
+
+        A worker calls it as it starts (C41): its jobs must write their steps.
+        Nothing here; the SQL store checks its URL.
+
+        Raises:
+          StoreMisconfigured: the store is configured read-only.
+        """
+
     def iter_runs(self, **filters: Any) -> Iterator[RunRecord]:
         """Iterate :meth:`list_runs` (convenience)."""
         yield from self.list_runs(**filters)

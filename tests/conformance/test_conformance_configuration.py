@@ -3,7 +3,8 @@
 Real worker processes (``celery worker``, the ``dramatiq`` CLI) are started
 with a store setting that is well formed but refused for good: a SQLite file
 in a directory that does not exist, a PostgreSQL database that does not
-exist, ``sslmode=require`` against a PostgreSQL server without SSL. Each
+exist, a SQLite store opened read-only, ``sslmode=require`` against a
+PostgreSQL server without SSL. Each
 must stop at once with one CRITICAL line naming the cause, before it takes
 any job; the job published before it stays in the broker and runs, once,
 when a worker with a usable store comes.
@@ -29,6 +30,10 @@ BAD_STORES: dict[str, tuple[Callable[[HarnessConfig], str], str]] = {
     "unknown-database": (
         lambda _config: "postgresql://postgres@127.0.0.1:5432/flexiq_no_such_database",
         'database "flexiq_no_such_database" does not exist',
+    ),
+    "read-only": (
+        lambda config: f"sqlite:///file:{config.directory}/steps.db?mode=ro&uri=true",
+        "the URL opens it read-only (mode=ro)",
     ),
     "ssl-required": (  # the test server runs without SSL: sslmode=require can never connect
         lambda _config: "postgresql://postgres@127.0.0.1:5432/test?sslmode=require",

@@ -141,6 +141,23 @@ def test_c41_a_worker_refuses_to_start_on_a_store_that_refuses_it(
     assert f"its directory {str(missing)!r} does not exist" in loud[0].getMessage()
 
 
+def test_c41_a_worker_refuses_to_start_on_a_read_only_sqlite_store(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """C41: a SQLite URI opened read-only (``mode=ro&uri=true``) stops the worker at start, though the file
+    exists and reads work: its jobs must write their steps. One CRITICAL line names ``mode=ro``."""
+    path = tmp_path / "steps.db"
+    SqlStepStore(f"sqlite:///{path}").now()  # an existing, up-to-date store
+    driver = AttemptDriver(SqlStepStore(f"sqlite:///file:{path}?mode=ro&uri=true"))
+    with pytest.raises(SystemExit) as stopped:
+        check_store_at_start(lambda: driver, worker="test worker")
+    assert stopped.value.code == EXIT_CONFIGURATION
+    loud = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.levelno for r in loud] == [logging.CRITICAL]
+    assert "test worker cannot start: " in loud[0].getMessage()
+    assert "the URL opens it read-only (mode=ro), and workers write their steps to it" in loud[0].getMessage()
+
+
 def test_c41_the_refusal_line_keeps_its_level_before_logging_is_set_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

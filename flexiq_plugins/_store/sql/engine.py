@@ -75,6 +75,7 @@ import select
 import socket
 import sqlite3
 import time
+import urllib.parse
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -98,6 +99,8 @@ __all__ = [
     "normalize_url",
     "register_fork_hook",
     "safe_url",
+    "sqlite_file",
+    "sqlite_read_only",
 ]
 
 ACCEPTED_STORE_FORMS = (
@@ -201,6 +204,56 @@ def safe_url(url: URL) -> str:
 
 def _is_memory_sqlite(url: URL) -> bool:
     return url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
+
+
+_TRUE = frozenset({"true", "1", "yes", "on", "y", "t"})
+
+
+def _sqlite_uri_options(url: URL) -> dict[str, str] | None:
+    """The options of a SQLite URL given as an SQLite URI (``uri=true``): the URI's own and the URL's; else ``None``.
+
+    Without ``uri=true`` pysqlite takes the database as a plain file name and ignores ``mode`` and the like.
+    """
+    if str(url.query.get("uri", "")).lower() not in _TRUE:
+        return None
+    _, _, query = str(url.database or "").partition("?")
+    return {**dict(urllib.parse.parse_qsl(query)), **{key: str(value) for key, value in url.query.items()}}
+
+
+def sqlite_file(url: URL) -> str | None:
+    """The file a SQLite URL opens, or ``None`` for an in-memory database (or another backend).
+
+    With ``uri=true`` the database part is an SQLite URI (``file:/path/x.db``,
+    ``file:///path/x.db``, ``file:x.db``, percent-encoded), whose path is the
+    file; ``mode=memory`` or ``file::memory:`` is in memory.
+
+    Parameters:
+      url(URL): a store URL.
+    """
+    if url.get_backend_name() != "sqlite" or _is_memory_sqlite(url):
+        return None
+    database = str(url.database)
+    options = _sqlite_uri_options(url)
+    if options is None or not database.startswith("file:"):
+        return database
+    path = urllib.parse.unquote(urllib.parse.urlsplit(database).path)
+    return None if path in ("", ":memory:") or options.get("mode") == "memory" else path
+
+
+def sqlite_read_only(url: URL) -> str | None:
+    """The option that opens a SQLite URL's database read-only (``mode=ro``, ``immutable=1``), or ``None``.
+
+    Parameters:
+      url(URL): a store URL; only an SQLite URI (``uri=true``) can carry those options.
+    """
+    options = _sqlite_uri_options(url) if url.get_backend_name() == "sqlite" else None
+    if options is None:
+        return None
+    if options.get("mode", "").lower() == "ro":
+        return "mode=ro"
+    if options.get("immutable", "").lower() in _TRUE:
+        return f"immutable={options['immutable']}"
+    return None
 
 
 def create_engine(url: URL) -> Engine:

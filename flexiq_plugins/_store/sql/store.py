@@ -81,6 +81,7 @@ from ...errors import (
     InvalidTransaction,
     RunLocked,
     StoreError,
+    StoreMisconfigured,
     StoreUnavailable,
     UnknownDeadLetter,
     UnknownRun,
@@ -109,8 +110,10 @@ from .engine import (
     normalize_url,
     register_fork_hook,
     safe_url,
+    sqlite_file,
+    sqlite_read_only,
 )
-from .errors import describe, is_deadlock, is_lock_unavailable, is_missing_table, translated
+from .errors import describe, is_deadlock, is_lock_unavailable, is_missing_table, read_only_message, translated
 from .folded import Folded
 from .mapping import (
     attempt_values,
@@ -307,6 +310,21 @@ class SqlStepStore(StepStore):
         """
         revision = self._read(lambda conn: schema_revision(conn, self._prefix))  # type: ignore[arg-type]
         return f"{self.url} (tables {self._prefix}*, schema revision {revision or 'none: run flexiq store upgrade'})"
+
+    def check_writable(self) -> None:
+        """Refuse a SQLite store whose URL opens it read-only (``mode=ro``, ``immutable=1``), without connecting.
+
+        A worker calls it as it starts (C41). Other databases, and a SQLite
+        file whose permissions refuse writes, are refused at their first
+        write instead (:class:`StoreMisconfigured` too).
+
+        Raises:
+          StoreMisconfigured: the URL opens the database read-only.
+        """
+        read_only = sqlite_read_only(self._engine.url)
+        if read_only is not None:
+            why = read_only_message(read_only, sqlite_file(self._engine.url) or "")
+            raise StoreMisconfigured(f"the step store at {self.url} cannot be used: {why}")
 
     def close(self) -> None:
         """Dispose of the engine's connections (only if the store created the engine)."""
