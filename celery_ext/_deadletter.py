@@ -10,7 +10,10 @@ reason, traceback). What is left is the broker's side:
 - Redis has none: the job is first published, unchanged but for a
   ``flexiq_dead_letter`` header, to a plain queue (``flexiq.dead_letter`` by
   default) that no worker consumes, and then rejected without requeue, which
-  on Redis acknowledges it.
+  on Redis acknowledges it. Nothing reads that list, so it is bounded: after
+  each publish it is trimmed to its newest ``dead_letter_queue_max_length``
+  messages (``LTRIM``). The store's dead-letter table, which ``flexiq dlq``
+  reads and retries from, is the record; the list is a copy for inspection.
 
 Either way Celery's worker stores FAILURE with this exception in the result
 backend, so ``AsyncResult.get()`` raises [`DeadLetterReject`][celery_ext.DeadLetterReject] (a
@@ -27,7 +30,7 @@ from celery.exceptions import Reject
 
 from flexiq_plugins.integration import DeadLetter, DeadLettered
 
-__all__ = ["DEAD_LETTER_HEADER", "DeadLetterReject", "dead_letter_error", "publish_dead_letter"]
+__all__ = ["DEAD_LETTER_HEADER", "DeadLetterReject", "dead_letter_error", "publish_dead_letter", "trim_redis_queue"]
 
 logger = logging.getLogger("flexiq_plugins.celery")
 
@@ -51,11 +54,21 @@ class DeadLetterReject(Reject, DeadLettered):  # type: ignore[misc]
         return str(self.reason)
 
 
-def publish_dead_letter(task: Any, request: Any, outcome: DeadLetter, queue: str) -> None:
-    """Publish the job of ``request`` to the dead-letter ``queue`` (Redis and other brokers).
+def publish_dead_letter(task: Any, request: Any, outcome: DeadLetter, queue: str, max_length: int | None) -> None:
+    """Publish the job of ``request`` to the dead-letter ``queue`` (Redis and other brokers), then bound it.
 
-    A failure to publish is logged, not raised: the store already holds the
-    dead letter, and ``flexiq dead-letters retry`` works from the store alone.
+    On Redis the queue's list is trimmed to its newest ``max_length``
+    messages (``None``: not trimmed); other brokers' queues are left to their
+    own limits (a RabbitMQ ``max-length`` policy). A failure to publish or
+    trim is logged, not raised: the store already holds the dead letter, and
+    ``flexiq dlq retry`` works from the store alone.
+
+    Parameters:
+      task (Any): the Celery task.
+      request (Any): the dead-lettered job's request.
+      outcome (DeadLetter): the dead letter (its reason becomes the header).
+      queue (str): the dead-letter queue (option ``dead_letter_queue``).
+      max_length (int | None): messages kept (option ``dead_letter_queue_max_length``).
     """
     headers = {**(request.headers or {}), DEAD_LETTER_HEADER: outcome.reason}
     signature = task.signature_from_request(request, queue=queue, retries=request.retries, headers=headers)
@@ -67,6 +80,29 @@ def publish_dead_letter(task: Any, request: Any, outcome: DeadLetter, queue: str
             request.id,
             queue,
         )
+        return
+    if max_length is not None:
+        try:
+            trim_redis_queue(task.app, queue, max_length)
+        except Exception:
+            logger.exception("the dead-letter queue %r could not be trimmed to %d messages", queue, max_length)
+
+
+def trim_redis_queue(app: Any, queue: str, max_length: int) -> None:
+    """Keep the newest ``max_length`` messages of ``queue`` on a Redis broker; nothing on another broker.
+
+    kombu pushes a message to the left of the list of its priority (one list
+    per priority step, the first being the queue's own name), so
+    ``LTRIM key 0 max_length-1`` drops the oldest of each.
+    """
+    with app.pool.acquire(block=True) as conn:
+        if conn.transport.driver_type != "redis":
+            return
+        channel = conn.default_channel
+        with channel.client.pipeline() as pipe:
+            for priority in channel.priority_steps:
+                pipe.ltrim(channel._q_for_pri(queue, priority), 0, max_length - 1)
+            pipe.execute()
 
 
 def dead_letter_error(outcome: DeadLetter) -> DeadLetterReject:

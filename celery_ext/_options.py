@@ -6,8 +6,9 @@ The shared options (``max_hop_seconds``, ``lease_seconds``, the caps,
 [`flexiq_plugins.integration.DurableConfig`][flexiq_plugins.DurableConfig]; [`CeleryConfig`][celery_ext.CeleryConfig]
 adds the dead-letter path and accepts a kombu serializer *name* for
 ``serializer``. Unknown names and unusable values raise
-[`ConfigurationError`][flexiq_plugins.errors.ConfigurationError] at install time, listing every
-accepted option, never later inside a worker.
+[`ConfigurationError`][flexiq_plugins.errors.ConfigurationError] at install time (an unknown name
+with the closest accepted one, a bad value naming its option), never later
+inside a worker.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from flexiq_plugins.integration import DurableConfig, FunctionSerializer, Serial
 
 __all__ = [
     "DEFAULT_DEAD_LETTER_QUEUE",
+    "DEFAULT_DEAD_LETTER_QUEUE_MAX_LENGTH",
     "RESUME_HEADER",
     "RUN_KEY_HEADER",
     "CeleryConfig",
@@ -37,6 +39,9 @@ attempt that claimed): it claims its run before the body runs (C23)."""
 
 DEFAULT_DEAD_LETTER_QUEUE = "flexiq.dead_letter"
 """Where dead letters are published on brokers without a native dead-letter path (Redis)."""
+
+DEFAULT_DEAD_LETTER_QUEUE_MAX_LENGTH = 10_000
+"""How many messages the Redis dead-letter queue keeps (the newest); the store keeps every dead letter."""
 
 DeadLetterPath = Literal["auto", "reject", "queue"]
 
@@ -95,6 +100,12 @@ class CeleryConfig(DurableConfig):
         default=DEFAULT_DEAD_LETTER_QUEUE,
         metadata={"doc": "queue for dead letters on brokers without a native path, e.g. Redis (C30)"},
     )
+    dead_letter_queue_max_length: int | None = field(
+        default=DEFAULT_DEAD_LETTER_QUEUE_MAX_LENGTH,
+        metadata={
+            "doc": "messages kept in the dead-letter queue on Redis, the newest (LTRIM after each); None: no bound"
+        },
+    )
     dead_letter_path: DeadLetterPath = field(
         default="auto",
         metadata={"doc": "'auto' (RabbitMQ: reject to the dead-letter exchange; others: the queue), 'reject', 'queue'"},
@@ -110,3 +121,8 @@ class CeleryConfig(DurableConfig):
             )
         if not isinstance(self.dead_letter_queue, str) or not self.dead_letter_queue:
             raise ConfigurationError(f"option dead_letter_queue={self.dead_letter_queue!r} must be a non-empty str")
+        bound = self.dead_letter_queue_max_length
+        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, int) or bound < 1):
+            raise ConfigurationError(
+                f"option dead_letter_queue_max_length={bound!r} must be None or an int of at least 1"
+            )

@@ -192,5 +192,6 @@ def _dead_letter(task: Any, request: Any, runtime: Runtime, outcome: DeadLetter)
     if request.is_eager:
         raise DeadLettered(f"{outcome.reason}: {outcome.message}") from outcome.error
     if not runtime.native_dead_letter():
-        publish_dead_letter(task, request, outcome, runtime.config.dead_letter_queue)
+        config = runtime.config
+        publish_dead_letter(task, request, outcome, config.dead_letter_queue, config.dead_letter_queue_max_length)
     raise dead_letter_error(outcome)

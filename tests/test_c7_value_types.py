@@ -5,12 +5,15 @@ worker. Every value is a step's return value; the job then sleeps, so the
 next attempt replays every step from the store. Under each framework's
 default JSON serializer, the core's ``JsonSerializer`` keeps ``datetime``
 (aware or naive), ``date``, ``time``, ``timedelta``, ``Decimal``, ``UUID`` and
-``bytes``; a tuple comes back as a list. The value is the same, and of the
-same type, on the first attempt, on the replay and on both frameworks.
+``bytes``; a tuple comes back as a list; NaN and the infinities come back as
+floats, as Python's ``json`` and the frameworks' own JSON carry them. The value
+is the same, and of the same type, on the first attempt, on the replay and on
+both frameworks.
 """
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import date, datetime, time, timedelta, timezone
@@ -20,7 +23,18 @@ from typing import Any
 
 import pytest
 
-from flexiq_plugins import SqlStepStore, UnknownRun, current_job, new_run_key
+from flexiq_plugins import (
+    AttemptDriver,
+    DurableConfig,
+    JobEnvelope,
+    JobInfo,
+    SqlStepStore,
+    StepStore,
+    UnknownRun,
+    current_job,
+    new_run_key,
+)
+from flexiq_plugins._attempt import outcomes
 from tests.conftest import require_service
 from tests.polling import wait_for
 
@@ -39,12 +53,22 @@ VALUES: list[tuple[str, Any, Any]] = [
     ("bytes", b"\x00\xff raw", None),
     ("tuple", (1, "two"), [1, "two"]),
     ("nested", {"at": date(2025, 1, 2), "amounts": [Decimal("1.5"), Decimal("2")]}, None),
+    ("nan", math.nan, None),
+    ("infinity", math.inf, None),
+    ("minus_infinity", -math.inf, None),
 ]
 
 
 def expected(value: Any, decoded: Any) -> Any:
     """What a step returning ``value`` gives back on every attempt."""
     return value if decoded is None else decoded
+
+
+def same(got: Any, want: Any) -> bool:
+    """``got == want``, with NaN equal to NaN (a float NaN never equals itself)."""
+    if isinstance(want, float) and math.isnan(want):
+        return isinstance(got, float) and math.isnan(got)
+    return bool(got == want)
 
 
 def _body(seen: list[tuple[int, str, Any]]) -> None:
@@ -62,7 +86,7 @@ def _succeeded(store: SqlStepStore, run_key: str) -> bool:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[SqlStepStore]:
+def values_store(tmp_path: Path) -> Iterator[SqlStepStore]:
     """A SQLite store of this test."""
     sql = SqlStepStore(f"sqlite:///{tmp_path / 'steps.db'}")
     yield sql
@@ -130,8 +154,9 @@ def _on_dramatiq(store: SqlStepStore, seen: list[tuple[int, str, Any]]) -> Calla
 
 @pytest.mark.redis
 @pytest.mark.parametrize("framework", ["celery", "dramatiq"])
-def test_c7_supported_values_round_trip_the_same_on_both_frameworks(framework: str, store: SqlStepStore) -> None:
+def test_c7_supported_values_round_trip_the_same_on_both_frameworks(framework: str, values_store: SqlStepStore) -> None:
     """Each value of the table comes back equal and of the same type, first run and replay, on both."""
+    store = values_store
     require_service(*REDIS)
     seen: list[tuple[int, str, Any]] = []
     run = (_on_celery if framework == "celery" else _on_dramatiq)(store, seen)()
@@ -143,7 +168,44 @@ def test_c7_supported_values_round_trip_the_same_on_both_frameworks(framework: s
     for attempt, name, got in seen:
         (value, decoded) = next((v, d) for n, v, d in VALUES if n == name)
         want = expected(value, decoded)
-        assert got == want, (framework, attempt, name, got)
+        assert same(got, want), (framework, attempt, name, got)
         assert type(got) is type(want), (framework, attempt, name, type(got))
         if isinstance(want, datetime):
             assert got.utcoffset() == want.utcoffset(), (framework, attempt, name)
+
+
+class LeaveTheRow(Exception):
+    """Fails the first attempt after its step committed, so the next attempt replays the step."""
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf], ids=["nan", "inf", "-inf"])
+def test_c7_a_step_returning_nan_or_an_infinity_commits_and_replays_it_on_every_store(
+    store: StepStore, value: float
+) -> None:
+    """A body returning ``float("nan")``, ``inf`` or ``-inf`` commits (no ``EncodeError`` dead letter); the
+    replay returns the same float without calling the body, and so does a duplicate of the finished job (C7, C37).
+    """
+    driver = AttemptDriver(store, DurableConfig())
+    calls: list[int] = []
+
+    def body() -> float:
+        got = float(current_job.step.run("x", lambda: calls.append(1) or value))
+        if current_job.attempt == 1:
+            raise LeaveTheRow
+        return got
+
+    def job(job_id: str) -> JobInfo:
+        return JobInfo("run-nan", job_id, JobEnvelope("task", "test"))
+
+    first = driver.run_job(job("job-1"), body)
+    assert isinstance(first, outcomes.Failure), first
+    assert isinstance(first.error, LeaveTheRow)  # not an EncodeError: the step committed
+    stored = store.get_steps("run-nan")[0].value
+    assert stored == b"FQ1|json\n" + {"nan": b"NaN", "inf": b"Infinity", "-inf": b"-Infinity"}[repr(value)]
+    replayed = driver.run_job(job("job-1"), body)
+    assert isinstance(replayed, outcomes.Completed), replayed
+    assert same(replayed.value, value)
+    assert calls == [1]
+    duplicate = driver.run_job(job("job-2"), body)
+    assert isinstance(duplicate, outcomes.Replay), duplicate
+    assert same(duplicate.value, value)

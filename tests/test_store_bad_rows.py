@@ -99,3 +99,28 @@ def test_c5_a_stored_run_step_whose_value_is_null_dead_letters_corrupt_record(sq
     assert "step 'charge#0'" in outcome.message
     assert calls == []
     assert operations.show_run(sql_store, "run-null").steps[0].value is None  # shown, not decoded
+
+
+@pytest.mark.parametrize(
+    "backend", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)  # MySQL/MariaDB cannot store an infinite DOUBLE
+def test_c17_a_stored_sleep_whose_wake_time_is_infinite_dead_letters_corrupt_record(
+    backend: str, request: pytest.FixtureRequest, make_sql_store: Callable[..., SqlStepStore]
+) -> None:
+    """A ``sleep`` row whose wake time reads back as ``+Infinity`` is ``CorruptRecord``, like a NULL one.
+
+    Before, the attempt failed with a bare ``AssertionError`` when it put the job back for a sleep that
+    could never end; now the job is dead-lettered ``corrupt_record`` naming the row, and the run is ``dead``.
+    """
+    store = make_sql_store(request.getfixturevalue(f"{backend}_url"))
+    _retrying_run(store, "run-inf", StepRow(0, "cool_off#0", "sleep", None, float("inf")))
+    assert store.get_steps("run-inf")[0].wake_at == float("inf")  # the database kept it as it is
+
+    attempt = AttemptDriver(store).start(JobInfo("run-inf", "job-1", ENVELOPE))
+    outcome = attempt.run(lambda: current_job.step.sleep("1h", name="cool_off"))  # type: ignore[union-attr]
+    assert isinstance(outcome, outcomes.DeadLetter), outcome
+    assert isinstance(outcome.error, CorruptRecord)
+    assert outcome.reason == "corrupt_record"
+    assert "step 'cool_off#0'" in outcome.message
+    assert "has a wake time that is not a moment (inf)" in outcome.message
+    assert store.get_run("run-inf").status == "dead"

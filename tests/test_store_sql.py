@@ -536,6 +536,46 @@ def test_c41_sqlite_file_in_a_missing_directory_raises_store_misconfigured(tmp_p
     assert f"its directory {str(missing)!r} does not exist" in str(info.value)
 
 
+def test_c41_a_sqlite_uri_in_a_missing_directory_names_the_directory_of_its_file(tmp_path: Path) -> None:
+    """C41: with ``uri=true`` the file is read out of the SQLite URI: the missing directory is the file's,
+    not ``file:/…``."""
+    missing = tmp_path / "missing"
+    store = SqlStepStore(f"sqlite:///file:{missing / 'steps.db'}?uri=true")
+    with pytest.raises(StoreMisconfigured) as info:
+        store.now()
+    assert f"its directory {str(missing)!r} does not exist" in str(info.value)
+    store.close()
+
+
+def test_c41_a_read_only_sqlite_uri_reads_and_refuses_writes_as_misconfigured(tmp_path: Path) -> None:
+    """C41: ``sqlite:///file:/path/x.db?mode=ro&uri=true`` opens an existing store for reading; a write is
+    ``StoreMisconfigured`` naming ``mode=ro`` (no outage to wait out), and so is :meth:`check_writable`,
+    which a worker calls as it starts, without connecting. ``mode=ro`` on a missing file says so."""
+    path = tmp_path / "steps.db"
+    writable = SqlStepStore(f"sqlite:///{path}")
+    writable.record_queued("run-1", "job-1", ENVELOPE)
+    writable.close()
+
+    store = SqlStepStore(f"sqlite:///file:{path}?mode=ro&uri=true")
+    assert store.get_run("run-1").status == "queued"  # reading works
+    with pytest.raises(StoreMisconfigured) as write:
+        store.record_queued("run-2", "job-2", ENVELOPE)
+    assert "the URL opens it read-only (mode=ro), and workers write their steps to it" in str(write.value)
+    with pytest.raises(StoreMisconfigured) as start:
+        store.check_writable()
+    assert "read-only (mode=ro)" in str(start.value)
+    store.close()
+    SqlStepStore(f"sqlite:///{path}").check_writable()  # a writable store passes
+
+    absent = SqlStepStore(f"sqlite:///file:{tmp_path / 'absent.db'}?mode=ro&uri=true")
+    with pytest.raises(StoreMisconfigured) as missing:
+        absent.now()
+    assert f"its file {str(tmp_path / 'absent.db')!r} does not exist, and mode=ro does not create it" in str(
+        missing.value
+    )
+    absent.close()
+
+
 REFUSALS = [
     pytest.param(
         "postgresql://postgres@127.0.0.1:5432/flexiq_no_such_db", "does not exist", marks=pytest.mark.postgres
@@ -543,12 +583,42 @@ REFUSALS = [
     pytest.param("postgresql://flexiq_nobody:s3cret@127.0.0.1:5432/test", "flexiq_nobody", marks=pytest.mark.postgres),
     pytest.param("mysql://root@127.0.0.1:3306/flexiq_no_such_db", "Unknown database", marks=pytest.mark.mysql),
     pytest.param("mysql://flexiq_nobody:s3cret@127.0.0.1:3306/test", "Access denied", marks=pytest.mark.mysql),
+    pytest.param(
+        "postgresql://postgres@127.0.0.1:5432/test?sslmode=require",
+        "server does not support SSL, but SSL was required",
+        marks=pytest.mark.postgres,
+    ),  # the test server runs without SSL
+    pytest.param(
+        "postgresql+psycopg2://postgres@127.0.0.1:5432/test?sslmode=require",
+        "server does not support SSL, but SSL was required",
+        marks=pytest.mark.postgres,
+    ),
+    pytest.param(
+        "postgresql+psycopg2://postgres@127.0.0.1:5432/flexiq_no_such_db", "does not exist", marks=pytest.mark.postgres
+    ),
+    pytest.param(
+        "postgresql+psycopg2://flexiq_nobody:s3cret@127.0.0.1:5432/test", "flexiq_nobody", marks=pytest.mark.postgres
+    ),
 ]
 
 
-@pytest.mark.parametrize(("url", "cause"), REFUSALS, ids=["pg-database", "pg-login", "mysql-database", "mysql-login"])
+@pytest.mark.parametrize(
+    ("url", "cause"),
+    REFUSALS,
+    ids=[
+        "pg-database",
+        "pg-login",
+        "mysql-database",
+        "mysql-login",
+        "pg-ssl-required",
+        "psycopg2-ssl-required",
+        "psycopg2-database",
+        "psycopg2-login",
+    ],
+)
 def test_c41_an_unknown_database_or_a_refused_login_raises_store_misconfigured(url: str, cause: str) -> None:
-    """C41: a server that refuses the login or knows no such database raises ``StoreMisconfigured``.
+    """C41: a server that refuses the login, knows no such database or cannot meet ``sslmode=require``
+    raises ``StoreMisconfigured``, through psycopg 3 and psycopg2 alike.
 
     The message names the cause and hides the password; a plain outage
     (connection refused) stays a plain ``StoreUnavailable``.

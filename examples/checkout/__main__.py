@@ -130,6 +130,7 @@ class _Demo:
             "kombu's SQLite transport (no server)" if self.framework == "celery" else "in-process StubBroker"
         )
         click.echo(f"flexiq-plugins checkout demo — {self.framework}, broker: {transport}")
+        self._say_what_the_demo_changes()
         click.echo(f"step store and demo files: {self.dir}")
         click.echo(f"run key {self.run_key}")
         click.echo(f"publishing checkout{ORDER!r}\n")
@@ -138,6 +139,23 @@ class _Demo:
         finally:
             self._stop_worker()
         return self._tally(ok)
+
+    def _say_what_the_demo_changes(self) -> None:
+        """One line for the timings the demo shortens, one for a broker URL it rewrites: nothing silently."""
+        if self.framework == "celery":
+            from .celery_app import DEMO_TIMINGS
+        else:
+            from .dramatiq_app import DEMO_TIMINGS, pika_url
+
+            if pika_url(self.broker) != self.broker:
+                click.echo(
+                    f"broker URL: {self.broker} is given to Dramatiq as {pika_url(self.broker)}: pika writes "
+                    "the default vhost '/' as %2F where kombu (Celery) writes //"
+                )
+        click.echo(
+            f"demo timings: {DEMO_TIMINGS}, so that a killed worker's job is taken over within seconds "
+            "(keep the defaults in production)"
+        )
 
     def _drive(self) -> bool:
         if self.framework == "dramatiq" and not self.broker:
@@ -225,6 +243,8 @@ class _Demo:
                 self.worker.wait()
 
     def _crash(self, line: str) -> None:
+        from .flow import LEASE_SECONDS
+
         assert self.worker is not None
         self.crashed_at = time.monotonic()
         if self.broker:
@@ -234,7 +254,7 @@ class _Demo:
             click.echo("             its message is unacknowledged and its claim on the run still holds")
             click.echo("         >>> starting a new worker; the broker redelivers the job (RabbitMQ at once,")
             click.echo("             Redis after its visibility timeout) and the new attempt takes over")
-            click.echo("             the run once the dead worker's 4 s lease has expired")
+            click.echo(f"             the run once the dead worker's {LEASE_SECONDS:g} s lease has expired")
             self._start_worker()
             return
         pid = int(line.rsplit("pid ", 1)[1].rstrip(")"))
@@ -243,7 +263,7 @@ class _Demo:
         click.echo("         >>> the embedded SQLite transport cannot redeliver a message whose whole worker")
         click.echo("             died, so this run kills only the pool process: the worker's main process")
         click.echo("             puts the message back (reject_on_worker_lost) and a new pool process takes it")
-        click.echo("             over once the dead one's 4 s lease on the run has expired.")
+        click.echo(f"             over once the dead one's {LEASE_SECONDS:g} s lease on the run has expired.")
         click.echo("             Use --broker redis://… or amqp://… to kill the whole worker instead.")
 
     # ------------------------------------------------------------ publish

@@ -28,6 +28,8 @@ app.conf.update(
     broker_connection_retry_on_startup=True,
     result_extended=True,
 )
+DEMO_TIMINGS = f"a {flow.LEASE_SECONDS:g} s claim lease (default 30 s)"
+"""What the demo shortens so that a crash is over in seconds; the driver prints it (with the Redis part below)."""
 if BROKER.startswith("redis://"):
     # a dead worker's unacknowledged job comes back once unacknowledged for 10 s; kombu looks
     # for such jobs every unacked_restore_interval * unacked_restore_throttle seconds (default 100)
@@ -36,7 +38,10 @@ if BROKER.startswith("redis://"):
         "unacked_restore_interval": 1,
         "unacked_restore_throttle": 1,
     }
-celery_ext.install(app, store=f"sqlite:///{DEMO_DIR}/steps.db", lease_seconds=4, keep_succeeded_steps=True)
+    DEMO_TIMINGS += ", Redis redelivering an unacknowledged job after 10 s (visibility_timeout, default 1 h)"
+celery_ext.install(
+    app, store=f"sqlite:///{DEMO_DIR}/steps.db", lease_seconds=flow.LEASE_SECONDS, keep_succeeded_steps=True
+)
 
 
 @app.task(autoretry_for=(ReceiptNotSent,), default_retry_delay=1, max_retries=3)  # type: ignore[untyped-decorator]

@@ -22,10 +22,21 @@ BROKER_URL = os.environ.get("FLEXIQ_DEMO_BROKER", "")
 QUEUE = os.environ.get("FLEXIQ_DEMO_QUEUE", "flexiq-demo")
 
 
+DEMO_TIMINGS = f"a {flow.LEASE_SECONDS:g} s claim lease (default 30 s)"
+"""What the demo shortens so that a crash is over in seconds; the driver prints it (with the Redis part below)."""
+
+
+def pika_url(url: str) -> str:
+    """``url`` as pika reads it: kombu (Celery) spells the default vhost ``//``, pika ``/%2F``."""
+    return url[:-2] + "/%2F" if url.startswith("amqp://") and url.endswith("//") else url
+
+
 def _broker() -> dramatiq.Broker:
+    global DEMO_TIMINGS
     if BROKER_URL.startswith("redis://"):
         from dramatiq.brokers.redis import MAINTENANCE_SCALE, RedisBroker
 
+        DEMO_TIMINGS += ", Redis redelivering a dead worker's job after 3 s (heartbeat_timeout, default 60 s)"
         return RedisBroker(  # type: ignore[no-untyped-call]
             url=BROKER_URL,
             namespace=QUEUE,
@@ -35,14 +46,14 @@ def _broker() -> dramatiq.Broker:
     if BROKER_URL.startswith("amqp://"):
         from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
-        # kombu spells the default vhost "//", pika "/%2F": accept the Celery spelling too
-        url = BROKER_URL[:-2] + "/%2F" if BROKER_URL.endswith("//") else BROKER_URL
-        return RabbitmqBroker(url=url)
+        return RabbitmqBroker(url=pika_url(BROKER_URL))  # the driver says so when it rewrites the URL
     return StubBroker()
 
 
 broker = _broker()
-broker.add_middleware(DurableSteps(store=f"sqlite:///{DEMO_DIR}/steps.db", lease_seconds=4, keep_succeeded_steps=True))
+broker.add_middleware(
+    DurableSteps(store=f"sqlite:///{DEMO_DIR}/steps.db", lease_seconds=flow.LEASE_SECONDS, keep_succeeded_steps=True)
+)
 dramatiq.set_broker(broker)
 
 

@@ -25,10 +25,12 @@ from flexiq_plugins import Compensation, EventWaitSignal, RetryPolicy, SleepSign
 
 from .services import Carrier, Journal, Payments, ReceiptMailer
 
-__all__ = ["PAYMENT_CONFIRMED", "SHIP_RETRY", "SLEEP_SECONDS", "WAITING_LINE", "checkout"]
+__all__ = ["LEASE_SECONDS", "PAYMENT_CONFIRMED", "SHIP_RETRY", "SLEEP_SECONDS", "WAITING_LINE", "checkout"]
 
 T = TypeVar("T")
 SLEEP_SECONDS = float(os.environ.get("FLEXIQ_DEMO_SLEEP", "3"))
+LEASE_SECONDS = 4.0
+"""The demo's claim lease (the default is 30 s): a killed worker's run is taken over seconds after its death."""
 SHIP_RETRY = RetryPolicy(max_attempts=3, initial_delay=0.5, multiplier=2)
 """Three tries in all, 0.5 s then 1 s apart, counted in the step store whatever the broker says."""
 PAYMENT_CONFIRMED = "payment_confirmed"

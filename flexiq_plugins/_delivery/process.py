@@ -32,7 +32,7 @@ from .._model.codec import CodecChain
 from .._model.config import DurableConfig
 from .._store.base import StepStore
 from .._store.factory import DEFAULT_STORE_URL, STORE_URL_ENV, StoreSpec, open_store
-from .._store.sql import normalize_url
+from .._store.sql import normalize_url, sqlite_file
 from ..errors import ConfigurationError
 from .publishing import publishers_for
 from .registry import Installation, Publisher, installations
@@ -97,12 +97,12 @@ def _require_existing_sqlite_file(setting: str) -> None:
     Raises:
       ConfigurationError: naming the missing file and the ways to point at the real store.
     """
-    url = normalize_url(setting)
-    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+    path = sqlite_file(normalize_url(setting))  # also out of an SQLite URI (file:/path?mode=ro&uri=true)
+    if path is None:
         return
-    if not os.path.exists(url.database):
+    if not os.path.exists(path):
         raise ConfigurationError(
-            f"no step store at {os.path.abspath(url.database)}: pass store=URL (the store your workers use), "
+            f"no step store at {os.path.abspath(path)}: pass store=URL (the store your workers use), "
             f"set {STORE_URL_ENV}, or configure the integration in this process first "
             "(celery_ext.install(app, ...) or the DurableSteps middleware)"
         )

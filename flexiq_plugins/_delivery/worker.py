@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -65,8 +66,10 @@ def check_store_at_start(open_driver: Callable[[], AttemptDriver], *, worker: st
 
     A store that cannot be used (an unknown scheme or a missing driver in a
     setting read only now, a login the database refuses, an unknown
-    database, a SQLite file in a missing directory, a migration that fails)
-    is logged as one CRITICAL line naming the cause, and the worker stops
+    database, a SQLite file in a missing directory, a store configured
+    read-only, a migration that fails)
+    is logged as one CRITICAL line naming the cause (``CRITICAL:flexiq_plugins.integration:…``
+    on stderr when logging is not set up yet, as in Celery's ``worker_init``), and the worker stops
     with [`EXIT_CONFIGURATION`][flexiq_plugins.integration.EXIT_CONFIGURATION]. A store that is only unreachable
     (connection refused, a timeout) is logged as one WARNING line: the worker
     starts, and its jobs are put back until the store returns (C28).
@@ -81,6 +84,7 @@ def check_store_at_start(open_driver: Callable[[], AttemptDriver], *, worker: st
     store: object = open_driver
     try:
         store = open_driver().store
+        store.check_writable()  # a read-only store (a SQLite URL with mode=ro) can run no job
         store.now()
     except ConfigurationError as exc:  # StoreMisconfigured included
         _refuse_to_start(worker, exc)
@@ -93,7 +97,17 @@ def check_store_at_start(open_driver: Callable[[], AttemptDriver], *, worker: st
 
 
 def _refuse_to_start(worker: str, exc: Exception) -> NoReturn:
-    logger.critical("%s cannot start: %s", worker, exc)
+    """Log the one CRITICAL line, with its level even before the framework set logging up, and exit."""
+    if logger.hasHandlers():
+        logger.critical("%s cannot start: %s", worker, exc)
+    else:  # Celery sends worker_init before it configures logging: Python's last resort would drop the level
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(logging.BASIC_FORMAT))
+        logger.addHandler(handler)
+        try:
+            logger.critical("%s cannot start: %s", worker, exc)
+        finally:
+            logger.removeHandler(handler)
     raise SystemExit(EXIT_CONFIGURATION) from None
 
 

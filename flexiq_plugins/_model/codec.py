@@ -106,7 +106,10 @@ _LOADERS: dict[str, Callable[[Any], Any]] = {
 # One encoder and one decoder for every call: ``json.dumps``/``json.loads`` with
 # options build a new one each time, a third of a memo hit's cost. Both are
 # stateless between calls, as the json module's own shared default decoder is.
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_tagged)
+# NaN and the infinities are written as ``NaN``, ``Infinity`` and ``-Infinity``,
+# as Python's json, kombu's and Dramatiq's JSON write them: a float comes back
+# unchanged (C7). Strict JSON parsers outside Python refuse those three tokens.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=_tagged)
 _DECODER = json.JSONDecoder(object_hook=_untagged)
 
 
@@ -115,7 +118,9 @@ class JsonSerializer:
 
     Besides JSON's own types it round-trips ``datetime``, ``date``, ``time``
     (time zones kept), ``timedelta``, ``Decimal``, ``UUID`` and ``bytes``,
-    each stored as ``{"__flexiq__": "<type>", "v": ...}``. A tuple comes back
+    each stored as ``{"__flexiq__": "<type>", "v": ...}``, and every float,
+    NaN and the infinities included (stored as ``NaN``, ``Infinity``,
+    ``-Infinity``, as Python's ``json`` writes them). A tuple comes back
     as a list, as with any JSON. Both integrations use it whenever the
     framework's own serializer is JSON, so a step value behaves the same on
     Celery and Dramatiq.

@@ -3,7 +3,8 @@
 ``celery_ext.install(app, **options)`` and ``DurableSteps(**options)`` hand
 their keyword arguments to [`DurableConfig.from_options`][flexiq_plugins.DurableConfig.from_options], so an option is
 spelled, converted and validated the same way on both frameworks, and an
-unknown name is refused with the one list of accepted options. An adapter with
+unknown name is refused with the closest accepted name ("did you mean") and
+the one list of accepted options. An adapter with
 options of its own subclasses [`DurableConfig`][flexiq_plugins.DurableConfig] (as ``celery_ext`` does
 for its dead-letter path); the accepted list is then that subclass's fields.
 
@@ -17,11 +18,12 @@ decides it ([`flexiq_plugins._store.factory.resolve_store`][flexiq_plugins.integ
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+import difflib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, InvalidDuration
 from .codec import Codec, CodecChain, Serializer
 from .durations import parse_duration
 from .policies import CancellationPolicy, RetryPolicy, cancellation_option, retry_policy_option
@@ -42,6 +44,8 @@ _SECONDS = (
     "recovery_queued_seconds",
 )
 _FLAGS = ("keep_succeeded_steps", "record_at_publish", "recovery")
+_OPTIONS_HELP = "docs/configuration.md, 'Integration options'"
+"""Where every option is described, named by an unknown option's message."""
 _COUNTS = ("step_bytes", "run_bytes", "run_steps")
 
 
@@ -208,13 +212,13 @@ class DurableConfig:
           where (str): who received them, for the error message (``"celery_ext.install"``).
 
         Raises:
-          ConfigurationError: an unknown name, listing every accepted option, or an unusable value.
+          ConfigurationError: an unknown name, with the closest accepted name and the list of accepted
+            names, or an unusable value naming its option ([`InvalidDuration`][flexiq_plugins.errors.InvalidDuration]
+            for a duration).
         """
         unknown = sorted(set(options) - set(cls.accepted()))
         if unknown:
-            raise ConfigurationError(
-                f"{where} got unknown option(s) {', '.join(unknown)}; accepted:\n{cls.describe_options()}"
-            )
+            raise ConfigurationError(cls.unknown_options_message(unknown, where=where))
         try:
             return cls(**options)
         except ConfigurationError:
@@ -226,6 +230,22 @@ class DurableConfig:
     def accepted(cls) -> dict[str, str]:
         """The accepted option names with their help text, in declaration order."""
         return {f.name: str(f.metadata.get("doc", "")) for f in dataclasses.fields(cls) if f.init}
+
+    @classmethod
+    def unknown_options_message(cls, unknown: Sequence[str], *, where: str = "options") -> str:
+        """The message for misspelt option names: each with its closest accepted name, then all names briefly.
+
+        e.g. ``celery_ext.install: unknown option 'leese_seconds'; did you mean 'lease_seconds'? Accepted
+        options: max_hop_seconds, lease_seconds, … (each described in docs/configuration.md, 'Integration
+        options')``.
+        """
+        names = list(cls.accepted())
+        parts = []
+        for name in unknown:
+            close = difflib.get_close_matches(str(name), names, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]!r}?" if close else "."
+            parts.append(f"unknown option {str(name)!r}{hint}")
+        return f"{where}: {' '.join(parts)} Accepted options: {', '.join(names)} (each described in {_OPTIONS_HELP})"
 
     @classmethod
     def describe_options(cls) -> str:
@@ -255,7 +275,10 @@ class DurableConfig:
 
 
 def _positive_seconds(name: str, value: object) -> float:
-    seconds = parse_duration(value)
+    try:
+        seconds = parse_duration(value)
+    except InvalidDuration as exc:
+        raise InvalidDuration(f"option {name}: {exc}") from exc
     if seconds <= 0:
         raise ConfigurationError(f"option {name}={value!r} must be a positive number of seconds or a duration")
     return seconds

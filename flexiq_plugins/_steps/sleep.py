@@ -7,6 +7,7 @@ replay returns at once when it has passed, and ends the attempt again
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -30,11 +31,18 @@ class SleepVerb:
         self._wake_at_from = wake_at_from
 
     def replay(self, journal: StepJournal, step: Step) -> None:
-        """Return at once if the recorded wake time has passed, else sleep again (C17)."""
+        """Return at once if the recorded wake time has passed, else sleep again (C17).
+
+        A row without a finite wake time (NULL, ``inf``, ``nan``) is a
+        [`CorruptRecord`][flexiq_plugins.errors.CorruptRecord], dead-lettered.
+        """
         assert step.memo is not None
-        if step.memo.wake_at is None:
+        wake_at = step.memo.wake_at
+        if wake_at is None:
             journal.refuse(journal.corrupt(step, "has no wake time"))
-        journal.sleep_until(step, step.memo.wake_at)
+        if not math.isfinite(wake_at):  # no moment: a sleep that could never end, or that always had
+            journal.refuse(journal.corrupt(step, f"has a wake time that is not a moment ({wake_at!r})"))
+        journal.sleep_until(step, wake_at)
 
     def execute(self, journal: StepJournal, step: Step) -> Protocol_:
         """Fix the wake time from the store's clock (no body to run)."""

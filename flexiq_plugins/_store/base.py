@@ -40,5 +40,15 @@ class StepStore(AttemptStore, OperatorStore):
         """How a worker's start line names the store (no secrets): ``repr`` unless the store says more."""
         return repr(self)
 
+    def check_writable(self) -> None:
+        """Refuse a store its configuration makes read-only (a SQLite URL with ``mode=ro``), without connecting.
+
+        A worker calls it as it starts (C41): its jobs must write their steps.
+        Nothing here; the SQL store checks its URL.
+
+        Raises:
+          StoreMisconfigured: the store is configured read-only.
+        """
+
     def close(self) -> None:
         """Release connections. Optional."""

@@ -2,7 +2,8 @@
 
 Every expected error ends the command with one line on stderr and a
 documented exit code, never a traceback: an unknown run key or dead-letter id
-exits 3, a usage mistake 2, a store or broker failure 1. Anything else is a
+exits 3, a usage mistake 2, a store or broker failure 1 (a store that refuses
+its configuration, ``StoreMisconfigured``, included: the command line was fine). Anything else is a
 bug and keeps its traceback.
 """
 
@@ -13,7 +14,14 @@ from typing import Any
 import click
 
 from .. import __version__
-from ..errors import ConfigurationError, StoreError, StoreUnavailable, UnknownDeadLetter, UnknownRun
+from ..errors import (
+    ConfigurationError,
+    StoreError,
+    StoreMisconfigured,
+    StoreUnavailable,
+    UnknownDeadLetter,
+    UnknownRun,
+)
 from ..operations import NoPublisher, OperationError
 from ._dlq import dlq
 from ._events import events
@@ -28,6 +36,7 @@ _EXIT_CODES: tuple[tuple[type[Exception], int], ...] = (
     (UnknownRun, EXIT_NOT_FOUND),
     (UnknownDeadLetter, EXIT_NOT_FOUND),
     (NoPublisher, EXIT_USAGE),
+    (StoreMisconfigured, EXIT_FAILED),  # a ConfigurationError too, but of the store, not of the command line
     (ConfigurationError, EXIT_USAGE),
     (ValueError, EXIT_USAGE),
     (StoreUnavailable, EXIT_FAILED),

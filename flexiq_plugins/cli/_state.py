@@ -18,7 +18,7 @@ from rich.console import Console
 
 from .._store.base import StepStore
 from .._store.factory import DEFAULT_STORE_URL, STORE_URL_ENV, open_store
-from .._store.sql import normalize_url
+from .._store.sql import normalize_url, sqlite_file
 from ..operations import DEFAULT_TARGET_ATTRS, Publisher, load_object, publishers_for
 
 __all__ = [
@@ -39,7 +39,7 @@ __all__ = [
 EXIT_OK = 0
 """The command did what was asked."""
 EXIT_FAILED = 1
-"""An operation failed: store unreachable, broker refused, some retries failed."""
+"""An operation failed: store unreachable or refusing its configuration, broker refused, some retries failed."""
 EXIT_USAGE = 2
 """Bad command line: unknown option, bad duration, missing ``--app``/``--broker``."""
 EXIT_NOT_FOUND = 3
@@ -145,12 +145,12 @@ def emit_json(data: Any) -> None:
 
 
 def _require_sqlite_file(spec: str) -> None:
-    url = normalize_url(spec)
-    if url.get_backend_name() != "sqlite" or not url.database or url.database == ":memory:":
+    path = sqlite_file(normalize_url(spec))  # also out of an SQLite URI (file:/path?mode=ro&uri=true)
+    if path is None:
         return
-    if not os.path.exists(url.database):
+    if not os.path.exists(path):
         fail(
-            f"no step store at {url.database}: pass --store URL (before or after the command) or set "
+            f"no step store at {path}: pass --store URL (before or after the command) or set "
             f"{STORE_URL_ENV}; `flexiq store upgrade` creates a new one",
             EXIT_FAILED,
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,7 +14,7 @@ from flexiq_celery_testapp import VERSION, count_calls
 from kombu import Exchange, Queue
 
 import celery_ext
-from flexiq_plugins.errors import DeadLettered
+from flexiq_plugins.errors import ConfigurationError, DeadLettered
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -148,3 +149,32 @@ def test_c30_dead_letter_retry_republishes_with_the_same_run_key(
     assert again.id != first.id
     assert sqlite_store.get_run(dead.run_key).status == "succeeded"
     assert count_calls(calls, "allocate") == 1
+
+
+def test_c30_the_redis_dead_letter_queue_keeps_only_its_newest_messages(
+    redis_broker: str, sqlite_store: Any, make_celery_app: Any
+) -> None:
+    """On Redis the dead-letter list, which nothing consumes, is trimmed after each publish to its newest
+    ``dead_letter_queue_max_length`` messages; the store keeps every dead letter (C30)."""
+    app = make_celery_app(redis_broker, sqlite_store, dead_letter_queue_max_length=2)
+    task = app.tasks[f"{app.main}.duplicate_key"]
+    ids = []
+    with in_process_worker(app):
+        for _ in range(3):
+            result = task.delay()
+            with pytest.raises(DeadLettered, match="duplicate_step_key"):
+                result.get(timeout=20)
+            ids.append(result.id)  # the worker published and trimmed before it stored the failure
+    kept = dead_messages(app, redis_broker)
+    assert sorted(json.loads(message)["headers"]["id"] for message in kept) == sorted(ids[1:])  # the oldest went
+    assert len(sqlite_store.list_dead_letters()) == 3
+
+
+def test_c30_the_dead_letter_queue_bound_is_checked_at_install(sqlite_store: Any) -> None:
+    """``dead_letter_queue_max_length`` is ``None`` (no bound) or a positive int; anything else fails at install."""
+    bound = Celery("fqt-bound", set_as_current=False)
+    with pytest.raises(ConfigurationError, match="dead_letter_queue_max_length=0 must be None or an int"):
+        celery_ext.install(bound, store=sqlite_store, dead_letter_queue_max_length=0)
+    app = Celery("fqt-unbounded", set_as_current=False)
+    celery_ext.install(app, store=sqlite_store, dead_letter_queue_max_length=None)
+    assert celery_ext.runtime_of(app).config.dead_letter_queue_max_length is None  # type: ignore[union-attr]

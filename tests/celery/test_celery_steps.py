@@ -12,7 +12,7 @@ from flexiq_celery_testapp import call_keys, count_calls, shared_double
 
 import celery_ext
 from flexiq_plugins import current_job
-from flexiq_plugins.errors import ConfigurationError, UnsupportedInEagerMode
+from flexiq_plugins.errors import ConfigurationError, InvalidDuration, UnsupportedInEagerMode
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -191,12 +191,29 @@ def test_c28_install_rejects_unknown_options_and_double_install(sqlite_store: An
     app = Celery("fqt-options", set_as_current=False)
     with pytest.raises(ConfigurationError, match="max_hops"):
         celery_ext.install(app, store=sqlite_store, max_hops=3)
-    with pytest.raises(ConfigurationError, match="invalid duration 'soon'"):
+    with pytest.raises(ConfigurationError, match="option max_hop_seconds: invalid duration 'soon'"):
         celery_ext.install(app, store=sqlite_store, max_hop_seconds="soon")
     celery_ext.install(app, store=sqlite_store, max_hop_seconds="5m")
     assert celery_ext.runtime_of(app).config.max_hop_seconds == 300  # type: ignore[union-attr]
     with pytest.raises(ConfigurationError, match="already"):
         celery_ext.install(app, store=sqlite_store)
+
+
+def test_c28_a_misspelt_option_gets_did_you_mean_and_a_bad_duration_names_its_option(sqlite_store: Any) -> None:
+    """``install(app, leese_seconds=…)`` suggests ``lease_seconds`` and lists the names briefly (no rule ids);
+    ``install(app, lease_seconds="abc")`` names the option and the accepted duration forms."""
+    app = Celery("fqt-typo", set_as_current=False)
+    with pytest.raises(ConfigurationError) as typo:
+        celery_ext.install(app, store=sqlite_store, leese_seconds=10)
+    message = str(typo.value)
+    assert message.startswith("celery_ext.install: unknown option 'leese_seconds'; did you mean 'lease_seconds'? ")
+    assert "Accepted options: max_hop_seconds, lease_seconds, " in message
+    assert message.endswith("dead_letter_path (each described in docs/configuration.md, 'Integration options')")
+    assert "C23" not in message
+    with pytest.raises(InvalidDuration) as bad:
+        celery_ext.install(app, store=sqlite_store, lease_seconds="abc")
+    assert str(bad.value).startswith("option lease_seconds: invalid duration 'abc'; use a string of number+unit")
+    assert celery_ext.runtime_of(app) is None  # nothing was installed
 
 
 @pytest.mark.parametrize("store", ["postgresql//x", "mongodb://h/db", "", 12345, "postgress://u@h/db"], ids=repr)

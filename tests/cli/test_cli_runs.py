@@ -6,6 +6,7 @@ import json
 import time
 from collections.abc import Callable
 
+import pytest
 from click.testing import CliRunner, Result
 from conftest import Runs
 
@@ -173,6 +174,19 @@ def test_unreachable_store_exits_1_with_a_message() -> None:
     assert "is unavailable" in result.stderr
     assert "Traceback" not in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+@pytest.mark.postgres
+def test_c41_a_store_that_refuses_its_configuration_exits_1_not_2(require_service: Callable[..., None]) -> None:
+    """A database that does not exist (``StoreMisconfigured``, also a ``ConfigurationError``) is exit 1, as a
+    store that cannot be used; 2 is for the command line's own mistakes."""
+    require_service("PostgreSQL", "127.0.0.1", 5432)
+    url = "postgresql://postgres@127.0.0.1:5432/flexiq_no_such_database"
+    result = CliRunner().invoke(cli, ["--store", url, "runs", "list"])
+    assert result.exit_code == 1, result.output
+    assert 'cannot be used: connection failed: connection to server at "127.0.0.1"' in result.stderr
+    assert 'database "flexiq_no_such_database" does not exist' in result.stderr
+    assert "Traceback" not in result.output
 
 
 def test_a_store_without_tables_says_to_upgrade(tmp_path: object) -> None:

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner, Result
 from conftest import Runs
 
+from flexiq_plugins import JobEnvelope
 from flexiq_plugins._store.sql import SqlStepStore
 from flexiq_plugins.cli import cli
 from flexiq_plugins.errors import UnknownRun
@@ -90,3 +91,24 @@ def test_a_missing_sqlite_store_is_an_error_not_a_new_empty_file(
     assert result.exit_code == 1
     assert f"no step store at {tmp_path / 'flexiq_steps.db'}" in result.output
     assert not (tmp_path / "flexiq_steps.db").exists()
+
+
+def test_c41_a_read_only_sqlite_uri_lists_runs_and_refuses_a_write_with_exit_1(tmp_path: Path) -> None:
+    """``--store 'sqlite:///file:/path?mode=ro&uri=true'`` reads the store (its file is found in the URI);
+    ``store cleanup``, which writes, exits 1 naming ``mode=ro``; a URI to a missing file names that file."""
+    path = tmp_path / "steps.db"
+    writable = SqlStepStore(f"sqlite:///{path}")
+    writable.record_queued("run-ro", "job-1", JobEnvelope("shop.checkout", "test"))
+    writable.close()
+    url = f"sqlite:///file:{path}?mode=ro&uri=true"
+    runner = CliRunner()
+
+    listed = runner.invoke(cli, ["--store", url, "runs", "list", "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert [run["run_key"] for run in json.loads(listed.stdout)] == ["run-ro"]
+    cleanup = runner.invoke(cli, ["--store", url, "store", "cleanup", "--older-than", "1s"])
+    assert cleanup.exit_code == 1, cleanup.output
+    assert "the URL opens it read-only (mode=ro)" in cleanup.stderr
+    missing = runner.invoke(cli, ["--store", f"sqlite:///file:{tmp_path / 'absent.db'}?uri=true", "runs", "list"])
+    assert missing.exit_code == 1
+    assert f"no step store at {tmp_path / 'absent.db'}:" in missing.stderr

@@ -3,7 +3,9 @@
 Real worker processes (``celery worker``, the ``dramatiq`` CLI) are started
 with a store setting that is well formed but refused for good: a SQLite file
 in a directory that does not exist, a PostgreSQL database that does not
-exist. Each must stop at once with one line naming the cause, before it takes
+exist, a SQLite store opened read-only, ``sslmode=require`` against a
+PostgreSQL server without SSL. Each
+must stop at once with one CRITICAL line naming the cause, before it takes
 any job; the job published before it stays in the broker and runs, once,
 when a worker with a usable store comes.
 """
@@ -29,6 +31,14 @@ BAD_STORES: dict[str, tuple[Callable[[HarnessConfig], str], str]] = {
         lambda _config: "postgresql://postgres@127.0.0.1:5432/flexiq_no_such_database",
         'database "flexiq_no_such_database" does not exist',
     ),
+    "read-only": (
+        lambda config: f"sqlite:///file:{config.directory}/steps.db?mode=ro&uri=true",
+        "the URL opens it read-only (mode=ro)",
+    ),
+    "ssl-required": (  # the test server runs without SSL: sslmode=require can never connect
+        lambda _config: "postgresql://postgres@127.0.0.1:5432/test?sslmode=require",
+        "server does not support SSL, but SSL was required",
+    ),
 }
 
 
@@ -48,7 +58,7 @@ def test_c41_a_worker_refuses_to_start_on_a_store_it_cannot_use_and_the_job_wait
     published before it was not taken: no run exists for it, and a worker
     with a usable store then runs it to success with its step body called once.
     """
-    if bad_store == "unknown-database":
+    if bad_store in ("unknown-database", "ssl-required"):
         require_service(*POSTGRES)
     url, cause = BAD_STORES[bad_store]
     job = harness.publish("once")
@@ -58,6 +68,7 @@ def test_c41_a_worker_refuses_to_start_on_a_store_it_cannot_use_and_the_job_wait
     refusals = [line for line in stopped.output.splitlines() if "cannot start" in line]
     assert len(refusals) == 1, stopped.output[-3000:]
     assert cause in refusals[0]
+    assert "CRITICAL" in refusals[0]  # with its level, also before the framework set logging up (Celery)
     assert "Traceback" not in stopped.output
     assert harness.status(job.run_key) is None
 

@@ -12,6 +12,7 @@ row without a value, a job envelope that is not JSON) are in
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -180,12 +181,24 @@ def test_c5_a_stored_run_step_without_a_value_is_a_corrupt_record(harness):
     assert calls == []
 
 
-def test_c17_a_stored_sleep_step_without_a_wake_time_is_a_corrupt_record(harness):
-    """A ``sleep`` row without its wake time is ``CorruptRecord`` too, not a sleep that is always due."""
+@pytest.mark.parametrize(
+    ("wake_at", "problem"),
+    [
+        pytest.param(None, "has no wake time", id="null"),
+        pytest.param(math.inf, "has a wake time that is not a moment (inf)", id="inf"),
+        pytest.param(-math.inf, "has a wake time that is not a moment (-inf)", id="-inf"),
+        pytest.param(math.nan, "has a wake time that is not a moment (nan)", id="nan"),
+    ],
+)
+def test_c17_a_stored_sleep_step_without_a_wake_time_is_a_corrupt_record(harness, wake_at, problem):
+    """A ``sleep`` row without a finite wake time is ``CorruptRecord`` too, not a sleep that is always due,
+    one that never ends, or a bare ``AssertionError`` when the attempt puts the job back."""
     begun = harness.store.begin(harness.run_key, "job-0", harness.job().envelope, "w", 30.0)
-    harness.store.commit_step(begun.claim, StepRow(0, "sleep#0", "sleep", None, None))
+    harness.store.commit_step(begun.claim, StepRow(0, "sleep#0", "sleep", None, wake_at))
     harness.store.finish(begun.claim, "sleeping")
 
     outcome = harness.run(lambda: _step().sleep("1h"))
+    assert isinstance(outcome, outcomes.DeadLetter), outcome
+    assert isinstance(outcome.error, CorruptRecord)
     assert outcome.reason == "corrupt_record"
-    assert "has no wake time" in outcome.message
+    assert f"the stored row of step 'sleep#0' of job job-1 (run run-1) {problem}" in outcome.message

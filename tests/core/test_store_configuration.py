@@ -11,6 +11,7 @@ doubles while the outage lasts, up to ``store_retry_max_seconds``.
 from __future__ import annotations
 
 import logging
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,13 +59,48 @@ def test_c41_a_store_setting_that_can_never_work_is_refused_without_connecting(s
     assert repr(spec) in str(info.value) or "needs the package" in str(info.value)
 
 
-@pytest.mark.parametrize("spec", [None, "memory://", "sqlite:///steps.db", "postgresql://u@127.0.0.1:9/db"], ids=repr)
+@pytest.mark.parametrize(
+    "spec",
+    [
+        None,
+        "memory://",
+        "sqlite:///steps.db",
+        "postgresql://u@127.0.0.1:9/db",
+        "postgresql+psycopg2://u@127.0.0.1:9/db",
+    ],
+    ids=repr,
+)
 def test_c41_a_usable_store_setting_passes_without_connecting(spec: object) -> None:
     """C41: a setting resolved later (``None``), a memory store or a well-formed URL with its driver passes.
 
-    Nothing connects: a server that is down (port 9) is not a configuration error.
+    Nothing connects: a server that is down (port 9) is not a configuration error. psycopg2, a driver the
+    store runs on, is accepted when it is installed.
     """
     check_store_spec(spec)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("url", "module", "package"),
+    [
+        ("postgresql+psycopg2://u@127.0.0.1:9/db", "psycopg2", "the package psycopg2 (pip install psycopg2-binary"),
+        ("postgresql://u@127.0.0.1:9/db", "psycopg", "the package psycopg (pip install 'flexiq-plugins[postgres]')"),
+        ("mysql://u@127.0.0.1:9/db", "pymysql", "the package pymysql (pip install 'flexiq-plugins[mysql]')"),
+    ],
+    ids=["psycopg2", "psycopg", "pymysql"],
+)
+def test_c41_a_missing_driver_names_the_package_of_the_driver_the_url_chose(
+    monkeypatch: pytest.MonkeyPatch, url: str, module: str, package: str
+) -> None:
+    """C41: a URL whose driver cannot be imported names that driver's package, never another driver's.
+
+    ``postgresql+psycopg2://`` without psycopg2 says to install psycopg2, not psycopg 3 (extra 'postgres').
+    """
+    monkeypatch.setitem(sys.modules, module, None)  # makes ``import <module>`` fail, as when it is not installed
+    with pytest.raises(ConfigurationError) as info:
+        check_store_spec(url)
+    message = str(info.value)
+    assert f"needs {package}" in message
+    assert f"for its driver {module!r}, which cannot be imported" in message
 
 
 class RefusingStore(MemoryStepStore):
@@ -103,6 +139,39 @@ def test_c41_a_worker_refuses_to_start_on_a_store_that_refuses_it(
     assert [r.levelno for r in loud] == [logging.CRITICAL]
     assert "test worker cannot start" in loud[0].getMessage()
     assert f"its directory {str(missing)!r} does not exist" in loud[0].getMessage()
+
+
+def test_c41_a_worker_refuses_to_start_on_a_read_only_sqlite_store(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """C41: a SQLite URI opened read-only (``mode=ro&uri=true``) stops the worker at start, though the file
+    exists and reads work: its jobs must write their steps. One CRITICAL line names ``mode=ro``."""
+    path = tmp_path / "steps.db"
+    SqlStepStore(f"sqlite:///{path}").now()  # an existing, up-to-date store
+    driver = AttemptDriver(SqlStepStore(f"sqlite:///file:{path}?mode=ro&uri=true"))
+    with pytest.raises(SystemExit) as stopped:
+        check_store_at_start(lambda: driver, worker="test worker")
+    assert stopped.value.code == EXIT_CONFIGURATION
+    loud = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert [r.levelno for r in loud] == [logging.CRITICAL]
+    assert "test worker cannot start: " in loud[0].getMessage()
+    assert "the URL opens it read-only (mode=ro), and workers write their steps to it" in loud[0].getMessage()
+
+
+def test_c41_the_refusal_line_keeps_its_level_before_logging_is_set_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """C41: with no handler configured (Celery's ``worker_init`` comes before its logging setup) the line
+    still says CRITICAL, on stderr, instead of Python's last-resort bare message."""
+    monkeypatch.setattr(logging.getLogger("flexiq_plugins.integration"), "propagate", False)  # no handler above
+    driver = AttemptDriver(SqlStepStore(f"sqlite:///{tmp_path / 'missing' / 'steps.db'}"))
+    with pytest.raises(SystemExit) as stopped:
+        check_store_at_start(lambda: driver, worker="test worker")
+    assert stopped.value.code == EXIT_CONFIGURATION
+    lines = capsys.readouterr().err.splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("CRITICAL:flexiq_plugins.integration:test worker cannot start: ")
+    assert logging.getLogger("flexiq_plugins.integration").handlers == []  # nothing left behind
 
 
 def test_c41_a_worker_refuses_to_start_on_a_setting_read_only_at_start(caplog: pytest.LogCaptureFixture) -> None:

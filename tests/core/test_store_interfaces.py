@@ -51,8 +51,8 @@ OPERATOR_SIDE = {
     "add_event",
     "next_event",
 }
-STORE_OBJECT = {"describe", "close"}
-"""What ``StepStore`` itself adds: the store object's description and its close, used by whoever opened it."""
+STORE_OBJECT = {"describe", "check_writable", "close"}
+"""What ``StepStore`` itself adds: the store object's description, its writability check at a worker's start, and its close."""
 
 
 def _declared(cls: type) -> set[str]:

@@ -37,7 +37,8 @@ def test_celery_page_lists_the_same_celery_only_options() -> None:
     """celery.md's options table is exactly the Celery-only options."""
     text = (DOCS / "celery.md").read_text()
     options = text[text.index("## Options") :]
-    assert _table_options(options) == _celery_only() == {"dead_letter_queue", "dead_letter_path"}
+    celery_only = {"dead_letter_queue", "dead_letter_path", "dead_letter_queue_max_length"}
+    assert _table_options(options) == _celery_only() == celery_only
 
 
 def test_no_page_names_an_option_that_does_not_exist() -> None:

@@ -11,7 +11,7 @@ from dramatiq.middleware import Retries
 
 import dramatiq_ext
 from dramatiq_ext import RUN_KEY_OPTION, DurableSteps
-from flexiq_plugins import ZlibCodec, current_job
+from flexiq_plugins import InvalidDuration, ZlibCodec, current_job
 from flexiq_plugins._store.base import StepStore
 from flexiq_plugins._store.sql import SqlStepStore
 from flexiq_plugins.errors import ConfigurationError
@@ -32,9 +32,24 @@ def test_public_names() -> None:
 
 
 def test_unknown_option_is_refused_at_construction() -> None:
-    """A misspelt option fails at once, naming the accepted ones."""
-    with pytest.raises(ConfigurationError, match=r"max_hops.*accepted:\n  max_hop_seconds"):
+    """A misspelt option fails at once with the closest name and the accepted names, without rule ids."""
+    with pytest.raises(ConfigurationError) as info:
         DurableSteps(max_hops="5m")
+    message = str(info.value)
+    assert message.startswith("DurableSteps(): unknown option 'max_hops'; did you mean 'max_hop_seconds'? ")
+    assert "Accepted options: max_hop_seconds, lease_seconds, " in message
+    assert "docs/configuration.md" in message
+    assert "C18" not in message  # the names only; their help is in the docs
+    assert "\n" not in message
+
+
+def test_c19_a_duration_option_that_does_not_parse_names_the_option_and_the_accepted_forms() -> None:
+    """``DurableSteps(max_hop_seconds="2x")`` says which option holds the bad duration, and what is accepted."""
+    with pytest.raises(InvalidDuration) as info:
+        DurableSteps(max_hop_seconds="2x")
+    message = str(info.value)
+    assert message.startswith("option max_hop_seconds: invalid duration '2x'")
+    assert "'500ms', '30s', '5m', '1h30m'" in message
 
 
 @pytest.mark.parametrize("store", ["postgresql//x", "mongodb://h/db", "", 12345, "postgress://u@h/db"], ids=repr)

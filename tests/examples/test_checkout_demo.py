@@ -58,6 +58,10 @@ def test_c5_demo_embedded_default(tmp_path: Path) -> None:
     out = _demo(tmp_path)
     _check_story(out)
     assert "AsyncResult(" in out
+    assert (
+        "demo timings: a 4 s claim lease (default 30 s), so that a killed worker's job is taken over within "
+        "seconds (keep the defaults in production)"
+    ) in out  # what the demo changes is said, never silent
 
 
 @pytest.mark.slow
@@ -72,7 +76,9 @@ def test_c25_demo_crash_embedded(tmp_path: Path) -> None:
 def test_c5_demo_celery_redis(tmp_path: Path, require_service) -> None:
     """The demo on Celery with a real Redis broker."""
     require_service("redis", "127.0.0.1", 6379)
-    _check_story(_demo(tmp_path, "--broker", REDIS))
+    out = _demo(tmp_path, "--broker", REDIS)
+    _check_story(out)
+    assert "Redis redelivering an unacknowledged job after 10 s (visibility_timeout, default 1 h)" in out
 
 
 @pytest.mark.rabbitmq
@@ -94,6 +100,7 @@ def test_c25_demo_redis_crash(tmp_path: Path, require_service, framework: str) -
     require_service("redis", "127.0.0.1", 6379)
     out = _demo(tmp_path, "--framework", framework, "--broker", REDIS, "--crash")
     assert "SIGKILL to the whole worker" in out, out
+    assert "demo timings: a 4 s claim lease (default 30 s), Redis redelivering" in out, out
     assert "taken over 1 time" in out, out
     _check_story(out)
 
@@ -117,7 +124,11 @@ def test_c5_demo_dramatiq_stub(tmp_path: Path) -> None:
 def test_c5_demo_dramatiq_rabbitmq(tmp_path: Path, require_service) -> None:
     """The demo on Dramatiq with a real RabbitMQ broker and a worker process."""
     require_service("rabbitmq", "127.0.0.1", 5672)
-    _check_story(_demo(tmp_path, "--framework", "dramatiq", "--broker", AMQP))
+    out = _demo(tmp_path, "--framework", "dramatiq", "--broker", AMQP)
+    _check_story(out)
+    assert (
+        "broker URL: amqp://guest:guest@127.0.0.1:5672// is given to Dramatiq as amqp://guest:guest@127.0.0.1:5672/%2F"
+    ) in out  # the rewrite of kombu's spelling is said, never silent
 
 
 @pytest.mark.redis

@@ -20,9 +20,16 @@ One module per concern, each with its reasons in its docstring:
 
 from __future__ import annotations
 
-from .engine import ACCEPTED_STORE_FORMS, normalize_url
+from .engine import ACCEPTED_STORE_FORMS, normalize_url, sqlite_file
 from .migrate import upgrade_store
 from .store import SqlStepStore
 from .tables import DEFAULT_TABLE_PREFIX
 
-__all__ = ["ACCEPTED_STORE_FORMS", "DEFAULT_TABLE_PREFIX", "SqlStepStore", "normalize_url", "upgrade_store"]
+__all__ = [
+    "ACCEPTED_STORE_FORMS",
+    "DEFAULT_TABLE_PREFIX",
+    "SqlStepStore",
+    "normalize_url",
+    "sqlite_file",
+    "upgrade_store",
+]

@@ -75,6 +75,7 @@ import select
 import socket
 import sqlite3
 import time
+import urllib.parse
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -98,6 +99,8 @@ __all__ = [
     "normalize_url",
     "register_fork_hook",
     "safe_url",
+    "sqlite_file",
+    "sqlite_read_only",
 ]
 
 ACCEPTED_STORE_FORMS = (
@@ -147,7 +150,13 @@ _DRIVERS = {
     "mariadb": "mariadb+pymysql",
     "sqlite": "sqlite",
 }
-_DRIVER_PACKAGES = {"postgresql": "psycopg (extra 'postgres')", "mysql": "pymysql (extra 'mysql')"}
+_DRIVER_PACKAGES = {
+    "psycopg": "psycopg (pip install 'flexiq-plugins[postgres]')",
+    "psycopg2": "psycopg2 (pip install psycopg2-binary, or psycopg2 to build it against your libpq)",
+    "pymysql": "pymysql (pip install 'flexiq-plugins[mysql]')",
+    "mysqldb": "mysqlclient (pip install mysqlclient)",
+}
+"""The package that provides each driver a store URL may name, for the missing-driver message."""
 
 T = TypeVar("T")
 
@@ -197,6 +206,56 @@ def _is_memory_sqlite(url: URL) -> bool:
     return url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
 
 
+_TRUE = frozenset({"true", "1", "yes", "on", "y", "t"})
+
+
+def _sqlite_uri_options(url: URL) -> dict[str, str] | None:
+    """The options of a SQLite URL given as an SQLite URI (``uri=true``): the URI's own and the URL's; else ``None``.
+
+    Without ``uri=true`` pysqlite takes the database as a plain file name and ignores ``mode`` and the like.
+    """
+    if str(url.query.get("uri", "")).lower() not in _TRUE:
+        return None
+    _, _, query = str(url.database or "").partition("?")
+    return {**dict(urllib.parse.parse_qsl(query)), **{key: str(value) for key, value in url.query.items()}}
+
+
+def sqlite_file(url: URL) -> str | None:
+    """The file a SQLite URL opens, or ``None`` for an in-memory database (or another backend).
+
+    With ``uri=true`` the database part is an SQLite URI (``file:/path/x.db``,
+    ``file:///path/x.db``, ``file:x.db``, percent-encoded), whose path is the
+    file; ``mode=memory`` or ``file::memory:`` is in memory.
+
+    Parameters:
+      url (URL): a store URL.
+    """
+    if url.get_backend_name() != "sqlite" or _is_memory_sqlite(url):
+        return None
+    database = str(url.database)
+    options = _sqlite_uri_options(url)
+    if options is None or not database.startswith("file:"):
+        return database
+    path = urllib.parse.unquote(urllib.parse.urlsplit(database).path)
+    return None if path in ("", ":memory:") or options.get("mode") == "memory" else path
+
+
+def sqlite_read_only(url: URL) -> str | None:
+    """The option that opens a SQLite URL's database read-only (``mode=ro``, ``immutable=1``), or ``None``.
+
+    Parameters:
+      url (URL): a store URL; only an SQLite URI (``uri=true``) can carry those options.
+    """
+    options = _sqlite_uri_options(url) if url.get_backend_name() == "sqlite" else None
+    if options is None:
+        return None
+    if options.get("mode", "").lower() == "ro":
+        return "mode=ro"
+    if options.get("immutable", "").lower() in _TRUE:
+        return f"immutable={options['immutable']}"
+    return None
+
+
 def create_engine(url: URL) -> Engine:
     """Create an engine configured for the store (does not connect).
 
@@ -227,8 +286,7 @@ def create_engine(url: URL) -> Engine:
     try:
         engine = sa.create_engine(url, **kwargs)
     except ImportError as exc:
-        package = _DRIVER_PACKAGES.get("mysql" if backend == "mariadb" else backend, "its driver")
-        raise ConfigurationError(f"the step store {safe_url(url)} needs the package {package}") from exc
+        raise ConfigurationError(f"the step store {safe_url(url)} needs {_missing_driver(url, exc)}") from exc
     except (sa_exc.ArgumentError, TypeError) as exc:
         raise ConfigurationError(f"cannot create an engine for {safe_url(url)}: {exc}") from exc
     if backend == "sqlite":
@@ -240,6 +298,13 @@ def create_engine(url: URL) -> Engine:
         event.listen(engine, "connect", _mysql_keepalive_hook(mysql_keepalive))
         event.listen(engine.pool, "reset", _reset_mysql_if_in_transaction)
     return engine
+
+
+def _missing_driver(url: URL, exc: ImportError) -> str:
+    """The package to install for the driver ``url`` names (``postgresql+psycopg2://`` needs psycopg2)."""
+    driver = url.get_driver_name()
+    package = _DRIVER_PACKAGES.get(driver, f"that provides the module {exc.name or driver!r}")
+    return f"the package {package} for its driver {driver!r}, which cannot be imported ({exc})"
 
 
 def _mysql_network_timeouts(url: URL) -> dict[str, int]:

@@ -12,7 +12,8 @@ server rolled the whole transaction back); `is_deadlock` lets the store
 retry it a few times first.
 
 A refusal that will not pass by itself (authentication, an unknown database,
-a SQLite file in a missing directory) is
+an SSL mode the server cannot meet, a SQLite file in a missing directory, a
+read-only SQLite database) is
 [`StoreMisconfigured`][flexiq_plugins.errors.StoreMisconfigured]: still an unavailability,
 so a job that meets it is put back, but a worker refuses to start on it (C41).
 """
@@ -25,18 +26,27 @@ from contextlib import contextmanager
 from typing import Any
 
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import URL, Engine
 
 from ...errors import StoreError, StoreMisconfigured, StoreUnavailable
-from .engine import safe_url
+from .engine import safe_url, sqlite_file, sqlite_read_only
 
-__all__ = ["describe", "is_deadlock", "is_missing_table", "translated"]
+__all__ = ["describe", "is_deadlock", "is_missing_table", "read_only_message", "sqlite_refusal", "translated"]
 
 _DRIVER_MODULES = frozenset({"psycopg", "psycopg2", "pymysql", "MySQLdb", "sqlite3", "alembic"})
 _MYSQL_REFUSALS = frozenset({1044, 1045, 1049, 1698})
 """MySQL/MariaDB: access denied (to the database, for the user), unknown database."""
-_POSTGRES_REFUSALS = ("password authentication failed", "does not exist", "no pg_hba.conf entry")
-"""libpq's words for a refused login or an unknown role or database, at connection time."""
+_POSTGRES_REFUSALS = (
+    "password authentication failed",
+    "does not exist",
+    "no pg_hba.conf entry",
+    "server does not support SSL, but SSL was required",
+)
+"""libpq's words for a refused login, an unknown role or database, or an SSL mode the server cannot meet
+(``sslmode=require`` against a server without SSL), at connection time."""
+_POSTGRES_CONNECTING = ("connection failed", "connection to server")
+"""How a connection failure's message starts: psycopg 3 prefixes libpq's ``connection to server … failed:``
+with ``connection failed:``, psycopg2 passes libpq's text as it is."""
 _UNAVAILABLE = (
     sa_exc.OperationalError,
     sa_exc.InterfaceError,
@@ -75,9 +85,11 @@ def _translate(exc: BaseException, engine: Engine) -> StoreError:
             f"the step store at {where} has no tables ({detail}): run `flexiq store upgrade` "
             "or open the store with auto_upgrade=True"
         )
-    if _is_refusal(exc, engine):
-        if engine.url.get_backend_name() == "sqlite":
-            detail = f"its directory {os.path.dirname(str(engine.url.database))!r} does not exist"
+    if engine.url.get_backend_name() == "sqlite":
+        refusal = sqlite_refusal(exc, engine.url)
+        if refusal is not None:
+            return StoreMisconfigured(f"the step store at {where} cannot be used: {refusal}")
+    elif _is_refusal(exc, engine):
         return StoreMisconfigured(f"the step store at {where} cannot be used: {detail}")
     unavailable = isinstance(exc, _UNAVAILABLE) or (isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated)
     if unavailable:
@@ -94,7 +106,10 @@ def describe(exc: BaseException) -> str:
 
 
 def _is_refusal(exc: BaseException, engine: Engine) -> bool:
-    """A configuration the database refuses for good: login, unknown database, missing SQLite directory (C41)."""
+    """A configuration the server refuses for good: login, unknown database, SSL (C41).
+
+    SQLite's refusals are `sqlite_refusal`'s.
+    """
     if not isinstance(exc, sa_exc.OperationalError):
         return False
     origin = exc.orig
@@ -104,11 +119,37 @@ def _is_refusal(exc: BaseException, engine: Engine) -> bool:
         return bool(args) and args[0] in _MYSQL_REFUSALS
     if backend == "postgresql":
         text = str(origin)
-        return "connection failed" in text and any(words in text for words in _POSTGRES_REFUSALS)
-    if backend == "sqlite":
-        database = engine.url.database
-        return bool(database) and database != ":memory:" and not os.path.isdir(os.path.dirname(str(database)) or ".")
+        return text.startswith(_POSTGRES_CONNECTING) and any(words in text for words in _POSTGRES_REFUSALS)
     return False
+
+
+def sqlite_refusal(exc: BaseException, url: URL) -> str | None:
+    """Why a SQLite store refuses for good, or ``None``: a missing directory, a read-only database (C41).
+
+    The file is read out of an SQLite URI (``sqlite:///file:/path/x.db?mode=ro&uri=true``) too.
+
+    Parameters:
+      exc (BaseException): the error a store call met.
+      url (URL): the store's URL.
+    """
+    path = sqlite_file(url)
+    if path is None or not isinstance(exc, sa_exc.OperationalError):
+        return None
+    directory = os.path.dirname(path) or "."
+    if not os.path.isdir(directory):
+        return f"its directory {directory!r} does not exist"
+    read_only = sqlite_read_only(url)
+    if read_only == "mode=ro" and not os.path.exists(path):
+        return f"its file {path!r} does not exist, and mode=ro does not create it"
+    if "readonly" in str(exc.orig):  # SQLITE_READONLY: "attempt to write a readonly database"
+        return read_only_message(read_only, path)
+    return None
+
+
+def read_only_message(read_only: str | None, path: str) -> str:
+    """The cause of a read-only SQLite store: the URL's option, else the file's permissions."""
+    why = f"the URL opens it read-only ({read_only})" if read_only else f"{path!r} or its directory is not writable"
+    return f"{why}, and workers write their steps to it"
 
 
 def is_missing_table(exc: BaseException) -> bool:

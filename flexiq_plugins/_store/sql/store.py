@@ -48,9 +48,11 @@ their own modules, each with its reasons):
 
 from __future__ import annotations
 
+from ...errors import StoreMisconfigured
 from ..base import StepStore
 from .attempt_side import SqlAttemptSide
-from .engine import safe_url
+from .engine import safe_url, sqlite_file, sqlite_read_only
+from .errors import read_only_message
 from .migrate import schema_revision
 from .operator_side import SqlOperatorSide
 
@@ -91,3 +93,18 @@ class SqlStepStore(SqlAttemptSide, SqlOperatorSide, StepStore):
         """
         revision = self._read(lambda conn: schema_revision(conn, self._prefix))  # type: ignore[arg-type]
         return f"{self.url} (tables {self._prefix}*, schema revision {revision or 'none: run flexiq store upgrade'})"
+
+    def check_writable(self) -> None:
+        """Refuse a SQLite store whose URL opens it read-only (``mode=ro``, ``immutable=1``), without connecting.
+
+        A worker calls it as it starts (C41). Other databases, and a SQLite
+        file whose permissions refuse writes, are refused at their first
+        write instead ([`StoreMisconfigured`][flexiq_plugins.errors.StoreMisconfigured] too).
+
+        Raises:
+          StoreMisconfigured: the URL opens the database read-only.
+        """
+        read_only = sqlite_read_only(self._engine.url)
+        if read_only is not None:
+            why = read_only_message(read_only, sqlite_file(self._engine.url) or "")
+            raise StoreMisconfigured(f"the step store at {self.url} cannot be used: {why}")
