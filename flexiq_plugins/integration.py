@@ -41,9 +41,14 @@ a misconfiguration stops the worker with one line instead of failing jobs
 An integration configured in a process calls :func:`register_installation`
 with its app or broker, so :func:`flexiq_plugins.send_event` and
 :func:`flexiq_plugins.cancel_run` called there use its store and wake runs
-through it (C33, C34). When the framework cancels a job itself (a Celery
-``revoke``), :meth:`AttemptDriver.framework_ended` calls :func:`cancel_run`,
-the one cancellation.
+through it (C33, C34). Every terminal ending the framework reports by itself
+(a revoke, an expiry, a skip, a hard time limit, an age limit, a failure it
+acknowledged) goes to :meth:`AttemptDriver.framework_ended` with the
+adapter's publisher: the core settles it one way, its undos included
+(C32, C34, C38, C45). An adapter's publisher is also a
+:class:`ResultReporter`, and an ``Ack`` carrying an ``error`` (a cancelled
+run) is stored as the job's result before the acknowledgement, so a result
+waiter always gets a terminal state (C45).
 """
 
 from __future__ import annotations
@@ -84,7 +89,15 @@ from ._delivery.recording import (
     wants_record,
 )
 from ._delivery.recovery import Sweeper
-from ._delivery.registry import UNSTARTED_ONLY, Adapter, Publisher, ValueReader, register_adapter, register_installation
+from ._delivery.registry import (
+    UNSTARTED_ONLY,
+    Adapter,
+    Publisher,
+    ResultReporter,
+    ValueReader,
+    register_adapter,
+    register_installation,
+)
 from ._delivery.unregistered import UNREGISTERED_REASON, dead_letter_unregistered
 from ._delivery.worker import (
     EXIT_CONFIGURATION,
@@ -137,6 +150,7 @@ __all__ = [
     "PAYLOAD_OPTION",
     "PerProcess",
     "Publisher",
+    "ResultReporter",
     "PutBack",
     "PutBackReason",
     "RECORDED_FLAG",

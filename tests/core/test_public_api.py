@@ -52,6 +52,7 @@ EXPORTED = [
     "InvalidWakeTime",
     "JobCancelled",
     "JobContext",
+    "JobEnded",
     "JobEnvelope",
     "JobInfo",
     "JsonSerializer",
