@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from billiard.einfo import ExceptionWithTraceback
-from billiard.exceptions import TimeLimitExceeded
+from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from celery.exceptions import Ignore, Reject, Retry, Terminated
 from celery.worker.request import Request
 
@@ -97,8 +97,9 @@ class DurableRequest(Request):  # type: ignore[misc]
             error = error.exc
         if isinstance(error, TimeLimitExceeded):
             self._settle_if_gone(Ended.TIME_LIMIT, f"hard time limit ({error})")
-        elif not isinstance(error, _NOT_AN_END):
-            self._settle_if_gone(Ended.FAILED, f"{type(error).__name__}: {error}")
+        elif not isinstance(error, _NOT_AN_END):  # a lost worker's process died running the body
+            killed = isinstance(error, WorkerLostError)
+            self._settle_if_gone(Ended.FAILED, f"{type(error).__name__}: {error}", killed=killed)
 
     def cancel(self, pool: Any, signal: Any = None, emit_retry: bool = True) -> None:
         """Celery's cold-shutdown cancel (the process running the job is terminated); the run goes back."""
@@ -109,14 +110,15 @@ class DurableRequest(Request):  # type: ignore[misc]
         if driver is not None and run_key is not None and driver.worker_stopped(run_key):
             logger.info("job %s (run %s) goes back: the worker shut down while it ran", self.id, run_key)
 
-    def _settle_if_gone(self, how: Ended, detail: str) -> None:
+    def _settle_if_gone(self, how: Ended, detail: str, *, killed: bool = False) -> None:
         """If Celery acknowledged the message, or rejected it for good, tell the core how the job ended."""
         if not self.acknowledged or self._flexiq_requeued:
             return
         driver, run_key = self._run()
         if driver is not None and run_key is not None:
-            app = self.task.app
-            driver.framework_ended(run_key, how, job_id=str(self.id), detail=detail, publisher=publisher(app))
+            driver.framework_ended(
+                run_key, how, job_id=str(self.id), detail=detail, publisher=publisher(self.task.app), killed=killed
+            )
 
     def _run(self) -> tuple[AttemptDriver | None, str | None]:
         driver = driver_for(self.task)

@@ -321,6 +321,7 @@ class AttemptDriver:
         detail: str = "",
         reason: str = "",
         publisher: endings.Republish | None = None,
+        killed: bool = False,
     ) -> str | None:
         """The framework ended the job of ``run_key`` by itself: settle its run to match (C32, C34, C38, C45).
 
@@ -330,9 +331,10 @@ class AttemptDriver:
         framework acknowledged fails it: with committed undos it waits
         ``pending`` for the delivery that runs them (then ``compensated``),
         else it is ``failed``. That delivery is published through
-        ``publisher`` (else recovery publishes it). A hard time limit takes
-        the run from the attempt it killed (fenced out, C25); any other end
-        leaves a run a live attempt holds to that attempt. Recovery never
+        ``publisher`` (else recovery publishes it). A hard time limit (or an
+        end with ``killed``) takes the run from the attempt it killed (fenced
+        out, C25); any other end leaves a run a live attempt holds to that
+        attempt. Recovery never
         re-publishes a run settled so. Call it before the message is
         acknowledged when the framework lets you. A store error is logged,
         not raised.
@@ -344,6 +346,8 @@ class AttemptDriver:
           detail(str): what the framework said, recorded with the failure.
           reason(str): a cancellation's reason (default ``"<how> by the framework"``).
           publisher(Republish | None): publishes the run's job when its undos must run.
+          killed(bool): the framework killed the attempt running the body (a lost
+            worker process it acknowledged); always so for a hard time limit.
 
         Returns:
           str | None: the status the run now has, or ``None`` if nothing
@@ -351,7 +355,14 @@ class AttemptDriver:
         """
         try:
             ended = endings.settle(
-                self.store, run_key, how, job_id=job_id, detail=detail, reason=reason, republish=publisher
+                self.store,
+                run_key,
+                how,
+                job_id=job_id,
+                detail=detail,
+                reason=reason,
+                republish=publisher,
+                killed=killed,
             )
         except StoreError:
             logger.exception("could not settle run %s after its job was %s", run_key, how.value)

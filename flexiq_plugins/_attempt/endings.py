@@ -97,6 +97,7 @@ def settle(
     detail: str = "",
     reason: str = "",
     republish: Republish | None = None,
+    killed: bool = False,
 ) -> Ending:
     """Settle the run of a job the framework ended by itself (see the module's description).
 
@@ -111,6 +112,8 @@ def settle(
         (default ``"<how> by the framework"``).
       republish(Republish | None): publishes the run's job when its undos
         must run; ``None``: recovery does.
+      killed(bool): the framework killed the attempt running the job's body
+        (a lost worker process it acknowledged); always so for :data:`KILLING` ends.
 
     Returns:
       Ending: what became of the run.
@@ -121,7 +124,7 @@ def settle(
     if how in CANCELLING:
         ended = _cancelled(store, run_key, how, reason)
     else:
-        ended = _failed(store, run_key, how, job_id, detail)
+        ended = _failed(store, run_key, how, job_id=job_id, detail=detail, killed=killed or how in KILLING)
     if ended.status is not None:
         logger.info("run %s is %s: its job was %s by the framework", run_key, ended.status, how.value)
     return _delivered(store, ended, republish) if ended.undos_next else ended
@@ -154,14 +157,14 @@ def _cancelled(store: StepStore, run_key: str, how: Ended, reason: str) -> Endin
     return Ending(run_key, done.status, undos_next=done.outcome == "compensating")
 
 
-def _failed(store: StepStore, run_key: str, how: Ended, job_id: str | None, detail: str) -> Ending:
+def _failed(store: StepStore, run_key: str, how: Ended, *, job_id: str | None, detail: str, killed: bool) -> Ending:
     run = _run_or_none(store, run_key)
     if run is None or run.status in TERMINAL_STATUSES:
         return Ending(run_key, None)  # never claimed (a job that took no step, C23), or already settled
     compensating = compensation.is_compensating(store.get_steps(run_key))
     status: str | None = run.status
     if status == "running":
-        status = _taken_from_killed(store, run, how, job_id, compensating)
+        status = _taken_from_killed(store, run, how, job_id=job_id, compensating=compensating, killed=killed)
     elif compensating:  # its undos wait for a delivery; one dropped as too old is replaced by a new message
         return Ending(run_key, None, undos_next=how is Ended.AGE_LIMIT)
     if status is None or compensating:  # held by a live attempt; or an undo was killed: its delivery goes on
@@ -177,16 +180,17 @@ def _failed(store: StepStore, run_key: str, how: Ended, job_id: str | None, deta
 
 
 def _taken_from_killed(
-    store: StepStore, run: RunRecord, how: Ended, job_id: str | None, compensating: bool
+    store: StepStore, run: RunRecord, how: Ended, *, job_id: str | None, compensating: bool, killed: bool
 ) -> str | None:
     """Release a ``running`` run from the attempt the framework killed; its status now, ``None`` if left alone.
 
-    Only a killing end takes a run, and only from the ended job's own claim:
-    any other claim is a live attempt of another delivery. The run becomes
-    ``retrying`` at the killed attempt (as if it had failed there), or stays
-    ``pending`` with its undos to go on when the attempt was compensating.
+    Only an end that killed the attempt running the body takes the run, and
+    only from the ended job's own claim: any other claim is a live attempt of
+    another delivery. The run becomes ``retrying`` at the killed attempt (as
+    if it had failed there), or stays ``pending`` with its undos to go on
+    when the attempt was compensating.
     """
-    if how not in KILLING or (job_id is not None and run.job_id != job_id):
+    if not killed or (job_id is not None and run.job_id != job_id):
         logger.info("run %s: its job %s was %s; a live attempt holds the run", run.run_key, job_id, how.value)
         return None
     status: RunStatus = "pending" if compensating else "retrying"

@@ -333,3 +333,13 @@ def test_c45_cancel_run_says_when_no_message_is_left_to_answer_the_waiter(harnes
     done = cancel_run(harness.run_key, store=harness.store, publishers={})
     assert done.outcome == "cancelled"
     assert "no result waiter was told" in done.note
+
+
+def test_c38_an_acknowledged_failure_that_killed_the_attempt_takes_the_run_from_it(harness):
+    """C38, C45: the framework acknowledged the loss of the worker process running the body (Celery's
+    ``WorkerLostError`` with ``reject_on_worker_lost=False``): the run is taken from that job's claim and
+    fails, instead of waiting for its lease to expire and a takeover to run the body again."""
+    attempt = harness.start(job_id="job-1")
+    ended = outcomes.Ended.FAILED
+    assert harness.driver.framework_ended(harness.run_key, ended, job_id="job-1", killed=True) == "failed"
+    assert attempt.run(lambda: current_job.step.run("charge", lambda: "ch_1")).reason is outcomes.AckReason.DROPPED
