@@ -418,5 +418,6 @@ class AttemptDriver:
             if endings.given_up(self.store, failure.run_key, failure.attempt, failure.error):
                 return outcomes.PutBack(outcomes.PutBackReason.COMPENSATE, 0.0, "its compensations run next")
         except StoreError:
-            logger.exception("could not settle run %s after its failure was given up", failure.run_key)
+            logger.exception("could not start the compensation of run %s", failure.run_key)
+            self.settle_failed(failure)  # at least failed, as before the undos were known (C26)
         return None
