@@ -14,24 +14,43 @@ from typing import Any
 from flexiq_plugins.integration import JobEnvelope, Publisher, ValueReader
 
 from ._envelope import republish
+from ._results import tell_waiter
 
-__all__ = ["CeleryAdapter", "adapter", "publisher"]
+__all__ = ["CeleryAdapter", "CeleryPublisher", "adapter", "publisher"]
 
 
-def publisher(app: Any) -> Publisher:
+def publisher(app: Any) -> CeleryPublisher:
     """A publisher that re-publishes Celery jobs with ``app``, carrying the run key (C11, C30, C36).
 
     Given a ``job_id`` it reuses that task id, so a result waiter of a run
     woken by an event (C33) gets the run's outcome under its first task id.
+    It also tells a job's result waiter how a run ended outside Celery (C45).
 
     Parameters:
       app (celery.Celery): the application whose broker receives the job.
     """
+    return CeleryPublisher(app)
 
-    def publish(envelope: JobEnvelope, run_key: str, *, job_id: str | None = None, unstarted_only: bool = False) -> str:
-        return str(republish(app, envelope, run_key, task_id=job_id, unstarted_only=unstarted_only).id)
 
-    return publish
+class CeleryPublisher:
+    """[`Publisher`][flexiq_plugins.integration.Publisher] and ``ResultReporter`` through one Celery app.
+
+    Parameters:
+      app (celery.Celery): the application.
+    """
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def __call__(
+        self, envelope: JobEnvelope, run_key: str, *, job_id: str | None = None, unstarted_only: bool = False
+    ) -> str:
+        """Publish ``envelope`` again carrying ``run_key``; return the task id (``job_id`` if given)."""
+        return str(republish(self.app, envelope, run_key, task_id=job_id, unstarted_only=unstarted_only).id)
+
+    def report_ended(self, envelope: JobEnvelope, job_id: str, error: BaseException) -> bool:
+        """Store ``error`` as the FAILURE of task id ``job_id`` unless its backend holds a ready state (C45)."""
+        return tell_waiter(self.app.tasks.get(envelope.task_name), job_id, error)
 
 
 class CeleryAdapter:

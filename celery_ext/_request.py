@@ -7,8 +7,13 @@ handles them in its `Request`; durable tasks
 use this subclass (``Task.Request``), which lets Celery do exactly what it
 does, then reports what happened to the core, which settles the run:
 
-- a hard time limit or a failure Celery acknowledged (or rejected for good):
-  the run is ``failed`` ([`AttemptDriver.framework_ended`][flexiq_plugins.integration.AttemptDriver.framework_ended]);
+- a hard time limit (the pool process is killed inside the body) or a
+  failure Celery acknowledged (or rejected for good): the core settles the
+  run as every failing end
+  ([`AttemptDriver.framework_ended`][flexiq_plugins.integration.AttemptDriver.framework_ended]): with committed undos,
+  it is taken from the killed attempt and published once more through the app, so its undos run (then ``compensated``);
+  else it is ``failed`` (C32, C38, C45). Celery has already stored FAILURE
+  (``TimeLimitExceeded``) for the task's result waiter;
 - a cold shutdown that kills the process running the job, whose message
   Celery leaves to be delivered again: the run goes back to ``pending``
   without counting a takeover
@@ -25,12 +30,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from billiard.einfo import ExceptionWithTraceback
+from billiard.exceptions import TimeLimitExceeded, WorkerLostError
 from celery.exceptions import Ignore, Reject, Retry, Terminated
 from celery.worker.request import Request
 
 from flexiq_plugins import ConfigurationError, InvalidRunKey
 from flexiq_plugins.integration import AttemptDriver, Ended, run_key_from
 
+from ._adapter import publisher
 from ._options import RUN_KEY_HEADER
 from ._runtime import runtime_of
 
@@ -73,19 +80,27 @@ class DurableRequest(Request):  # type: ignore[misc]
         super().reject(requeue)
 
     def on_timeout(self, soft: bool, timeout: float) -> None:
-        """Celery's handling; then a hard time limit whose message is gone fails the run."""
+        """Celery's handling; then a hard time limit whose message is gone ends the run: undos first (C32, C38)."""
         super().on_timeout(soft, timeout)
         if not soft:
-            self._settle_if_gone(Ended.TIME_LIMIT)
+            self._settle_if_gone(Ended.TIME_LIMIT, f"hard time limit ({timeout} s)")
 
     def on_failure(self, exc_info: Any, send_failed_event: bool = True, return_ok: bool = False) -> None:
-        """Celery's handling; then a failure whose message is gone fails the run (if the attempt did not already)."""
+        """Celery's handling; then a failure whose message is gone ends the run (if the attempt did not already).
+
+        billiard reports a hard time limit here first (``TimeLimitExceeded``),
+        then calls `on_timeout`, both before it terminates the process
+        running the body: either report takes the run from that attempt.
+        """
         super().on_failure(exc_info, send_failed_event=send_failed_event, return_ok=return_ok)
         error = exc_info.exception
         if isinstance(error, ExceptionWithTraceback):  # how a pool process sends its exception back
             error = error.exc
-        if not isinstance(error, _NOT_AN_END):
-            self._settle_if_gone(Ended.FAILED)
+        if isinstance(error, TimeLimitExceeded):
+            self._settle_if_gone(Ended.TIME_LIMIT, f"hard time limit ({error})")
+        elif not isinstance(error, _NOT_AN_END):  # a lost worker's process died running the body
+            killed = isinstance(error, WorkerLostError)
+            self._settle_if_gone(Ended.FAILED, f"{type(error).__name__}: {error}", killed=killed)
 
     def cancel(self, pool: Any, signal: Any = None, emit_retry: bool = True) -> None:
         """Celery's cold-shutdown cancel (the process running the job is terminated); the run goes back."""
@@ -96,13 +111,15 @@ class DurableRequest(Request):  # type: ignore[misc]
         if driver is not None and run_key is not None and driver.worker_stopped(run_key):
             logger.info("job %s (run %s) goes back: the worker shut down while it ran", self.id, run_key)
 
-    def _settle_if_gone(self, how: Ended) -> None:
+    def _settle_if_gone(self, how: Ended, detail: str, *, killed: bool = False) -> None:
         """If Celery acknowledged the message, or rejected it for good, tell the core how the job ended."""
         if not self.acknowledged or self._flexiq_requeued:
             return
         driver, run_key = self._run()
         if driver is not None and run_key is not None:
-            driver.framework_ended(run_key, how)
+            driver.framework_ended(
+                run_key, how, job_id=str(self.id), detail=detail, publisher=publisher(self.task.app), killed=killed
+            )
 
     def _run(self) -> tuple[AttemptDriver | None, str | None]:
         driver = driver_for(self.task)

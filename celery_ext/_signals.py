@@ -16,7 +16,7 @@ from celery import signals
 from flexiq_plugins import FlexiqError, InvalidRunKey
 from flexiq_plugins.integration import (
     RECORDED_FLAG,
-    cancel_run,
+    Ended,
     check_store_at_start,
     dead_letter_unregistered,
     log_worker_start,
@@ -117,13 +117,15 @@ def settle_revoked(sender: Any = None, request: Any = None, expired: bool = Fals
 
     Sent in the worker's main process when Celery discards a revoked or
     expired message (a sleeping or waiting job's next hop included) or
-    terminates a running one. The core's one cancellation
-    ([`cancel_run`][flexiq_plugins.cancel_run]): a run no attempt holds
-    ends ``cancelled``, its undos run first in a new job published through the
-    app (the revoked task id would be discarded again); a run an attempt still
-    holds (``revoke(terminate=True)``) is cancelled by its next delivery, which
-    recovery makes once the killed attempt's lease has expired. Recovery never
-    re-publishes a cancelled run. A store error is logged.
+    terminates a running one, after Celery stored ``REVOKED`` for the task's
+    result waiter. The core settles it as every ending
+    ([`framework_ended`][flexiq_plugins.integration.AttemptDriver.framework_ended]), the one
+    cancellation: a run no attempt holds ends ``cancelled``, its undos run
+    first in a new job published through the app (the revoked task id would
+    be discarded again); a run an attempt still holds
+    (``revoke(terminate=True)``) is cancelled by its next delivery, which
+    recovery makes once the killed attempt's lease has expired. Recovery
+    never re-publishes a cancelled run. A store error is logged.
     """
     driver = driver_for(sender) if sender is not None else None
     runtime = runtime_of(sender.app) if driver is not None else None
@@ -133,13 +135,9 @@ def settle_revoked(sender: Any = None, request: Any = None, expired: bool = Fals
         run_key = run_key_of(request)
     except InvalidRunKey:
         return
-    reason = "expired (Celery)" if expired else "revoked (Celery)"
-    try:
-        done = cancel_run(run_key, reason=reason, store=driver.store, publishers={"celery": publisher(runtime.app)})
-    except FlexiqError:
-        logger.exception("could not cancel the run of revoked job %s", getattr(request, "id", "?"))
-        return
-    logger.info("run %s of revoked job %s: %s", run_key, getattr(request, "id", "?"), done.outcome)
+    how, reason = (Ended.EXPIRED, "expired (Celery)") if expired else (Ended.REVOKED, "revoked (Celery)")
+    status = driver.framework_ended(run_key, how, reason=reason, publisher=publisher(runtime.app))
+    logger.info("run %s of revoked job %s: %s", run_key, getattr(request, "id", "?"), status or "unchanged")
 
 
 def dead_letter_unknown_task(

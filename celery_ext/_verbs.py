@@ -12,7 +12,11 @@ Outcome              What the task does
                      the run is settled ``failed``, or, with undos to run (C32),
                      the same task id is re-published once to run them
 ``DeadLetter``       `celery_ext._deadletter`: never a retry
-``Ack``              ``Ignore``: acked, the stored result is left as it is
+``Ack``              ``Ignore``: acked, the stored result is left as it is; an
+                     ``Ack`` with an ``error`` (a cancelled run) first stores it
+                     as the job's FAILURE, unless the backend holds a ready
+                     state already, so ``AsyncResult.get()`` raises
+                     ``JobCancelled`` instead of waiting for ever (C45)
 ``Replay``           the run already finished (C37): returns its stored value,
                      or raises its stored error, from ``__call__``, outside
                      ``autoretry_for`` (which wraps ``run``) and without
@@ -59,6 +63,7 @@ from flexiq_plugins.integration import (
 from ._deadletter import dead_letter_error, publish_dead_letter
 from ._envelope import without_unstarted_only
 from ._options import RESUME_HEADER, RUN_KEY_HEADER
+from ._results import tell_waiter
 from ._runtime import Runtime
 
 __all__ = ["HandedBack", "QuietIgnoredFilter", "act", "install_quiet_ignored_filter"]
@@ -112,8 +117,10 @@ def _act(task: Any, request: Any, runtime: Runtime, job: JobInfo, outcome: Outco
                 _failure(task, request, runtime, job, outcome)
             case DeadLetter():
                 _dead_letter(task, request, runtime, outcome)
-            case Ack():
+            case Ack(error=None):
                 raise HandedBack()  # acknowledge, leave the result backend alone
+            case Ack():
+                _ack_telling_waiter(task, request, outcome)  # a cancelled run: FAILURE JobCancelled (C45)
             case Replay(error=None, value=value):
                 return value  # the body does not run; Celery stores the value and goes on (C37)
             case Replay():
@@ -122,6 +129,26 @@ def _act(task: Any, request: Any, runtime: Runtime, job: JobInfo, outcome: Outco
                 assert_never(outcome)
     finally:
         del outcome
+
+
+def _ack_telling_waiter(task: Any, request: Any, ack: Ack) -> NoReturn:
+    """Store the ``Ack``'s error as the job's FAILURE for its result waiter (C45), then acknowledge (``Ignore``).
+
+    What the waiter of a run cancelled by its own attempt gets: ``get()``
+    raises the ``JobCancelled`` a duplicate of the run would replay, and
+    ``link_error`` callbacks, a chain and a chord hear of it, without a
+    failure line in the worker's log. A result backend that fails is logged:
+    the run is cancelled whatever the backend says.
+    """
+    error, why = ack.error, ack.reason.value
+    del ack  # the HandedBack raised keeps this frame: it must not keep the outcome (no cycle)
+    assert error is not None
+    try:
+        tell_waiter(task, str(request.id), error, request=request)
+    except Exception:
+        logger.exception("job %s: could not store its result (%s)", request.id, why)
+    del error
+    raise HandedBack()
 
 
 def _raise_replayed(replay: Replay) -> NoReturn:

@@ -16,23 +16,47 @@ from flexiq_plugins.integration import JobEnvelope, Publisher, ValueReader
 
 from ._actor import Body, unwrap_durable
 from ._envelope import republish
+from ._results import ResultKey, tell_waiter
 
-__all__ = ["DramatiqAdapter", "adapter", "publisher"]
+__all__ = ["DramatiqAdapter", "DramatiqPublisher", "adapter", "publisher"]
 
 
-def publisher(broker: Any) -> Publisher:
+def publisher(broker: Any) -> DramatiqPublisher:
     """A publisher that re-publishes Dramatiq jobs on ``broker``, carrying the run key (C11, C30, C36).
+
+    It also tells a job's result waiter how a run ended outside Dramatiq (C45).
 
     Parameters:
       broker (dramatiq.Broker): the broker to enqueue on.
     """
+    return DramatiqPublisher(broker)
 
-    def publish(envelope: JobEnvelope, run_key: str, *, job_id: str | None = None, unstarted_only: bool = False) -> str:
-        # always a new message id: a delayed copy of the job may still be in the broker, and two
-        # messages of one id would share one entry of the Redis broker's message table
-        return str(republish(broker, envelope, run_key, unstarted_only=unstarted_only).message_id)
 
-    return publish
+class DramatiqPublisher:
+    """[`Publisher`][flexiq_plugins.integration.Publisher] and ``ResultReporter`` on one Dramatiq broker.
+
+    Parameters:
+      broker (dramatiq.Broker): the broker.
+    """
+
+    def __init__(self, broker: Any) -> None:
+        self.broker = broker
+
+    def __call__(
+        self, envelope: JobEnvelope, run_key: str, *, job_id: str | None = None, unstarted_only: bool = False
+    ) -> str:
+        """Publish ``envelope`` again carrying ``run_key``; return the new message id.
+
+        Always a new message id: a delayed copy of the job may still be in the
+        broker, and two messages of one id would share one entry of the Redis
+        broker's message table.
+        """
+        return str(republish(self.broker, envelope, run_key, unstarted_only=unstarted_only).message_id)
+
+    def report_ended(self, envelope: JobEnvelope, job_id: str, error: BaseException) -> bool:
+        """Store ``error`` for message ``job_id`` in the broker's ``Results`` backend, if it stores results (C45)."""
+        key = ResultKey(envelope.queue or "default", envelope.task_name, job_id, dict(envelope.options))
+        return tell_waiter(self.broker, key, error if isinstance(error, Exception) else Exception(str(error)))
 
 
 def _read_json(data: bytes) -> Any:

@@ -13,10 +13,12 @@ the same message is enqueued once more to run them (C32).
 
 When Dramatiq ends a durable job by itself, the core hears of it and settles
 the run, so recovery never brings it back (C38): a message another
-middleware skips before the body runs (``AgeLimit``, a user's
-``SkipMessage``) makes the run ``cancelled``, or ``failed`` if it was failed;
-any other message rejected to the dead-letter queue (``nack``) makes it
-``failed``; a message of an actor the worker does not have, which Dramatiq
+middleware skips before the body runs (a user's ``SkipMessage``) makes the
+run ``cancelled`` (its undos run first), or fails it if it failed the message;
+``AgeLimit`` (a sleeping job's wake-up past its ``max_age``) makes it fail,
+its committed steps' undos running first in a new message (C32, C45); any
+other message rejected to the dead-letter queue (``nack``) fails it the same
+way; a message of an actor the worker does not have, which Dramatiq
 rejects, dead-letters a run no attempt started (reason ``unregistered_task``;
 a retried dead letter counts as unstarted until an attempt starts after the
 retry).
@@ -31,8 +33,9 @@ import math
 from typing import Any
 
 import dramatiq
+from dramatiq.common import current_millis
 from dramatiq.errors import ActorNotFound
-from dramatiq.middleware import Middleware, MiddlewareError
+from dramatiq.middleware import AgeLimit, Middleware, MiddlewareError
 
 from flexiq_plugins import ConfigurationError
 from flexiq_plugins.integration import (
@@ -131,6 +134,7 @@ class DurableSteps(Middleware):
         self._settings: tuple[str | None, DurableConfig] | None = None
         self._driver: PerProcess[AttemptDriver] = PerProcess(self._make_driver)
         self._failing: dict[str, Failure] = {}
+        self._reported: set[str] = set()
         self._stopping = False
         self._sweeper: Sweeper | None = None
         _verbs.install_quiet_skip_filter()
@@ -297,13 +301,23 @@ class DurableSteps(Middleware):
             settle_unclaimed_run(self.store, run_key_of(message), "succeeded" if exception is None else "failed")
 
     def after_skip_message(self, broker: dramatiq.Broker, message: Any) -> None:
-        """Forget the current message; a durable job skipped before its body ran ends its run (C38)."""
+        """Forget the current message; a durable job skipped before its body ran ends its run (C38, C45).
+
+        ``AgeLimit`` fails and skips a message past its ``max_age`` (a sleeping
+        job's wake-up carries its first enqueue's time): the run fails, and its
+        committed undos run first in a new message (C32). Another middleware's
+        skip cancels it (C34), or fails it if it failed the message. The
+        message's nack that follows is not reported again.
+        """
         _message.set(None)
         ours = _handled.get() == message.message_id
         _handled.set(None)
         if ours or not self._is_durable(broker, message):
             return  # our own skip: a put-back, a duplicate, a dead letter
-        self.driver.framework_ended(run_key_of(message), Ended.FAILED if message.failed else Ended.SKIPPED)
+        how = (_age_limited(broker, message) or Ended.FAILED) if message.failed else Ended.SKIPPED
+        if message.failed:
+            self._reported.add(message.message_id)  # its nack follows
+        self._framework_ended(broker, message, how)
 
     def before_ack(self, broker: dramatiq.Broker, message: Any) -> None:
         """Dramatiq gave up on a failed run: settle it ``failed`` (C26), or enqueue it once more to compensate (C32)."""
@@ -329,8 +343,18 @@ class DurableSteps(Middleware):
                 worker="dramatiq worker",
                 kind="actor",
             )
+        elif message.message_id in self._reported:
+            self._reported.discard(message.message_id)  # its skip reported how it ended
         elif self._is_durable(broker, message):
-            self.driver.framework_ended(run_key_of(message), Ended.FAILED)
+            self._framework_ended(broker, message, Ended.FAILED)
+
+    def _framework_ended(self, broker: dramatiq.Broker, message: Any, how: Ended) -> None:
+        """Tell the core how Dramatiq ended a durable job; a run whose undos must run is published on ``broker``."""
+        error = getattr(message, "_exception", None)  # what the worker stuffed into the message
+        detail = f"{type(error).__name__}: {error}" if error is not None else ""
+        run_key = run_key_of(message)
+        job_id = str(message.message_id)
+        self.driver.framework_ended(run_key, how, job_id=job_id, detail=detail, publisher=publisher(broker))
 
     def _give_up(self, broker: dramatiq.Broker, message: Any) -> bool:
         """Hand a failure Dramatiq will not retry to the core; return whether this message had one."""
@@ -403,3 +427,18 @@ def _caps(actor: dramatiq.Actor[Any, Any]) -> CancellationPolicy | None:
         )
     except ConfigurationError as exc:
         raise InvalidActorOption(str(exc)) from exc
+
+
+def _age_limited(broker: dramatiq.Broker, message: Any) -> Ended | None:
+    """``AGE_LIMIT`` if the broker's ``AgeLimit`` failed ``message`` for its age (as it decides), else ``None``."""
+    limits = [m for m in broker.middleware if isinstance(m, AgeLimit)]
+    if not limits:
+        return None
+    try:
+        actor_options = broker.get_actor(message.actor_name).options
+    except ActorNotFound:
+        actor_options = {}
+    max_age = message.options.get("max_age") or actor_options.get("max_age", limits[0].max_age)
+    if not max_age or current_millis() - message.message_timestamp < max_age:
+        return None
+    return Ended.AGE_LIMIT

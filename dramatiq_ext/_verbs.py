@@ -11,7 +11,10 @@ Outcome              What the actor call does
 ``Failure``          re-raises, so the Retries middleware decides; if it gives
                      up, the middleware settles the run ``failed`` before the ack
 ``DeadLetter``       fails the message (the broker moves it to ``.XQ``) and skips
-``Ack``              skips (acked)
+``Ack``              skips (acked); an ``Ack`` with an ``error`` (a cancelled
+                     run) first stores it in the ``Results`` backend, so
+                     ``get_result(block=True)`` raises ``ResultFailure``
+                     naming ``JobCancelled`` instead of timing out (C45)
 ``Replay``           the run already finished (C37): returns its stored value
                      (``Results`` stores it, pipelines go on), or raises its
                      stored error with this delivery's ``max_retries`` set to 0,
@@ -58,6 +61,7 @@ from flexiq_plugins.integration import (
 )
 
 from ._envelope import RESUME_OPTION, RUN_KEY_OPTION
+from ._results import tell_waiter
 
 __all__ = ["DeadLettered", "QuietSkipFilter", "apply_outcome", "enqueue_again"]
 
@@ -142,7 +146,10 @@ def _apply(broker: dramatiq.Broker, message: Any, job: JobInfo, outcome: Outcome
                 _reraise(outcome)  # Retries decides; the middleware settles the run if it gives up
             case DeadLetter():
                 _fail(message, outcome)
+            case Ack(error=None):
+                _skip_without_result(message, outcome.reason.value)
             case Ack():
+                _tell_waiter(broker, message, outcome)  # a cancelled run: Results holds JobCancelled (C45)
                 _skip_without_result(message, outcome.reason.value)
             case Replay(error=None, value=value):
                 return value  # the body does not run; Results stores the value, a pipeline goes on (C37)
@@ -152,6 +159,16 @@ def _apply(broker: dramatiq.Broker, message: Any, job: JobInfo, outcome: Outcome
                 assert_never(outcome)
     finally:
         del outcome
+
+
+def _tell_waiter(broker: dramatiq.Broker, message: Any, ack: Ack) -> None:
+    """Store the ``Ack``'s error as the message's result, where ``Results`` stores it (C45); a failure is logged."""
+    error = ack.error
+    assert error is not None
+    try:
+        tell_waiter(broker, message, error if isinstance(error, Exception) else Exception(str(error)))
+    except Exception:
+        logger.exception("message %s: could not store its result (%s)", message.message_id, ack.reason.value)
 
 
 def _reraise(failure: Failure) -> NoReturn:

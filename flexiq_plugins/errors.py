@@ -42,6 +42,8 @@ into a retry or, worse, a success (C20). Everything else is an ordinary
         ├── NonRetryableError                 raise it (or subclass it) for an error that will never succeed (C31)
         ├── CompensationFailed                an undo failed for good; the run is dead-lettered (C32)
         ├── DeadLettered                      the job went to the dead-letter path (C13, C30)
+        ├── JobCancelled                      a cancelled run, as its result waiter and a duplicate see it (C34, C45)
+        ├── JobEnded                          the framework ended the job itself: time or age limit (C38, C45)
         ├── UnsupportedInEagerMode (RuntimeError)  a sleep or put-back under Celery's eager mode
         ├── StoreError                        anything the step store reports
         │   ├── StoreUnavailable              connection lost, timeout: retryable (C28)
@@ -464,6 +466,16 @@ class JobCancelled(FlexiqError):
     """
 
 
+class JobEnded(FlexiqError):
+    """The framework ended the job itself: a hard time limit, an age limit, a failure it acknowledged (C38, C45).
+
+    What the run's failure records (its compensation, C32) and what a
+    duplicate of the run replays (C37); the framework has already told its
+    own result waiter (Celery's ``TimeLimitExceeded``, Dramatiq's failed
+    message). The first argument is the message, which says how it ended.
+    """
+
+
 class OutcomeNotKept(FlexiqError):
     """A finished run's return value was not kept, so a duplicate cannot replay it (C37).
 
@@ -683,6 +695,7 @@ def reason_of(exc: BaseException) -> str:
         (NonRetryableError, "non_retryable"),
         (CompensationFailed, "compensation_failed"),
         (RunCancelled, "cancelled"),
+        (JobEnded, "framework_ended"),
         (InvalidStepName, "invalid_step_name"),
         (InvalidStepKey, "invalid_step_key"),
         (InvalidStepOption, "invalid_step_option"),

@@ -42,9 +42,14 @@ so a misconfiguration stops the worker with one line instead of failing jobs
 An integration configured in a process calls [`register_installation`][flexiq_plugins.integration.register_installation]
 with its app or broker, so [`flexiq_plugins.send_event`][flexiq_plugins.send_event] and
 [`flexiq_plugins.cancel_run`][flexiq_plugins.cancel_run] called there use its store and wake runs
-through it (C33, C34). When the framework cancels a job itself (a Celery
-``revoke``), [`AttemptDriver.framework_ended`][flexiq_plugins.integration.AttemptDriver.framework_ended] calls
-[`cancel_run`][flexiq_plugins.cancel_run], the one cancellation.
+through it (C33, C34). Every terminal ending the framework reports by itself
+(a revoke, an expiry, a skip, a hard time limit, an age limit, a failure it
+acknowledged) goes to [`AttemptDriver.framework_ended`][flexiq_plugins.integration.AttemptDriver.framework_ended] with
+the adapter's publisher: the core settles it one way, its undos included
+(C32, C34, C38, C45). An adapter's publisher is also a
+[`ResultReporter`][flexiq_plugins.integration.ResultReporter], and an ``Ack`` carrying an ``error`` (a cancelled
+run) is stored as the job's result before the acknowledgement, so a result
+waiter always gets a terminal state (C45).
 """
 
 from __future__ import annotations
@@ -85,7 +90,15 @@ from ._delivery.recording import (
     wants_record,
 )
 from ._delivery.recovery import Sweeper
-from ._delivery.registry import UNSTARTED_ONLY, Adapter, Publisher, ValueReader, register_adapter, register_installation
+from ._delivery.registry import (
+    UNSTARTED_ONLY,
+    Adapter,
+    Publisher,
+    ResultReporter,
+    ValueReader,
+    register_adapter,
+    register_installation,
+)
 from ._delivery.unregistered import UNREGISTERED_REASON, dead_letter_unregistered
 from ._delivery.worker import (
     EXIT_CONFIGURATION,
@@ -138,6 +151,7 @@ __all__ = [
     "PAYLOAD_OPTION",
     "PerProcess",
     "Publisher",
+    "ResultReporter",
     "PutBack",
     "PutBackReason",
     "RECORDED_FLAG",

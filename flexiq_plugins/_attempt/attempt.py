@@ -396,11 +396,15 @@ class Attempt:
         return self._cancelled(error.reason, error.reason)
 
     def _cancelled(self, reason: str, message: str) -> outcomes.Outcome:
-        """The run ends ``cancelled`` with ``reason`` (kept if one was requested before), C34."""
+        """The run ends ``cancelled`` with ``reason`` (kept if one was requested before), C34.
+
+        The ``Ack`` carries the [`JobCancelled`][flexiq_plugins.errors.JobCancelled] a
+        duplicate would replay, for the adapter to tell the job's result waiter (C45).
+        """
         self._store.request_cancel(self.run_key, reason)
         self._finish("cancelled", outcome=replays.cancelled_outcome(reason))
         logger.info("job %s (run %s) cancelled: %s", self.job_id, self.run_key, message)
-        return outcomes.Ack(outcomes.AckReason.CANCELLED, message)
+        return outcomes.Ack(outcomes.AckReason.CANCELLED, message, replays.cancelled_error(reason))  # its waiter (C45)
 
     def _compensated(self, done: compensation.Compensated) -> outcomes.Outcome:
         """Every undo ran: the run is ``compensated``; dead-lettered if it failed inside an attempt (C32).

@@ -22,7 +22,10 @@ that does not depend on the framework is made here, once, for every adapter:
 - a wait for an event ends the attempt ``waiting``: put back for its deadline,
   or acknowledged without a deadline, the sender waking it (C33);
 - a cancelled run (on request, or over a cap of its task) is compensated and
-  ends ``cancelled`` (C34, `flexiq_plugins._attempt.cancellation`).
+  ends ``cancelled`` (C34, `flexiq_plugins._attempt.cancellation`);
+- every terminal ending the framework reports (retries given up, a revoke,
+  a time or age limit, a failure it acknowledged) is settled one way
+  (C38, C45, `flexiq_plugins._attempt.endings`).
 
 The step protocol itself lives in `flexiq_plugins._steps.journal`; the driver
 gives it a writer fenced on the attempt's claim.
@@ -42,13 +45,10 @@ from .._model import replays
 from .._model.config import DurableConfig
 from .._model.identity import check_run_key
 from .._model.records import (
-    LIVE_STATUSES,
     Begun,
     Busy,
     Finished,
     NewDeadLetter,
-    RunRecord,
-    RunStatus,
 )
 from .._store.base import StepStore
 from .._store.caller import watch_sqlalchemy
@@ -60,7 +60,7 @@ from ..errors import (
     UnknownRun,
     classify,
 )
-from . import cancellation, compensation, outcomes
+from . import endings, outcomes
 from .attempt import Attempt
 from .job import JobInfo
 from .store_health import StoreHealth, store_health
@@ -68,18 +68,6 @@ from .store_health import StoreHealth, store_health
 __all__ = ["AttemptDriver", "default_owner"]
 
 logger = logging.getLogger("flexiq_plugins")
-
-_ENDED_STATUS: dict[outcomes.Ended, RunStatus] = {
-    outcomes.Ended.REVOKED: "cancelled",
-    outcomes.Ended.EXPIRED: "cancelled",
-    outcomes.Ended.SKIPPED: "cancelled",
-    outcomes.Ended.TIME_LIMIT: "failed",
-    outcomes.Ended.FAILED: "failed",
-}
-
-_CANCELLING = frozenset({outcomes.Ended.REVOKED, outcomes.Ended.EXPIRED, outcomes.Ended.SKIPPED})
-"""The ends that cancel a run (C34): through `flexiq_plugins._attempt.cancellation.cancel`, undos included."""
-
 
 _HANDED_ON = frozenset({"sleeping", "waiting", "retrying"})
 """Live statuses of a started run whose own message (a wake-up, a retry) is in the broker."""
@@ -327,64 +315,62 @@ class AttemptDriver:
         return outcomes.DeadLetter(reason, message)
 
     # ------------------------------------------- when the framework ends a job
-    def framework_ended(self, run_key: str, how: outcomes.Ended) -> str | None:
-        """The framework ended the job of ``run_key`` by itself: settle its run to match (C34, C38).
+    def framework_ended(
+        self,
+        run_key: str,
+        how: outcomes.Ended,
+        *,
+        job_id: str | None = None,
+        detail: str = "",
+        reason: str = "",
+        publisher: endings.Republish | None = None,
+        killed: bool = False,
+    ) -> str | None:
+        """The framework ended the job of ``run_key`` by itself: settle its run to match (C32, C34, C38, C45).
 
-        A revoke, an expiry or a skip cancels the run through the one
-        cancellation (`flexiq_plugins._attempt.cancellation.cancel`): a run no
-        attempt holds ends ``cancelled`` (or, with undos to run, ``pending``
-        until its next delivery runs them: recovery publishes it); an attempt
-        still running stops at its next step. A time limit or a failure the
-        framework acknowledges makes it ``failed``, except a run waiting to run
-        its undos (C32), which keeps waiting; this applies to a run that is not
-        terminal yet, whoever holds its claim (the attempt the framework killed
-        is fenced out). Recovery never re-publishes a run settled so. Call it
-        before the message is acknowledged when the framework lets you. A
-        store error is logged, not raised.
+        The one settlement of `flexiq_plugins._attempt.endings`: a
+        revoke, an expiry or a skip cancels the run (its undos run, then it
+        is ``cancelled``); a time limit, an age limit or a failure the
+        framework acknowledged fails it: with committed undos it waits
+        ``pending`` for the delivery that runs them (then ``compensated``),
+        else it is ``failed``. That delivery is published through
+        ``publisher`` (else recovery publishes it). A hard time limit (or an
+        end with ``killed``) takes the run from the attempt it killed (fenced
+        out, C25); any other end leaves a run a live attempt holds to that
+        attempt. Recovery never
+        re-publishes a run settled so. Call it before the message is
+        acknowledged when the framework lets you. A store error is logged,
+        not raised.
+
+        Parameters:
+          run_key (str): the ended job's run.
+          how (Ended): how the framework ended it.
+          job_id (str | None): the ended job's id (a time limit takes only its own claim).
+          detail (str): what the framework said, recorded with the failure.
+          reason (str): a cancellation's reason (default ``"<how> by the framework"``).
+          publisher (Republish | None): publishes the run's job when its undos must run.
+          killed (bool): the framework killed the attempt running the body (a lost
+            worker process it acknowledged); always so for a hard time limit.
 
         Returns:
-          str | None: the status the run now has, or ``None`` if it was
-          already terminal (or unknown, or the store failed).
+          str | None: the status the run now has, or ``None`` if nothing
+          changed (already terminal, unknown, held by a live attempt, or the store failed).
         """
-        if how in _CANCELLING:
-            return self._cancelled_by_framework(run_key, how)
-        status = _ENDED_STATUS[how]
         try:
-            run = self._run_or_none(run_key)
-            if run is None:
-                return None  # never claimed (a job that took no step, C23): nothing to settle
-            if status == "failed" and self._compensating(run):
-                return None  # the attempt already handed the failure over: its undos run next (C32)
-            applied = self.store.release_run(run_key, status, while_status=LIVE_STATUSES)
+            ended = endings.settle(
+                self.store,
+                run_key,
+                how,
+                job_id=job_id,
+                detail=detail,
+                reason=reason,
+                republish=publisher,
+                killed=killed,
+            )
         except StoreError:
             logger.exception("could not settle run %s after its job was %s", run_key, how.value)
             return None
-        if applied:
-            logger.info("run %s is %s: its job was %s by the framework", run_key, status, how.value)
-        return status if applied else None
-
-    def _cancelled_by_framework(self, run_key: str, how: outcomes.Ended) -> str | None:
-        try:
-            done = cancellation.cancel(self.store, run_key, f"{how.value} by the framework")
-        except UnknownRun:
-            return None
-        except StoreError:
-            logger.exception("could not cancel run %s after its job was %s", run_key, how.value)
-            return None
-        if done.outcome == "finished":
-            return None
-        logger.info("run %s: its job was %s by the framework: %s", run_key, how.value, done.outcome)
-        return done.status
-
-    def _run_or_none(self, run_key: str) -> RunRecord | None:
-        try:
-            return self.store.get_run(run_key)
-        except UnknownRun:
-            return None
-
-    def _compensating(self, run: RunRecord) -> bool:
-        """Whether the run waits for the delivery that runs its undos (a ``compensation`` row, C32)."""
-        return run.status == "pending" and any(s.kind == "compensation" for s in self.store.get_steps(run.run_key))
+        return ended.status
 
     def worker_stopped(self, run_key: str) -> bool:
         """The worker shut down and killed the attempt running ``run_key``; its message goes back (C38).
@@ -420,19 +406,21 @@ class AttemptDriver:
         """The framework will not retry ``failure``: compensate its run (C32), else mark it ``failed`` (C26).
 
         Call it instead of [`settle_failed`][flexiq_plugins.integration.AttemptDriver.settle_failed], before the message
-        is acknowledged. If the run has committed steps with undos, the failure
-        is recorded and a [`PutBack`][flexiq_plugins.integration.PutBack] is
-        returned: re-enqueue the job with it (the framework still reports the
-        failure as usual); its next delivery runs the undos. Otherwise the
-        run is settled ``failed`` and ``None`` is returned. A store error is
-        logged, not raised.
+        is acknowledged; it settles the run as every other ending does
+        (`flexiq_plugins._attempt.endings.given_up`). If the run has
+        committed steps with undos, the failure is recorded and a
+        [`PutBack`][flexiq_plugins.integration.PutBack] is returned:
+        re-enqueue the job with it (the framework still reports the failure
+        as usual); its next delivery runs the undos. Otherwise the run is
+        settled ``failed`` and ``None`` is returned. A store error is logged,
+        not raised.
         """
         if not failure.claimed:
             return None  # no run was claimed: no step to undo, nothing to settle (ended_unclaimed)
         try:
-            if compensation.start_after_failure(self.store, failure.run_key, failure.attempt, failure.error):
+            if endings.given_up(self.store, failure.run_key, failure.attempt, failure.error):
                 return outcomes.PutBack(outcomes.PutBackReason.COMPENSATE, 0.0, "its compensations run next")
         except StoreError:
             logger.exception("could not start the compensation of run %s", failure.run_key)
-        self.settle_failed(failure)
+            self.settle_failed(failure)  # at least failed, as before the undos were known (C26)
         return None

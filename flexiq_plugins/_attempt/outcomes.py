@@ -21,7 +21,8 @@ Each outcome and the adapter's verb for it:
   returns a ``PutBack``.
 - [`DeadLetter`][flexiq_plugins.integration.DeadLetter]: no retry: the broker's dead-letter path (the store
   already records the dead letter).
-- [`Ack`][flexiq_plugins.integration.Ack]: acknowledge without running anything more.
+- [`Ack`][flexiq_plugins.integration.Ack]: acknowledge without running anything more; with an
+  ``error`` (a cancellation), first store it as the job's result for its waiter (C45).
 - [`Replay`][flexiq_plugins.integration.Replay]: the run already finished (a duplicate): hand the framework
   its stored outcome as if the body had just ended: return ``value``, or raise
   ``error`` past the framework's retry policy (C37).
@@ -162,10 +163,16 @@ class Ack:
     Parameters:
       reason (AckReason): why.
       detail (str): for the log, e.g. the run's terminal status.
+      error (BaseException | None): what the job's result waiter is told before the
+        acknowledgement, if anything (C45): a cancelled run's
+        [`JobCancelled`][flexiq_plugins.errors.JobCancelled]. The adapter stores it in the
+        framework's result store for this job (Celery's result backend, Dramatiq's
+        ``Results``) unless that already holds a terminal state; ``None``: store nothing.
     """
 
     reason: AckReason
     detail: str = ""
+    error: BaseException | None = None
 
 
 @dataclass(frozen=True)
@@ -198,14 +205,16 @@ Outcome = Completed | PutBack | Failure | DeadLetter | Ack | Replay
 
 
 class Ended(enum.Enum):
-    """How the framework ended a job by itself, as an adapter reports it (C38).
+    """How the framework ended a job by itself, as an adapter reports it (C38, C45).
 
     The adapter reports what happened through
     [`framework_ended`][flexiq_plugins.integration.AttemptDriver.framework_ended]; the
-    core decides what the run becomes: ``cancelled`` when the framework
-    dropped the job (a revoke, an expiry, a skip), ``failed`` when it gave
-    the job up as failed (a time limit, a failure it acknowledged or
-    rejected). Either way the run is terminal and recovery leaves it alone.
+    core decides what the run becomes (`flexiq_plugins._attempt.endings`):
+    a revoke, an expiry or a skip *cancels* it (C34: its compensations run,
+    then it is ``cancelled``); a time limit, an age limit or a failure the
+    framework acknowledged *fails* it (C32: with committed undos they run,
+    then it is ``compensated``; else ``failed``). Either way the run ends
+    terminal and recovery leaves it alone.
     """
 
     REVOKED = "revoked"
@@ -215,7 +224,11 @@ class Ended(enum.Enum):
     SKIPPED = "skipped"
     """Skipped before its body ran, and acknowledged: a Dramatiq middleware's ``SkipMessage``."""
     TIME_LIMIT = "time_limit"
-    """Killed by the framework's hard time limit, its message acknowledged: Celery ``time_limit``."""
+    """Killed by the framework's hard time limit while its body ran, its message acknowledged: Celery
+    ``time_limit``. The attempt it killed may still hold the run's claim: the core takes the run from it."""
+    AGE_LIMIT = "age_limit"
+    """Dropped before its body ran because the message was too old, and failed: Dramatiq's ``AgeLimit``
+    (a sleeping job's wake-up carries its first enqueue's time)."""
     FAILED = "failed"
-    """Given up as failed, its message acknowledged or rejected for good: a Dramatiq nack (age limit,
-    retries exhausted), a Celery failure it acknowledges."""
+    """Given up as failed, its message acknowledged or rejected for good: a Dramatiq nack (a message
+    another middleware failed, retries exhausted), a Celery failure it acknowledges."""

@@ -38,6 +38,7 @@ __all__ = [
     "Adapter",
     "Installation",
     "Publisher",
+    "ResultReporter",
     "ValueReader",
     "adapter_for",
     "all_adapters",
@@ -71,6 +72,34 @@ class Publisher(Protocol):
         """
 
 
+@runtime_checkable
+class ResultReporter(Protocol):
+    """A publisher that can also answer a job's result waiter (C45); the adapters' publishers are.
+
+    [`flexiq_plugins.cancel_run`][flexiq_plugins.cancel_run] ends a run outside any framework path (no
+    message of the job is being handled), so the framework's own result store
+    never hears of it; through this method the core tells it.
+    """
+
+    def report_ended(self, envelope: JobEnvelope, job_id: str, error: BaseException) -> bool:
+        """Store ``error`` as the terminal result of the job ``job_id`` of ``envelope``'s task (C45).
+
+        Celery: FAILURE with ``error`` in the task's result backend, so
+        ``AsyncResult.get()`` raises it; Dramatiq: the error in the ``Results``
+        backend of the broker, for an actor that stores results, so
+        ``message.get_result(block=True)`` raises ``ResultFailure`` naming it.
+        Nothing is stored when the framework has no result store for the job,
+        or when it already holds a terminal state for ``job_id`` (what the
+        framework itself reported wins: a Celery ``REVOKED``).
+
+        Returns:
+          bool: whether a result was stored.
+
+        Raises:
+          Exception: whatever the result store raises (the caller logs it).
+        """
+
+
 UNSTARTED_ONLY = "flexiq_unstarted_only"
 """The header (Celery) or option (Dramatiq) of a copy that runs only while its run never started (C39)."""
 
@@ -96,7 +125,12 @@ class Adapter(Protocol):
 
     def publisher(self, target: object) -> Publisher:
         """A [`Publisher`][flexiq_plugins.integration.Publisher] that re-publishes this framework's jobs through
-        ``target``."""
+        ``target``.
+
+        It should also be a [`ResultReporter`][flexiq_plugins.integration.ResultReporter] (the adapters' are), so
+        that a run ended outside the framework ([`flexiq_plugins.cancel_run`][flexiq_plugins.cancel_run])
+        answers its job's result waiter at once (C45).
+        """
 
     def value_readers(self) -> Mapping[str, ValueReader]:
         """Readers of the serializers this framework stores values with, by serializer name."""

@@ -30,6 +30,7 @@ from .failures import build_error, error_text
 
 __all__ = [
     "Replayed",
+    "cancelled_error",
     "cancelled_outcome",
     "dead_letter_outcome",
     "error_outcome",
@@ -104,6 +105,11 @@ def cancelled_outcome(reason: str) -> bytes:
     return _error_bytes("cancelled", "cancelled", reason)
 
 
+def cancelled_error(reason: str) -> JobCancelled:
+    """What a cancelled run's result waiter and its duplicates get (C37, C45): a ``JobCancelled`` naming ``reason``."""
+    return JobCancelled(f"the run was cancelled: {reason}")
+
+
 def _error_bytes(kind: ErrorKind, name: str, message: str) -> bytes:
     data = {"kind": kind, "name": name, "message": message}
     return _ERROR + json.dumps(data, separators=(",", ":")).encode()
@@ -130,7 +136,7 @@ def _error_of(kind: str, name: str, message: str) -> BaseException:
     if kind == "dead_letter":
         return DeadLettered(f"{name}: {message}")
     if kind == "cancelled":
-        return JobCancelled(f"the run was cancelled: {message}")
+        return cancelled_error(message)
     if kind == "not_kept":
         return OutcomeNotKept(f"the run succeeded, but {message}; a duplicate cannot replay it")
     error = build_error(name, message)

@@ -306,6 +306,20 @@ def register_failure_tasks(app: Celery, calls: str) -> None:
 
         return current_job.step.run("ship", ship)
 
+    @app.task(name=f"{app.main}.cancellable")
+    def cancellable(label: str, flag: str) -> str:
+        step = current_job.step
+        step.run("charge", lambda: "c-1", compensate=lambda c: record_call(calls, f"{label}:undo_charge"))
+
+        def work() -> str:
+            record_call(calls, f"{label}:work")
+            while not Path(flag).exists():  # the workload: runs until the test raises the flag
+                time.sleep(0.02)
+            return "worked"
+
+        step.run("work", work)
+        return step.run("ship", lambda: record_call(calls, f"{label}:ship") and "shipped")
+
     @app.task(name=f"{app.main}.revocable")
     def revocable(label: str, pause: float) -> str:
         step = current_job.step

@@ -1,14 +1,15 @@
-"""When Celery itself ends a job, or runs it eagerly, the store agrees (C38, C39).
+"""When Celery itself ends a job, or runs it eagerly, the store agrees; a result waiter gets an answer (C38, C39, C45).
 
 Time limits and shutdowns, which need worker processes, are in the adapter
 conformance suite (``tests/conformance/test_conformance_framework_ends.py``);
 here are the paths only Celery has: ``revoke()``, eager mode, and what a
-result waiter sees while a job sleeps.
+result waiter sees while a job sleeps and after its run is cancelled.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,11 +17,17 @@ from celery import states
 from conftest import in_process_worker, wait_for
 from flexiq_celery_testapp import count_calls
 
-from flexiq_plugins import StepStore
+from celery_ext import RUN_KEY_HEADER
+from flexiq_plugins import JobCancelled, StepStore, new_run_key
 from flexiq_plugins.errors import UnsupportedInEagerMode
-from flexiq_plugins.operations import find_stranded
+from flexiq_plugins.operations import cancel_run, find_stranded, publishers_for
 
 pytestmark = pytest.mark.timeout(120)
+
+
+def status_of(store: StepStore, run_key: str) -> str | None:
+    """The run's status, ``None`` before it exists."""
+    return next((r.status for r in store.list_runs() if r.run_key == run_key), None)
 
 
 def only_run(store: StepStore) -> Any:
@@ -99,3 +106,46 @@ def test_c39_a_sleeping_task_is_never_reported_finished(
     assert seen
     assert not seen & states.READY_STATES, seen
     assert value["attempt"] == 2
+
+
+def test_c45_a_result_waiter_of_a_running_task_that_is_cancelled_gets_job_cancelled(
+    redis_broker: str, sqlite_store: Any, make_celery_app: Any, calls: str, tmp_path: Path
+) -> None:
+    """C45, C34: ``cancel_run`` while the task's ``work`` step runs; the attempt stops at its next step boundary.
+
+    Its undo runs once, the run is ``cancelled``, and ``AsyncResult.get()``
+    raises ``JobCancelled`` with the reason instead of staying PENDING for ever.
+    """
+    app = make_celery_app(redis_broker, sqlite_store)
+    flag = tmp_path / "release"
+    run_key = new_run_key()
+    with in_process_worker(app):
+        sent = app.tasks[f"{app.main}.cancellable"].apply_async(("c", str(flag)), headers={RUN_KEY_HEADER: run_key})
+        wait_for(lambda: count_calls(calls, "c:work") == 1, 30, "the work step to run")
+        done = cancel_run(run_key, reason="order abandoned", store=sqlite_store, publishers=publishers_for(app))
+        assert done.outcome == "requested"
+        flag.touch()
+        with pytest.raises(JobCancelled, match="the run was cancelled: order abandoned"):
+            sent.get(timeout=30)
+    assert sqlite_store.get_run(run_key).status == "cancelled"
+    assert (count_calls(calls, "c:undo_charge"), count_calls(calls, "c:ship")) == (1, 0)
+    assert sent.state == states.FAILURE
+
+
+def test_c45_cancelling_a_sleeping_task_from_a_process_with_the_integration_answers_its_waiter_at_once(
+    redis_broker: str, sqlite_store: Any, make_celery_app: Any, calls: str
+) -> None:
+    """C45, C34: a task sleeping for an hour is cancelled with the app's publisher: ``AsyncResult.get()``
+    raises ``JobCancelled`` at once (its wake-up is an hour away), and its undo runs once in the job
+    published to compensate it, which ends the run ``cancelled``."""
+    app = make_celery_app(redis_broker, sqlite_store)
+    run_key = new_run_key()
+    with in_process_worker(app):
+        sent = app.tasks[f"{app.main}.revocable"].apply_async(("s", 3600), headers={RUN_KEY_HEADER: run_key})
+        wait_for(lambda: status_of(sqlite_store, run_key) == "sleeping", 30, "the task to sleep")
+        done = cancel_run(run_key, reason="customer left", store=sqlite_store, publishers=publishers_for(app))
+        assert done.outcome == "compensating"
+        with pytest.raises(JobCancelled, match="customer left"):
+            sent.get(timeout=10)
+        wait_for(lambda: sqlite_store.get_run(run_key).status == "cancelled", 30, "the undo to run")
+    assert (count_calls(calls, "s:undo_charge"), count_calls(calls, "s:ship")) == (1, 0)

@@ -304,6 +304,22 @@ def overrun(ledger: Ledger) -> str:
     return "shipped"
 
 
+@scenario(max_retries=0, time_limit_seconds=1.5)
+def reserve_then_overrun(ledger: Ledger) -> str:
+    """``reserve`` (undone by ``undo reserve``), then ``charge``, whose body outlives the time limit, then ``ship``."""
+    step = current_job.step
+    step.run("reserve", lambda: ledger.call("reserve"), compensate=_undo(ledger, "reserve"))
+
+    def charge() -> int:
+        n = ledger.call("charge")
+        ledger.wait_flag("never", timeout=120)
+        return n
+
+    step.run("charge", charge)
+    step.run("ship", lambda: ledger.call("ship"))
+    return "shipped"
+
+
 @scenario()
 def crashy(ledger: Ledger) -> str:
     """``charge`` then ``ship``; the first call of each body hangs until its process is killed."""

@@ -1,4 +1,4 @@
-"""When the framework itself ends or interrupts a job, the store agrees with it (C38).
+"""When the framework itself ends or interrupts a job, the store agrees with it (C32, C38, C45).
 
 Real worker processes (a prefork ``celery worker``, a ``dramatiq`` CLI) run
 the jobs, since time limits and shutdowns belong to them:
@@ -6,7 +6,9 @@ the jobs, since time limits and shutdowns belong to them:
 - a hard time limit inside a step: Celery kills the pool process and
   acknowledges the message, Dramatiq raises ``TimeLimitExceeded`` and, with
   no retry left, rejects it; either way the run is ``failed`` and recovery
-  never re-publishes it, so the killed step never runs again;
+  never re-publishes it, so the killed step never runs again; with a
+  committed step's undo, one more delivery runs it and the run is
+  ``compensated``;
 - a shutdown that interrupts a step (Celery's cold shutdown, Dramatiq's
   ``Shutdown`` for actors with ``notify_shutdown``): the job goes back to the
   broker, commits nothing for the interrupted step, counts no retry and no
@@ -51,6 +53,27 @@ def test_c38_a_job_killed_by_its_time_limit_inside_a_step_fails_its_run_and_is_n
     assert harness.ledger.count(job.run_key, "charge") == 1
     assert harness.ledger.count(job.run_key, "ship") == 0
     assert harness.status(job.run_key) == "failed"
+
+
+def test_c45_c32_a_time_limit_after_a_committed_undo_runs_the_undo_once_and_compensates_the_run(
+    harness: Harness,
+) -> None:
+    """C45, C32, C38: ``reserve`` (with an undo) commits, then ``charge`` outlives the 1.5 s hard time limit.
+
+    Celery kills the pool process (the core takes the run from the killed
+    attempt and publishes it once more); Dramatiq raises ``TimeLimitExceeded``
+    and, with no retry left, gives up. Either way one more delivery replays
+    ``reserve``, stops before ``charge`` and runs the undo once: the run is
+    ``compensated``, ``charge`` ran once, ``ship`` never, and recovery leaves it.
+    """
+    with harness.worker_processes():
+        job = harness.publish("reserve_then_overrun")
+        run = harness.wait_status(job.run_key, "compensated", "failed", "succeeded", "dead", timeout=60)
+    assert run.status == "compensated"
+    assert harness.ledger.count(job.run_key, "undo reserve") == 1
+    assert (harness.ledger.count(job.run_key, "charge"), harness.ledger.count(job.run_key, "ship")) == (1, 0)
+    assert job.run_key not in {s.run.run_key for s in find_stranded(harness.store, grace=0, stale_after=0)}
+    assert harness.dead_letters(job.run_key) == []
 
 
 def test_c38_a_shutdown_that_interrupts_a_step_puts_the_job_back_without_a_retry(harness: Harness) -> None:

@@ -53,6 +53,7 @@ EXPORTED = [
     "InvalidWakeTime",
     "JobCancelled",
     "JobContext",
+    "JobEnded",
     "JobEnvelope",
     "JobInfo",
     "JsonSerializer",

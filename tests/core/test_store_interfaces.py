@@ -52,7 +52,7 @@ OPERATOR_SIDE = {
     "next_event",
 }
 STORE_OBJECT = {"describe", "check_writable", "close"}
-"""What ``StepStore`` itself adds: the store object's description, its writability check at a worker's start, and its close."""
+"""What ``StepStore`` itself adds: its description, its writability check at a worker's start, and its close."""
 
 
 def _declared(cls: type) -> set[str]:

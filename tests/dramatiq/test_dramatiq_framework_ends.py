@@ -1,4 +1,4 @@
-"""When Dramatiq itself ends, skips or interrupts a durable job, the store agrees (C16, C38, C39).
+"""When Dramatiq itself ends, skips or interrupts a durable job, the store agrees; a waiter gets an answer (C38, C45).
 
 Time limits inside a step and worker shutdowns, which need worker
 processes, are in the adapter conformance suite
@@ -10,6 +10,7 @@ waits for the broker.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -18,13 +19,13 @@ import pytest
 from dq_support import status_of, wait_until
 from dramatiq.errors import ConnectionClosed
 from dramatiq.middleware import CurrentMessage, Middleware, SkipMessage
-from dramatiq.results import ResultMissing, Results
+from dramatiq.results import ResultFailure, ResultMissing, Results
 from dramatiq.results.backends import RedisBackend
 
 from dramatiq_ext import RUN_KEY_OPTION, DurableSteps
 from flexiq_plugins import current_job
 from flexiq_plugins._store.base import StepStore
-from flexiq_plugins.operations import find_stranded
+from flexiq_plugins.operations import cancel_run, find_stranded, publishers_for
 
 REDIS = ("Redis", "127.0.0.1", 6379)
 
@@ -182,3 +183,129 @@ def _refuse_delayed_enqueues(broker: dramatiq.Broker, count: int) -> list[int]:
 
     broker.enqueue = enqueue  # type: ignore[method-assign]
     return refused
+
+
+def _results(broker: dramatiq.Broker, namespace: str) -> RedisBackend:
+    """A Redis ``Results`` backend added to ``broker`` (before ``DurableSteps``, as a project declares it)."""
+    backend = RedisBackend(host=REDIS[1], port=REDIS[2], namespace=f"{namespace}:results")
+    broker.add_middleware(Results(backend=backend))
+    return backend
+
+
+def test_c45_c32_an_age_limit_that_drops_a_sleeping_jobs_wake_up_runs_its_undo(  # noqa: PLR0917 - fixtures
+    broker: dramatiq.Broker,
+    queue: str,
+    namespace: str,
+    sqlite_store: StepStore,
+    start_worker: Callable[..., dramatiq.Worker],
+    require_service: Callable[[str, str, int], None],
+) -> None:
+    """C45, C32, C38: ``AgeLimit`` drops the wake-up of a job that slept past its ``max_age`` after ``reserve``.
+
+    The core hears of it as an age limit: the run fails, and the undo of
+    ``reserve`` runs once in a new message (the old one's age would drop it
+    again); the run is ``compensated``, the step after the sleep never
+    runs, and the result waiter gets the failure ``Results`` stored.
+    """
+    require_service(*REDIS)
+    backend = _results(broker, namespace)
+    broker.add_middleware(DurableSteps(store=sqlite_store))
+    undone: list[str] = []
+    after: list[str] = []
+
+    @dramatiq.actor(broker=broker, queue_name=queue, max_age=1500, max_retries=0, store_results=True)
+    def late() -> None:
+        step = current_job.step
+        step.run("reserve", lambda: "r-1", compensate=undone.append)
+        step.sleep("2s")
+        step.run("after", lambda: after.append(current_job.run_key))
+
+    start_worker(broker)
+    message = late.send()
+    run_key = message.options[RUN_KEY_OPTION]
+    wait_until(lambda: status_of(sqlite_store, run_key) == "compensated", timeout=30, what="the undo to run")
+    assert (undone, after) == (["r-1"], [])
+    with pytest.raises(ResultFailure, match="age limit"):
+        message.get_result(backend=backend, block=True, timeout=10_000)
+    assert run_key not in stranded(sqlite_store)
+
+
+def test_c45_a_result_waiter_of_a_running_job_that_is_cancelled_gets_job_cancelled(  # noqa: PLR0917 - fixtures
+    broker: dramatiq.Broker,
+    queue: str,
+    namespace: str,
+    sqlite_store: StepStore,
+    start_worker: Callable[..., dramatiq.Worker],
+    require_service: Callable[[str, str, int], None],
+) -> None:
+    """C45, C34: ``cancel_run`` while the actor's ``work`` step runs; the attempt stops at its next step boundary.
+
+    Its undo runs once, the run is ``cancelled``, and
+    ``message.get_result(block=True)`` raises ``ResultFailure`` naming
+    ``JobCancelled`` instead of waiting until its timeout.
+    """
+    require_service(*REDIS)
+    backend = _results(broker, namespace)
+    broker.add_middleware(DurableSteps(store=sqlite_store))
+    working, release = threading.Event(), threading.Event()
+    undone: list[str] = []
+
+    def work() -> str:
+        working.set()
+        release.wait(30)  # the workload: runs until the test releases it
+        return "worked"
+
+    @dramatiq.actor(broker=broker, queue_name=queue, store_results=True)
+    def cancellable() -> str:
+        step = current_job.step
+        step.run("charge", lambda: "c-1", compensate=undone.append)
+        step.run("work", work)
+        return step.run("ship", lambda: "shipped")
+
+    start_worker(broker)
+    message = cancellable.send()
+    run_key = message.options[RUN_KEY_OPTION]
+    assert working.wait(30)
+    done = cancel_run(run_key, reason="order abandoned", store=sqlite_store, publishers=publishers_for(broker))
+    assert done.outcome == "requested"
+    release.set()
+    with pytest.raises(ResultFailure, match="JobCancelled: the run was cancelled: order abandoned") as failed:
+        message.get_result(backend=backend, block=True, timeout=20_000)
+    assert failed.value.orig_exc_type == "JobCancelled"
+    assert status_of(sqlite_store, run_key) == "cancelled"
+    assert undone == ["c-1"]
+
+
+def test_c45_cancelling_a_sleeping_job_from_a_process_with_the_integration_answers_its_waiter_at_once(  # noqa: PLR0917
+    broker: dramatiq.Broker,
+    queue: str,
+    namespace: str,
+    sqlite_store: StepStore,
+    start_worker: Callable[..., dramatiq.Worker],
+    require_service: Callable[[str, str, int], None],
+) -> None:
+    """C45, C34: a job sleeping for an hour is cancelled with the broker's publisher: ``get_result`` raises
+    ``ResultFailure`` naming ``JobCancelled`` at once (its wake-up is an hour away), and its undo runs once
+    in the message published to compensate it, which ends the run ``cancelled``."""
+    require_service(*REDIS)
+    backend = _results(broker, namespace)
+    broker.add_middleware(DurableSteps(store=sqlite_store))
+    undone: list[str] = []
+
+    @dramatiq.actor(broker=broker, queue_name=queue, store_results=True)
+    def napper() -> str:
+        step = current_job.step
+        step.run("charge", lambda: "c-1", compensate=undone.append)
+        step.sleep("1h")
+        return step.run("ship", lambda: "shipped")
+
+    start_worker(broker)
+    message = napper.send()
+    run_key = message.options[RUN_KEY_OPTION]
+    wait_until(lambda: status_of(sqlite_store, run_key) == "sleeping", what="the job to sleep")
+    done = cancel_run(run_key, reason="customer left", store=sqlite_store, publishers=publishers_for(broker))
+    assert done.outcome == "compensating"
+    with pytest.raises(ResultFailure, match="JobCancelled: the run was cancelled: customer left"):
+        message.get_result(backend=backend, block=True, timeout=5_000)
+    wait_until(lambda: status_of(sqlite_store, run_key) == "cancelled", what="the undo to run")
+    assert undone == ["c-1"]
