@@ -198,7 +198,7 @@ def test_c23_a_keeper_whose_start_was_interrupted_is_renewed_once_started_again(
         text=True,
         timeout=150,
         check=False,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
     )
     report = json.loads(done.stdout.splitlines()[-1]) if done.stdout.strip() else {"stderr": done.stderr[-3000:]}
     assert done.returncode == 0, done.stderr[-3000:]
@@ -267,7 +267,7 @@ def test_c23_a_base_exception_in_one_renewal_leaves_the_other_claims_renewed(sql
         text=True,
         timeout=90,
         check=False,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.splitlines()[-1])

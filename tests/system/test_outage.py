@@ -29,7 +29,7 @@ from flexiq_plugins import StoreMisconfigured, StoreUnavailable, UnknownRun
 from flexiq_plugins._store.sql import SqlStepStore
 from tests.conftest import MYSQL, MYSQL_URL, POSTGRES, POSTGRES_URL, in_ci, require_service
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import netcut  # noqa: E402
 
