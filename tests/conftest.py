@@ -27,6 +27,7 @@ from flexiq_plugins._store.sql import SqlStepStore
 POSTGRES = ("PostgreSQL", "127.0.0.1", 5432)
 MYSQL = ("MariaDB", "127.0.0.1", 3306)
 POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+PSYCOPG2_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"  # the same database through psycopg2
 MYSQL_URL = "mysql+pymysql://root@127.0.0.1:3306/test"
 MARIADB_URL = "mariadb://root@127.0.0.1:3306/test"  # SQLAlchemy's MariaDB dialect, which reads other table options
 

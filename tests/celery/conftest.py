@@ -153,6 +153,12 @@ def in_process_worker(app: Celery, pool: str = "solo", concurrency: int = 1) -> 
         yield worker
 
 
+@pytest.fixture(name="in_process_worker")
+def in_process_worker_fixture() -> Callable[..., Any]:
+    """:func:`in_process_worker` as a fixture, for tests that take it as an argument."""
+    return in_process_worker
+
+
 @contextmanager
 def worker_process(env: dict[str, str], log: Path, concurrency: int = 2) -> Iterator[subprocess.Popen[bytes]]:
     """A real ``celery -A flexiq_celery_testapp worker`` subprocess (prefork pool)."""

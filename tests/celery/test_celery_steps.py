@@ -1,8 +1,10 @@
-"""The Celery adapter on real brokers and stores: steps, sleeps, retries, duplicates, eager mode."""
+"""The Celery adapter on real brokers and stores: steps, sleeps, retries, duplicates, eager mode, options, run keys."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,7 +13,7 @@ from conftest import in_process_worker
 from flexiq_celery_testapp import call_keys, count_calls, shared_double
 
 import celery_ext
-from flexiq_plugins import current_job
+from flexiq_plugins import SqlStepStore, current_job
 from flexiq_plugins.errors import ConfigurationError, InvalidDuration, UnsupportedInEagerMode
 
 pytestmark = pytest.mark.timeout(120)
@@ -64,6 +66,23 @@ def test_c18_sleep_of_three_seconds_in_one_second_hops(broker: str, sqlite_store
     assert run.status == "succeeded"
 
 
+def test_c15_a_sleep_outlives_the_messages_expires(
+    redis_broker: str, sqlite_store: Any, make_celery_app: Any, in_process_worker: Callable[..., Any]
+) -> None:
+    """C15: a job published with ``expires=2`` s that started in time and sleeps 3 s in 1 s hops
+    (C18) is not revoked as expired while it sleeps: the hops are re-published without ``expires``,
+    so it wakes, completes, and its value comes back through ``AsyncResult``."""
+    app = make_celery_app(redis_broker, sqlite_store, max_hop_seconds=1)
+    with in_process_worker(app):
+        sent = app.tasks[f"{app.main}.sleeper"].apply_async((3.0,), expires=2)
+        result = sent.get(timeout=30)
+    assert result["retries"] == 0
+    assert result["attempt"] == 4  # the first attempt + three 1 s hops
+    assert time.time() - result["started"] >= 2.9
+    (run,) = sqlite_store.list_runs()
+    assert run.status == "succeeded"
+
+
 def test_c24_same_task_id_delivered_twice_at_once_runs_the_body_once(
     redis_broker: str, sqlite_store: Any, make_celery_app: Any, calls: str
 ) -> None:
@@ -83,6 +102,19 @@ def test_c24_same_task_id_delivered_twice_at_once_runs_the_body_once(
     assert count_calls(calls, "slow_once") == 1
     assert sqlite_store.get_run(run_key).attempt == 1
     assert app.AsyncResult(task_id).get(timeout=5) == "done"
+
+
+def test_c11_a_run_key_header_that_is_not_a_str_is_refused() -> None:
+    """C11: the run key header must be a str; anything else is refused, never coerced with ``str()``."""
+    from celery.app.task import Context
+
+    from celery_ext._envelope import run_key_of
+    from flexiq_plugins import InvalidRunKey
+
+    assert run_key_of(Context(id="task-1", headers={})) == "task-1"
+    assert run_key_of(Context(id="task-1", headers={"flexiq_run_key": "rk-1"})) == "rk-1"
+    with pytest.raises(InvalidRunKey, match="is not a str"):
+        run_key_of(Context(id="task-1", headers={"flexiq_run_key": 42}))
 
 
 def wait_queue_empty(app: Celery, timeout: float = 15) -> None:
@@ -229,6 +261,21 @@ def test_c41_install_refuses_a_store_setting_that_can_never_work(store: Any) -> 
         celery_ext.install(app, store=store)
     assert repr(store) in str(info.value)
     assert celery_ext.runtime_of(app) is None
+
+
+def test_c7_the_serializer_option_takes_a_kombu_name(redis_broker: str, tmp_path: Path, make_celery_app: Any) -> None:
+    """C7: ``serializer="pickle"`` (a kombu name, as in ``task_serializer``) is accepted for step values."""
+    import celery_ext
+
+    store = SqlStepStore(f"sqlite:///{tmp_path / 'ser.db'}")
+    try:
+        app = make_celery_app(redis_broker, store, serializer="pickle")
+        runtime = celery_ext.runtime_of(app)
+        assert runtime is not None
+        assert runtime.config.serializer is not None
+        assert "pickle" in runtime.config.serializer.name
+    finally:
+        store.close()
 
 
 def test_celery_ext_exports() -> None:

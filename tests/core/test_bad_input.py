@@ -6,7 +6,7 @@ accepted, commits nothing, and, escaping the task body, is dead-lettered at
 once with a reason of the ``invalid_*`` family, never retried under the task's
 policy (Dramatiq's default would retry 20 times). Store-side bad rows (a step
 row without a value, a job envelope that is not JSON) are in
-``tests/test_store_bad_rows.py``; the command line's in ``tests/cli/test_cli_bad_input.py``.
+``tests/store/test_store_bad_rows.py``; the command line's in ``tests/cli/test_cli_bad_input.py``.
 """
 
 from __future__ import annotations

@@ -21,9 +21,11 @@ from flexiq_plugins import (
     JobEnvelope,
     JobInfo,
     MemoryStepStore,
+    StoreUnavailable,
     current_job,
 )
 from flexiq_plugins._attempt import outcomes
+from flexiq_plugins._model.records import Claim, NewDeadLetter, RunStatus
 
 JOB = JobInfo("run-1", "job-1", JobEnvelope("task", "test"))
 
@@ -170,6 +172,39 @@ def test_c25_released_claims_are_not_takeovers(make_harness, clock):
     clock.advance(2)
     assert harness.run(body) == outcomes.Completed("ok")
     assert harness.store.get_run(harness.run_key).takeovers == 0
+
+
+class _BlippingStore(MemoryStepStore):
+    """A memory store whose ``finish`` fails a given number of times first."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    def finish(
+        self,
+        claim: Claim,
+        status: RunStatus,
+        *,
+        drop_steps: bool = False,
+        dead_letter: NewDeadLetter | None = None,
+        wake_at: float | None = None,
+        outcome: bytes | None = None,
+    ) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise StoreUnavailable("blip")
+        super().finish(claim, status, drop_steps=drop_steps, dead_letter=dead_letter, wake_at=wake_at, outcome=outcome)
+
+
+def test_c25_a_store_blip_while_ending_the_attempt_still_releases_the_claim():
+    """C25/C28: a brief outage at the end of an attempt does not leave the claim held, so the next
+    delivery is not made to wait for the lease nor counted as a dead worker's takeover."""
+    store = _BlippingStore(failures=2)
+    attempt = AttemptDriver(store).start(JobInfo("run-1", "job-1", JobEnvelope("task", "test")))
+    assert attempt.run(lambda: current_job.step.run("a", lambda: 1)) == outcomes.Completed(1)  # type: ignore[union-attr]
+    run = store.get_run("run-1")
+    assert (run.status, run.owner, run.takeovers) == ("succeeded", None, 0)
 
 
 def test_c25_takeovers_beyond_the_limit_dead_letter_with_worker_lost(make_harness, clock):

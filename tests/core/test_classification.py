@@ -7,6 +7,8 @@ outages that happen inside the attempt.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from flexiq_plugins import (
@@ -161,6 +163,26 @@ def test_c28_store_outage_caught_by_the_body_as_exception_is_still_always_retrie
     outcome = driver.start(JOB).run(body)
     assert isinstance(outcome, outcomes.Failure)
     assert isinstance(outcome.error, RuntimeError)
+
+
+def test_c28_a_cleanup_error_while_a_sleep_unwinds_is_retryable_not_a_swallowed_signal(harness):
+    """C28/C21: cleanup code that fails while the sleep signal unwinds (``__exit__`` raising) is an
+    ordinary retryable error; only catching the signal and hiding it is ``SwallowedStepSignal``."""
+
+    @contextlib.contextmanager
+    def connection():
+        try:
+            yield
+        finally:
+            raise ConnectionError("close failed")
+
+    def body() -> None:
+        with connection():
+            current_job.step.sleep("1h")
+
+    outcome = harness.run(body)
+    assert isinstance(outcome, outcomes.Failure)
+    assert isinstance(outcome.error, ConnectionError)
 
 
 @pytest.mark.parametrize(

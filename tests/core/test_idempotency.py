@@ -25,6 +25,7 @@ from flexiq_plugins import (
     current_job,
 )
 from flexiq_plugins._attempt import outcomes
+from flexiq_plugins._steps.context import no_current_job
 
 
 def test_c10_key_is_run_key_colon_step_key(make_harness):
@@ -77,6 +78,33 @@ def test_c10_reading_the_key_outside_a_step_body_raises_not_in_step(harness):
     assert harness.run(body) == outcomes.Completed("ok")
     assert len(seen) == 2
     assert isinstance(seen[0], RuntimeError)
+
+
+def test_c10_a_nested_job_does_not_see_the_outer_steps_idempotency_key(make_harness):
+    """C10: a durable job started inside another job's step body has no step of its own running,
+    so reading its ``idempotency_key`` raises ``NotInStep`` instead of naming the outer step."""
+    outer, inner = make_harness("outer"), make_harness("inner")
+    seen: list[str] = []
+
+    def inner_body() -> None:
+        try:
+            seen.append(current_job.step.idempotency_key)
+        except NotInStep:
+            seen.append("NotInStep")
+        seen.append(current_job.step.run("own", lambda: current_job.step.idempotency_key))
+
+    def outer_body() -> None:
+        current_job.step.run("sub", lambda: str(inner.run(inner_body)))
+
+    assert isinstance(outer.run(outer_body), outcomes.Completed)
+    assert seen == ["NotInStep", "inner:own#0"]
+
+
+def test_no_current_job_hides_the_outer_job():
+    """A durable task called as a plain function runs with no current job (the integrations use this)."""
+    with no_current_job():
+        assert not current_job
+        assert current_job.get() is None
 
 
 def test_c11_key_is_stable_across_retry_sleep_wake_and_dead_letter_retry(harness, clock):

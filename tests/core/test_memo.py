@@ -7,6 +7,8 @@ belong to the store's own tests).
 
 from __future__ import annotations
 
+from unittest.mock import ANY
+
 import pytest
 from cryptography.fernet import Fernet
 
@@ -96,6 +98,35 @@ def test_c6_process_death_before_commit_runs_the_body_again(harness, clock):
     outcome = harness.run(lambda: current_job.step.run("charge", lambda: calls.append("w2") or "ok"), owner="w2")
     assert outcome == outcomes.Completed("ok")
     assert calls == ["w1", "w2"]
+
+
+def test_c6_a_step_retried_inside_the_body_keeps_its_key_and_place(harness, clock):
+    """C6/C12: a step whose body raised commits nothing and takes no key, so an in-body retry loop
+    commits ``fetch#0`` and the replay after a sleep is a memo hit, not a false divergence."""
+    calls: list[int] = []
+
+    def flaky() -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise ConnectionError("first call fails")
+        return "data"
+
+    def body() -> str:
+        for _ in range(2):
+            try:
+                value = current_job.step.run("fetch", flaky)
+                break
+            except ConnectionError:
+                continue
+        current_job.step.sleep("10s")
+        return value
+
+    assert harness.run(body) == outcomes.PutBack(outcomes.PutBackReason.SLEEP, ANY, ANY, ANY)
+    assert [s.step_key for s in harness.store.get_steps("run-1")] == ["fetch#0", "sleep#0"]
+    clock.advance(11)
+    outcome = harness.run(body)
+    assert outcome == outcomes.Completed("data")
+    assert len(calls) == 2
 
 
 def test_c7_tuple_comes_back_as_a_list_on_first_run_and_on_replay(harness):

@@ -1,4 +1,4 @@
-"""Dead letters, failed runs and store outages on Dramatiq (C26, C28–C30).
+"""Dead letters, failed runs, store outages and re-publishing on Dramatiq (C26, C28–C30, C35).
 
 A divergence on real brokers is in the adapter conformance suite (``tests/conformance``).
 """
@@ -120,6 +120,44 @@ def test_c30_c35_republish_from_the_stored_envelope_keeps_the_run_key(
     assert again.options[RUN_KEY_OPTION] == first.options[RUN_KEY_OPTION]
     assert status_of(sqlite_store, dead.run_key) == "succeeded"
     assert keys == [f"{dead.run_key}:charge#0"]
+
+
+def test_c35_non_json_arguments_under_a_pickle_encoder_run_and_republish(
+    stub_broker: dramatiq.Broker,
+    queue: str,
+    sqlite_store: StepStore,
+    start_worker: Callable[..., dramatiq.Worker],
+) -> None:
+    """C35/C7: with ``PickleEncoder`` an actor may take a ``datetime``; the run's envelope keeps the
+    arguments encoded by the broker's encoder, so the actor runs and ``republish`` restores them."""
+    from datetime import datetime, timezone
+
+    from dramatiq.encoder import JSONEncoder, PickleEncoder
+
+    from dramatiq_ext import republish
+
+    dramatiq.set_encoder(PickleEncoder())
+    try:
+        stub_broker.add_middleware(DurableSteps(store=sqlite_store, keep_succeeded_steps=True))
+        seen: list[Any] = []
+
+        @dramatiq.actor(broker=stub_broker, queue_name=queue, max_retries=0)
+        def remind(when: datetime) -> None:
+            seen.append(current_job.step.run("note", when.isoformat))
+
+        start_worker(stub_broker)
+        when = datetime(2030, 1, 2, 3, 4, tzinfo=timezone.utc)
+        message = remind.send(when)
+        stub_broker.join(queue, fail_fast=True, timeout=10_000)
+        run = sqlite_store.get_run(message.options[RUN_KEY_OPTION])
+        assert (run.status, seen) == ("succeeded", [when.isoformat()])
+        again = republish(stub_broker, run.envelope, "another-run")
+        assert again.args == (when,)
+        # The worker consumes the re-published message under the pickle encoder, before it is reset.
+        stub_broker.join(queue, fail_fast=True, timeout=10_000)
+        assert sqlite_store.get_run("another-run").status == "succeeded"
+    finally:
+        dramatiq.set_encoder(JSONEncoder())
 
 
 def test_c20_c21_signals_pass_except_exception_and_swallowing_them_dead_letters(

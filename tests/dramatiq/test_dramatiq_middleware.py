@@ -1,4 +1,4 @@
-"""The ``DurableSteps`` middleware itself: public names, configuration, declaring, encoding (C7)."""
+"""The ``DurableSteps`` middleware itself: public names, configuration, declaring, encoding (C7), run keys (C11)."""
 
 from __future__ import annotations
 
@@ -105,17 +105,6 @@ def test_c5_actors_declared_before_and_after_at_any_position(
     assert seen == {"early": "early", "late": "late", "plain": None}
 
 
-def test_direct_call_runs_the_function_without_durable_steps(stub_broker: dramatiq.Broker, queue: str) -> None:
-    """Calling an actor directly (not through a worker) runs its function as Dramatiq would."""
-    stub_broker.add_middleware(DurableSteps(store="memory://"))
-
-    @dramatiq.actor(broker=stub_broker, queue_name=queue)
-    def add(x: int, y: int) -> tuple[int, bool]:
-        return x + y, bool(current_job)
-
-    assert add(1, 2) == (3, False)
-
-
 def test_c7_values_go_through_the_broker_encoder_and_codecs(
     stub_broker: dramatiq.Broker,
     queue: str,
@@ -148,3 +137,18 @@ def test_c7_values_go_through_the_broker_encoder_and_codecs(
     (dead,) = sqlite_store.list_dead_letters()
     assert (dead.task_name, dead.reason) == ("odd", "unencodable_value")
     assert len(stub_broker.dead_letters_by_queue[queue]) == 1
+
+
+def test_c11_a_run_key_option_that_is_not_a_str_is_refused() -> None:
+    """C11: a run key must be a str; a dict or number would only be a ``repr`` that another producer
+    could spell differently, so it is refused instead of coerced."""
+    import pytest
+
+    from dramatiq_ext._envelope import run_key_of
+    from flexiq_plugins import InvalidRunKey
+
+    message = dramatiq.Message(queue_name="q", actor_name="a", args=(), kwargs={}, options={})
+    assert run_key_of(message) == message.message_id
+    assert run_key_of(message.copy(options={RUN_KEY_OPTION: "rk-1"})) == "rk-1"
+    with pytest.raises(InvalidRunKey, match="is not a str"):
+        run_key_of(message.copy(options={RUN_KEY_OPTION: {"a": 1.5}}))

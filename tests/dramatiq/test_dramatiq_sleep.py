@@ -144,3 +144,58 @@ def test_c17_a_sleep_woken_early_goes_back_to_sleep(
     assert len(after) == 1
     assert after[0] - started >= 0.6
     assert status_of(sqlite_store, message.options[RUN_KEY_OPTION]) == "succeeded"
+
+
+def test_c15_c16_a_sleep_survives_one_failed_re_enqueue_without_a_retry(
+    stub_broker: dramatiq.Broker,
+    queue: str,
+    sqlite_store: StepStore,
+    start_worker: Callable[..., dramatiq.Worker],
+) -> None:
+    """C15, C16: the broker refuses the sleep's delayed re-enqueue once (a blip injected by wrapping
+    ``broker.enqueue``).
+
+    The sleep is still re-enqueued (the adapter tries again shortly), it is
+    not turned into a retry: every delivery has ``retries`` 0, and the actor,
+    declared with ``max_retries=0``, wakes and finishes; the run succeeded.
+    """
+    stub_broker.add_middleware(CurrentMessage())
+    stub_broker.add_middleware(DurableSteps(store=sqlite_store))
+    real_enqueue = stub_broker.enqueue
+    refused: list[str] = []
+    delayed: list[str] = []
+    lock = threading.Lock()
+
+    def flaky_enqueue(message: Any, *, delay: int | None = None) -> Any:
+        if delay is not None:
+            with lock:
+                if not refused:
+                    refused.append(message.message_id)
+                    raise ConnectionError("injected broker blip")
+                delayed.append(message.message_id)
+        return real_enqueue(message, delay=delay)
+
+    stub_broker.enqueue = flaky_enqueue  # type: ignore[method-assign]
+    seen: list[dict[str, Any]] = []
+    finished: list[str] = []
+
+    @dramatiq.actor(broker=stub_broker, queue_name=queue, max_retries=0)
+    def nap() -> None:
+        message = CurrentMessage.get_current_message()
+        assert message is not None
+        seen.append({"id": message.message_id, "retries": message.options.get("retries", 0)})
+        current_job.step.sleep("200ms")
+        finished.append(message.message_id)
+
+    start_worker(stub_broker)
+    sent = nap.send()
+    run_key = sent.options[RUN_KEY_OPTION]
+    wait_until(lambda: status_of(sqlite_store, run_key) == "succeeded", timeout=20, what="the nap to end")
+
+    assert refused == [sent.message_id]
+    assert delayed == [sent.message_id]  # the adapter's second try went through
+    assert finished == [sent.message_id]
+    assert len(seen) == 2  # the first attempt and the wake
+    assert {s["id"] for s in seen} == {sent.message_id}
+    assert {s["retries"] for s in seen} == {0}
+    assert stub_broker.dead_letters_by_queue[queue] == []

@@ -4,7 +4,7 @@ The schema is created and changed only by the Alembic migrations shipped in
 ``flexiq_plugins/_store/migrations``; the queries are built on these objects.
 They are nevertheless the *complete* definitions of the migrations' head
 (types, nullability, server defaults, keys, indexes, MySQL/MariaDB table
-options), so the two can be compared: ``tests/test_store_schema.py`` runs the
+options), so the two can be compared: ``tests/store/test_store_schema.py`` runs the
 migrations on every backend and asserts that Alembic's autogenerate finds no
 difference. A schema change is therefore a new migration *and* a change here.
 

@@ -1,4 +1,9 @@
-"""Review of the shared lease renewer (:mod:`flexiq_plugins._attempt.lease`): scenarios that break it (C23, C25).
+"""One attempt's fault does not stop the shared lease renewer from renewing the process's other claims (C23).
+
+The renewer (:mod:`flexiq_plugins._attempt.lease`) is one thread per process; what one attempt does to it
+(a transaction holding its run's row, a time limit landing inside a keeper's start, a ``BaseException`` out of
+its renewal) must leave every other claim renewed, and that attempt's own claim renewed once it starts again.
+The renewer's ordinary work is in ``test_lease_renewer.py``.
 
 Each test runs real threads (and, where it says so, a real signal handler in a fresh interpreter) against a
 real SQLite file or PostgreSQL. Waits are on events or renewal counts, bounded by ``PATIENCE_S``; where a
@@ -21,7 +26,7 @@ import pytest
 import sqlalchemy as sa
 
 from flexiq_plugins import JobEnvelope, SqlStepStore
-from flexiq_plugins._attempt.lease import LeaseKeeper
+from flexiq_plugins._attempt.lease import RENEWER_THREAD_NAME, LeaseKeeper
 from flexiq_plugins._model.records import Begun, Claim, StepRow
 from tests.conftest import PostgresCaller, drop_store_tables
 from tests.core.test_lease_renewer import WatchedStore
@@ -46,9 +51,8 @@ def claimed(store: SqlStepStore, run_key: str, lease_s: float = 30.0) -> Claim:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Finding 1: one attempt's transactional step (C42) stalled the renewals of every other attempt of the process
-# (the renewal waited on the row lock in the one renewer thread); a renewal now locks with NOWAIT, and a refused
-# one (RunLocked) is tried again shortly while the others go on.
+# One attempt's transactional step (C42) holds its run's row: a renewal locks with NOWAIT, so a refused one
+# (RunLocked) is tried again shortly while the renewals of the process's other attempts go on.
 # --------------------------------------------------------------------------------------------------------------
 
 LEASE_S = 3.0
@@ -119,7 +123,8 @@ def test_c23_a_transaction_holding_one_runs_row_does_not_stop_other_claims_being
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Finding 2: a start() interrupted inside the registration leaves the keeper "started" with nothing scheduled.
+# A time limit (raised from a signal handler, anywhere in the task's thread) that lands inside a keeper's start()
+# or stop() must not leave the keeper "started" with nothing scheduled, nor a renewer lock held.
 # --------------------------------------------------------------------------------------------------------------
 
 _INTERRUPTED_REGISTRATIONS = r'''
@@ -198,7 +203,7 @@ def test_c23_a_keeper_whose_start_was_interrupted_is_renewed_once_started_again(
         text=True,
         timeout=150,
         check=False,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
     )
     report = json.loads(done.stdout.splitlines()[-1]) if done.stdout.strip() else {"stderr": done.stderr[-3000:]}
     assert done.returncode == 0, done.stderr[-3000:]
@@ -209,8 +214,92 @@ def test_c23_a_keeper_whose_start_was_interrupted_is_renewed_once_started_again(
     )
 
 
+_INTERRUPTED_STARTS_AND_STOPS = r'''
+import json, os, signal, sys, threading
+from flexiq_plugins import JobEnvelope, SqlStepStore
+from flexiq_plugins._attempt.lease import RENEWER_THREAD_NAME, LeaseKeeper
+
+class CountingStore(SqlStepStore):
+    def __init__(self, url):
+        super().__init__(url)
+        self.renewed = {}
+        self.twice = threading.Event()
+
+    def renew(self, claim, lease_seconds):
+        renewed = super().renew(claim, lease_seconds)
+        self.renewed[claim.run_key] = self.renewed.get(claim.run_key, 0) + 1
+        if claim.run_key == "run-after" and self.renewed[claim.run_key] >= 2:
+            self.twice.set()
+        return renewed
+
+class TimeLimit(Exception):
+    """What Celery's soft time limit raises from its signal handler (SoftTimeLimitExceeded)."""
+
+store = CountingStore(sys.argv[1])
+envelope = JobEnvelope("tasks.t", "test")
+storm_claim = store.begin("run-storm", "job-storm", envelope, "w1", 300.0).claim
+armed = False
+
+def time_limit(signum, frame):
+    if armed:
+        raise TimeLimit()
+
+landed = tries = 0
+finished = threading.Event()
+
+def watchdog():  # a leaked lock leaves this process's starts waiting forever: say so, rather than hang
+    if not finished.wait(60):
+        print(json.dumps({"landed": landed, "hung": True}), flush=True)
+        os._exit(3)
+
+threading.Thread(target=watchdog, daemon=True).start()
+signal.signal(signal.SIGALRM, time_limit)
+signal.setitimer(signal.ITIMER_REAL, 0.0001, 0.0001)
+while landed < int(sys.argv[2]) and tries < 5_000_000:
+    keeper = LeaseKeeper(store, storm_claim, 300.0)
+    tries += 1
+    try:
+        armed = True
+        keeper.start()
+        keeper.stop()
+        armed = False
+    except TimeLimit:
+        armed = False
+        landed += 1
+signal.setitimer(signal.ITIMER_REAL, 0, 0)
+after = LeaseKeeper(store, store.begin("run-after", "job-after", envelope, "w1", 30.0).claim, 0.3)
+after.start()
+renewed = store.twice.wait(30)
+after.stop()
+finished.set()
+threads = [t.name for t in threading.enumerate() if t.name.startswith("flexiq-lease")]
+print(json.dumps({"landed": landed, "renewed": renewed, "threads": threads}))
+'''
+
+
+@pytest.mark.timeout(180)
+def test_c23_starts_and_stops_interrupted_by_a_time_limit_leave_the_renewer_working(sqlite_url: str) -> None:
+    """Celery's soft time limit raises from a signal handler wherever the task's thread is (Dramatiq's TimeLimit
+    and shutdown raise asynchronous exceptions the same way). In a fresh interpreter, such an exception lands
+    inside 2,000 keeper starts and stops (a SIGALRM every 0.1 ms); then a keeper's claim is still renewed, by
+    one renewer thread. (A renewer lock taken by Python code leaked under this within milliseconds: the next
+    start waited on it forever.)"""
+    done = subprocess.run(
+        [sys.executable, "-c", _INTERRUPTED_STARTS_AND_STOPS, sqlite_url, "2000"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    report = json.loads(done.stdout.splitlines()[-1]) if done.stdout.strip() else {"stderr": done.stderr[-3000:]}
+    assert "hung" not in report, f"a start or stop waited a minute (a lock left held): {report}"
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert report == {"landed": 2000, "renewed": True, "threads": [RENEWER_THREAD_NAME]}, report
+
+
 # --------------------------------------------------------------------------------------------------------------
-# Finding 3: a BaseException out of one claim's renewal kills the process's one renewer thread.
+# A BaseException out of one claim's renewal must not end the process's one renewer thread.
 # --------------------------------------------------------------------------------------------------------------
 
 
@@ -267,7 +356,7 @@ def test_c23_a_base_exception_in_one_renewal_leaves_the_other_claims_renewed(sql
         text=True,
         timeout=90,
         check=False,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
     )
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(done.stdout.splitlines()[-1])

@@ -18,6 +18,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from uuid import uuid4
 
 import pytest
 import sqlalchemy as sa
@@ -39,7 +40,7 @@ from flexiq_plugins.errors import (
     StoreMisconfigured,
     StoreUnavailable,
 )
-from tests.conftest import MYSQL, POSTGRES, PostgresCaller, require_service
+from tests.conftest import MYSQL, POSTGRES, PSYCOPG2_URL, PostgresCaller, require_service
 from tests.polling import wait_for
 
 ENVELOPE = JobEnvelope(task_name="shop.checkout", framework="test", args=[1])
@@ -650,6 +651,18 @@ def test_missing_tables_without_auto_upgrade_names_the_fix(make_sql_store: Calla
     store = make_sql_store("sqlite://", auto_upgrade=False)
     with pytest.raises(StoreError, match="flexiq store upgrade"):
         store.get_run("run-x")
+
+
+@pytest.mark.postgres
+def test_c41_psycopg2_missing_tables_name_the_fix(postgres_url: str) -> None:
+    """Through psycopg2, a store without its tables says to run ``flexiq store upgrade`` (42P01 read as ``pgcode``)."""
+    pytest.importorskip("psycopg2")
+    store = SqlStepStore(PSYCOPG2_URL, table_prefix=f"t{uuid4().hex[:8]}_", auto_upgrade=False)
+    try:
+        with pytest.raises(StoreError, match="flexiq store upgrade"):
+            store.get_run("run-1")
+    finally:
+        store.close()
 
 
 def test_an_envelope_that_is_not_json_is_refused(sql_store: SqlStepStore) -> None:

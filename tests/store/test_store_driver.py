@@ -23,7 +23,7 @@ from flexiq_plugins._store.sql import SqlStepStore, normalize_url
 from flexiq_plugins._store.sql import connections as sql_connections_module
 from flexiq_plugins._store.sql.driver import DriverStatement, runs_on_driver
 from flexiq_plugins.errors import ClaimLost, StoreError, StoreUnavailable
-from tests.test_store_held import Checkouts, _backend_pid, _terminate
+from tests.store.test_store_held import Checkouts, _backend_pid, _terminate
 
 ENVELOPE = JobEnvelope(task_name="shop.checkout", framework="test", args=[1])
 

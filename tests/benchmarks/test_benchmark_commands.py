@@ -21,7 +21,7 @@ import pytest
 
 from benchmarks import bench_store
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = [
     "sqlite",
     pytest.param("postgres", marks=pytest.mark.postgres),

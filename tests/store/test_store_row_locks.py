@@ -1,4 +1,11 @@
-"""A lease renewal that does not wait for a row lock (``RunLocked``), the MySQL/MariaDB attempt start, psycopg2.
+"""The SQL store when another transaction holds a run's row: a renewal never waits for it, deadlocks are
+recognised, and first deliveries racing the producer's record claim the run once (C23, C24, C25, C28).
+
+A transactional step's write holds its run's row until the caller's transaction ends (C42). A renewal of
+that run is refused at once (``RunLocked``), or is ``ClaimLost`` when the claim was taken over; on
+PostgreSQL through psycopg2 too, whose error codes the classifiers read as ``pgcode``. The plain case on
+every server is ``test_c23_a_renewal_does_not_wait_for_a_row_another_transaction_holds`` in
+``test_store_sql.py``.
 
 Every test runs against the real databases with real threads and connections. Waits are bounded, on the
 database's clock or on thread joins, never a margin.
@@ -18,8 +25,8 @@ from flexiq_plugins import JobEnvelope, SqlStepStore
 from flexiq_plugins._model.records import Begun, Busy, Claim
 from flexiq_plugins._store.sql.errors import is_deadlock
 from flexiq_plugins._store.sql.tables import store_tables
-from flexiq_plugins.errors import ClaimLost, RunLocked, StoreError
-from tests.conftest import drop_store_tables
+from flexiq_plugins.errors import ClaimLost, RunLocked
+from tests.conftest import PSYCOPG2_URL, drop_store_tables
 from tests.polling import wait_for
 
 ENVELOPE = JobEnvelope("tasks.t", "test")
@@ -57,10 +64,10 @@ def renewal_of(store: SqlStepStore, claim: Claim) -> object:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Finding 1 (MySQL/MariaDB): a claim taken over is reported RunLocked, not ClaimLost, while the new owner's
-# transaction (its transactional step, C42) holds the row. InnoDB locks the row by its key before it looks at
-# the rest of the fence, so the NOWAIT read is refused for a row the claim no longer holds; the old attempt's
-# keeper then polls every 0.1 s for as long as the new owner keeps the row, never learning it lost (C25).
+# A claim taken over is ClaimLost, not RunLocked, while the new owner's transaction (its transactional step,
+# C42) holds the row. InnoDB locks the row by its key before it looks at the rest of the fence, so a NOWAIT read
+# alone would be refused for a row the claim no longer holds, and the old attempt's keeper would poll every
+# 0.1 s for as long as the new owner keeps the row, never learning it lost (C25).
 # --------------------------------------------------------------------------------------------------------------
 
 
@@ -85,13 +92,10 @@ def test_c25_a_renewal_of_a_claim_taken_over_is_claim_lost_while_the_new_owner_h
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Finding 2 (PostgreSQL through psycopg2, a driver the store accepts as given): the error classifiers read only
-# psycopg 3's ``sqlstate``; psycopg2 names it ``pgcode``. A refused NOWAIT was therefore an outage
-# (StoreUnavailable: a WARNING, and the next try a third of a lease later instead of 0.1 s), a deadlock was not
-# retried, and missing tables were not named as such.
+# PostgreSQL through psycopg2 (a driver the store accepts as given): psycopg 3 names the error code
+# ``sqlstate``, psycopg2 ``pgcode``; the classifiers read both, so a refused NOWAIT is RunLocked (not an outage:
+# a WARNING, and the next try a third of a lease later instead of 0.1 s) and a deadlock is retried.
 # --------------------------------------------------------------------------------------------------------------
-
-PSYCOPG2_URL = "postgresql+psycopg2://postgres@127.0.0.1:5432/test"
 
 
 @pytest.fixture
@@ -145,21 +149,9 @@ def test_c28_psycopg2_a_deadlock_is_recognised(psycopg2_store: SqlStepStore) -> 
     assert is_deadlock(errors[0]), errors[0]
 
 
-@pytest.mark.postgres
-def test_c41_psycopg2_missing_tables_name_the_fix(postgres_url: str) -> None:
-    """Through psycopg2, a store without its tables says to run ``flexiq store upgrade`` (42P01 read as ``pgcode``)."""
-    pytest.importorskip("psycopg2")
-    store = SqlStepStore(PSYCOPG2_URL, table_prefix=f"t{uuid4().hex[:8]}_", auto_upgrade=False)
-    try:
-        with pytest.raises(StoreError, match="flexiq store upgrade"):
-            store.get_run("run-1")
-    finally:
-        store.close()
-
-
 # --------------------------------------------------------------------------------------------------------------
-# Held up (not covered before): first deliveries of a run not stored yet, through separate stores (their own
-# pools), racing the producer's record_queued of the same key on MySQL/MariaDB's locking-read-then-upsert start.
+# First deliveries of a run not stored yet, through separate stores (their own pools), racing the producer's
+# record_queued of the same key on MySQL/MariaDB's locking-read-then-upsert start.
 # --------------------------------------------------------------------------------------------------------------
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from tests.conftest import POSTGRES_URL
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
