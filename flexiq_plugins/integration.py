@@ -4,9 +4,14 @@
 root; a third integration would too. The shape of an adapter:
 
 1. At publish, stamp a run key on each new job (:func:`new_run_key`) and,
-   unless the task or the message opts out (:func:`wants_record`), record
-   its run ``queued`` before the message leaves (:func:`record_at_publish`,
-   C39); flag the message with :data:`RECORDED_FLAG` when it was recorded.
+   on a job's first publish (:func:`first_publish`: a minted, a
+   producer-chosen or a derived key) unless the task or the message opts
+   out (:func:`wants_record`), record its run ``queued`` before the message
+   leaves unless it exists (:func:`record_at_publish`, C39, C46); flag the
+   message with :data:`RECORDED_FLAG` when it was recorded. A job the
+   framework dispatches on behalf of a run (a callback, a chain's next task,
+   a pipeline's next stage) gets a key derived from the run's
+   (:func:`derived_run_key`) when the attempt :func:`belongs_to_a_run` (C44).
    A worker starts recovery with :func:`start_recovery` (C39).
 2. At delivery, describe the message as a :class:`JobInfo` (the run key by
    :func:`run_key_from`, the envelope by :func:`build_envelope`) and run it
@@ -63,6 +68,7 @@ from ._attempt.outcomes import (
     PutBack,
     PutBackReason,
     Replay,
+    belongs_to_a_run,
 )
 from ._delivery.cancel import cancel_run
 from ._delivery.jobs import (
@@ -71,6 +77,7 @@ from ._delivery.jobs import (
     build_envelope,
     claims_before_body,
     envelope_arguments,
+    first_publish,
     is_json,
     resume_mark_at_publish,
 )
@@ -97,7 +104,7 @@ from ._delivery.worker import (
 )
 from ._model.codec import CodecChain, FunctionSerializer, Serializer
 from ._model.config import DurableConfig
-from ._model.identity import new_run_key, run_key_from
+from ._model.identity import derived_run_key, new_run_key, run_key_from
 from ._model.policies import CancellationPolicy, RetryPolicy, cancellation_option, retry_policy_option
 from ._model.records import JobEnvelope
 from ._steps.context import no_current_job
@@ -154,17 +161,20 @@ __all__ = [
     "UnsupportedInEagerMode",
     "ValueReader",
     "WorkerInterrupted",
+    "belongs_to_a_run",
     "body_traceback",
     "build_envelope",
     "cancel_run",
     "cancellation_option",
     "dead_letter_unregistered",
+    "derived_run_key",
     "check_store_at_start",
     "check_store_spec",
     "claims_before_body",
     "classify",
     "driver_or_put_back",
     "envelope_arguments",
+    "first_publish",
     "hand_off",
     "is_json",
     "log_worker_start",
