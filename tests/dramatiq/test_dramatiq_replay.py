@@ -254,6 +254,12 @@ def test_c44_dramatiq_a_message_the_body_sends_itself_stays_a_new_run(
     assert not child_key.startswith(sent.options[RUN_KEY_OPTION])
 
 
+def _labelled_runs(store: StepStore, actor: str, label: str) -> list[tuple[str, str, int]]:
+    """``(run key, status, attempt)`` of the runs of ``actor`` whose job's first argument is ``label``."""
+    runs = store.list_runs(task_name=actor)
+    return sorted((r.run_key, r.status, r.attempt) for r in runs if r.envelope.args[:1] == [label])
+
+
 @pytest.fixture(scope="module")
 def cli(tmp_path_factory: pytest.TempPathFactory, require_service: Any) -> Iterator[dict[str, Any]]:
     """A supervised ``dramatiq dq_run_keys_app`` CLI on its own Redis namespace and SQLite store; a producer."""
@@ -286,6 +292,7 @@ def cli(tmp_path_factory: pytest.TempPathFactory, require_service: Any) -> Itera
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_c44_dramatiq_a_worker_killed_while_enqueueing_the_next_stage_leaves_it_one_run(
     cli: dict[str, Any],
 ) -> None:
@@ -300,11 +307,36 @@ def test_c44_dramatiq_a_worker_killed_while_enqueueing_the_next_stage_leaves_it_
     pipeline([first.copy(options={RUN_KEY_OPTION: order}), then], broker=cli["producer"]).run()
 
     stage = f"{order}/pipe"
-    wait_until(lambda: status_of(store, stage) == "succeeded", 90, "the next stage's run")
+    wait_until(lambda: status_of(store, stage) == "succeeded", 180, "the next stage's run")
     assert (here / f"{label}.died").exists()
     assert cli["supervisor"].starts >= 2
     calls = (here / "calls").read_text().split()
     assert calls.count(f"{label}:total") == 1
     assert calls.count(f"{label}:noted:21") == 1
-    assert _runs_of(store, "noted") == [(stage, "succeeded", 1)]
-    assert _runs_of(store, "total") == [(order, "succeeded", 1)]
+    assert _labelled_runs(store, "noted", label) == [(stage, "succeeded", 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_c46_dramatiq_a_second_job_with_a_finished_runs_own_key_replays_on_a_real_worker(
+    cli: dict[str, Any],
+) -> None:
+    """C46, C37: a ``dramatiq`` worker process runs a job published with the producer's own key; a second job
+    with that key (other arguments) does not run the body: it replays 21, which the next stage it is piped
+    into receives."""
+    queue, store, here = cli["queue"], cli["store"], cli["dir"]
+    label, order, after = uuid4().hex[:8], f"order-{uuid4().hex[:8]}", f"after-{uuid4().hex[:8]}"
+    (here / f"{label}.died").write_text("")  # this test's stages never kill the worker
+    own = {RUN_KEY_OPTION: order}
+    first = dramatiq.Message(queue_name=queue, actor_name="total", args=(label, 20), kwargs={}, options=own)
+    cli["producer"].enqueue(first)
+    wait_until(lambda: status_of(store, order) == "succeeded", 120, "the first job's run")
+    second = first.copy(args=(label, 99), message_id=uuid4().hex)
+    then = dramatiq.Message(queue_name=queue, actor_name="noted", args=(label,), kwargs={}, options={})
+    then = then.copy(options={RUN_KEY_OPTION: after})
+    pipeline([second, then], broker=cli["producer"]).run()
+    wait_until(lambda: status_of(store, after) == "succeeded", 120, "the stage the replay is piped into")
+    calls = (here / "calls").read_text().split()
+    assert calls.count(f"{label}:total") == 1
+    assert calls.count(f"{label}:noted:21") == 1
+    assert _labelled_runs(store, "total", label) == [(order, "succeeded", 1)]
