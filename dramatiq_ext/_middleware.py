@@ -2,10 +2,12 @@
 
 It stamps a run key on every new message at enqueue and records its run
 ``queued`` before the message leaves, whether the key is new, the
-producer's or derived from a parent run's (C39, C44, C46), runs recovery in every worker
-(one sweep at a time across them, C39), swaps each durable actor's
-function for one that runs the body inside an attempt (see ``_actor``), and
-turns the attempt's outcome into Dramatiq's verb (see ``_verbs``). A failure
+producer's or derived from a parent run's (C39, C44, C46), runs recovery
+in every worker (one sweep at a time across them, C39), swaps each durable
+actor's function for one that runs the body inside an attempt (see
+``_actor``), and turns the attempt's outcome into Dramatiq's verb (see
+``_verbs``); a pipeline's next stage and a group's completion callbacks
+get derived run keys (see ``_dispatch``). A failure
 the core calls retryable is re-raised unchanged, so the Retries middleware
 decides as it always does; if the message is then acknowledged or rejected
 without being enqueued again, Dramatiq has given up: the run is settled
