@@ -1,13 +1,15 @@
 """A new Celery job at publish: its run key, and its run recorded ``queued`` before the message leaves (C39).
 
 Called from ``before_task_publish`` with the message Celery is about to send.
-A message that already carries a run key is the library's own re-publish (a
-sleep hop, a put-back, a recovery, a dead-letter retry) or a producer's
-explicit key, and is left alone. A new one gets a key and, unless its task
+A message without a run key gets a new one. A job's first publish (no
+``flexiq_resume`` header yet: a new key, a key the producer chose, or one
+derived from a parent run's, C44) has its run recorded ``queued`` unless the
+run exists (C39, C46), through the core's
+[`record_at_publish`][flexiq_plugins.integration.record_at_publish], unless its task
 (``record_at_publish=False``) or the message (header ``flexiq_record``) opts
-out, its run is recorded through the core's
-[`record_at_publish`][flexiq_plugins.integration.record_at_publish]; the header
-``flexiq_recorded`` then says so.
+out; the header ``flexiq_recorded`` then says so. The library's own
+re-publishes (a sleep hop, a put-back, a recovery, a dead-letter retry)
+carry the resume mark and are left alone.
 """
 
 from __future__ import annotations
@@ -18,16 +20,19 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
+from flexiq_plugins import InvalidRunKey
 from flexiq_plugins.integration import (
     RECORD_OPTION,
     RECORD_TASK_OPTION,
     RECORDED_FLAG,
     JobEnvelope,
     build_envelope,
+    first_publish,
     is_json,
     new_run_key,
     record_at_publish,
     resume_mark_at_publish,
+    run_key_from,
     wants_record,
 )
 
@@ -52,13 +57,20 @@ def stamp_new_job(
     exchange: str | None,
     routing_key: str | None,
 ) -> None:
-    """Stamp a run key on a new job's message and record its run (C11, C39); set every message's resume mark (C37)."""
+    """Stamp a run key on a new job's message, record a job's run at its first publish (C11, C39, C46);
+    set every message's resume mark (C37)."""
     given = bool(headers.get(RUN_KEY_HEADER))
+    first = first_publish(headers.get(RESUME_HEADER))
     # a run key the producer chose may name an existing run: the job claims before its body (C37)
     headers[RESUME_HEADER] = resume_mark_at_publish(headers.get(RESUME_HEADER), run_key_given=given)
-    if given:
-        return
-    run_key = headers[RUN_KEY_HEADER] = new_run_key()
+    if not given:
+        headers[RUN_KEY_HEADER] = new_run_key()
+    if not first:
+        return  # the library's own re-publish, or a retry: its run is known
+    try:
+        run_key = run_key_from(headers[RUN_KEY_HEADER], "", where=f"{RUN_KEY_HEADER} header")
+    except InvalidRunKey:
+        return  # the worker refuses the job and says why (C11)
     runtime, task = _owner(task_name)
     call_option = headers.get(RECORD_OPTION)
     if (

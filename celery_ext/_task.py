@@ -6,6 +6,10 @@ goes through `DurableTask.__call__`:
 
 ``__call__ → AttemptDriver.run_job(job, body) → act(outcome)``
 
+Before ``act``, the jobs the tracer will publish on behalf of the run (its
+callbacks, its chain's next task, a chord's body) get run keys derived from
+the run's (`celery_ext._dispatch`, C44).
+
 The body is the task's ``run`` (with ``autoretry_for`` already wrapped around
 it by Celery) or a user base class's own ``__call__``. Whatever it raises is
 handed to the core, which classifies it before any retry filter (C28, C29);
@@ -43,10 +47,12 @@ from flexiq_plugins.integration import (
     RetryPolicy,
     StepSignal,
     WorkerInterrupted,
+    belongs_to_a_run,
     classify,
     no_current_job,
 )
 
+from ._dispatch import stamp_dispatches
 from ._envelope import job_info, without_unstarted_only
 from ._options import RESUME_HEADER, RUN_KEY_HEADER
 from ._runtime import Runtime, runtime_of
@@ -199,6 +205,8 @@ def _run_attempt(
         raise handed_on[0]
     if exiting:
         raise exiting[0]  # the process goes on exiting; Celery gives the unfinished message back (C38)
+    if not request.is_eager and belongs_to_a_run(outcome):
+        stamp_dispatches(request, job.run_key)  # its callbacks, chain and chord body are runs of their own (C44)
     try:
         return act(task, request, runtime, job, outcome)
     finally:

@@ -1,10 +1,13 @@
 """The ``DurableSteps`` middleware: durable steps in ordinary Dramatiq actors.
 
 It stamps a run key on every new message at enqueue and records its run
-``queued`` before the message leaves (C39), runs recovery in every worker
-(one sweep at a time across them, C39), swaps each durable actor's
-function for one that runs the body inside an attempt (see ``_actor``), and
-turns the attempt's outcome into Dramatiq's verb (see ``_verbs``). A failure
+``queued`` before the message leaves, whether the key is new, the
+producer's or derived from a parent run's (C39, C44, C46), runs recovery
+in every worker (one sweep at a time across them, C39), swaps each durable
+actor's function for one that runs the body inside an attempt (see
+``_actor``), and turns the attempt's outcome into Dramatiq's verb (see
+``_verbs``); a pipeline's next stage and a group's completion callbacks
+get derived run keys (see ``_dispatch``). A failure
 the core calls retryable is re-raised unchanged, so the Retries middleware
 decides as it always does; if the message is then acknowledged or rejected
 without being enqueued again, Dramatiq has given up: the run is settled
@@ -37,7 +40,7 @@ from dramatiq.common import current_millis
 from dramatiq.errors import ActorNotFound
 from dramatiq.middleware import AgeLimit, Middleware, MiddlewareError
 
-from flexiq_plugins import ConfigurationError
+from flexiq_plugins import ConfigurationError, InvalidRunKey
 from flexiq_plugins.integration import (
     RECORD_OPTION,
     RECORD_TASK_OPTION,
@@ -52,12 +55,14 @@ from flexiq_plugins.integration import (
     StepStore,
     StoreSpec,
     Sweeper,
+    belongs_to_a_run,
     body_traceback,
     cancellation_option,
     check_store_at_start,
     check_store_spec,
     dead_letter_unregistered,
     driver_or_put_back,
+    first_publish,
     log_worker_start,
     new_run_key,
     no_current_job,
@@ -71,7 +76,7 @@ from flexiq_plugins.integration import (
     wants_record,
 )
 
-from . import _actor, _config, _verbs
+from . import _actor, _config, _dispatch, _verbs
 from ._adapter import publisher
 from ._envelope import RESUME_OPTION, RUN_KEY_OPTION, job_info, run_key_of
 
@@ -246,21 +251,26 @@ class DurableSteps(Middleware):
 
     # ------------------------------------------------------------ messages
     def before_enqueue(self, broker: dramatiq.Broker, message: Any, delay: int | None) -> None:
-        """Stamp a run key on a new message, record its run (C11, C39) and set the resume mark (C23, C37).
+        """Stamp a run key on a new message, record its run (C11, C39, C46) and set the resume mark (C23, C37).
 
-        A run key the producer chose may name an existing run, so the job
-        claims before its body (C37); one stamped here is a new run, claimed
-        at its first step (``integration.resume_mark_at_publish``). A message
-        that carries a run key already (a sleep hop, a put-back, a retry, a
-        recovery) is not recorded again; a retry of an attempt that claimed
-        its run resumes it.
+        A run key the producer chose (or one derived from a parent run's,
+        C44) may name an existing run, so the job claims before its body
+        (C37); one stamped here is a new run, claimed at its first step
+        (``integration.resume_mark_at_publish``). A job's first publish
+        (``integration.first_publish``) has its run recorded unless it
+        exists, whichever key it carries, and its group completion callbacks
+        derived keys; a message the middleware publishes again (a sleep hop,
+        a put-back, a retry, a recovery) is not recorded again; a retry of an
+        attempt that claimed its run resumes it.
         """
         given = bool(message.options.get(RUN_KEY_OPTION))
+        first = first_publish(message.options.get(RESUME_OPTION))
         if not given:
             message.options[RUN_KEY_OPTION] = new_run_key()
         mark = resume_mark_at_publish(message.options.get(RESUME_OPTION), run_key_given=given)
         message.options[RESUME_OPTION] = mark
-        if not given:
+        if first:
+            _dispatch.stamp_group_callbacks(message.options)
             self._record(broker, message, delay)
         failure = self._failing.pop(message.message_id, None)
         if failure is not None and failure.claimed:
@@ -280,8 +290,12 @@ class DurableSteps(Middleware):
         if not opted:
             return
         message.options[RECORDED_FLAG] = True  # in the envelope: re-publishes of the run carry the flag too
-        job = job_info(message)
-        del message.options[RECORDED_FLAG]
+        try:
+            job = job_info(message)
+        except InvalidRunKey:
+            return  # the worker refuses the job and says why (C11)
+        finally:
+            del message.options[RECORDED_FLAG]
         seconds = (delay or 0) / 1000
         job_id = str(message.message_id)
         if record_at_publish(lambda: self.store, job.run_key, job_id, job.job_envelope, delay_seconds=seconds):
@@ -398,6 +412,8 @@ class DurableSteps(Middleware):
             outcome = _actor.execute(driver, job, body, args, kwargs, stopping=lambda: self._stopping)
         else:
             outcome = driver
+        if belongs_to_a_run(outcome):  # the pipeline's next stage is a run of its own (C44)
+            _dispatch.stamp_pipe_target(message.options, job.run_key)
         if isinstance(outcome, Failure):  # Retries decides; the middleware settles the run if it gives up
             self._failing[message.message_id] = outcome
             error = body_traceback(outcome.error)

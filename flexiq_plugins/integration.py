@@ -4,10 +4,16 @@
 root; a third integration would too. The shape of an adapter:
 
 1. At publish, stamp a run key on each new job ([`new_run_key`][flexiq_plugins.integration.new_run_key]) and,
-   unless the task or the message opts out ([`wants_record`][flexiq_plugins.integration.wants_record]), record
-   its run ``queued`` before the message leaves ([`record_at_publish`][flexiq_plugins.integration.record_at_publish],
-   C39); flag the message with [`RECORDED_FLAG`][flexiq_plugins.integration.RECORDED_FLAG] when it was recorded.
-   A worker starts recovery with [`start_recovery`][flexiq_plugins.integration.start_recovery] (C39).
+   on a job's first publish ([`first_publish`][flexiq_plugins.integration.first_publish]: a minted, a
+   producer-chosen or a derived key) unless the task or the message opts
+   out ([`wants_record`][flexiq_plugins.integration.wants_record]), record its run ``queued`` before the message
+   leaves unless it exists ([`record_at_publish`][flexiq_plugins.integration.record_at_publish], C39, C46); flag the
+   message with [`RECORDED_FLAG`][flexiq_plugins.integration.RECORDED_FLAG] when it was recorded. A job the
+   framework dispatches on behalf of a run (a callback, a chain's next task,
+   a pipeline's next stage) gets a key derived from the run's
+   ([`derived_run_key`][flexiq_plugins.integration.derived_run_key]) when the attempt
+   [`belongs_to_a_run`][flexiq_plugins.integration.belongs_to_a_run] (C44). A worker starts recovery with
+   [`start_recovery`][flexiq_plugins.integration.start_recovery] (C39).
 2. At delivery, describe the message as a [`JobInfo`][flexiq_plugins.integration.JobInfo] (the run key by
    [`run_key_from`][flexiq_plugins.integration.run_key_from], the envelope by
    [`build_envelope`][flexiq_plugins.integration.build_envelope]) and run it with the per-process
@@ -69,6 +75,7 @@ from ._attempt.outcomes import (
     PutBack,
     PutBackReason,
     Replay,
+    belongs_to_a_run,
 )
 from ._delivery.cancel import cancel_run
 from ._delivery.jobs import (
@@ -77,6 +84,7 @@ from ._delivery.jobs import (
     build_envelope,
     claims_before_body,
     envelope_arguments,
+    first_publish,
     is_json,
     resume_mark_at_publish,
 )
@@ -111,7 +119,7 @@ from ._delivery.worker import (
 )
 from ._model.codec import CodecChain, FunctionSerializer, Serializer
 from ._model.config import DurableConfig
-from ._model.identity import new_run_key, run_key_from
+from ._model.identity import derived_run_key, new_run_key, run_key_from
 from ._model.policies import CancellationPolicy, RetryPolicy, cancellation_option, retry_policy_option
 from ._model.records import JobEnvelope
 from ._steps.context import no_current_job
@@ -169,17 +177,20 @@ __all__ = [
     "UnsupportedInEagerMode",
     "ValueReader",
     "WorkerInterrupted",
+    "belongs_to_a_run",
     "body_traceback",
     "build_envelope",
     "cancel_run",
     "cancellation_option",
     "dead_letter_unregistered",
+    "derived_run_key",
     "check_store_at_start",
     "check_store_spec",
     "claims_before_body",
     "classify",
     "driver_or_put_back",
     "envelope_arguments",
+    "first_publish",
     "hand_off",
     "is_json",
     "log_worker_start",

@@ -267,7 +267,7 @@ class AttemptDriver:
           error (BaseException | None): what it raised.
         """
         if error is None:
-            return outcomes.Completed(value)
+            return outcomes.Completed(value, claimed=False)
         if classify(error) is Disposition.INTERRUPTED:
             return outcomes.PutBack(outcomes.PutBackReason.SHUTDOWN, 0.0, str(error))
         return outcomes.Failure(error, job.run_key, 0, claimed=False)

@@ -45,6 +45,7 @@ __all__ = [
     "PutBack",
     "PutBackReason",
     "Replay",
+    "belongs_to_a_run",
 ]
 
 
@@ -87,11 +88,16 @@ class AckReason(enum.Enum):
 class Completed:
     """The body returned; the run is committed ``succeeded`` (C26).
 
+    A body that took no step returns without a run (lazy claims, C23):
+    ``claimed`` is then ``False`` and nothing was written.
+
     Parameters:
       value (Any): what the body returned.
+      claimed (bool): whether the attempt claimed its run.
     """
 
     value: Any
+    claimed: bool = True
 
 
 @dataclass(frozen=True)
@@ -232,3 +238,22 @@ class Ended(enum.Enum):
     FAILED = "failed"
     """Given up as failed, its message acknowledged or rejected for good: a Dramatiq nack (a message
     another middleware failed, retries exhausted), a Celery failure it acknowledges."""
+
+
+def belongs_to_a_run(outcome: Outcome) -> bool:
+    """Whether the attempt that ended with ``outcome`` belongs to a run in the store (C44).
+
+    True for an attempt that claimed its run (it completed or failed), and for
+    a replay of a finished run (C37). The jobs the framework then dispatches
+    on the job's behalf (callbacks, a chain's next task, a pipeline's next
+    stage) get run keys derived from the run's
+    ([`derived_run_key`][flexiq_plugins.integration.derived_run_key]); a job that
+    took no step has no run, and its dispatches stay new jobs.
+    """
+    match outcome:
+        case Replay() | DeadLetter():
+            return True
+        case Completed(claimed=claimed) | Failure(claimed=claimed):
+            return claimed
+        case _:
+            return False

@@ -25,6 +25,7 @@ __all__ = [
     "build_envelope",
     "claims_before_body",
     "envelope_arguments",
+    "first_publish",
     "is_json",
     "resume_mark_at_publish",
 ]
@@ -77,6 +78,24 @@ def resume_mark_at_publish(resume: bool | None, *, run_key_given: bool) -> bool:
     if resume is not None:
         return resume
     return run_key_given
+
+
+def first_publish(resume: bool | None) -> bool:
+    """Whether a publish hook sees a job's first publish, whose run it records (C39, C46): no resume mark yet.
+
+    The one rule both adapters follow. A message without ``flexiq_resume`` is
+    a job a producer publishes for the first time: its run key was minted by
+    the hook, chosen by the producer, or derived by the integration from a
+    parent's (C44); its run is recorded ``queued`` unless it exists, so a
+    message the broker loses is recovered whichever key it carries. A
+    message with the mark is one the library publishes again for a run it
+    knows (a sleep hop, a put-back, a retry, a recovery, a dead-letter
+    retry), or a framework retry of a job already published: not recorded again.
+
+    Parameters:
+      resume (bool | None): the message's resume mark before the hook sets it.
+    """
+    return resume is None
 
 
 # ---------------------------------------------------------------- envelopes

@@ -1,4 +1,4 @@
-"""Step identity (C1–C4) and the divergence check (C12, C14).
+"""Step identity (C1–C4), the divergence check (C12, C14), and run keys (C11, C44).
 
 A step is identified by what the code asks for, never by the callable (C4):
 
@@ -16,6 +16,7 @@ recorded sequence, unkeyed ones by their position among the unkeyed steps.
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 from collections import Counter
 from collections.abc import Iterable
@@ -29,6 +30,7 @@ __all__ = [
     "MAX_NAME_BYTES",
     "MAX_RUN_KEY_LENGTH",
     "check_run_key",
+    "derived_run_key",
     "new_run_key",
     "run_key_from",
     "Sequence",
@@ -292,3 +294,53 @@ def run_key_from(carried: object, job_id: str, *, where: str = "run key") -> str
     if not isinstance(carried, str):
         raise InvalidRunKey(f"the {where} {carried!r} is not a str")
     return check_run_key(carried)
+
+
+_HASH_MARK = "~sha256:"
+_HASHED_PREFIX = MAX_RUN_KEY_LENGTH - len(_HASH_MARK) - 64
+
+
+def derived_run_key(parent: str, place: str) -> str:
+    """The run key of a job the framework dispatches on behalf of ``parent``, at ``place`` (C44).
+
+    ``<parent>/<place>``: the same parent and place always give the same
+    key, so the job dispatched again (by a replayed duplicate of the parent,
+    C37, or by recovery of its ``queued`` record, C39) is the same run, never
+    a second one. The places the adapters use:
+
+    ==========================================  ===================================
+    Celery ``link`` callback number ``i``        ``<parent>/link/<i>``
+    Celery ``link_error`` callback ``i``         ``<parent>/link_error/<i>``
+    the next task of a Celery chain              ``<parent>/chain``
+    a Celery chord's body                        ``<the chord's group id>/chord``
+    the next stage of a Dramatiq pipeline        ``<parent>/pipe``
+    a Dramatiq group's completion callback ``i`` ``<the group's completion id>/group/<i>``
+    member ``j`` of a group or chain signature   ``<its place's key>/<j>``
+    the body of a chord signature                ``<its place's key>/body``
+    ==========================================  ===================================
+
+    A chord's body and a group's completion callback are dispatched by
+    whichever member finishes last, so their parent is the group, which
+    every member names. A key longer than 255 characters becomes its first
+    183 characters, ``~sha256:`` and the SHA-256 of the whole key in 64
+    hexadecimal digits: as stable, and distinct from every other key.
+
+    Parameters:
+      parent (str): the parent's run key (or the group's id), a valid run key.
+      place (str): where the job sits in the parent, e.g. ``"link/0"``.
+
+    Returns:
+      str: a valid run key (`check_run_key`).
+
+    Raises:
+      InvalidRunKey: ``parent`` is not a valid run key, or ``place`` is empty
+        or holds a control character.
+    """
+    check_run_key(parent)
+    if not isinstance(place, str) or not place or _utf8_size(place) < 0 or _has_control(place):
+        raise InvalidRunKey(f"place {place!r} of a derived run key is not printable, non-empty text")
+    key = f"{parent}/{place}"
+    if len(key) <= MAX_RUN_KEY_LENGTH:
+        return key
+    digest = hashlib.sha256(key.encode("utf-8")).hexdigest()
+    return f"{key[:_HASHED_PREFIX]}{_HASH_MARK}{digest}"

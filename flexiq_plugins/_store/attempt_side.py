@@ -89,13 +89,14 @@ class AttemptStore(StoreReads):
 
     @abc.abstractmethod
     def record_queued(self, run_key: str, job_id: str, envelope: JobEnvelope, delay_seconds: float = 0.0) -> None:
-        """Record a run as ``queued`` when its job is published, before the message leaves (C39).
+        """Record a run as ``queued`` when its job is published, before the message leaves (C39, C46).
 
-        One small transaction: inserts the run (status ``queued``, attempt 0,
-        no claim, ``envelope`` and ``job_id`` stored, ``wake_at`` = ``now +
+        One statement: inserts the run (status ``queued``, attempt 0, no
+        claim, ``envelope`` and ``job_id`` stored, ``wake_at`` = ``now +
         delay_seconds`` on the store's clock: when the job is due to start)
-        only if no run has this key; an existing run is left exactly as it
-        is (a new job with an existing run key never resets it).
+        only if no run has this key; an existing run, whatever its status, is
+        left exactly as it is (a job published with a producer-chosen or
+        derived key that names an existing run never resets it, C44).
         `begin` then claims a ``queued`` run like a ``pending`` one.
 
         Parameters:

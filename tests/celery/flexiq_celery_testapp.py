@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from celery import Celery, Task, shared_task
+from celery import Celery, Task, shared_task, signals
 
 import celery_ext
 from celery_ext import DurableTask
@@ -231,6 +231,48 @@ def register_replay_tasks(app: Celery, calls: str) -> None:
     @app.task(name=f"{app.main}.c37_errback")
     def c37_errback(request: Any, exc: BaseException, traceback: Any, label: str) -> None:
         record_call(calls, f"{label}:errback:{type(exc).__name__}:{exc}")
+
+    register_dispatch_tasks(app, calls)
+
+
+def register_dispatch_tasks(app: Celery, calls: str) -> None:
+    """Tasks of the C44 tests: jobs Celery dispatches on behalf of a durable run, each a run of its own."""
+
+    @app.task(name=f"{app.main}.c44_noted")
+    def c44_noted(value: Any, label: str, die_publishing: str = "") -> Any:
+        def note() -> Any:
+            record_call(calls, f"{label}:noted:{value}")
+            return value
+
+        return current_job.step.run("note", note)
+
+    @app.task(name=f"{app.main}.c44_errback")
+    def c44_errback(task_id: str, label: str) -> None:
+        current_job.step.run("note", lambda: record_call(calls, f"{label}:errback"))
+
+    @app.task(name=f"{app.main}.c44_sends")
+    def c44_sends(label: str) -> str:
+        current_job.step.run("charge", lambda: record_call(calls, f"{label}:charge"))
+        return str(c44_noted.delay("sent", label).id)  # the body's own job: a new run
+
+    signals.before_task_publish.connect(die_while_publishing, weak=False, dispatch_uid="flexiq_tests.die_publishing")
+
+
+def die_while_publishing(sender: Any = None, body: Any = None, **_: Any) -> None:
+    """``before_task_publish`` in a worker process: die once while publishing a job given ``die_publishing=<path>``.
+
+    Connected after ``celery_ext.install`` connected its own receiver, so the
+    job's run is already recorded ``queued`` (C39) when the process exits
+    (``os._exit``, as a SIGKILL would: the message never leaves). The worker
+    is publishing a ``link`` callback or a chain's next task after the parent
+    run committed (C44); ``<path>`` is written first, so the redelivered
+    parent does not die again. Never in the test process.
+    """
+    kwargs = body[1] if isinstance(body, (tuple, list)) and len(body) == 3 else {}
+    marker = kwargs.get("die_publishing") if isinstance(kwargs, dict) else None
+    if marker and os.environ.get("FLEXIQ_TEST_BROKER") and not Path(marker).exists():
+        Path(marker).write_text(str(os.getpid()))
+        os._exit(137)
 
 
 def register_failure_tasks(app: Celery, calls: str) -> None:

@@ -1,15 +1,18 @@
 """Celery: a new job's run is recorded ``queued`` when it is published, unless the task or the message opts out
-(C39). Published on a real broker; no worker runs, so what the store holds is what the publish wrote."""
+(C39), whether the integration minted its run key or the producer chose it (C46). Published on a real broker;
+no worker runs, so what the store holds is what the publish wrote."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from uuid import uuid4
 
 from celery import Celery
 from conftest import in_process_worker, wait_for
 
 from celery_ext import RUN_KEY_HEADER
+from celery_ext._options import RESUME_HEADER
 from flexiq_plugins import SqlStepStore, UnknownRun, operations
 
 
@@ -57,8 +60,9 @@ def test_c39_a_new_job_is_queued_before_a_worker_sees_it(
 def test_c39_a_task_or_a_message_opts_out(
     redis_broker: str, sqlite_store: SqlStepStore, make_celery_app: Callable[..., Celery]
 ) -> None:
-    """C39: ``record_at_publish=False`` on the task, or the header ``flexiq_record=False``, records nothing;
-    a message carrying a run key already (the library's own re-publish) is not recorded either."""
+    """C39: ``record_at_publish=False`` on the task, or the header ``flexiq_record=False``, records nothing
+    (C46: not even with a run key of its own); the library's own re-publish (a run key and the resume mark)
+    is not recorded either."""
     app = make_celery_app(redis_broker, sqlite_store)
 
     @app.task(name=f"{app.main}.hot", record_at_publish=False)
@@ -70,11 +74,34 @@ def test_c39_a_task_or_a_message_opts_out(
     for send in (
         hot.delay,
         lambda: ship.apply_async(headers={"flexiq_record": False}),
-        lambda: ship.apply_async(headers={RUN_KEY_HEADER: "an-existing-run"}),
+        lambda: ship.apply_async(headers={RUN_KEY_HEADER: f"order-{uuid4().hex}", "flexiq_record": False}),
+        lambda: hot.apply_async(headers={RUN_KEY_HEADER: f"order-{uuid4().hex}"}),
+        lambda: ship.apply_async(headers={RUN_KEY_HEADER: f"run-{uuid4().hex}", RESUME_HEADER: True}),
     ):
         headers = _published(app, send)
         assert _run_status(sqlite_store, headers[RUN_KEY_HEADER]) is None
         assert "flexiq_recorded" not in headers
+
+
+def test_c46_a_job_with_its_own_run_key_is_queued_unless_its_run_exists(
+    redis_broker: str, sqlite_store: SqlStepStore, make_celery_app: Callable[..., Celery]
+) -> None:
+    """C46: ``apply_async(headers={"flexiq_run_key": ...})`` records the run ``queued`` with the job's envelope and
+    flags the message, as a minted key does; a second job with that key leaves the run as it is."""
+    app = make_celery_app(redis_broker, sqlite_store)
+
+    @app.task(name=f"{app.main}.ship")
+    def ship(order: str) -> str:
+        return order
+
+    order = f"order-{uuid4().hex}"
+    headers = _published(app, lambda: ship.apply_async(("A-1",), headers={RUN_KEY_HEADER: order}))
+    run = sqlite_store.get_run(order)
+    assert (run.status, run.job_id, run.envelope.args) == ("queued", headers["id"], ["A-1"])
+    assert headers["flexiq_recorded"] is True
+    again = _published(app, lambda: ship.apply_async(("B-2",), headers={RUN_KEY_HEADER: order}))
+    assert again[RUN_KEY_HEADER] == order
+    assert sqlite_store.get_run(order) == run
 
 
 def test_c39_a_countdown_is_recorded_as_the_runs_due_time(

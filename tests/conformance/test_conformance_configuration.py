@@ -55,8 +55,9 @@ def test_c41_a_worker_refuses_to_start_on_a_store_it_cannot_use_and_the_job_wait
     """C41: a worker whose store refuses its configuration exits with status 78 and one CRITICAL line.
 
     The line names the worker and the cause; there is no traceback. The job
-    published before it was not taken: no run exists for it, and a worker
-    with a usable store then runs it to success with its step body called once.
+    published before it was not taken: its run, recorded at publish (C46), is
+    still ``queued`` with no attempt, and a worker with a usable store then
+    runs it to success with its step body called once.
     """
     if bad_store in ("unknown-database", "ssl-required"):
         require_service(*POSTGRES)
@@ -70,7 +71,8 @@ def test_c41_a_worker_refuses_to_start_on_a_store_it_cannot_use_and_the_job_wait
     assert cause in refusals[0]
     assert "CRITICAL" in refusals[0]  # with its level, also before the framework set logging up (Celery)
     assert "Traceback" not in stopped.output
-    assert harness.status(job.run_key) is None
+    run = harness.run(job.run_key)
+    assert (run.status, run.attempt) == ("queued", 0)
 
     with harness.thread_worker():
         harness.wait_status(job.run_key, "succeeded")

@@ -1,4 +1,4 @@
-"""Duplicate deliveries: never two bodies at once, never a body after the run ended (C24, C26).
+"""Duplicate deliveries: never two bodies at once, never a body after the run ended (C24, C26, C46).
 
 A duplicate is the same message published again: the same job id and run
 key, which is what a broker's redelivery (a Redis visibility timeout, a
@@ -6,6 +6,8 @@ requeue) looks like to a worker.
 """
 
 from __future__ import annotations
+
+from uuid import uuid4
 
 import pytest
 
@@ -32,6 +34,24 @@ def test_c26_a_duplicate_of_a_finished_run_is_acknowledged_without_running_the_b
     run = harness.run(job.run_key)
     assert (run.status, run.attempt) == ("succeeded", 1)
     assert harness.published(job.run_key) == []
+
+
+def test_c46_a_new_job_with_a_finished_runs_own_key_is_handled_without_running_the_body(harness: Harness) -> None:
+    """C46, C37: a job published with a run key the producer chose finishes; a second job (a new job id) with
+    that key is handled as the run's replay: the body does not run again, the run stays ``succeeded`` at
+    attempt 1, and nothing is re-published.
+    """
+    first = harness.publish("once", run_key=f"order-{uuid4().hex}")
+    harness.wait_status(first.run_key, "succeeded")
+    second = harness.publish("once", run_key=first.run_key)
+    assert second.job_id != first.job_id
+    wait_for(lambda: second.job_id in harness.deliveries(first.run_key), 20, "the second job to be handled")
+
+    assert harness.deliveries(first.run_key) == [first.job_id, second.job_id]
+    assert harness.ledger.count(first.run_key, "work") == 1
+    run = harness.run(first.run_key)
+    assert (run.status, run.attempt, run.job_id) == ("succeeded", 1, first.job_id)
+    assert harness.published(first.run_key) == []
 
 
 def test_c24_a_duplicate_delivered_while_the_run_is_live_never_runs_the_body_concurrently(harness: Harness) -> None:

@@ -1,4 +1,4 @@
-"""A job whose message the broker loses is still run, once, by the workers' own recovery (C39).
+"""A job whose message the broker loses is still run, once, by the workers' own recovery (C39, C46).
 
 Real worker processes with their default recovery (a short interval and
 grace for the test): no cron, no ``flexiq recover``, no user code. The job is
@@ -10,6 +10,7 @@ purged from the broker before any worker sees it.
 from __future__ import annotations
 
 from collections.abc import Callable
+from uuid import uuid4
 
 import pytest
 
@@ -40,6 +41,23 @@ def test_c39_a_message_lost_before_any_worker_took_it_is_recovered_and_finishes_
     assert harness.ledger.count(job.run_key, "work") == 1
     assert run.recovered_at is not None
     assert run.takeovers == 0
+
+
+def test_c46_a_lost_job_published_with_its_own_run_key_is_recovered_and_finishes_once(harness: Harness) -> None:
+    """C46, C39: a job published with a run key the producer chose (one run per order) is recorded ``queued``
+    like one with a minted key; its message is lost before any worker took it, and the workers' recovery
+    re-publishes it: it finishes, its body ran once.
+
+    A producer's own key used to go out unrecorded, so a lost message was lost for good.
+    """
+    job = harness.publish("once", run_key=f"order-{uuid4().hex}")
+    queued = harness.run(job.run_key)
+    assert (queued.status, queued.attempt, queued.job_id) == ("queued", 0, job.job_id)
+    harness.purge()
+    with harness.worker_processes():
+        run = harness.wait_status(job.run_key, "succeeded", timeout=90)
+    assert harness.ledger.count(job.run_key, "work") == 1
+    assert run.recovered_at is not None
 
 
 def test_c39_a_recorded_job_runs_its_body_once_even_when_recovery_races_its_message(harness: Harness) -> None:

@@ -1,4 +1,5 @@
-"""Step identity, C1–C4: how a step's key is derived, which names and keys are refused, and when.
+"""Step identity, C1–C4: how a step's key is derived, which names and keys are refused, and when; derived run
+keys (C44).
 
 Every refusal must happen before the step body runs, so each test hands the step
 a body that records its calls and checks the list is still empty.
@@ -6,10 +7,13 @@ a body that records its calls and checks the list is still empty.
 
 from __future__ import annotations
 
+import hashlib
+
 import pytest
 
-from flexiq_plugins import DuplicateStepKey, InvalidStepKey, InvalidStepName, current_job
+from flexiq_plugins import DuplicateStepKey, InvalidRunKey, InvalidStepKey, InvalidStepName, current_job
 from flexiq_plugins._attempt import outcomes
+from flexiq_plugins._model.identity import MAX_RUN_KEY_LENGTH, check_run_key, derived_run_key
 
 
 def _keys_committed(harness) -> list[str]:
@@ -251,3 +255,48 @@ def test_c4_two_lambdas_in_one_attempt_share_the_name_counter(harness):
 
     harness.run(body)
     assert _keys_committed(harness) == ["x#0", "x#1"]
+
+
+# ------------------------------------------------------------- derived run keys (C44)
+def test_c44_a_derived_run_key_is_the_parents_key_and_the_place():
+    """C44: ``<parent>/<place>``, the same for the same parent and place, different for another place."""
+    assert derived_run_key("order-7", "link/0") == "order-7/link/0"
+    assert derived_run_key("order-7", "link/0") == derived_run_key("order-7", "link/0")
+    keys = {derived_run_key("order-7", place) for place in ("link/0", "link/1", "link_error/0", "chain", "pipe")}
+    assert len(keys) == 5
+    nested = derived_run_key(derived_run_key("order-7", "chain"), "0")
+    assert nested == "order-7/chain/0"
+
+
+@pytest.mark.parametrize("parent_length", [242, 255])
+def test_c44_a_derived_run_key_over_255_characters_is_a_stable_hash_form(parent_length):
+    """C44, C11: a key over 255 characters becomes 183 of them, ``~sha256:`` and the whole key's digest."""
+    parent = "é" * parent_length  # characters, not bytes, are counted
+    key = derived_run_key(parent, "link_error/12")
+    digest = hashlib.sha256(f"{parent}/link_error/12".encode()).hexdigest()
+    assert key == f"{parent[:183]}~sha256:{digest}"
+    assert len(key) == MAX_RUN_KEY_LENGTH
+    assert check_run_key(key) == key
+    assert derived_run_key(parent, "link_error/12") == key
+    assert derived_run_key(parent, "link_error/13") != key
+
+
+def test_c44_a_derived_run_key_needs_a_valid_parent_and_a_printable_place():
+    """C44, C11: an invalid parent key, or an empty place or one with a control character, is ``InvalidRunKey``."""
+    for parent, place in (("", "link/0"), ("x" * 256, "link/0"), ("order-7", ""), ("order-7", "link\n0")):
+        with pytest.raises(InvalidRunKey):
+            derived_run_key(parent, place)
+
+
+def test_c44_only_an_attempt_of_a_run_in_the_store_dispatches_with_derived_keys():
+    """C44: a claimed attempt that completed or failed, a replay and a dead letter belong to a run; a job that
+    took no step, a put-back and an acknowledgement do not."""
+    error = ValueError("x")
+    assert outcomes.belongs_to_a_run(outcomes.Completed(1))
+    assert outcomes.belongs_to_a_run(outcomes.Failure(error, "k", 1))
+    assert outcomes.belongs_to_a_run(outcomes.Replay("succeeded", 1))
+    assert outcomes.belongs_to_a_run(outcomes.DeadLetter("divergence", "changed"))
+    assert not outcomes.belongs_to_a_run(outcomes.Completed(1, claimed=False))
+    assert not outcomes.belongs_to_a_run(outcomes.Failure(error, "k", 0, claimed=False))
+    assert not outcomes.belongs_to_a_run(outcomes.PutBack(outcomes.PutBackReason.SLEEP, 1.0))
+    assert not outcomes.belongs_to_a_run(outcomes.Ack(outcomes.AckReason.DUPLICATE))

@@ -67,7 +67,7 @@ def lazy(run_key: str = "run-1", job_id: str = "job-1") -> JobInfo:
 def test_c23_a_lazy_job_that_takes_no_step_does_no_store_io(driver: AttemptDriver, store: CountingStore) -> None:
     """C23: no claim, no settle, no run: the body's value is the outcome."""
     outcome = driver.run_job(lazy(), lambda: (current_job.run_key, current_job.job_id, current_job.task_name))
-    assert outcome == Completed(("run-1", "job-1", "task"))
+    assert outcome == Completed(("run-1", "job-1", "task"), claimed=False)
     assert store.calls == []
     assert store.list_runs() == []
 
@@ -182,7 +182,7 @@ def test_c23_an_async_lazy_body_claims_at_its_first_step(driver: AttemptDriver, 
     async def one_step() -> int:
         return await current_job.step.arun("one", lambda: 2)
 
-    assert asyncio.run(driver.arun_job(lazy(), no_step)) == Completed(1)
+    assert asyncio.run(driver.arun_job(lazy(), no_step)) == Completed(1, claimed=False)
     assert store.calls == []
     assert asyncio.run(driver.arun_job(lazy("run-2"), one_step)) == Completed(2)
     assert [r.status for r in store.list_runs()] == ["succeeded"]

@@ -1,10 +1,15 @@
-"""Helpers for the Dramatiq tests: fake outside services that count every real call, polling."""
+"""Helpers for the Dramatiq tests: fake outside services that count every real call, polling, a supervised CLI."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import dramatiq
@@ -80,3 +85,57 @@ def dead_letter_count(broker: dramatiq.Broker, queue: str, namespace: str) -> in
         return int(broker.get_queue_message_counts(queue)[2])
     assert isinstance(broker, StubBroker)
     return len(broker.dead_letters_by_queue[queue])
+
+
+class Supervisor:
+    """Keeps one ``dramatiq <app>`` CLI (one process, one thread) running, restarting it when it exits, until stopped.
+
+    The CLI shuts down when its worker process dies, as it does in production
+    under a process manager; the supervisor starts a new one.
+
+    Parameters:
+      app(str): the module the CLI imports, in this directory.
+      env(dict[str, str]): the CLI's environment.
+      log(Path): the file the CLI's output is appended to.
+    """
+
+    def __init__(self, app: str, env: dict[str, str], log: Path) -> None:
+        self.app = app
+        self.env = env
+        self.log = log
+        self.starts = 0
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._keep_running, name="dramatiq-supervisor", daemon=True)
+
+    def start(self) -> None:
+        """Start the first CLI and the thread that restarts it."""
+        self._thread.start()
+
+    def _keep_running(self) -> None:
+        """Run a CLI and wait for it, again and again, until :meth:`stop`."""
+        while not self._stop.is_set():
+            with self.log.open("ab") as log:
+                self._proc = subprocess.Popen(
+                    [sys.executable, "-m", "dramatiq", self.app, "--processes", "1", "--threads", "1"],
+                    env=self.env,
+                    cwd=Path(__file__).parent,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            self.starts += 1
+            self._proc.wait()
+
+    def stop(self) -> None:
+        """Stop restarting; SIGTERM (then SIGKILL) the running CLI's process group."""
+        self._stop.set()
+        proc = self._proc
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self._thread.join(20)

@@ -1,5 +1,6 @@
 """Dramatiq: a new message's run is recorded ``queued`` at enqueue, unless the actor or the message opts out
-(C39). A ``StubBroker`` with no worker: what the store holds is what the enqueue wrote."""
+(C39), whether the middleware minted its run key or the producer chose it (C46). A ``StubBroker`` with no
+worker: what the store holds is what the enqueue wrote."""
 
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ def _status(store: SqlStepStore, run_key: str) -> str | None:
 
 
 def test_c39_a_new_message_is_queued_and_opt_outs_are_honoured(tmp_path: Path) -> None:
-    """C39: ``send`` records the run ``queued`` and flags the message; ``record_at_publish=False`` on the actor,
-    ``flexiq_record=False`` on the message, or a message that carries a run key already records nothing."""
+    """C39: ``send`` records the run ``queued`` and flags the message; ``record_at_publish=False`` on the actor
+    or ``flexiq_record=False`` on the message records nothing (C46: not even with a run key of its own)."""
     store = SqlStepStore(f"sqlite:///{tmp_path / 'steps.db'}")
     broker = StubBroker()
     broker.add_middleware(DurableSteps(store=store))
@@ -42,10 +43,37 @@ def test_c39_a_new_message_is_queued_and_opt_outs_are_honoured(tmp_path: Path) -
     for message in (
         hot.send(),
         ship.send_with_options(args=("B-2",), flexiq_record=False),
-        ship.send_with_options(args=("C-3",), **{RUN_KEY_OPTION: "an-existing-run"}),
+        ship.send_with_options(args=("C-3",), flexiq_record=False, **{RUN_KEY_OPTION: "order-C-3"}),
+        hot.send_with_options(**{RUN_KEY_OPTION: "order-hot"}),
     ):
         assert _status(store, message.options[RUN_KEY_OPTION]) is None
         assert "flexiq_recorded" not in message.options
+    broker.close()
+    store.close()
+
+
+def test_c46_a_message_with_its_own_run_key_is_queued_unless_its_run_exists(tmp_path: Path) -> None:
+    """C46: ``send_with_options(flexiq_run_key=...)`` records the run ``queued`` and flags the message, as a
+    minted key does; a second message with that key leaves the run as it is; a message the middleware
+    publishes again for a run (a run key and the resume mark) is never recorded."""
+    store = SqlStepStore(f"sqlite:///{tmp_path / 'steps.db'}")
+    broker = StubBroker()
+    broker.add_middleware(DurableSteps(store=store))
+
+    @dramatiq.actor(broker=broker, queue_name="orders")
+    def ship(order: str) -> str:
+        return order
+
+    sent = ship.send_with_options(args=("A-1",), **{RUN_KEY_OPTION: "order-A-1"})
+    run = store.get_run("order-A-1")
+    assert (run.status, run.job_id, run.envelope.args) == ("queued", sent.message_id, ["A-1"])
+    assert sent.options["flexiq_recorded"] is True
+    again = ship.send_with_options(args=("B-2",), **{RUN_KEY_OPTION: "order-A-1"})
+    assert again.options[RUN_KEY_OPTION] == "order-A-1"
+    assert store.get_run("order-A-1") == run
+    hop = ship.send_with_options(args=("C-3",), **{RUN_KEY_OPTION: "run-C-3", "flexiq_resume": True})
+    assert _status(store, "run-C-3") is None
+    assert "flexiq_recorded" not in hop.options
     broker.close()
     store.close()
 

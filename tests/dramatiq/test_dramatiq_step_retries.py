@@ -12,9 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,7 +19,7 @@ from pathlib import Path
 
 import dramatiq
 import pytest
-from dq_support import dead_letter_count, status_of, wait_until
+from dq_support import Supervisor, dead_letter_count, status_of, wait_until
 from dramatiq.brokers.redis import RedisBroker
 
 from dramatiq_ext import RUN_KEY_OPTION
@@ -34,50 +31,6 @@ ROOT = HERE.parents[1]
 TERMINAL = {"succeeded", "failed", "dead", "compensated"}
 
 pytestmark = [pytest.mark.slow, pytest.mark.redis, pytest.mark.timeout(180)]
-
-
-class Supervisor:
-    """Keeps one ``dramatiq dq_retry_app`` CLI running, restarting it when it exits, until stopped."""
-
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.env = env
-        self.log = log
-        self.starts = 0
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._keep_running, name="dramatiq-supervisor", daemon=True)
-
-    def start(self) -> None:
-        """Start the first CLI and the thread that restarts it."""
-        self._thread.start()
-
-    def _keep_running(self) -> None:
-        """Run a CLI and wait for it, again and again, until :meth:`stop`."""
-        while not self._stop.is_set():
-            with self.log.open("ab") as log:
-                self._proc = subprocess.Popen(
-                    [sys.executable, "-m", "dramatiq", "dq_retry_app", "--processes", "1", "--threads", "1"],
-                    env=self.env,
-                    cwd=HERE,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                )
-            self.starts += 1
-            self._proc.wait()
-
-    def stop(self) -> None:
-        """Stop restarting; SIGTERM (then SIGKILL) the running CLI's process group."""
-        self._stop.set()
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        self._thread.join(20)
 
 
 @dataclass
@@ -138,7 +91,7 @@ def workers(
     producer = RedisBroker(host="127.0.0.1", namespace=namespace)
     producer.declare_queue(queue)
     store = SqlStepStore(store_url)
-    supervisor = Supervisor(env, here / "worker.log")
+    supervisor = Supervisor("dq_retry_app", env, here / "worker.log")
     supervisor.start()
     try:
         yield Workers(producer, store, here, queue, namespace)

@@ -497,6 +497,34 @@ def test_c38_a_run_released_to_pending_is_claimed_again_without_a_takeover(store
     assert (begun.claim.attempt, begun.takeovers) == (2, 0)
 
 
+# ---------------------------------------------------------- record_queued
+OTHER_JOB = JobEnvelope(task_name="shop.other", framework="test", queue="other", args=[2])
+
+
+def test_c46_record_queued_of_a_chosen_key_records_it_once_and_never_touches_an_existing_run(store: StepStore) -> None:
+    """C46, C39, C44: a producer-chosen (or derived) key no run has is recorded ``queued`` with its job; a second
+    publish of it changes nothing; a run that exists, whatever its status, keeps its row exactly (status,
+    attempt, owner, job id, envelope, wake time, outcome)."""
+    chosen = f"order-{new_key()}/link/0"
+    store.record_queued(chosen, "job-1", ENVELOPE, delay_seconds=60)
+    recorded = store.get_run(chosen)
+    assert (recorded.status, recorded.attempt, recorded.owner, recorded.job_id) == ("queued", 0, None, "job-1")
+    store.record_queued(chosen, "job-2", OTHER_JOB)
+    assert store.get_run(chosen) == recorded
+    running = new_key()
+    claim_run(store, running)
+    sleeping = new_key()
+    store.finish(claim_run(store, sleeping).claim, "sleeping", wake_at=store.now() + 60)
+    finished = new_key()
+    store.finish(claim_run(store, finished).claim, "succeeded", outcome=b"V-21")
+    existing = [running, sleeping, finished, terminal_run(store, "failed"), terminal_run(store, "dead")]
+    before = [store.get_run(key) for key in existing]
+    for key in existing:
+        store.record_queued(key, "job-new", OTHER_JOB, delay_seconds=5)
+    assert [store.get_run(key) for key in existing] == before
+    assert store.begin(finished, "job-new", OTHER_JOB, "worker-2", 30.0) == Finished("succeeded", b"V-21")
+
+
 # --------------------------------------------------- dead_letter_unstarted
 UNREGISTERED = NewDeadLetter("job-u", "unregistered_task", "the worker does not have the task 'shop.chekcout'")
 

@@ -257,6 +257,30 @@ def test_c24_a_duplicate_delivery_is_answered_after_one_round_trip_on_postgresql
     assert (run.owner, run.attempt) == (None if how == "finished" else "worker-0", 1)
 
 
+RECORD_COST = {"sqlite": (1, 1), "postgres": (1, 0), "mysql": (2, 1)}  # (round trips, transactions)
+
+
+@pytest.mark.parametrize("exists", [False, True], ids=["new run", "existing run"])
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
+def test_c46_recording_a_run_at_publish_is_one_round_trip_on_postgresql(
+    backend: str, exists: bool, request: pytest.FixtureRequest, make_sql_store: Callable[..., SqlStepStore]
+) -> None:
+    """A job recorded at publish, with a new key or one whose run exists (a producer's or a derived key), costs
+    one statement: 1 autocommitted round trip on PostgreSQL, the statement and its ``COMMIT`` on MariaDB, one
+    statement in one transaction on SQLite (C39, C46)."""
+    store = make_sql_store(request.getfixturevalue(f"{backend}_url"))
+    store.now()
+    if exists:
+        store.finish(claim(store, "order-46").claim, "succeeded", outcome=b"done")
+    log = TransactionLog(store.engine)
+
+    store.record_queued("order-46", "job-2", ENVELOPE)
+
+    assert (log.round_trips(backend), log.begins - log.autocommitted) == RECORD_COST[backend], log.statements
+    assert len(log.work_statements()) == 1
+    assert store.get_run("order-46").status == ("succeeded" if exists else "queued")
+
+
 @pytest.mark.postgres
 @pytest.mark.parametrize("how", ["new", *STORED_RUNS])
 def test_c23_an_attempt_start_is_one_or_two_round_trips_on_the_wire(

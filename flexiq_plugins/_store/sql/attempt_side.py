@@ -288,10 +288,14 @@ class SqlAttemptSide(SqlReads, AttemptStore):
 
     # ------------------------------------------------------------ publishing
     def record_queued(self, run_key: str, job_id: str, envelope: JobEnvelope, delay_seconds: float = 0.0) -> None:
-        """Record a new job's run as ``queued``, unless the run exists (C39); see `StepStore.record_queued`.
+        """Record a job's run as ``queued``, unless the run exists (C39, C46); see `StepStore.record_queued`.
 
-        One statement in one transaction: an insert that does nothing on an
-        existing run key.
+        One statement, an insert that does nothing on an existing run key
+        (PostgreSQL and SQLite ``ON CONFLICT DO NOTHING``, MySQL/MariaDB an
+        ``ON DUPLICATE KEY UPDATE`` of nothing), in one round trip on
+        PostgreSQL (autocommitted); a transaction of that one statement
+        elsewhere. An existing run's row is never changed; a row another
+        transaction is writing is waited for.
 
         Raises:
           StoreUnavailable: the database cannot be reached.
@@ -302,7 +306,7 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         statement = self._insert_run_if_absent(
             run_key, envelope, envelope_json, status="queued", job_id=job_id, wake_at=due
         )
-        self._write(lambda conn: conn.execute(statement))
+        self._single_statement(lambda conn: conn.execute(statement))
 
     def _insert_run_if_absent(
         self,
