@@ -54,7 +54,7 @@ class DeadLetterReject(Reject, DeadLettered):  # type: ignore[misc]
         return str(self.reason)
 
 
-def publish_dead_letter(task: Any, request: Any, outcome: DeadLetter, queue: str, max_length: int | None) -> None:
+def publish_dead_letter(task: Any, request: Any, decision: DeadLetter, queue: str, max_length: int | None) -> None:
     """Publish the job of ``request`` to the dead-letter ``queue`` (Redis and other brokers), then bound it.
 
     On Redis the queue's list is trimmed to its newest ``max_length``
@@ -70,7 +70,7 @@ def publish_dead_letter(task: Any, request: Any, outcome: DeadLetter, queue: str
       queue (str): the dead-letter queue (option ``dead_letter_queue``).
       max_length (int | None): messages kept (option ``dead_letter_queue_max_length``).
     """
-    headers = {**(request.headers or {}), DEAD_LETTER_HEADER: outcome.reason}
+    headers = {**(request.headers or {}), DEAD_LETTER_HEADER: decision.reason}
     signature = task.signature_from_request(request, queue=queue, retries=request.retries, headers=headers)
     try:
         signature.apply_async()
@@ -105,6 +105,6 @@ def trim_redis_queue(app: Any, queue: str, max_length: int) -> None:
             pipe.execute()
 
 
-def dead_letter_error(outcome: DeadLetter) -> DeadLetterReject:
+def dead_letter_error(decision: DeadLetter) -> DeadLetterReject:
     """The exception that ends a dead-lettered job's attempt."""
-    return DeadLetterReject(f"{outcome.reason}: {outcome.message}")
+    return DeadLetterReject(f"{decision.reason}: {decision.message}")

@@ -200,14 +200,14 @@ def _run_attempt(
         finally:
             _in_body.reset(token)
 
-    outcome = runtime.driver().run_job(job, body) if request.is_eager else runtime.run_job(job, body)
-    if handed_on and isinstance(outcome, Completed):
+    decision = runtime.driver().run_job(job, body) if request.is_eager else runtime.run_job(job, body)
+    if handed_on and isinstance(decision, Completed):
         raise handed_on[0]
     if exiting:
         raise exiting[0]  # the process goes on exiting; Celery gives the unfinished message back (C38)
-    if not request.is_eager and belongs_to_a_run(outcome):
+    if not request.is_eager and belongs_to_a_run(decision):
         stamp_dispatches(request, job.run_key)  # its callbacks, chain and chord body are runs of their own (C44)
     try:
-        return act(task, request, runtime, job, outcome)
+        return act(task, request, runtime, job, decision)
     finally:
-        del outcome  # an error raised from here must not hold its outcome through this frame (no cycle)
+        del decision  # an error raised from here must not hold its outcome through this frame (no cycle)

@@ -19,8 +19,8 @@ root; a third integration would too. The shape of an adapter:
    [`build_envelope`][flexiq_plugins.integration.build_envelope]) and run it with the per-process
    [`AttemptDriver`][flexiq_plugins.integration.AttemptDriver] ([`PerProcess`][flexiq_plugins.integration.PerProcess]):
    ``driver.run_job(job, body)``.
-3. Translate the [`Outcome`][flexiq_plugins.integration.Outcome] into the framework's verb with ``match`` and
-   ``assert_never`` (see `flexiq_plugins._attempt.outcomes` for each outcome's verb). The
+3. Translate the [`Decision`][flexiq_plugins.integration.Decision] into the framework's verb with ``match`` and
+   ``assert_never`` (see `flexiq_plugins._attempt.decisions` for each outcome's verb). The
    core has already decided everything that does not depend on the framework.
    A put-back re-enqueues the same job carrying the run's key (C36) through
    [`hand_off`][flexiq_plugins.integration.hand_off]; if it still fails, the message stays in the broker.
@@ -62,21 +62,21 @@ from __future__ import annotations
 
 from ._attempt.attempt import Attempt
 from ._attempt.cancellation import CancelResult
-from ._attempt.driver import AttemptDriver
-from ._attempt.job import JobInfo
-from ._attempt.outcomes import (
+from ._attempt.decisions import (
     Ack,
     AckReason,
     Completed,
     DeadLetter,
+    Decision,
     Ended,
     Failure,
-    Outcome,
     PutBack,
     PutBackReason,
     Replay,
     belongs_to_a_run,
 )
+from ._attempt.driver import AttemptDriver
+from ._attempt.job import JobInfo
 from ._delivery.cancel import cancel_run
 from ._delivery.jobs import (
     PAYLOAD_OPTION,
@@ -155,7 +155,7 @@ __all__ = [
     "HAND_OFF_PAUSES",
     "JobEnvelope",
     "JobInfo",
-    "Outcome",
+    "Decision",
     "PAYLOAD_OPTION",
     "PerProcess",
     "Publisher",

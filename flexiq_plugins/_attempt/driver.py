@@ -60,7 +60,7 @@ from ..errors import (
     UnknownRun,
     classify,
 )
-from . import endings, outcomes
+from . import decisions, endings
 from .attempt import Attempt
 from .job import JobInfo
 from .store_health import StoreHealth, store_health
@@ -156,7 +156,7 @@ class AttemptDriver:
         watch_sqlalchemy()  # a plain step inside a SQLAlchemy transaction that has written is refused (C42)
 
     # ------------------------------------------------------------ one call
-    def run_job(self, job: JobInfo, body: Callable[[], Any], *, owner: str | None = None) -> outcomes.Outcome:
+    def run_job(self, job: JobInfo, body: Callable[[], Any], *, owner: str | None = None) -> decisions.Decision:
         """Run one attempt of ``job`` with ``body()`` as its task body; return its outcome.
 
         The attempt's store calls in this thread (its start, its steps, its
@@ -172,13 +172,13 @@ class AttemptDriver:
 
     async def arun_job(
         self, job: JobInfo, body: Callable[[], Awaitable[Any]], *, owner: str | None = None
-    ) -> outcomes.Outcome:
+    ) -> decisions.Decision:
         """Async [`run_job`][flexiq_plugins.integration.AttemptDriver.run_job]: ``body()`` is awaited."""
         started = self.start(job, owner=owner)
         return await started.arun(body) if isinstance(started, Attempt) else started
 
     # ------------------------------------------------------------ starting
-    def start(self, job: JobInfo, owner: str | None = None) -> Attempt | outcomes.Outcome:
+    def start(self, job: JobInfo, owner: str | None = None) -> Attempt | decisions.Decision:
         """Claim ``job``'s run and return a ready [`Attempt`][flexiq_plugins.integration.Attempt], or an outcome at
         once.
 
@@ -201,12 +201,12 @@ class AttemptDriver:
         claimed = self.claim(job, owner)
         return Attempt(self, job, claimed, owner=owner) if isinstance(claimed, Begun) else claimed
 
-    def claim(self, job: JobInfo, owner: str | None = None) -> Begun | outcomes.Outcome:
+    def claim(self, job: JobInfo, owner: str | None = None) -> Begun | decisions.Decision:
         """Claim ``job``'s run (C23): the claim, or the outcome that ends the attempt without a body (C24–C28, C39)."""
         dropped = self._started_meanwhile(job) if job.unstarted_only else None
         return dropped if dropped is not None else self._claim(job, owner)
 
-    def _claim(self, job: JobInfo, owner: str | None) -> Begun | outcomes.Outcome:
+    def _claim(self, job: JobInfo, owner: str | None) -> Begun | decisions.Decision:
         try:
             result = self.store.begin(
                 job.run_key, job.job_id, job.job_envelope, owner or default_owner(), self.config.lease_seconds
@@ -218,14 +218,14 @@ class AttemptDriver:
             return self.replay_finished(job, result)
         if isinstance(result, Busy):
             delay = max(min(self.config.busy_retry_seconds, result.lease_remaining), 0.0)
-            return outcomes.PutBack(outcomes.PutBackReason.BUSY, delay, "its run is running elsewhere")
+            return decisions.PutBack(decisions.PutBackReason.BUSY, delay, "its run is running elsewhere")
         if result.takeovers > self.config.max_takeovers:
             return self._worker_lost(job, result)
         if result.envelope.corrupt:
             return self._dead_at_start(job, result, "corrupt_record", f"run {job.run_key!r}: {result.envelope.corrupt}")
         return result
 
-    def _started_meanwhile(self, job: JobInfo) -> outcomes.Outcome | None:
+    def _started_meanwhile(self, job: JobInfo) -> decisions.Decision | None:
         """A recovery copy of a ``queued`` run that another delivery has started and handed on: a duplicate (C39).
 
         One read. A run that is sleeping, waiting or retrying has a message
@@ -246,9 +246,11 @@ class AttemptDriver:
         logger.info(
             "job %s: run %s started meanwhile (%s); this recovery copy is dropped", job.job_id, job.run_key, run.status
         )
-        return outcomes.Ack(outcomes.AckReason.DUPLICATE, run.status)
+        return decisions.Ack(decisions.AckReason.DUPLICATE, run.status)
 
-    def ended_unclaimed(self, job: JobInfo, value: Any = None, error: BaseException | None = None) -> outcomes.Outcome:
+    def ended_unclaimed(
+        self, job: JobInfo, value: Any = None, error: BaseException | None = None
+    ) -> decisions.Decision:
         """The outcome of an attempt that ended without claiming its run: its body took no step.
 
         The one place that decides what such an attempt is, so that a body
@@ -267,12 +269,12 @@ class AttemptDriver:
           error (BaseException | None): what it raised.
         """
         if error is None:
-            return outcomes.Completed(value, claimed=False)
+            return decisions.Completed(value, claimed=False)
         if classify(error) is Disposition.INTERRUPTED:
-            return outcomes.PutBack(outcomes.PutBackReason.SHUTDOWN, 0.0, str(error))
-        return outcomes.Failure(error, job.run_key, 0, claimed=False)
+            return decisions.PutBack(decisions.PutBackReason.SHUTDOWN, 0.0, str(error))
+        return decisions.Failure(error, job.run_key, 0, claimed=False)
 
-    def replay_finished(self, job: JobInfo, finished: Finished) -> outcomes.Replay | outcomes.Ack:
+    def replay_finished(self, job: JobInfo, finished: Finished) -> decisions.Replay | decisions.Ack:
         """The outcome of a job whose run is already finished: replay its stored outcome (C26, C37).
 
         A duplicate delivery, or a new job published with a finished run's
@@ -285,12 +287,12 @@ class AttemptDriver:
         """
         if finished.outcome is None:
             logger.debug("job %s: run %s is already %s; acknowledged", job.job_id, job.run_key, finished.status)
-            return outcomes.Ack(outcomes.AckReason.DUPLICATE, finished.status)
+            return decisions.Ack(decisions.AckReason.DUPLICATE, finished.status)
         replayed = replays.load_outcome(finished.outcome, self.codec)
         logger.info("job %s: run %s is already %s; its outcome is replayed", job.job_id, job.run_key, finished.status)
-        return outcomes.Replay(finished.status, replayed.value, replayed.error)
+        return decisions.Replay(finished.status, replayed.value, replayed.error)
 
-    def store_outage(self, exc: StoreUnavailable) -> outcomes.PutBack:
+    def store_outage(self, exc: StoreUnavailable) -> decisions.PutBack:
         """The outcome of a store outage: put back, no retry counted (C28, C41).
 
         The delay starts at ``store_retry_seconds`` and doubles while the
@@ -298,27 +300,27 @@ class AttemptDriver:
         broker whatever the cause, a [`StoreMisconfigured`][flexiq_plugins.errors.StoreMisconfigured] store included.
         """
         delay = self._outage.failed(exc)
-        return outcomes.PutBack(outcomes.PutBackReason.STORE_UNAVAILABLE, delay, str(exc))
+        return decisions.PutBack(decisions.PutBackReason.STORE_UNAVAILABLE, delay, str(exc))
 
-    def _worker_lost(self, job: JobInfo, begun: Begun) -> outcomes.Outcome:
+    def _worker_lost(self, job: JobInfo, begun: Begun) -> decisions.Decision:
         message = (
             f"run {job.run_key!r} lost its worker {begun.takeovers} times "
             f"(limit {self.config.max_takeovers}); dead-lettered instead of crashing workers forever"
         )
         return self._dead_at_start(job, begun, "worker_lost", message)
 
-    def _dead_at_start(self, job: JobInfo, begun: Begun, reason: str, message: str) -> outcomes.Outcome:
+    def _dead_at_start(self, job: JobInfo, begun: Begun, reason: str, message: str) -> decisions.Decision:
         """Dead-letter a run just claimed, without running its body (C25, C30)."""
         dead = NewDeadLetter(job.job_id, reason, message)
         self.store.finish(begun.claim, "dead", dead_letter=dead, outcome=replays.dead_letter_outcome(reason, message))
         logger.error("%s", message)
-        return outcomes.DeadLetter(reason, message)
+        return decisions.DeadLetter(reason, message)
 
     # ------------------------------------------- when the framework ends a job
     def framework_ended(
         self,
         run_key: str,
-        how: outcomes.Ended,
+        how: decisions.Ended,
         *,
         job_id: str | None = None,
         detail: str = "",
@@ -387,7 +389,7 @@ class AttemptDriver:
             return False
 
     # ------------------------------------------------------ after a Failure
-    def settle_failed(self, failure: outcomes.Failure) -> bool:
+    def settle_failed(self, failure: decisions.Failure) -> bool:
         """The framework will not retry ``failure``: mark its run ``failed`` (C26).
 
         Call it before the message is acknowledged. Applies only while the run
@@ -402,7 +404,7 @@ class AttemptDriver:
             logger.exception("could not mark run %s failed", failure.run_key)
             return False
 
-    def give_up(self, failure: outcomes.Failure) -> outcomes.PutBack | None:
+    def give_up(self, failure: decisions.Failure) -> decisions.PutBack | None:
         """The framework will not retry ``failure``: compensate its run (C32), else mark it ``failed`` (C26).
 
         Call it instead of [`settle_failed`][flexiq_plugins.integration.AttemptDriver.settle_failed], before the message
@@ -419,7 +421,7 @@ class AttemptDriver:
             return None  # no run was claimed: no step to undo, nothing to settle (ended_unclaimed)
         try:
             if endings.given_up(self.store, failure.run_key, failure.attempt, failure.error):
-                return outcomes.PutBack(outcomes.PutBackReason.COMPENSATE, 0.0, "its compensations run next")
+                return decisions.PutBack(decisions.PutBackReason.COMPENSATE, 0.0, "its compensations run next")
         except StoreError:
             logger.exception("could not start the compensation of run %s", failure.run_key)
             self.settle_failed(failure)  # at least failed, as before the undos were known (C26)

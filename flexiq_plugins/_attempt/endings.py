@@ -33,7 +33,7 @@ release otherwise; the killed attempt is fenced out (C25). Any other ending
 leaves a run a live attempt holds to that attempt: the message the
 framework dropped was not the one running it (a duplicate, a put-back copy).
 
-**The boundary.** Defects (a divergence, a size cap, a swallowed step signal,
+**The boundary.** Defects (a divergence, a size limit, a swallowed step signal,
 a value the serializer cannot encode: C29) never reach here as a failure:
 the attempt dead-letters them *without* compensating, so that a fixed
 deploy can retry the run from its committed steps (C13, C30).
@@ -51,7 +51,7 @@ from .._model.records import TERMINAL_STATUSES, JobEnvelope, RunRecord, RunStatu
 from .._store.base import StepStore
 from ..errors import JobEnded, UnknownRun
 from . import cancellation, compensation
-from .outcomes import Ended
+from .decisions import Ended
 
 __all__ = ["CANCELLING", "KILLING", "Ending", "Republish", "given_up", "settle"]
 
@@ -152,9 +152,9 @@ def _cancelled(store: StepStore, run_key: str, how: Ended, reason: str) -> Endin
         done = cancellation.cancel(store, run_key, reason or f"{how.value} by the framework")
     except UnknownRun:
         return Ending(run_key, None)
-    if done.outcome == "finished":
+    if done.effect == "finished":
         return Ending(run_key, None)
-    return Ending(run_key, done.status, undos_next=done.outcome == "compensating")
+    return Ending(run_key, done.status, undos_next=done.effect == "compensating")
 
 
 def _failed(store: StepStore, run_key: str, how: Ended, *, job_id: str | None, detail: str, killed: bool) -> Ending:

@@ -72,11 +72,11 @@ def cancel_run(
     here = this_process(store, publishers)
     before = here.store.get_run(run_key)
     done = cancel(here.store, run_key, reason)
-    if done.outcome not in ("cancelled", "compensating"):
+    if done.effect not in ("cancelled", "compensating"):
         return done
     run = here.store.get_run(run_key)
     publisher = here.publishers.get(run.framework)
-    if done.outcome == "compensating":
+    if done.effect == "compensating":
         done = _publish_undos(publisher, run, done)
     if not _tell_waiter(publisher, run) and before.status == "waiting" and before.wake_at is None:
         done = dataclasses.replace(done, note="; ".join(n for n in (done.note, _NO_MESSAGE_LEFT) if n))

@@ -55,7 +55,7 @@ def _doc(text: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Limits:
-    """The size caps on encoded bytes (C22), as [`DurableConfig.limits`][flexiq_plugins.DurableConfig.limits] groups
+    """The size limits on encoded bytes (C22), as [`DurableConfig.limits`][flexiq_plugins.DurableConfig.limits] groups
     them.
 
     Parameters:
@@ -261,7 +261,7 @@ class DurableConfig:
     # ------------------------------------------------------------- derived
     @property
     def limits(self) -> Limits:
-        """The size caps (C22)."""
+        """The size limits (C22)."""
         return Limits(self.step_bytes, self.run_bytes, self.run_steps)
 
     @property

@@ -123,7 +123,7 @@ def test_c45_a_result_waiter_of_a_running_task_that_is_cancelled_gets_job_cancel
         sent = app.tasks[f"{app.main}.cancellable"].apply_async(("c", str(flag)), headers={RUN_KEY_HEADER: run_key})
         wait_for(lambda: count_calls(calls, "c:work") == 1, 30, "the work step to run")
         done = cancel_run(run_key, reason="order abandoned", store=sqlite_store, publishers=publishers_for(app))
-        assert done.outcome == "requested"
+        assert done.effect == "requested"
         flag.touch()
         with pytest.raises(JobCancelled, match="the run was cancelled: order abandoned"):
             sent.get(timeout=30)
@@ -144,7 +144,7 @@ def test_c45_cancelling_a_sleeping_task_from_a_process_with_the_integration_answ
         sent = app.tasks[f"{app.main}.revocable"].apply_async(("s", 3600), headers={RUN_KEY_HEADER: run_key})
         wait_for(lambda: status_of(sqlite_store, run_key) == "sleeping", 30, "the task to sleep")
         done = cancel_run(run_key, reason="customer left", store=sqlite_store, publishers=publishers_for(app))
-        assert done.outcome == "compensating"
+        assert done.effect == "compensating"
         with pytest.raises(JobCancelled, match="customer left"):
             sent.get(timeout=10)
         wait_for(lambda: sqlite_store.get_run(run_key).status == "cancelled", 30, "the undo to run")

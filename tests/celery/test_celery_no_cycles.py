@@ -14,7 +14,7 @@ from celery.signals import task_failure
 from conftest import in_process_worker, wait_for
 
 from flexiq_plugins import current_job
-from flexiq_plugins._attempt.outcomes import Failure
+from flexiq_plugins._attempt.decisions import Failure
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -23,18 +23,9 @@ from typing import Any
 
 import pytest
 
-from flexiq_plugins import (
-    AttemptDriver,
-    DurableConfig,
-    JobEnvelope,
-    JobInfo,
-    SqlStepStore,
-    StepStore,
-    UnknownRun,
-    current_job,
-    new_run_key,
-)
-from flexiq_plugins._attempt import outcomes
+from flexiq_plugins import DurableConfig, JobEnvelope, SqlStepStore, StepStore, UnknownRun, current_job, new_run_key
+from flexiq_plugins._attempt import decisions
+from flexiq_plugins.integration import AttemptDriver, JobInfo
 from tests.conftest import require_service
 from tests.polling import wait_for
 
@@ -198,14 +189,14 @@ def test_c7_a_step_returning_nan_or_an_infinity_commits_and_replays_it_on_every_
         return JobInfo("run-nan", job_id, JobEnvelope("task", "test"))
 
     first = driver.run_job(job("job-1"), body)
-    assert isinstance(first, outcomes.Failure), first
+    assert isinstance(first, decisions.Failure), first
     assert isinstance(first.error, LeaveTheRow)  # not an EncodeError: the step committed
     stored = store.get_steps("run-nan")[0].value
     assert stored == b"FQ1|json\n" + {"nan": b"NaN", "inf": b"Infinity", "-inf": b"-Infinity"}[repr(value)]
     replayed = driver.run_job(job("job-1"), body)
-    assert isinstance(replayed, outcomes.Completed), replayed
+    assert isinstance(replayed, decisions.Completed), replayed
     assert same(replayed.value, value)
     assert calls == [1]
     duplicate = driver.run_job(job("job-2"), body)
-    assert isinstance(duplicate, outcomes.Replay), duplicate
+    assert isinstance(duplicate, decisions.Replay), duplicate
     assert same(duplicate.value, value)

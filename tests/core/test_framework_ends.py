@@ -13,21 +13,14 @@ from unittest.mock import ANY
 
 import pytest
 
-from flexiq_plugins import (
-    JobCancelled,
-    JobEnded,
-    JobEnvelope,
-    JobInfo,
-    UnsupportedInEagerMode,
-    WorkerInterrupted,
-    current_job,
-)
-from flexiq_plugins._attempt import outcomes
-from flexiq_plugins.errors import Disposition, classify
+from flexiq_plugins import JobCancelled, JobEnded, JobEnvelope, UnsupportedInEagerMode, current_job
+from flexiq_plugins._attempt import decisions
+from flexiq_plugins.errors import Disposition, WorkerInterrupted, classify
+from flexiq_plugins.integration import JobInfo
 from flexiq_plugins.operations import cancel_run, find_stranded
 
-CANCELLED = [outcomes.Ended.REVOKED, outcomes.Ended.EXPIRED, outcomes.Ended.SKIPPED]
-FAILED = [outcomes.Ended.TIME_LIMIT, outcomes.Ended.AGE_LIMIT, outcomes.Ended.FAILED]
+CANCELLED = [decisions.Ended.REVOKED, decisions.Ended.EXPIRED, decisions.Ended.SKIPPED]
+FAILED = [decisions.Ended.TIME_LIMIT, decisions.Ended.AGE_LIMIT, decisions.Ended.FAILED]
 
 
 @pytest.mark.parametrize("how", CANCELLED + FAILED, ids=lambda how: how.value)
@@ -42,7 +35,7 @@ def test_c38_a_run_whose_job_the_framework_ended_is_settled_and_never_recovered(
         current_job.step.run("charge", lambda: "ch_1")
         current_job.step.sleep(60)
 
-    assert isinstance(harness.run(body), outcomes.PutBack)
+    assert isinstance(harness.run(body), decisions.PutBack)
     status = harness.driver.framework_ended(harness.run_key, how)
     assert status == ("cancelled" if how in CANCELLED else "failed")
     run = harness.store.get_run(harness.run_key)
@@ -58,12 +51,12 @@ def test_c38_settling_a_killed_attempt_fences_it_and_a_finished_run_stays_finish
     and Dramatiq can report one end twice) changes nothing.
     """
     attempt = harness.start()
-    assert harness.driver.framework_ended(harness.run_key, outcomes.Ended.TIME_LIMIT) == "failed"
-    outcome = attempt.run(lambda: current_job.step.run("charge", lambda: "ch_1"))
-    assert outcome == outcomes.Ack(outcomes.AckReason.DROPPED, outcome.detail)
-    assert harness.driver.framework_ended(harness.run_key, outcomes.Ended.REVOKED) is None
+    assert harness.driver.framework_ended(harness.run_key, decisions.Ended.TIME_LIMIT) == "failed"
+    decision = attempt.run(lambda: current_job.step.run("charge", lambda: "ch_1"))
+    assert decision == decisions.Ack(decisions.AckReason.DROPPED, decision.detail)
+    assert harness.driver.framework_ended(harness.run_key, decisions.Ended.REVOKED) is None
     assert harness.store.get_run(harness.run_key).status == "failed"
-    assert harness.driver.framework_ended("no-such-run", outcomes.Ended.FAILED) is None
+    assert harness.driver.framework_ended("no-such-run", decisions.Ended.FAILED) is None
 
 
 def test_c38_a_worker_shutdown_inside_a_step_puts_the_job_back_committing_nothing(harness):
@@ -85,13 +78,13 @@ def test_c38_a_worker_shutdown_inside_a_step_puts_the_job_back_committing_nothin
 
         return current_job.step.run("work", work)
 
-    outcome = harness.run(body)
-    assert isinstance(outcome, outcomes.PutBack)
-    assert (outcome.reason, outcome.delay) == (outcomes.PutBackReason.SHUTDOWN, 0.0)
+    decision = harness.run(body)
+    assert isinstance(decision, decisions.PutBack)
+    assert (decision.reason, decision.delay) == (decisions.PutBackReason.SHUTDOWN, 0.0)
     run = harness.store.get_run(harness.run_key)
     assert (run.status, run.owner) == ("pending", None)
     assert [r.step_key for r in harness.store.get_steps(harness.run_key)] == ["charge#0"]
-    assert harness.run(body) == outcomes.Completed("done")
+    assert harness.run(body) == decisions.Completed("done")
     run = harness.store.get_run(harness.run_key)
     assert (run.attempt, run.takeovers, calls) == (2, 0, [1, 2])
 
@@ -112,9 +105,9 @@ def test_c38_an_eager_job_that_sleeps_fails_its_run(harness, clock):
         current_job.step.run("charge", lambda: "ch_1")
         current_job.step.sleep(1)
 
-    outcome = harness.driver.run_job(job, body)
-    assert isinstance(outcome, outcomes.Failure)
-    assert isinstance(outcome.error, UnsupportedInEagerMode)
+    decision = harness.driver.run_job(job, body)
+    assert isinstance(decision, decisions.Failure)
+    assert isinstance(decision.error, UnsupportedInEagerMode)
     assert harness.store.get_run(harness.run_key).status == "failed"
     clock.advance(3600)
     assert find_stranded(harness.store, grace=0, stale_after=0) == []
@@ -139,9 +132,9 @@ def test_c32_c38_an_acknowledged_failure_does_not_cancel_a_compensation_waiting_
         raise ConnectionError("carrier down")
 
     failure = harness.run(body)
-    assert isinstance(failure, outcomes.Failure)
-    assert isinstance(harness.driver.give_up(failure), outcomes.PutBack)
-    assert harness.driver.framework_ended(harness.run_key, outcomes.Ended.FAILED) is None
+    assert isinstance(failure, decisions.Failure)
+    assert isinstance(harness.driver.give_up(failure), decisions.PutBack)
+    assert harness.driver.framework_ended(harness.run_key, decisions.Ended.FAILED) is None
     assert harness.store.get_run(harness.run_key).status == "pending"
 
 
@@ -175,7 +168,7 @@ def test_c45_c32_a_hard_time_limit_after_a_committed_undo_takes_the_run_and_runs
         if current_job.attempt == 1:  # the time limit strikes while this attempt runs
             status = harness.driver.framework_ended(
                 harness.run_key,
-                outcomes.Ended.TIME_LIMIT,
+                decisions.Ended.TIME_LIMIT,
                 job_id="job-1",
                 detail="hard time limit (1.5 s)",
                 publisher=published,
@@ -183,13 +176,13 @@ def test_c45_c32_a_hard_time_limit_after_a_committed_undo_takes_the_run_and_runs
             assert status == "pending"
         return step.run("charge", lambda: "c-1")
 
-    assert harness.run(body).reason is outcomes.AckReason.DROPPED
+    assert harness.run(body).reason is decisions.AckReason.DROPPED
     assert published.run_keys == [harness.run_key]
-    assert harness.run(body, job_id="job-2") == outcomes.Ack(outcomes.AckReason.COMPENSATED, ANY)
+    assert harness.run(body, job_id="job-2") == decisions.Ack(decisions.AckReason.COMPENSATED, ANY)
     assert undone == ["r-1"]
     assert harness.store.get_run(harness.run_key).status == "compensated"
     replayed = harness.driver.run_job(harness.job("job-3"), body)
-    assert isinstance(replayed, outcomes.Replay)
+    assert isinstance(replayed, decisions.Replay)
     assert isinstance(replayed.error, JobEnded)
     assert "time_limit: hard time limit (1.5 s)" in str(replayed.error)
 
@@ -207,10 +200,10 @@ def test_c45_c32_an_age_limit_that_drops_a_sleeping_jobs_wake_up_runs_its_undo(h
         current_job.step.sleep(60)
         return current_job.step.run("ship", lambda: "shipped")
 
-    assert isinstance(harness.run(body), outcomes.PutBack)
-    assert harness.driver.framework_ended(harness.run_key, outcomes.Ended.AGE_LIMIT, publisher=published) == "pending"
+    assert isinstance(harness.run(body), decisions.PutBack)
+    assert harness.driver.framework_ended(harness.run_key, decisions.Ended.AGE_LIMIT, publisher=published) == "pending"
     assert published.run_keys == [harness.run_key]
-    assert harness.run(body, job_id="job-2").reason is outcomes.AckReason.COMPENSATED
+    assert harness.run(body, job_id="job-2").reason is decisions.AckReason.COMPENSATED
     assert (undone, harness.store.get_run(harness.run_key).status) == (["ch_1"], "compensated")
     assert find_stranded(harness.store, grace=0, stale_after=0) == []
 
@@ -225,16 +218,16 @@ def test_c45_a_failing_end_without_undos_fails_the_run_and_a_duplicate_replays_i
         current_job.step.sleep(60)
 
     harness.run(body)
-    assert harness.driver.framework_ended(harness.run_key, outcomes.Ended.AGE_LIMIT, publisher=published) == "failed"
+    assert harness.driver.framework_ended(harness.run_key, decisions.Ended.AGE_LIMIT, publisher=published) == "failed"
     assert published.run_keys == []
     replayed = harness.driver.run_job(harness.job("job-2"), body)
-    assert isinstance(replayed, outcomes.Replay)
+    assert isinstance(replayed, decisions.Replay)
     assert (replayed.status, type(replayed.error)) == ("failed", JobEnded)
 
 
 @pytest.mark.parametrize(
     ("how", "job_id"),
-    [(outcomes.Ended.AGE_LIMIT, "job-1"), (outcomes.Ended.FAILED, "job-1"), (outcomes.Ended.TIME_LIMIT, "job-9")],
+    [(decisions.Ended.AGE_LIMIT, "job-1"), (decisions.Ended.FAILED, "job-1"), (decisions.Ended.TIME_LIMIT, "job-9")],
     ids=["age_limit", "failed", "time_limit_of_another_job"],
 )
 def test_c38_an_end_that_did_not_kill_the_running_attempt_leaves_the_run_to_it(harness, how, job_id):
@@ -245,7 +238,7 @@ def test_c38_an_end_that_did_not_kill_the_running_attempt_leaves_the_run_to_it(h
         assert harness.driver.framework_ended(harness.run_key, how, job_id=job_id) is None
         return current_job.step.run("charge", lambda: "ch_1")
 
-    assert harness.run(body) == outcomes.Completed("ch_1")
+    assert harness.run(body) == decisions.Completed("ch_1")
     assert harness.store.get_run(harness.run_key).status == "succeeded"
 
 
@@ -258,7 +251,7 @@ def test_c45_a_run_whose_undos_cannot_be_published_now_is_left_pending_for_recov
         current_job.step.sleep(60)
 
     harness.run(body)
-    ended = outcomes.Ended.AGE_LIMIT
+    ended = decisions.Ended.AGE_LIMIT
     assert harness.driver.framework_ended(harness.run_key, ended, publisher=Published(fail=True)) == "pending"
     clock.advance(7200)
     assert [s.run.run_key for s in find_stranded(harness.store, grace=0, stale_after=3600)] == [harness.run_key]
@@ -272,10 +265,10 @@ def test_c45_a_cancelled_attempt_tells_its_adapter_what_the_result_waiter_gets(h
         harness.store.request_cancel(harness.run_key, "order abandoned")
         return current_job.step.run("charge", lambda: "ch_1")
 
-    outcome = harness.run(body)
-    assert outcome.reason is outcomes.AckReason.CANCELLED
-    assert isinstance(outcome.error, JobCancelled)
-    assert str(outcome.error) == "the run was cancelled: order abandoned"
+    decision = harness.run(body)
+    assert decision.reason is decisions.AckReason.CANCELLED
+    assert isinstance(decision.error, JobCancelled)
+    assert str(decision.error) == "the run was cancelled: order abandoned"
 
 
 class Reporter(Published):
@@ -302,7 +295,7 @@ def test_c45_cancel_run_tells_the_waiter_of_a_sleeping_runs_job_at_once(harness,
 
     harness.run(body, job_id="job-7")
     done = cancel_run(harness.run_key, reason="order abandoned", store=harness.store, publishers={"test": reporter})
-    assert done.outcome == ("compensating" if undo else "cancelled")
+    assert done.effect == ("compensating" if undo else "cancelled")
     assert [(job_id, type(error), str(error)) for job_id, error in reporter.told] == [
         ("job-7", JobCancelled, "the run was cancelled: order abandoned")
     ]
@@ -315,7 +308,7 @@ def test_c45_cancel_run_of_a_running_run_leaves_the_answer_to_its_attempt(harnes
 
     def body():
         done = cancel_run(harness.run_key, store=harness.store, publishers={"test": reporter})
-        assert done.outcome == "requested"
+        assert done.effect == "requested"
         return current_job.step.run("charge", lambda: "ch_1")
 
     assert isinstance(harness.run(body).error, JobCancelled)
@@ -331,7 +324,7 @@ def test_c45_cancel_run_says_when_no_message_is_left_to_answer_the_waiter(harnes
 
     harness.run(body)
     done = cancel_run(harness.run_key, store=harness.store, publishers={})
-    assert done.outcome == "cancelled"
+    assert done.effect == "cancelled"
     assert "no result waiter was told" in done.note
 
 
@@ -340,6 +333,6 @@ def test_c38_an_acknowledged_failure_that_killed_the_attempt_takes_the_run_from_
     ``WorkerLostError`` with ``reject_on_worker_lost=False``): the run is taken from that job's claim and
     fails, instead of waiting for its lease to expire and a takeover to run the body again."""
     attempt = harness.start(job_id="job-1")
-    ended = outcomes.Ended.FAILED
+    ended = decisions.Ended.FAILED
     assert harness.driver.framework_ended(harness.run_key, ended, job_id="job-1", killed=True) == "failed"
-    assert attempt.run(lambda: current_job.step.run("charge", lambda: "ch_1")).reason is outcomes.AckReason.DROPPED
+    assert attempt.run(lambda: current_job.step.run("charge", lambda: "ch_1")).reason is decisions.AckReason.DROPPED

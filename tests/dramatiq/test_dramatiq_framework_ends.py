@@ -267,7 +267,7 @@ def test_c45_a_result_waiter_of_a_running_job_that_is_cancelled_gets_job_cancell
     run_key = message.options[RUN_KEY_OPTION]
     assert working.wait(30)
     done = cancel_run(run_key, reason="order abandoned", store=sqlite_store, publishers=publishers_for(broker))
-    assert done.outcome == "requested"
+    assert done.effect == "requested"
     release.set()
     with pytest.raises(ResultFailure, match="JobCancelled: the run was cancelled: order abandoned") as failed:
         message.get_result(backend=backend, block=True, timeout=20_000)
@@ -304,7 +304,7 @@ def test_c45_cancelling_a_sleeping_job_from_a_process_with_the_integration_answe
     run_key = message.options[RUN_KEY_OPTION]
     wait_until(lambda: status_of(sqlite_store, run_key) == "sleeping", what="the job to sleep")
     done = cancel_run(run_key, reason="customer left", store=sqlite_store, publishers=publishers_for(broker))
-    assert done.outcome == "compensating"
+    assert done.effect == "compensating"
     with pytest.raises(ResultFailure, match="JobCancelled: the run was cancelled: customer left"):
         message.get_result(backend=backend, block=True, timeout=5_000)
     wait_until(lambda: status_of(sqlite_store, run_key) == "cancelled", what="the undo to run")

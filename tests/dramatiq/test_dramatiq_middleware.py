@@ -11,10 +11,10 @@ from dramatiq.middleware import Retries
 
 import dramatiq_ext
 from dramatiq_ext import RUN_KEY_OPTION, DurableSteps
-from flexiq_plugins import InvalidDuration, ZlibCodec, current_job
+from flexiq_plugins import ZlibCodec, current_job
 from flexiq_plugins._store.base import StepStore
 from flexiq_plugins._store.sql import SqlStepStore
-from flexiq_plugins.errors import ConfigurationError
+from flexiq_plugins.errors import ConfigurationError, InvalidDuration
 
 
 def test_public_names() -> None:

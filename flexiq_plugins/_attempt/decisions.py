@@ -4,7 +4,7 @@ The core has committed the run's state and made every framework-neutral
 decision (whether a failure is retried, how long a put-back waits, what a
 store outage does) before an outcome reaches an adapter. The adapter only
 translates it into its framework's verb, and dispatches with ``match`` over
-[`Outcome`][flexiq_plugins.integration.Outcome] ending in ``assert_never``, so a new outcome kind is a type
+[`Decision`][flexiq_plugins.integration.Decision] ending in ``assert_never``, so a new outcome kind is a type
 error in every adapter, never a silent acknowledgement.
 
 Each outcome and the adapter's verb for it:
@@ -41,7 +41,7 @@ __all__ = [
     "DeadLetter",
     "Ended",
     "Failure",
-    "Outcome",
+    "Decision",
     "PutBack",
     "PutBackReason",
     "Replay",
@@ -152,7 +152,7 @@ class DeadLetter:
     """The job goes to the dead-letter path, never retried (C13, C29, C30).
 
     Parameters:
-      reason (str): short kind: ``divergence``, ``size_cap``, ``worker_lost`` …
+      reason (str): short kind: ``divergence``, ``size_limit``, ``worker_lost`` …
       message (str): a human-readable message.
       error (BaseException | None): the error, when there is one.
     """
@@ -206,7 +206,7 @@ class Replay:
     error: BaseException | None = None
 
 
-Outcome = Completed | PutBack | Failure | DeadLetter | Ack | Replay
+Decision = Completed | PutBack | Failure | DeadLetter | Ack | Replay
 """Every outcome an attempt can have; adapters ``match`` over it exhaustively."""
 
 
@@ -240,7 +240,7 @@ class Ended(enum.Enum):
     another middleware failed, retries exhausted), a Celery failure it acknowledges."""
 
 
-def belongs_to_a_run(outcome: Outcome) -> bool:
+def belongs_to_a_run(decision: Decision) -> bool:
     """Whether the attempt that ended with ``outcome`` belongs to a run in the store (C44).
 
     True for an attempt that claimed its run (it completed or failed), and for
@@ -250,7 +250,7 @@ def belongs_to_a_run(outcome: Outcome) -> bool:
     ([`derived_run_key`][flexiq_plugins.integration.derived_run_key]); a job that
     took no step has no run, and its dispatches stay new jobs.
     """
-    match outcome:
+    match decision:
         case Replay() | DeadLetter():
             return True
         case Completed(claimed=claimed) | Failure(claimed=claimed):
