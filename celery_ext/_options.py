@@ -1,7 +1,7 @@
 """The options of [`celery_ext.install`][celery_ext.install]: the core's [`DurableConfig`][flexiq_plugins.DurableConfig]
 plus the Celery-only ones.
 
-The shared options (``max_hop_seconds``, ``lease_seconds``, the caps,
+The shared options (``max_hop_seconds``, ``lease_seconds``, the size limits and run caps,
 ``codecs`` …) are declared, converted and validated once by
 [`flexiq_plugins.integration.DurableConfig`][flexiq_plugins.DurableConfig]; [`CeleryConfig`][celery_ext.CeleryConfig]
 adds the dead-letter path and accepts a kombu serializer *name* for

@@ -30,7 +30,7 @@ root; a third integration would too. The shape of an adapter:
 Options are one frozen [`DurableConfig`][flexiq_plugins.DurableConfig] (subclass it for options of
 your own), the store comes from [`resolve_store`][flexiq_plugins.integration.resolve_store]. A task's or actor's
 own ``step_retry`` option (C31) is checked with [`retry_policy_option`][flexiq_plugins.integration.retry_policy_option]
-and travels in `JobInfo.step_retry`; its caps (``max_run_seconds``,
+and travels in `JobInfo.step_retry`; its run caps (``max_run_seconds``,
 ``max_suspended_seconds``, C34) are checked with [`cancellation_option`][flexiq_plugins.integration.cancellation_option]
 and travel in `JobInfo.cancellation`. When the framework gives up on a
 [`Failure`][flexiq_plugins.integration.Failure], call

@@ -6,7 +6,7 @@ an ``async def`` body). The driver claims the run and reads its snapshot in one
 transaction (before the body, or, for a ``lazy`` job, at the body's first
 step: a body that takes no step does no store I/O), runs the body with
 ``current_job`` set, commits the run's state (if it claimed one), and returns
-exactly one `outcomes` value. Every decision
+exactly one [`Decision`][flexiq_plugins.integration.Decision]. Every decision
 that does not depend on the framework is made here, once, for every adapter:
 
 - classification of what the body raised, before any retry filter (C28, C29);
@@ -21,7 +21,7 @@ that does not depend on the framework is made here, once, for every adapter:
 - a run that fails for good is compensated (C32, `flexiq_plugins._attempt.compensation`);
 - a wait for an event ends the attempt ``waiting``: put back for its deadline,
   or acknowledged without a deadline, the sender waking it (C33);
-- a cancelled run (on request, or over a cap of its task) is compensated and
+- a cancelled run (on request, or over a run cap of its task) is compensated and
   ends ``cancelled`` (C34, `flexiq_plugins._attempt.cancellation`);
 - every terminal ending the framework reports (retries given up, a revoke,
   a time or age limit, a failure it acknowledged) is settled one way
@@ -157,7 +157,7 @@ class AttemptDriver:
 
     # ------------------------------------------------------------ one call
     def run_job(self, job: JobInfo, body: Callable[[], Any], *, owner: str | None = None) -> decisions.Decision:
-        """Run one attempt of ``job`` with ``body()`` as its task body; return its outcome.
+        """Run one attempt of ``job`` with ``body()`` as its task body; return its decision.
 
         The attempt's store calls in this thread (its start, its steps, its
         finish) share one connection, given back when it ends
@@ -179,17 +179,17 @@ class AttemptDriver:
 
     # ------------------------------------------------------------ starting
     def start(self, job: JobInfo, owner: str | None = None) -> Attempt | decisions.Decision:
-        """Claim ``job``'s run and return a ready [`Attempt`][flexiq_plugins.integration.Attempt], or an outcome at
+        """Claim ``job``'s run and return a ready [`Attempt`][flexiq_plugins.integration.Attempt], or a decision at
         once.
 
         One store transaction (C9). Returns a [`PutBack`][flexiq_plugins.integration.PutBack]
         while another live claim holds the run (C24) or the store is down
         (C28), a [`Replay`][flexiq_plugins.integration.Replay] (or, keeping no
-        outcome, an ``Ack``) if the run is terminal (C26, C37,
+        outcome to replay, an ``Ack``) if the run is terminal (C26, C37,
         [`replay_finished`][flexiq_plugins.integration.AttemptDriver.replay_finished]), a
         [`DeadLetter`][flexiq_plugins.integration.DeadLetter] (``worker_lost``) past the takeover limit (C25). A
         ``lazy`` job claims nothing now: its [`Attempt`][flexiq_plugins.integration.Attempt] claims at the body's first
-        step, and any of those outcomes then ends the attempt from there
+        step, and any of those decisions then ends the attempt from there
         ([`ClaimRefused`][flexiq_plugins.errors.ClaimRefused]).
 
         Raises:
@@ -202,7 +202,7 @@ class AttemptDriver:
         return Attempt(self, job, claimed, owner=owner) if isinstance(claimed, Begun) else claimed
 
     def claim(self, job: JobInfo, owner: str | None = None) -> Begun | decisions.Decision:
-        """Claim ``job``'s run (C23): the claim, or the outcome that ends the attempt without a body (C24–C28, C39)."""
+        """Claim ``job``'s run (C23): the claim, or the decision that ends the attempt without a body (C24–C28, C39)."""
         dropped = self._started_meanwhile(job) if job.unstarted_only else None
         return dropped if dropped is not None else self._claim(job, owner)
 
@@ -251,7 +251,7 @@ class AttemptDriver:
     def ended_unclaimed(
         self, job: JobInfo, value: Any = None, error: BaseException | None = None
     ) -> decisions.Decision:
-        """The outcome of an attempt that ended without claiming its run: its body took no step.
+        """The decision for an attempt that ended without claiming its run: its body took no step.
 
         The one place that decides what such an attempt is, so that a body
         that takes no step behaves as it would without the integration: no
@@ -275,13 +275,13 @@ class AttemptDriver:
         return decisions.Failure(error, job.run_key, 0, claimed=False)
 
     def replay_finished(self, job: JobInfo, finished: Finished) -> decisions.Replay | decisions.Ack:
-        """The outcome of a job whose run is already finished: replay its stored outcome (C26, C37).
+        """The decision for a job whose run is already finished: replay its stored outcome (C26, C37).
 
         A duplicate delivery, or a new job published with a finished run's
         key: the body does not run; the [`Replay`][flexiq_plugins.integration.Replay]
         carries the value the run returned, or the error it ended with
         (decoded here with this driver's codec chain). A run that keeps no
-        outcome (it finished before outcomes were kept, or the framework
+        outcome (it finished before runs kept their outcome, or the framework
         ended it itself: a revoke, a time limit, a failure it acknowledged)
         is acknowledged as a duplicate, as before.
         """
@@ -293,7 +293,7 @@ class AttemptDriver:
         return decisions.Replay(finished.status, replayed.value, replayed.error)
 
     def store_outage(self, exc: StoreUnavailable) -> decisions.PutBack:
-        """The outcome of a store outage: put back, no retry counted (C28, C41).
+        """The decision for a store outage: put back, no retry counted (C28, C41).
 
         The delay starts at ``store_retry_seconds`` and doubles while the
         outage lasts, up to ``store_retry_max_seconds``; the job stays in the

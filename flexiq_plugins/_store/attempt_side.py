@@ -148,7 +148,7 @@ class AttemptStore(StoreReads):
 
         One transaction, fenced on the claim (else
         [`ClaimLost`][flexiq_plugins.errors.ClaimLost], nothing written). The
-        step's attempts that have no outcome belonged to attempts that are
+        step's attempts that have not ended belonged to attempts that are
         over (their worker died, their claim was lost): they become ``lost``.
         Then, by `decide_step_attempt`
         on the store's clock: `AttemptNotDue` if the last attempt
@@ -167,7 +167,7 @@ class AttemptStore(StoreReads):
         One transaction, fenced on the claim (else
         [`ClaimLost`][flexiq_plugins.errors.ClaimLost], nothing written). The
         attempt ``failure.number`` (a new one numbered ``count + 1`` when
-        ``None`` or absent) gets the outcome, the error, ``failed_at = now``
+        ``None`` or absent) gets how it ended, the error, ``failed_at = now``
         and ``retry_at = now + retry_delay``. With ``row`` the step row is
         inserted as `commit_step` does (raising ``ClaimLost`` if its
         key is already committed).

@@ -74,7 +74,7 @@ def test_c10_a_durable_task_calling_itself_directly_is_a_plain_call(
     redis_broker: str, sqlite_store: Any, make_celery_app: Any, steps: bool
 ) -> None:
     """C10: calling a durable task object as a function inside its own body runs the body in-process, as in
-    plain Celery: no second attempt, the outer attempt's claim and outcome untouched; the inner call has no
+    plain Celery: no second attempt, the outer attempt's claim and decision untouched; the inner call has no
     ``current_job`` of its own. ``countdown.delay(3).get()`` is 3, and the run is ``succeeded``."""
     app: Celery = make_celery_app(redis_broker, sqlite_store)
     inner_jobs: list[bool] = []

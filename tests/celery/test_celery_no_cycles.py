@@ -24,7 +24,7 @@ class Boom(RuntimeError):
 
 
 def _holders(error: BaseException) -> list[str]:
-    """The frames of this integration in ``error``'s traceback whose locals hold ``error`` or its outcome."""
+    """The frames of this integration in ``error``'s traceback whose locals hold ``error`` or its decision."""
     found = []
     tb = error.__traceback__
     while tb is not None:
@@ -42,7 +42,7 @@ def test_c26_a_failed_attempt_leaves_no_frame_of_the_integration_holding_its_exc
     redis_broker: str, sqlite_store: Any, make_celery_app: Any, steps: bool
 ) -> None:
     """C26: the exception a durable task raised reaches Celery's tracer with no frame of the integration
-    holding it (or the outcome that carried it) in its locals: the integration adds no reference cycle
+    holding it (or the decision that carried it) in its locals: the integration adds no reference cycle
     (plain Celery's tracer keeps its own until the cyclic collector runs; a worker's next task replaces it)."""
     app: Celery = make_celery_app(redis_broker, sqlite_store)
     seen: list[list[str]] = []
