@@ -11,7 +11,7 @@ never a silent acknowledgement.
 (A finished run's *outcome* is something else: its return value or error, as
 the store keeps it and a [`Replay`][flexiq_plugins.integration.Replay] hands it back, C37.)
 
-Each outcome and the adapter's verb for it:
+Each decision and the adapter's verb for it:
 
 - [`Completed`][flexiq_plugins.integration.Completed]: return the value; acknowledge.
 - [`PutBack`][flexiq_plugins.integration.PutBack]: re-enqueue the same job (same id, same run key) after
@@ -24,7 +24,9 @@ Each outcome and the adapter's verb for it:
   up, call [`AttemptDriver.give_up`][flexiq_plugins.integration.AttemptDriver.give_up] and re-enqueue the job if it
   returns a ``PutBack``.
 - [`DeadLetter`][flexiq_plugins.integration.DeadLetter]: no retry: the broker's dead-letter path (the store
-  already records the dead letter).
+  already records the dead letter); what the job raises or reports is a
+  [`DeadLettered`][flexiq_plugins.DeadLettered] (a subclass that also fits the framework's own dead-letter or
+  skip path), so one ``except`` catches it everywhere.
 - [`Ack`][flexiq_plugins.integration.Ack]: acknowledge without running anything more; with an
   ``error`` (a cancellation), first store it as the job's result for its waiter (C45).
 - [`Replay`][flexiq_plugins.integration.Replay]: the run already finished (a duplicate): hand the framework
