@@ -37,7 +37,8 @@ from pathlib import Path
 
 from benchmarks.bench_store import Bench
 from benchmarks.bench_throughput import proc_cpu
-from flexiq_plugins import JobEnvelope, JobInfo, current_job
+from flexiq_plugins import JobEnvelope, current_job
+from flexiq_plugins.integration import JobInfo
 
 STORE_URL = os.environ.get("FLEXIQ_STORE_URL", "postgresql://postgres@127.0.0.1:5432/test").replace(
     "postgresql://", "postgresql+psycopg://", 1

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flexiq_plugins import AttemptDriver, JobEnvelope, JobInfo, MemoryStepStore, SqlStepStore, StepStore, current_job
-from flexiq_plugins._attempt.outcomes import Completed, Failure
+from flexiq_plugins import JobEnvelope, MemoryStepStore, SqlStepStore, StepStore, current_job
+from flexiq_plugins.integration import AttemptDriver, Completed, Failure, JobInfo
 from flexiq_plugins.operations import send_event
 
 

@@ -48,10 +48,11 @@ from typing import Any
 import sqlalchemy as sa
 
 from benchmarks.bench_store import fill_history
-from flexiq_plugins import AttemptDriver, JobEnvelope, JobInfo, SqlStepStore, current_job
+from flexiq_plugins import JobEnvelope, SqlStepStore, current_job
 from flexiq_plugins._attempt.attempt import Attempt
 from flexiq_plugins._model.records import Claim, StepRow
 from flexiq_plugins._store.sql.folded import Folded
+from flexiq_plugins.integration import AttemptDriver, JobInfo
 
 URL = os.environ.get("FLEXIQ_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 VALUE = b"FQ1|json\n1"

@@ -22,17 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flexiq_plugins import (
-    AttemptDriver,
-    JobEnvelope,
-    JobInfo,
-    MemoryStepStore,
-    RetryPolicy,
-    SqlStepStore,
-    StepStore,
-    current_job,
-)
-from flexiq_plugins._attempt.outcomes import Completed, Failure
+from flexiq_plugins import JobEnvelope, MemoryStepStore, RetryPolicy, SqlStepStore, StepStore, current_job
+from flexiq_plugins.integration import AttemptDriver, Completed, Failure, JobInfo
 
 KINDS: dict[str, dict[str, Any]] = {
     "plain": {},

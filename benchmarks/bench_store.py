@@ -81,9 +81,10 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.pool.base import reset_rollback
 
 from benchmarks.counting import on_statements
-from flexiq_plugins import AttemptDriver, JobEnvelope, JobInfo, SqlStepStore, current_job
+from flexiq_plugins import JobEnvelope, SqlStepStore, current_job
 from flexiq_plugins._attempt.attempt import Attempt
 from flexiq_plugins._store.sql.mapping import dump_envelope
+from flexiq_plugins.integration import AttemptDriver, JobInfo
 from flexiq_plugins.operations import Sweeper, cleanup, cleanup_events, list_runs
 
 URLS = {

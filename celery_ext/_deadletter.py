@@ -1,6 +1,6 @@
 """The dead-letter path of a Celery job (C13, C29, C30).
 
-By the time an adapter sees a :class:`~flexiq_plugins._attempt.outcomes.DeadLetter`
+By the time an adapter sees a :class:`~flexiq_plugins._attempt.decisions.DeadLetter`
 the store has already recorded the dead letter (task, arguments, run key,
 reason, traceback). What is left is the broker's side:
 
@@ -51,13 +51,13 @@ class DeadLetterReject(Reject, DeadLettered):  # type: ignore[misc]
         return str(self.reason)
 
 
-def publish_dead_letter(task: Any, request: Any, outcome: DeadLetter, queue: str) -> None:
+def publish_dead_letter(task: Any, request: Any, decision: DeadLetter, queue: str) -> None:
     """Publish the job of ``request`` to the dead-letter ``queue`` (Redis and other brokers).
 
     A failure to publish is logged, not raised: the store already holds the
     dead letter, and ``flexiq dead-letters retry`` works from the store alone.
     """
-    headers = {**(request.headers or {}), DEAD_LETTER_HEADER: outcome.reason}
+    headers = {**(request.headers or {}), DEAD_LETTER_HEADER: decision.reason}
     signature = task.signature_from_request(request, queue=queue, retries=request.retries, headers=headers)
     try:
         signature.apply_async()
@@ -69,6 +69,6 @@ def publish_dead_letter(task: Any, request: Any, outcome: DeadLetter, queue: str
         )
 
 
-def dead_letter_error(outcome: DeadLetter) -> DeadLetterReject:
+def dead_letter_error(decision: DeadLetter) -> DeadLetterReject:
     """The exception that ends a dead-lettered job's attempt."""
-    return DeadLetterReject(f"{outcome.reason}: {outcome.message}")
+    return DeadLetterReject(f"{decision.reason}: {decision.message}")

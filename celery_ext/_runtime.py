@@ -17,8 +17,8 @@ from typing import Any
 from flexiq_plugins import StepStore
 from flexiq_plugins.integration import (
     AttemptDriver,
+    Decision,
     JobInfo,
-    Outcome,
     PerProcess,
     StoreSpec,
     Sweeper,
@@ -79,7 +79,7 @@ class Runtime:
         """
         return self._driver.get()
 
-    def run_job(self, job: JobInfo, body: Callable[[], Any]) -> Outcome:
+    def run_job(self, job: JobInfo, body: Callable[[], Any]) -> Decision:
         """Run one attempt of ``job`` with this process's driver; a store that cannot be opened puts it back (C41)."""
         driver = driver_or_put_back(self.driver, self.config)
         return driver.run_job(job, body) if isinstance(driver, AttemptDriver) else driver

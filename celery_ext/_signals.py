@@ -139,7 +139,7 @@ def settle_revoked(sender: Any = None, request: Any = None, expired: bool = Fals
     except FlexiqError:
         logger.exception("could not cancel the run of revoked job %s", getattr(request, "id", "?"))
         return
-    logger.info("run %s of revoked job %s: %s", run_key, getattr(request, "id", "?"), done.outcome)
+    logger.info("run %s of revoked job %s: %s", run_key, getattr(request, "id", "?"), done.effect)
 
 
 def dead_letter_unknown_task(

@@ -194,12 +194,12 @@ def _run_attempt(
         finally:
             _in_body.reset(token)
 
-    outcome = runtime.driver().run_job(job, body) if request.is_eager else runtime.run_job(job, body)
-    if handed_on and isinstance(outcome, Completed):
+    decision = runtime.driver().run_job(job, body) if request.is_eager else runtime.run_job(job, body)
+    if handed_on and isinstance(decision, Completed):
         raise handed_on[0]
     if exiting:
         raise exiting[0]  # the process goes on exiting; Celery gives the unfinished message back (C38)
     try:
-        return act(task, request, runtime, job, outcome)
+        return act(task, request, runtime, job, decision)
     finally:
-        del outcome  # an error raised from here must not hold its outcome through this frame (no cycle)
+        del decision  # an error raised from here must not hold its outcome through this frame (no cycle)

@@ -1,7 +1,7 @@
 """Each core outcome turned into Celery's own verb.
 
 ===================  ============================================================
-Outcome              What the task does
+Decision             What the task does
 ===================  ============================================================
 ``Completed``        returns the value (Celery stores SUCCESS, then acks)
 ``PutBack``          re-publishes the same task id with ``countdown`` and the
@@ -46,9 +46,9 @@ from flexiq_plugins.integration import (
     Completed,
     DeadLetter,
     DeadLettered,
+    Decision,
     Failure,
     JobInfo,
-    Outcome,
     PutBack,
     Replay,
     UnsupportedInEagerMode,
@@ -88,7 +88,7 @@ def install_quiet_ignored_filter() -> None:
         trace_logger.addFilter(QuietIgnoredFilter())
 
 
-def act(task: Any, request: Any, runtime: Runtime, job: JobInfo, outcome: Outcome) -> Any:
+def act(task: Any, request: Any, runtime: Runtime, job: JobInfo, decision: Decision) -> Any:
     """Carry out ``outcome`` for the job ``request`` of ``task``; return the task's value or raise.
 
     An error raised from here leaves no frame of it holding the outcome or the
@@ -96,32 +96,32 @@ def act(task: Any, request: Any, runtime: Runtime, job: JobInfo, outcome: Outcom
     keeping the error and the body's locals until a cyclic collection.
     """
     try:
-        return _act(task, request, runtime, job, outcome)
+        return _act(task, request, runtime, job, decision)
     finally:
-        del outcome
+        del decision
 
 
-def _act(task: Any, request: Any, runtime: Runtime, job: JobInfo, outcome: Outcome) -> Any:
+def _act(task: Any, request: Any, runtime: Runtime, job: JobInfo, decision: Decision) -> Any:
     try:
-        match outcome:
+        match decision:
             case Completed(value=value):
                 return value
             case PutBack():
-                _put_back(task, request, job, outcome)
+                _put_back(task, request, job, decision)
             case Failure():
-                _failure(task, request, runtime, job, outcome)
+                _failure(task, request, runtime, job, decision)
             case DeadLetter():
-                _dead_letter(task, request, runtime, outcome)
+                _dead_letter(task, request, runtime, decision)
             case Ack():
                 raise HandedBack()  # acknowledge, leave the result backend alone
             case Replay(error=None, value=value):
                 return value  # the body does not run; Celery stores the value and goes on (C37)
             case Replay():
-                _raise_replayed(outcome)  # Celery stores FAILURE and calls link_error; no retry policy sees it
+                _raise_replayed(decision)  # Celery stores FAILURE and calls link_error; no retry policy sees it
             case _:
-                assert_never(outcome)
+                assert_never(decision)
     finally:
-        del outcome
+        del decision
 
 
 def _raise_replayed(replay: Replay) -> NoReturn:
@@ -135,23 +135,23 @@ def _raise_replayed(replay: Replay) -> NoReturn:
         del error
 
 
-def _put_back(task: Any, request: Any, job: JobInfo, outcome: PutBack) -> NoReturn:
-    _republish(task, request, job, outcome)
+def _put_back(task: Any, request: Any, job: JobInfo, decision: PutBack) -> NoReturn:
+    _republish(task, request, job, decision)
     raise HandedBack()
 
 
-def _republish(task: Any, request: Any, job: JobInfo, outcome: PutBack) -> None:
+def _republish(task: Any, request: Any, job: JobInfo, decision: PutBack) -> None:
     """Publish the same task id again after ``outcome.delay`` s, carrying the run key; ``Reject`` if it fails."""
-    why = f"{outcome.reason.value}: {outcome.detail}" if outcome.detail else outcome.reason.value
+    why = f"{decision.reason.value}: {decision.detail}" if decision.detail else decision.reason.value
     if request.is_eager:
         raise UnsupportedInEagerMode(
-            f"job {request.id} of {task.name!r} must go back to its queue for {outcome.delay:.3f} s ({why}), "
+            f"job {request.id} of {task.name!r} must go back to its queue for {decision.delay:.3f} s ({why}), "
             "which eager mode (task_always_eager / Task.apply) cannot do; run durable tasks that sleep on a worker"
         )
     headers = {**without_unstarted_only(request.headers), RUN_KEY_HEADER: job.run_key, RESUME_HEADER: True}
     # expires=None: a job that started before its expiry is not killed by it while it sleeps
     signature = task.signature_from_request(
-        request, countdown=outcome.delay, retries=request.retries, expires=None, headers=headers
+        request, countdown=decision.delay, retries=request.retries, expires=None, headers=headers
     )
     try:
         hand_off(signature.apply_async, what=f"job {request.id}")
@@ -160,37 +160,37 @@ def _republish(task: Any, request: Any, job: JobInfo, outcome: PutBack) -> None:
         raise Reject(f"re-enqueue failed: {exc}", requeue=True) from exc
 
 
-def _failure(task: Any, request: Any, runtime: Runtime, job: JobInfo, outcome: Failure) -> NoReturn:
-    error = body_traceback(outcome.error)  # Celery formats the traceback the body's error would have had
+def _failure(task: Any, request: Any, runtime: Runtime, job: JobInfo, decision: Failure) -> NoReturn:
+    error = body_traceback(decision.error)  # Celery formats the traceback the body's error would have had
     try:
-        _settle_failure(task, request, runtime, job, outcome)
+        _settle_failure(task, request, runtime, job, decision)
     finally:
-        del outcome
+        del decision
     try:
         raise error
     finally:
         del error  # the traceback keeps this frame: it must not keep the error (no cycle)
 
 
-def _settle_failure(task: Any, request: Any, runtime: Runtime, job: JobInfo, outcome: Failure) -> None:
+def _settle_failure(task: Any, request: Any, runtime: Runtime, job: JobInfo, decision: Failure) -> None:
     """What Celery's failure needs before it is raised: the run settled, or re-published to compensate."""
-    error = outcome.error
+    error = decision.error
     if isinstance(error, Retry) or (isinstance(error, Reject) and error.requeue):
         return  # a user's self.retry() already published one; or the message goes back
     if not isinstance(error, Exception):
         return  # SystemExit, KeyboardInterrupt: the worker stops; the message is redelivered
     driver: AttemptDriver = runtime.driver()
     if request.is_eager:  # no broker to come back through: no compensation (C38)
-        driver.settle_failed(outcome)
+        driver.settle_failed(decision)
         return
-    after = driver.give_up(outcome)  # Celery will not retry: failed, or compensated next (C26, C32)
+    after = driver.give_up(decision)  # Celery will not retry: failed, or compensated next (C26, C32)
     if after is not None:
         _republish(task, request, job, after)
 
 
-def _dead_letter(task: Any, request: Any, runtime: Runtime, outcome: DeadLetter) -> NoReturn:
+def _dead_letter(task: Any, request: Any, runtime: Runtime, decision: DeadLetter) -> NoReturn:
     if request.is_eager:
-        raise DeadLettered(f"{outcome.reason}: {outcome.message}") from outcome.error
+        raise DeadLettered(f"{decision.reason}: {decision.message}") from decision.error
     if not runtime.native_dead_letter():
-        publish_dead_letter(task, request, outcome, runtime.config.dead_letter_queue)
-    raise dead_letter_error(outcome)
+        publish_dead_letter(task, request, decision, runtime.config.dead_letter_queue)
+    raise dead_letter_error(decision)

@@ -22,7 +22,7 @@ from typing import Any
 from dramatiq.asyncio import get_event_loop_thread
 from dramatiq.middleware import Shutdown
 
-from flexiq_plugins.integration import Attempt, AttemptDriver, Failure, JobInfo, Outcome, PutBack, WorkerInterrupted
+from flexiq_plugins.integration import Attempt, AttemptDriver, Decision, Failure, JobInfo, PutBack, WorkerInterrupted
 
 __all__ = ["Body", "execute", "is_durable", "unwrap_durable", "wrap"]
 
@@ -85,7 +85,7 @@ def execute(
     kwargs: dict[str, Any],
     *,
     stopping: Callable[[], bool],
-) -> Outcome:
+) -> Decision:
     """Run ``body`` as an attempt of ``job`` and return exactly one outcome.
 
     Dramatiq's ``Shutdown`` (an actor with ``notify_shutdown`` interrupted
@@ -109,9 +109,9 @@ def execute(
         return started
     loop = get_event_loop_thread()
     assert loop is not None, "Body.check() was not called"
-    concluded: list[Outcome] = []
+    concluded: list[Decision] = []
 
-    async def attempt() -> Outcome:
+    async def attempt() -> Decision:
         concluded.append(await started.arun(_cancellable(body.target, stopping), *args, **kwargs))
         return concluded[0]
 

@@ -370,21 +370,21 @@ class DurableSteps(Middleware):
         job = job_info(message, step_retry=step_retry, cancellation=cancellation)
         driver = driver_or_put_back(self._driver.get, self._config_or_arguments())
         if isinstance(driver, AttemptDriver):
-            outcome = _actor.execute(driver, job, body, args, kwargs, stopping=lambda: self._stopping)
+            decision = _actor.execute(driver, job, body, args, kwargs, stopping=lambda: self._stopping)
         else:
-            outcome = driver
-        if isinstance(outcome, Failure):  # Retries decides; the middleware settles the run if it gives up
-            self._failing[message.message_id] = outcome
-            error = body_traceback(outcome.error)
-            del outcome  # the error raised holds this frame: it must not hold the error back (no cycle)
+            decision = driver
+        if isinstance(decision, Failure):  # Retries decides; the middleware settles the run if it gives up
+            self._failing[message.message_id] = decision
+            error = body_traceback(decision.error)
+            del decision  # the error raised holds this frame: it must not hold the error back (no cycle)
             try:
                 raise error
             finally:
                 del error
         try:
-            return _verbs.apply_outcome(broker, message, job, outcome)
+            return _verbs.apply_decision(broker, message, job, decision)
         finally:
-            del outcome
+            del decision
 
 
 def _step_retry(actor: dramatiq.Actor[Any, Any]) -> RetryPolicy | None:

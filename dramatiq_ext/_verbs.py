@@ -1,7 +1,7 @@
 """Each attempt outcome turned into Dramatiq's own verb.
 
 ===================  ============================================================
-Outcome              What the actor call does
+Decision             What the actor call does
 ===================  ============================================================
 ``Completed``        returns the value
 ``PutBack``          enqueues the same message (same id, the run's key) with
@@ -49,9 +49,9 @@ from flexiq_plugins.integration import (
     Ack,
     Completed,
     DeadLetter,
+    Decision,
     Failure,
     JobInfo,
-    Outcome,
     PutBack,
     Replay,
     hand_off,
@@ -59,7 +59,7 @@ from flexiq_plugins.integration import (
 
 from ._envelope import RESUME_OPTION, RUN_KEY_OPTION
 
-__all__ = ["DeadLettered", "QuietSkipFilter", "apply_outcome", "enqueue_again"]
+__all__ = ["DeadLettered", "QuietSkipFilter", "apply_decision", "enqueue_again"]
 
 logger = logging.getLogger("dramatiq_ext.DurableSteps")
 
@@ -72,7 +72,7 @@ class DeadLettered(SkipMessage):
     dead-letter queue and a Results backend stores this as the job's failure.
 
     Parameters:
-      reason(str): short kind: ``divergence``, ``size_cap``, ``worker_lost`` …
+      reason(str): short kind: ``divergence``, ``size_limit``, ``worker_lost`` …
       detail(str): the message recorded with the dead letter.
     """
 
@@ -121,36 +121,36 @@ def enqueue_again(broker: dramatiq.Broker, message: Any, run_key: str, delay_ms:
             logger.warning("%s interrupted the re-enqueue of %s; still holding it (%s)", type(exc).__name__, what, exc)
 
 
-def apply_outcome(broker: dramatiq.Broker, message: Any, job: JobInfo, outcome: Outcome) -> Any:
+def apply_decision(broker: dramatiq.Broker, message: Any, job: JobInfo, decision: Decision) -> Any:
     """Do the broker's part of ``outcome``; return the actor's value or raise."""
     try:
-        return _apply(broker, message, job, outcome)
+        return _apply(broker, message, job, decision)
     finally:
-        del outcome  # an error raised from here must not hold it through this frame (issue 16)
+        del decision  # an error raised from here must not hold it through this frame (issue 16)
 
 
-def _apply(broker: dramatiq.Broker, message: Any, job: JobInfo, outcome: Outcome) -> Any:
+def _apply(broker: dramatiq.Broker, message: Any, job: JobInfo, decision: Decision) -> Any:
     try:
-        match outcome:
+        match decision:
             case Completed(value=value):
                 return value
             case PutBack():
-                enqueue_again(broker, message, job.run_key, math.ceil(outcome.delay * 1000))
-                _skip_without_result(message, outcome.reason.value)
+                enqueue_again(broker, message, job.run_key, math.ceil(decision.delay * 1000))
+                _skip_without_result(message, decision.reason.value)
             case Failure():
-                _reraise(outcome)  # Retries decides; the middleware settles the run if it gives up
+                _reraise(decision)  # Retries decides; the middleware settles the run if it gives up
             case DeadLetter():
-                _fail(message, outcome)
+                _fail(message, decision)
             case Ack():
-                _skip_without_result(message, outcome.reason.value)
+                _skip_without_result(message, decision.reason.value)
             case Replay(error=None, value=value):
                 return value  # the body does not run; Results stores the value, a pipeline goes on (C37)
             case Replay():
-                _replay_failure(message, outcome)
+                _replay_failure(message, decision)
             case _:
-                assert_never(outcome)
+                assert_never(decision)
     finally:
-        del outcome
+        del decision
 
 
 def _reraise(failure: Failure) -> NoReturn:
@@ -195,6 +195,6 @@ def _skip_without_result(message: Any, why: str) -> NoReturn:
     raise _Handled(why)
 
 
-def _fail(message: Any, outcome: DeadLetter) -> NoReturn:
+def _fail(message: Any, decision: DeadLetter) -> NoReturn:
     message.fail()
-    raise DeadLettered(outcome.reason, outcome.message)
+    raise DeadLettered(decision.reason, decision.message)

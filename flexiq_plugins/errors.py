@@ -34,7 +34,7 @@ into a retry or, worse, a success (C20). Everything else is an ordinary
         │   ├── OpenTransaction                           a plain step in a transaction the store cannot share (C42)
         │   └── InvalidTransaction                        a transactional step that cannot share the caller's (C42)
         ├── InvalidEvent (ValueError)         an event topic, key or payload that cannot be sent (C33)
-        ├── StepLimitExceeded                 a size cap refused a commit (C22)
+        ├── StepLimitExceeded                 a size limit refused a commit (C22)
         ├── CodecError                        a value cannot be encoded / decoded (C7)
         │   ├── EncodeError
         │   └── DecodeError
@@ -366,7 +366,7 @@ class InvalidTransaction(StepUsageError, ValueError):
 
 
 class StepLimitExceeded(FlexiqError):
-    """A size cap refused a step commit (C22); the job is dead-lettered."""
+    """A size limit refused a step commit (C22); the job is dead-lettered."""
 
 
 class CodecError(FlexiqError):
@@ -677,7 +677,7 @@ def reason_of(exc: BaseException) -> str:
         (DuplicateStepKey, "duplicate_step_key"),
         (ConcurrentStep, "concurrent_step"),
         (SwallowedStepSignal, "swallowed_signal"),
-        (StepLimitExceeded, "size_cap"),
+        (StepLimitExceeded, "size_limit"),
         (EncodeError, "unencodable_value"),
         (StepRetryExhausted, "step_retry_exhausted"),
         (NonRetryableError, "non_retryable"),

@@ -12,8 +12,8 @@ root; a third integration would too. The shape of an adapter:
    :func:`run_key_from`, the envelope by :func:`build_envelope`) and run it
    with the per-process :class:`AttemptDriver` (:class:`PerProcess`):
    ``driver.run_job(job, body)``.
-3. Translate the :data:`Outcome` into the framework's verb with ``match`` and
-   ``assert_never`` (see :mod:`flexiq_plugins._attempt.outcomes` for the table). The
+3. Translate the :data:`Decision` into the framework's verb with ``match`` and
+   ``assert_never`` (see :mod:`flexiq_plugins._attempt.decisions` for the table). The
    core has already decided everything that does not depend on the framework.
    A put-back re-enqueues the same job carrying the run's key (C36) through
    :func:`hand_off`; if it still fails, the message stays in the broker.
@@ -50,20 +50,20 @@ from __future__ import annotations
 
 from ._attempt.attempt import Attempt
 from ._attempt.cancellation import CancelResult
-from ._attempt.driver import AttemptDriver
-from ._attempt.job import JobInfo
-from ._attempt.outcomes import (
+from ._attempt.decisions import (
     Ack,
     AckReason,
     Completed,
     DeadLetter,
+    Decision,
     Ended,
     Failure,
-    Outcome,
     PutBack,
     PutBackReason,
     Replay,
 )
+from ._attempt.driver import AttemptDriver
+from ._attempt.job import JobInfo
 from ._delivery.cancel import cancel_run
 from ._delivery.jobs import (
     PAYLOAD_OPTION,
@@ -133,7 +133,7 @@ __all__ = [
     "HAND_OFF_PAUSES",
     "JobEnvelope",
     "JobInfo",
-    "Outcome",
+    "Decision",
     "PAYLOAD_OPTION",
     "PerProcess",
     "Publisher",

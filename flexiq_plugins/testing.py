@@ -45,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._attempt import outcomes
+from ._attempt import decisions
 from ._attempt.attempt import Attempt
 from ._attempt.cancellation import CancelResult
 from ._attempt.driver import AttemptDriver
@@ -97,66 +97,68 @@ class AttemptResult:
 
     Parameters:
       number(int | None): the attempt's number (``None`` if it never started: busy, duplicate …).
-      outcome(Outcome | None): the core's outcome; ``None`` for a simulated crash.
+      decision(Decision | None): the core's outcome; ``None`` for a simulated crash.
     """
 
     number: int | None
-    outcome: outcomes.Outcome | None
+    decision: decisions.Decision | None
 
     @property
     def crashed(self) -> bool:
         """The attempt was stopped by :class:`SimulatedCrash`; its claim is still held."""
-        return self.outcome is None and self.number is not None
+        return self.decision is None and self.number is not None
 
     @property
     def completed(self) -> bool:
         """The body returned and the run succeeded."""
-        return isinstance(self.outcome, outcomes.Completed)
+        return isinstance(self.decision, decisions.Completed)
 
     @property
     def sleeping(self) -> bool:
         """The body slept (``step.sleep``); :meth:`DurableRun.wake` lets the time pass."""
-        return isinstance(self.outcome, outcomes.PutBack) and self.outcome.reason is outcomes.PutBackReason.SLEEP
+        return isinstance(self.decision, decisions.PutBack) and self.decision.reason is decisions.PutBackReason.SLEEP
 
     @property
     def step_retrying(self) -> bool:
         """A step with a retry budget failed with attempts left (C31); :meth:`DurableRun.wake` lets its backoff pass."""
-        return isinstance(self.outcome, outcomes.PutBack) and self.outcome.reason is outcomes.PutBackReason.STEP_RETRY
+        return (
+            isinstance(self.decision, decisions.PutBack) and self.decision.reason is decisions.PutBackReason.STEP_RETRY
+        )
 
     @property
     def waiting(self) -> bool:
         """The body waits for an event (C33): :meth:`DurableRun.send_event` sends it, :meth:`DurableRun.wake`
         lets its timeout pass."""
-        outcome = self.outcome
-        if isinstance(outcome, outcomes.PutBack):
-            return outcome.reason is outcomes.PutBackReason.WAIT
-        return isinstance(outcome, outcomes.Ack) and outcome.reason is outcomes.AckReason.WAITING
+        decision = self.decision
+        if isinstance(decision, decisions.PutBack):
+            return decision.reason is decisions.PutBackReason.WAIT
+        return isinstance(decision, decisions.Ack) and decision.reason is decisions.AckReason.WAITING
 
     @property
     def cancelled(self) -> bool:
         """The run was cancelled (C34): on request or over a cap; its undos ran."""
-        return isinstance(self.outcome, outcomes.Ack) and self.outcome.reason is outcomes.AckReason.CANCELLED
+        return isinstance(self.decision, decisions.Ack) and self.decision.reason is decisions.AckReason.CANCELLED
 
     @property
     def failed(self) -> bool:
         """The body raised a retryable error (the framework's retry policy would decide)."""
-        return isinstance(self.outcome, outcomes.Failure)
+        return isinstance(self.decision, decisions.Failure)
 
     @property
     def dead_lettered(self) -> bool:
-        """The job went to the dead letters (divergence, size cap …)."""
-        return isinstance(self.outcome, outcomes.DeadLetter)
+        """The job went to the dead letters (divergence, size limit …)."""
+        return isinstance(self.decision, decisions.DeadLetter)
 
     @property
     def value(self) -> Any:
         """The body's return value (``None`` unless :attr:`completed`)."""
-        return self.outcome.value if isinstance(self.outcome, outcomes.Completed) else None
+        return self.decision.value if isinstance(self.decision, decisions.Completed) else None
 
     @property
     def error(self) -> BaseException | None:
         """What the body raised, for a failed or dead-lettered attempt."""
-        if isinstance(self.outcome, (outcomes.Failure, outcomes.DeadLetter)):
-            return self.outcome.error
+        if isinstance(self.decision, (decisions.Failure, decisions.DeadLetter)):
+            return self.decision.error
         return None
 
 
@@ -292,8 +294,8 @@ class DurableRun:
 
     def wake(self) -> None:
         """Move the clock to the wake time of the last sleep, step retry (C31) or wait's deadline (C33)."""
-        last = self.results[-1].outcome if self.results else None
-        if not isinstance(last, outcomes.PutBack) or last.wake_at is None:
+        last = self.results[-1].decision if self.results else None
+        if not isinstance(last, decisions.PutBack) or last.wake_at is None:
             raise RuntimeError("the last attempt did not sleep or wait with a deadline; nothing to wake from")
         self.clock.advance(max(last.wake_at - self.clock(), 0.0))
 
@@ -318,7 +320,7 @@ class DurableRun:
         """Cancel the run as ``flexiq runs cancel`` does (C34); its undos, if any, run at the next :meth:`attempt`."""
         return cancel_run(self.run_key, reason=reason, store=self.store, publishers={})
 
-    def give_up(self) -> outcomes.PutBack | None:
+    def give_up(self) -> decisions.PutBack | None:
         """Play a framework that will not retry the last attempt's failure (C26, C32).
 
         The run is settled ``failed``; or, if it has committed steps with
@@ -328,15 +330,15 @@ class DurableRun:
         Raises:
           RuntimeError: the last attempt did not fail with a retryable error.
         """
-        last = self.results[-1].outcome if self.results else None
-        if not isinstance(last, outcomes.Failure):
+        last = self.results[-1].decision if self.results else None
+        if not isinstance(last, decisions.Failure):
             raise RuntimeError("the last attempt did not fail with a retryable error; nothing to give up on")
         return self.driver.give_up(last)
 
     def until_done(self, *, max_attempts: int = 100) -> AttemptResult:
         """Run attempts, letting every sleep and step backoff elapse, until the run is done or dead-lettered.
 
-        A :class:`~flexiq_plugins._attempt.outcomes.Failure` is retried (as a framework
+        A :class:`~flexiq_plugins._attempt.decisions.Failure` is retried (as a framework
         with retries left would); a crashed attempt is followed by a takeover.
         Returns the last attempt's result.
 
@@ -348,10 +350,10 @@ class DurableRun:
             if (
                 result.sleeping
                 or result.step_retrying
-                or (result.waiting and isinstance(result.outcome, outcomes.PutBack))
+                or (result.waiting and isinstance(result.decision, decisions.PutBack))
             ):
                 self.wake()
-            elif not (result.failed or result.crashed or isinstance(result.outcome, outcomes.PutBack)):
+            elif not (result.failed or result.crashed or isinstance(result.decision, decisions.PutBack)):
                 return result
         raise RuntimeError(f"run {self.run_key!r} not done after {max_attempts} attempts")
 

@@ -25,8 +25,9 @@ from typing import Any
 
 import pytest
 
-from flexiq_plugins import StoreMisconfigured, StoreUnavailable, UnknownRun
+from flexiq_plugins import StoreUnavailable, UnknownRun
 from flexiq_plugins._store.sql import SqlStepStore
+from flexiq_plugins.errors import StoreMisconfigured
 from tests.conftest import MYSQL, MYSQL_URL, POSTGRES, POSTGRES_URL, in_ci, require_service
 
 ROOT = Path(__file__).resolve().parents[1]

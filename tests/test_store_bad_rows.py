@@ -15,17 +15,10 @@ from collections.abc import Callable
 import pytest
 import sqlalchemy as sa
 
-from flexiq_plugins import (
-    AttemptDriver,
-    CorruptRecord,
-    JobEnvelope,
-    JobInfo,
-    SqlStepStore,
-    StepRow,
-    current_job,
-    operations,
-)
-from flexiq_plugins._attempt import outcomes
+from flexiq_plugins import JobEnvelope, SqlStepStore, StepRow, current_job, operations
+from flexiq_plugins._attempt import decisions
+from flexiq_plugins.errors import CorruptRecord
+from flexiq_plugins.integration import AttemptDriver, JobInfo
 
 SQL_BACKENDS = [
     "sqlite",
@@ -67,7 +60,7 @@ def test_c35_a_run_whose_stored_envelope_cannot_be_read_is_dead_lettered_and_sti
     calls: list[int] = []
 
     started = AttemptDriver(sql_store).start(JobInfo("run-bad", "job-1", ENVELOPE))
-    assert isinstance(started, outcomes.DeadLetter)
+    assert isinstance(started, decisions.DeadLetter)
     assert started.reason == "corrupt_record"
     assert "run 'run-bad': the stored job envelope cannot be read" in started.message
     assert calls == []
@@ -92,10 +85,10 @@ def test_c5_a_stored_run_step_whose_value_is_null_dead_letters_corrupt_record(sq
     calls: list[int] = []
 
     attempt = AttemptDriver(sql_store).start(JobInfo("run-null", "job-1", ENVELOPE))
-    outcome = attempt.run(lambda: current_job.step.run("charge", lambda: calls.append(1)))  # type: ignore[union-attr]
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert isinstance(outcome.error, CorruptRecord)
-    assert outcome.reason == "corrupt_record"
-    assert "step 'charge#0'" in outcome.message
+    decision = attempt.run(lambda: current_job.step.run("charge", lambda: calls.append(1)))  # type: ignore[union-attr]
+    assert isinstance(decision, decisions.DeadLetter)
+    assert isinstance(decision.error, CorruptRecord)
+    assert decision.reason == "corrupt_record"
+    assert "step 'charge#0'" in decision.message
     assert calls == []
     assert operations.show_run(sql_store, "run-null").steps[0].value is None  # shown, not decoded

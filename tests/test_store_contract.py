@@ -823,7 +823,7 @@ def test_c31_step_attempts_are_numbered_and_journaled_before_the_body(store: Ste
     assert second.number == 2
     assert [a.number for a in second.previous] == [1]
     (one, two) = store.get_step_attempts(key)
-    assert (one.number, one.outcome, two.number, two.outcome, two.run_attempt) == (1, "failed", 2, None, 1)
+    assert (one.number, one.ended, two.number, two.ended, two.run_attempt) == (1, "failed", 2, None, 1)
     assert before <= two.started_at <= store.now()
 
 
@@ -838,12 +838,12 @@ def test_c31_open_step_attempts_of_dead_attempts_become_lost(store: StepStore) -
     started = store.begin_step_attempt(second, "charge#0", 2)
     assert isinstance(started, AttemptStarted)
     assert started.number == 2
-    assert [a.outcome for a in started.previous] == ["lost"]
+    assert [a.ended for a in started.previous] == ["lost"]
     store.finish(second, "retrying")
     third = claim_run(store, key, owner="worker-3").claim
     spent = store.begin_step_attempt(third, "charge#0", 2)
     assert isinstance(spent, AttemptsSpent)
-    assert [(a.number, a.outcome, a.run_attempt) for a in spent.previous] == [(1, "lost", 1), (2, "lost", 2)]
+    assert [(a.number, a.ended, a.run_attempt) for a in spent.previous] == [(1, "lost", 1), (2, "lost", 2)]
     assert len(store.get_step_attempts(key)) == 2
 
 
@@ -881,7 +881,7 @@ def test_c31_a_step_failed_for_good_commits_its_row_with_the_failure(store: Step
     row = StepRow(0, "ship#0", "run", failure='{"step": {}}', compensate="release")
     done = store.fail_step_attempt(claim, failure("ship#0", None, "non_retryable"), row=row)
     assert done.attempt.number == 2
-    assert done.attempt.outcome == "non_retryable"
+    assert done.attempt.ended == "non_retryable"
     assert done.row is not None
     assert done.row.committed_at is not None
     (stored,) = store.get_steps(key)

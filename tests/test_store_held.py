@@ -17,14 +17,15 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy import event
 
-from flexiq_plugins import AttemptDriver, DurableConfig, JobInfo, current_job
-from flexiq_plugins._attempt.outcomes import Completed, Failure, PutBack
+from flexiq_plugins import DurableConfig, current_job
+from flexiq_plugins._attempt.decisions import Completed, Failure, PutBack
 from flexiq_plugins._model.records import Begun, JobEnvelope, StepRow
 from flexiq_plugins._store.memory import MemoryStepStore
 from flexiq_plugins._store.sql import SqlStepStore, normalize_url
 from flexiq_plugins._store.sql import engine as engine_module
 from flexiq_plugins._store.sql import store as sql_store_module
 from flexiq_plugins.errors import StoreUnavailable
+from flexiq_plugins.integration import AttemptDriver, JobInfo
 from tests.polling import wait_for
 
 ENVELOPE = JobEnvelope(task_name="shop.checkout", framework="test", args=[1])
@@ -87,9 +88,9 @@ def test_c9_an_attempt_with_n_steps_checks_out_one_connection(sql_store: SqlStep
     driver = AttemptDriver(sql_store, DurableConfig(lease_seconds=600))  # no renewal inside the test
     checkouts = Checkouts(sql_store.engine)
 
-    outcome = driver.run_job(JobInfo("run-held", "job-1", ENVELOPE), steps(5))
+    decision = driver.run_job(JobInfo("run-held", "job-1", ENVELOPE), steps(5))
 
-    assert outcome == Completed("done")
+    assert decision == Completed("done")
     assert len(checkouts.out) == 1, checkouts.out
     assert checkouts.back == 1
     assert sql_store.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
@@ -126,9 +127,9 @@ def test_c28_the_held_connection_goes_back_to_the_pool_however_the_attempt_ends(
             current_job.step.sleep("1h")
         raise (ValueError("boom") if how == "raises" else SoftTimeLimitExceeded())
 
-    outcome = driver.run_job(JobInfo(f"run-{how}", "job-1", ENVELOPE), body)
+    decision = driver.run_job(JobInfo(f"run-{how}", "job-1", ENVELOPE), body)
 
-    assert isinstance(outcome, PutBack if how == "sleeps" else Failure), outcome
+    assert isinstance(decision, PutBack if how == "sleeps" else Failure), decision
     assert inside == [1], "the connection is held while the body runs"
     assert sql_store.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
     assert len(checkouts.out) == 1

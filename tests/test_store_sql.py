@@ -809,8 +809,9 @@ def test_c9_driver_memo_hit_is_zero_statements_and_a_new_step_one_transaction(
 ) -> None:
     """Through the attempt driver on a SQL store (C9): starting an attempt is one transaction,
     each new step one transaction, and a replayed step (memo hit) issues no statement at all."""
-    from flexiq_plugins import AttemptDriver, DurableConfig, JobInfo, current_job
-    from flexiq_plugins._attempt.outcomes import Completed, Failure
+    from flexiq_plugins import DurableConfig, current_job
+    from flexiq_plugins._attempt.decisions import Completed, Failure
+    from flexiq_plugins.integration import AttemptDriver, JobInfo
 
     store = make_sql_store(request.getfixturevalue(f"{backend}_url"))
     store.now()

@@ -21,7 +21,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from flexiq_plugins import Compensation, EventWaitSignal, RetryPolicy, SleepSignal, StepRetryExhausted, current_job
+from flexiq_plugins import Compensation, RetryPolicy, StepRetryExhausted, current_job
+from flexiq_plugins.errors import EventWaitSignal, SleepSignal
 
 from .services import Carrier, Journal, Payments, ReceiptMailer
 

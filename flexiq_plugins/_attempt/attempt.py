@@ -5,7 +5,7 @@ once the run is claimed (or, for a ``lazy`` job, claims it at the body's
 first step). It binds ``current_job`` to the run's step journal, keeps the
 claim's lease alive while the body runs (C23), and then *concludes*: what the
 body returned or raised becomes exactly one committed run state and one
-:mod:`~flexiq_plugins._attempt.outcomes` value (C13–C16, C21, C25–C29, C32–C34).
+:mod:`~flexiq_plugins._attempt.decisions` value (C13–C16, C21, C25–C29, C32–C34).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from ..errors import (
     classify,
     reason_of,
 )
-from . import compensation, outcomes
+from . import compensation, decisions
 from .caps import RunCaps
 from .job import JobInfo
 from .lease import LeaseKeeper
@@ -74,13 +74,15 @@ class AttemptHost(Protocol):
     config: DurableConfig
     codec: CodecChain
 
-    def claim(self, job: JobInfo, owner: str | None = None) -> Begun | outcomes.Outcome:
+    def claim(self, job: JobInfo, owner: str | None = None) -> Begun | decisions.Decision:
         """Claim ``job``'s run, or return the outcome that ends the attempt without a body (C23–C28)."""
 
-    def ended_unclaimed(self, job: JobInfo, value: Any = None, error: BaseException | None = None) -> outcomes.Outcome:
+    def ended_unclaimed(
+        self, job: JobInfo, value: Any = None, error: BaseException | None = None
+    ) -> decisions.Decision:
         """The outcome of an attempt that ended without claiming its run."""
 
-    def store_outage(self, exc: StoreUnavailable) -> outcomes.PutBack:
+    def store_outage(self, exc: StoreUnavailable) -> decisions.PutBack:
         """The outcome of a store outage: put back, no retry counted (C28)."""
 
 
@@ -106,7 +108,7 @@ class Attempt:
         self.claim: Claim | None = None
         self.number: int | None = None
         self.journal: StepJournal = None  # type: ignore[assignment]  # set by _take, before any step runs
-        self._refused: outcomes.Outcome | None = None
+        self._refused: decisions.Decision | None = None
         self._claiming = threading.Lock()
         self._active = False
         self._lease: LeaseKeeper | None = None
@@ -240,7 +242,7 @@ class Attempt:
         finally:
             self.context.leave(tokens)
 
-    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> outcomes.Outcome:
+    def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> decisions.Decision:
         """Run ``fn(*args, **kwargs)`` as the task body and return its outcome."""
         try:
             tokens = self._enter()  # what ``activate`` does, without a generator per job (issue 16)
@@ -252,7 +254,7 @@ class Attempt:
             return self.conclude(error=exc)
         return self.conclude(value=value)
 
-    async def arun(self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> outcomes.Outcome:
+    async def arun(self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> decisions.Decision:
         """Await ``fn(*args, **kwargs)`` as the task body and return its outcome."""
         try:
             tokens = self._enter()
@@ -265,7 +267,7 @@ class Attempt:
         return self.conclude(value=value)
 
     # ------------------------------------------------------------ concluding
-    def conclude(self, *, value: Any = None, error: BaseException | None = None) -> outcomes.Outcome:
+    def conclude(self, *, value: Any = None, error: BaseException | None = None) -> decisions.Decision:
         """Commit what the body did and return exactly one outcome (C13–C16, C21, C25–C29).
 
         Parameters:
@@ -282,7 +284,7 @@ class Attempt:
             return self._settle(value, self._effective_error(error))
         except ClaimLost as exc:
             logger.warning("attempt %s of run %s dropped: %s", self.number, self.run_key, exc)
-            return outcomes.Ack(outcomes.AckReason.DROPPED, str(exc))
+            return decisions.Ack(decisions.AckReason.DROPPED, str(exc))
         except StoreUnavailable as exc:
             return self._driver.store_outage(exc)
 
@@ -302,14 +304,14 @@ class Attempt:
             "around steps"
         )
 
-    def _settle(self, value: Any, error: BaseException | None) -> outcomes.Outcome:
+    def _settle(self, value: Any, error: BaseException | None) -> decisions.Decision:
         error = self._cancellation_or(error)
         settled = compensation.settle(self, error)  # a run failed for good undoes its committed steps (C32)
         if isinstance(settled, compensation.Compensated):
             return self._compensated(settled)
         return self._succeed(value) if settled is None else self._failed(settled)
 
-    def _failed(self, error: BaseException) -> outcomes.Outcome:
+    def _failed(self, error: BaseException) -> decisions.Decision:
         disposition = classify(error)
         if disposition in (Disposition.SLEEP, Disposition.CANCEL, Disposition.INTERRUPTED):
             return self._ended_early(error)
@@ -322,9 +324,9 @@ class Attempt:
         if disposition is Disposition.DEAD_LETTER:
             return self._dead_letter(error)
         self._finish("retrying", outcome=replays.error_outcome(error))  # kept when the framework gives up (C37)
-        return outcomes.Failure(error, self.run_key, self.number or 0)
+        return decisions.Failure(error, self.run_key, self.number or 0)
 
-    def _ended_early(self, error: BaseException) -> outcomes.Outcome:
+    def _ended_early(self, error: BaseException) -> decisions.Decision:
         """A sleep or wait (C15, C33), a cancellation (C34) or a worker shutdown (C38) ended the attempt."""
         if isinstance(error, RunCancelled):
             return self._cancelled_by(error)
@@ -332,12 +334,12 @@ class Attempt:
             return self._eager_sleep(error) if self.job.eager else self._sleeping(error)
         return self._interrupted(error)
 
-    def _interrupted(self, error: BaseException) -> outcomes.Outcome:
+    def _interrupted(self, error: BaseException) -> decisions.Decision:
         self._finish("pending")
         logger.info("job %s (run %s) interrupted by a worker shutdown; it goes back", self.job_id, self.run_key)
-        return outcomes.PutBack(outcomes.PutBackReason.SHUTDOWN, 0.0, str(error))
+        return decisions.PutBack(decisions.PutBackReason.SHUTDOWN, 0.0, str(error))
 
-    def _succeed(self, value: Any) -> outcomes.Outcome:
+    def _succeed(self, value: Any) -> decisions.Decision:
         sequence = self.journal.sequence
         unused = sequence.unused()
         if unused:
@@ -351,9 +353,9 @@ class Attempt:
             )
         outcome = replays.value_outcome(value, self._driver.codec, self._config.limits.step_bytes)
         self._finish("succeeded", drop_steps=not self._config.keep_succeeded_steps, outcome=outcome)
-        return outcomes.Completed(value)
+        return decisions.Completed(value)
 
-    def _sleeping(self, signal: SleepSignal) -> outcomes.Outcome:
+    def _sleeping(self, signal: SleepSignal) -> decisions.Decision:
         if isinstance(signal, EventWaitSignal):
             return self._waiting(signal)
         now = self.now()
@@ -363,10 +365,10 @@ class Attempt:
         delay = min(max(wake_at - now, 0.0), self._config.max_hop_seconds)
         logger.debug("job %s (run %s) sleeps at %r for %.3f s", self.job_id, self.run_key, signal.step_key, delay)
         retry = isinstance(signal, StepRetrySignal)  # a step's retry comes back like a sleep (C31)
-        reason = outcomes.PutBackReason.STEP_RETRY if retry else outcomes.PutBackReason.SLEEP
-        return outcomes.PutBack(reason, delay, signal.step_key, wake_at)
+        reason = decisions.PutBackReason.STEP_RETRY if retry else decisions.PutBackReason.SLEEP
+        return decisions.PutBack(reason, delay, signal.step_key, wake_at)
 
-    def _waiting(self, signal: EventWaitSignal) -> outcomes.Outcome:
+    def _waiting(self, signal: EventWaitSignal) -> decisions.Decision:
         """The run waits for an event (C33): put back for its deadline (or a cap), else acknowledged."""
         now = self.now()
         wake_at = self._caps.wake_by(signal.deadline, self.journal.sequence.recorded, now)
@@ -374,9 +376,9 @@ class Attempt:
         what = f"{signal.step_key}: ({signal.topic!r}, {signal.key!r})"
         logger.debug("job %s (run %s) waits at %s", self.job_id, self.run_key, what)
         if wake_at is None:  # no message is kept: the sender, or recovery, wakes the run
-            return outcomes.Ack(outcomes.AckReason.WAITING, what)
+            return decisions.Ack(decisions.AckReason.WAITING, what)
         delay = min(max(wake_at - now, 0.0), self._config.max_hop_seconds)
-        return outcomes.PutBack(outcomes.PutBackReason.WAIT, delay, what, wake_at)
+        return decisions.PutBack(decisions.PutBackReason.WAIT, delay, what, wake_at)
 
     def _cancellation_or(self, error: BaseException | None) -> BaseException | None:
         """The run's cancellation, once this attempt saw one, whatever the body did next (C34); else ``error``."""
@@ -385,18 +387,18 @@ class Attempt:
             return error
         return cancelled
 
-    def _cancelled_by(self, error: BaseException) -> outcomes.Outcome:
+    def _cancelled_by(self, error: BaseException) -> decisions.Decision:
         assert isinstance(error, RunCancelled)
         return self._cancelled(error.reason, error.reason)
 
-    def _cancelled(self, reason: str, message: str) -> outcomes.Outcome:
+    def _cancelled(self, reason: str, message: str) -> decisions.Decision:
         """The run ends ``cancelled`` with ``reason`` (kept if one was requested before), C34."""
         self._store.request_cancel(self.run_key, reason)
         self._finish("cancelled", outcome=replays.cancelled_outcome(reason))
         logger.info("job %s (run %s) cancelled: %s", self.job_id, self.run_key, message)
-        return outcomes.Ack(outcomes.AckReason.CANCELLED, message)
+        return decisions.Ack(decisions.AckReason.CANCELLED, message)
 
-    def _compensated(self, done: compensation.Compensated) -> outcomes.Outcome:
+    def _compensated(self, done: compensation.Compensated) -> decisions.Decision:
         """Every undo ran: the run is ``compensated``; dead-lettered if it failed inside an attempt (C32).
 
         A cancelled run ends ``cancelled`` instead, and is acknowledged (C34).
@@ -407,14 +409,14 @@ class Attempt:
             return self._cancelled(cancelled.reason if cancelled else failure.message, done.message)
         if failure.origin == "framework":  # the framework already reported the failure
             self._finish("compensated", outcome=replays.failure_outcome(failure.error_type, failure.message))
-            return outcomes.Ack(outcomes.AckReason.COMPENSATED, done.message)
+            return decisions.Ack(decisions.AckReason.COMPENSATED, done.message)
         record = NewDeadLetter(self.job_id, failure.reason, done.message, failure.traceback)
         dead = replays.dead_letter_outcome(failure.reason, done.message)
         self._finish("compensated", dead_letter=record, outcome=dead)
         logger.error("job %s (run %s) dead-lettered (%s): %s", self.job_id, self.run_key, failure.reason, done.message)
-        return outcomes.DeadLetter(failure.reason, done.message)
+        return decisions.DeadLetter(failure.reason, done.message)
 
-    def _eager_sleep(self, signal: SleepSignal) -> outcomes.Outcome:
+    def _eager_sleep(self, signal: SleepSignal) -> decisions.Decision:
         """An eager job cannot be put back: its run fails, so nothing is left to resume (C38)."""
         error = UnsupportedInEagerMode(
             f"job {self.job_id} (run {self.run_key}) sleeps at {signal.step_key!r}, which needs its queue: "
@@ -422,15 +424,15 @@ class Attempt:
             "so no worker resumes it later. Run durable tasks that sleep on a worker"
         )
         self._finish("failed", outcome=replays.error_outcome(error))
-        return outcomes.Failure(error, self.run_key, self.number or 0)
+        return decisions.Failure(error, self.run_key, self.number or 0)
 
-    def _dead_letter(self, error: BaseException) -> outcomes.Outcome:
+    def _dead_letter(self, error: BaseException) -> decisions.Decision:
         reason = reason_of(error)
         trace = "".join(traceback.format_exception(type(error), error, error.__traceback__))
         record = NewDeadLetter(self.job_id, reason, str(error), trace)
         self._finish("dead", dead_letter=record, outcome=replays.dead_letter_outcome(reason, str(error)))
         logger.error("job %s (run %s) dead-lettered (%s): %s", self.job_id, self.run_key, reason, error)
-        return outcomes.DeadLetter(reason, str(error), error)
+        return decisions.DeadLetter(reason, str(error), error)
 
     def _finish(self, status: RunStatus, **kwargs: Any) -> None:
         """``store.finish`` on the claim, retried through a brief store outage.

@@ -43,7 +43,7 @@ logger = logging.getLogger("flexiq_plugins")
 DEFAULT_CANCEL_REASON = "cancelled on request"
 """The reason recorded when none is given."""
 
-CancelOutcome = Literal["cancelled", "compensating", "requested", "finished"]
+CancelEffect = Literal["cancelled", "compensating", "requested", "finished"]
 
 
 @dataclass(frozen=True)
@@ -62,7 +62,7 @@ class CancelResult:
     """
 
     run_key: str
-    outcome: CancelOutcome
+    effect: CancelEffect
     status: str
     job_id: str | None = None
     note: str = ""

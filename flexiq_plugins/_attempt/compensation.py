@@ -156,7 +156,7 @@ def settle(host: CompensationHost, error: BaseException | None) -> Compensated |
 
     Returns :class:`Compensated` when every undo has run; a
     :class:`~flexiq_plugins.errors.StepRetrySignal` when an undo failed with
-    attempts left; a :class:`~flexiq_plugins.CompensationFailed` when one
+    attempts left; a :class:`~flexiq_plugins.errors.CompensationFailed` when one
     failed for good or is missing.
 
     Raises:

@@ -6,7 +6,7 @@ with the task body, to :meth:`AttemptDriver.run_job` (or ``arun_job`` for an
 transaction (before the body, or, for a ``lazy`` job, at the body's first
 step: a body that takes no step does no store I/O), runs the body with
 ``current_job`` set, commits the run's state (if it claimed one), and returns
-exactly one :mod:`~flexiq_plugins._attempt.outcomes` value. Every decision
+exactly one :mod:`~flexiq_plugins._attempt.decisions` value. Every decision
 that does not depend on the framework is made here, once, for every adapter:
 
 - classification of what the body raised, before any retry filter (C28, C29);
@@ -60,7 +60,7 @@ from ..errors import (
     UnknownRun,
     classify,
 )
-from . import cancellation, compensation, outcomes
+from . import cancellation, compensation, decisions
 from .attempt import Attempt
 from .job import JobInfo
 from .store_health import StoreHealth, store_health
@@ -69,15 +69,15 @@ __all__ = ["AttemptDriver", "default_owner"]
 
 logger = logging.getLogger("flexiq_plugins")
 
-_ENDED_STATUS: dict[outcomes.Ended, RunStatus] = {
-    outcomes.Ended.REVOKED: "cancelled",
-    outcomes.Ended.EXPIRED: "cancelled",
-    outcomes.Ended.SKIPPED: "cancelled",
-    outcomes.Ended.TIME_LIMIT: "failed",
-    outcomes.Ended.FAILED: "failed",
+_ENDED_STATUS: dict[decisions.Ended, RunStatus] = {
+    decisions.Ended.REVOKED: "cancelled",
+    decisions.Ended.EXPIRED: "cancelled",
+    decisions.Ended.SKIPPED: "cancelled",
+    decisions.Ended.TIME_LIMIT: "failed",
+    decisions.Ended.FAILED: "failed",
 }
 
-_CANCELLING = frozenset({outcomes.Ended.REVOKED, outcomes.Ended.EXPIRED, outcomes.Ended.SKIPPED})
+_CANCELLING = frozenset({decisions.Ended.REVOKED, decisions.Ended.EXPIRED, decisions.Ended.SKIPPED})
 """The ends that cancel a run (C34): through :func:`flexiq_plugins._attempt.cancellation.cancel`, undos included."""
 
 
@@ -168,7 +168,7 @@ class AttemptDriver:
         watch_sqlalchemy()  # a plain step inside a SQLAlchemy transaction that has written is refused (C42)
 
     # ------------------------------------------------------------ one call
-    def run_job(self, job: JobInfo, body: Callable[[], Any], *, owner: str | None = None) -> outcomes.Outcome:
+    def run_job(self, job: JobInfo, body: Callable[[], Any], *, owner: str | None = None) -> decisions.Decision:
         """Run one attempt of ``job`` with ``body()`` as its task body; return its outcome.
 
         The attempt's store calls in this thread (its start, its steps, its
@@ -184,20 +184,20 @@ class AttemptDriver:
 
     async def arun_job(
         self, job: JobInfo, body: Callable[[], Awaitable[Any]], *, owner: str | None = None
-    ) -> outcomes.Outcome:
+    ) -> decisions.Decision:
         """Async :meth:`run_job`: ``body()`` is awaited."""
         started = self.start(job, owner=owner)
         return await started.arun(body) if isinstance(started, Attempt) else started
 
     # ------------------------------------------------------------ starting
-    def start(self, job: JobInfo, owner: str | None = None) -> Attempt | outcomes.Outcome:
+    def start(self, job: JobInfo, owner: str | None = None) -> Attempt | decisions.Decision:
         """Claim ``job``'s run and return a ready :class:`Attempt`, or an outcome at once.
 
-        One store transaction (C9). Returns a :class:`~flexiq_plugins._attempt.outcomes.PutBack`
+        One store transaction (C9). Returns a :class:`~flexiq_plugins._attempt.decisions.PutBack`
         while another live claim holds the run (C24) or the store is down
-        (C28), a :class:`~flexiq_plugins._attempt.outcomes.Replay` (or, keeping no
+        (C28), a :class:`~flexiq_plugins._attempt.decisions.Replay` (or, keeping no
         outcome, an ``Ack``) if the run is terminal (C26, C37, :meth:`replay_finished`),
-        a :class:`~flexiq_plugins._attempt.outcomes.DeadLetter` (``worker_lost``)
+        a :class:`~flexiq_plugins._attempt.decisions.DeadLetter` (``worker_lost``)
         past the takeover limit (C25). A ``lazy`` job claims nothing now: its
         :class:`Attempt` claims at the body's first step, and any of those
         outcomes then ends the attempt from there (:class:`ClaimRefused`).
@@ -211,12 +211,12 @@ class AttemptDriver:
         claimed = self.claim(job, owner)
         return Attempt(self, job, claimed, owner=owner) if isinstance(claimed, Begun) else claimed
 
-    def claim(self, job: JobInfo, owner: str | None = None) -> Begun | outcomes.Outcome:
+    def claim(self, job: JobInfo, owner: str | None = None) -> Begun | decisions.Decision:
         """Claim ``job``'s run (C23): the claim, or the outcome that ends the attempt without a body (C24–C28, C39)."""
         dropped = self._started_meanwhile(job) if job.unstarted_only else None
         return dropped if dropped is not None else self._claim(job, owner)
 
-    def _claim(self, job: JobInfo, owner: str | None) -> Begun | outcomes.Outcome:
+    def _claim(self, job: JobInfo, owner: str | None) -> Begun | decisions.Decision:
         try:
             result = self.store.begin(
                 job.run_key, job.job_id, job.job_envelope, owner or default_owner(), self.config.lease_seconds
@@ -228,14 +228,14 @@ class AttemptDriver:
             return self.replay_finished(job, result)
         if isinstance(result, Busy):
             delay = max(min(self.config.busy_retry_seconds, result.lease_remaining), 0.0)
-            return outcomes.PutBack(outcomes.PutBackReason.BUSY, delay, "its run is running elsewhere")
+            return decisions.PutBack(decisions.PutBackReason.BUSY, delay, "its run is running elsewhere")
         if result.takeovers > self.config.max_takeovers:
             return self._worker_lost(job, result)
         if result.envelope.corrupt:
             return self._dead_at_start(job, result, "corrupt_record", f"run {job.run_key!r}: {result.envelope.corrupt}")
         return result
 
-    def _started_meanwhile(self, job: JobInfo) -> outcomes.Outcome | None:
+    def _started_meanwhile(self, job: JobInfo) -> decisions.Decision | None:
         """A recovery copy of a ``queued`` run that another delivery has started and handed on: a duplicate (C39).
 
         One read. A run that is sleeping, waiting or retrying has a message
@@ -256,15 +256,17 @@ class AttemptDriver:
         logger.info(
             "job %s: run %s started meanwhile (%s); this recovery copy is dropped", job.job_id, job.run_key, run.status
         )
-        return outcomes.Ack(outcomes.AckReason.DUPLICATE, run.status)
+        return decisions.Ack(decisions.AckReason.DUPLICATE, run.status)
 
-    def ended_unclaimed(self, job: JobInfo, value: Any = None, error: BaseException | None = None) -> outcomes.Outcome:
+    def ended_unclaimed(
+        self, job: JobInfo, value: Any = None, error: BaseException | None = None
+    ) -> decisions.Decision:
         """The outcome of an attempt that ended without claiming its run: its body took no step.
 
         The one place that decides what such an attempt is (issue 16); no
         run exists for it (a job recorded at publish claims before its body,
         :func:`~flexiq_plugins.integration.claims_before_body`), so nothing
-        is written: a value is :class:`~flexiq_plugins._attempt.outcomes.Completed`, a
+        is written: a value is :class:`~flexiq_plugins._attempt.decisions.Completed`, a
         worker shutdown puts the job back (C38), any other error is a
         ``Failure`` with ``claimed=False``, left to the framework's own retry
         policy as without the integration (no dead letter of the library's,
@@ -276,16 +278,16 @@ class AttemptDriver:
           error(BaseException | None): what it raised.
         """
         if error is None:
-            return outcomes.Completed(value)
+            return decisions.Completed(value)
         if classify(error) is Disposition.INTERRUPTED:
-            return outcomes.PutBack(outcomes.PutBackReason.SHUTDOWN, 0.0, str(error))
-        return outcomes.Failure(error, job.run_key, 0, claimed=False)
+            return decisions.PutBack(decisions.PutBackReason.SHUTDOWN, 0.0, str(error))
+        return decisions.Failure(error, job.run_key, 0, claimed=False)
 
-    def replay_finished(self, job: JobInfo, finished: Finished) -> outcomes.Replay | outcomes.Ack:
+    def replay_finished(self, job: JobInfo, finished: Finished) -> decisions.Replay | decisions.Ack:
         """The outcome of a job whose run is already finished: replay its stored outcome (C26, C37).
 
         A duplicate delivery, or a new job published with a finished run's
-        key: the body does not run; the :class:`~flexiq_plugins._attempt.outcomes.Replay`
+        key: the body does not run; the :class:`~flexiq_plugins._attempt.decisions.Replay`
         carries the value the run returned, or the error it ended with
         (decoded here with this driver's codec chain). A run that keeps no
         outcome (it finished before outcomes were kept, or the framework
@@ -294,12 +296,12 @@ class AttemptDriver:
         """
         if finished.outcome is None:
             logger.debug("job %s: run %s is already %s; acknowledged", job.job_id, job.run_key, finished.status)
-            return outcomes.Ack(outcomes.AckReason.DUPLICATE, finished.status)
+            return decisions.Ack(decisions.AckReason.DUPLICATE, finished.status)
         replayed = replays.load_outcome(finished.outcome, self.codec)
         logger.info("job %s: run %s is already %s; its outcome is replayed", job.job_id, job.run_key, finished.status)
-        return outcomes.Replay(finished.status, replayed.value, replayed.error)
+        return decisions.Replay(finished.status, replayed.value, replayed.error)
 
-    def store_outage(self, exc: StoreUnavailable) -> outcomes.PutBack:
+    def store_outage(self, exc: StoreUnavailable) -> decisions.PutBack:
         """The outcome of a store outage: put back, no retry counted (C28, C41).
 
         The delay starts at ``store_retry_seconds`` and doubles while the
@@ -307,24 +309,24 @@ class AttemptDriver:
         broker whatever the cause, a :class:`StoreMisconfigured` store included.
         """
         delay = self._outage.failed(exc)
-        return outcomes.PutBack(outcomes.PutBackReason.STORE_UNAVAILABLE, delay, str(exc))
+        return decisions.PutBack(decisions.PutBackReason.STORE_UNAVAILABLE, delay, str(exc))
 
-    def _worker_lost(self, job: JobInfo, begun: Begun) -> outcomes.Outcome:
+    def _worker_lost(self, job: JobInfo, begun: Begun) -> decisions.Decision:
         message = (
             f"run {job.run_key!r} lost its worker {begun.takeovers} times "
             f"(limit {self.config.max_takeovers}); dead-lettered instead of crashing workers forever"
         )
         return self._dead_at_start(job, begun, "worker_lost", message)
 
-    def _dead_at_start(self, job: JobInfo, begun: Begun, reason: str, message: str) -> outcomes.Outcome:
+    def _dead_at_start(self, job: JobInfo, begun: Begun, reason: str, message: str) -> decisions.Decision:
         """Dead-letter a run just claimed, without running its body (C25, C30)."""
         dead = NewDeadLetter(job.job_id, reason, message)
         self.store.finish(begun.claim, "dead", dead_letter=dead, outcome=replays.dead_letter_outcome(reason, message))
         logger.error("%s", message)
-        return outcomes.DeadLetter(reason, message)
+        return decisions.DeadLetter(reason, message)
 
     # ------------------------------------------- when the framework ends a job
-    def framework_ended(self, run_key: str, how: outcomes.Ended) -> str | None:
+    def framework_ended(self, run_key: str, how: decisions.Ended) -> str | None:
         """The framework ended the job of ``run_key`` by itself: settle its run to match (C34, C38).
 
         A revoke, an expiry or a skip cancels the run through the one
@@ -360,7 +362,7 @@ class AttemptDriver:
             logger.info("run %s is %s: its job was %s by the framework", run_key, status, how.value)
         return status if applied else None
 
-    def _cancelled_by_framework(self, run_key: str, how: outcomes.Ended) -> str | None:
+    def _cancelled_by_framework(self, run_key: str, how: decisions.Ended) -> str | None:
         try:
             done = cancellation.cancel(self.store, run_key, f"{how.value} by the framework")
         except UnknownRun:
@@ -368,9 +370,9 @@ class AttemptDriver:
         except StoreError:
             logger.exception("could not cancel run %s after its job was %s", run_key, how.value)
             return None
-        if done.outcome == "finished":
+        if done.effect == "finished":
             return None
-        logger.info("run %s: its job was %s by the framework: %s", run_key, how.value, done.outcome)
+        logger.info("run %s: its job was %s by the framework: %s", run_key, how.value, done.effect)
         return done.status
 
     def _run_or_none(self, run_key: str) -> RunRecord | None:
@@ -398,7 +400,7 @@ class AttemptDriver:
             return False
 
     # ------------------------------------------------------ after a Failure
-    def settle_failed(self, failure: outcomes.Failure) -> bool:
+    def settle_failed(self, failure: decisions.Failure) -> bool:
         """The framework will not retry ``failure``: mark its run ``failed`` (C26).
 
         Call it before the message is acknowledged. Applies only while the run
@@ -413,12 +415,12 @@ class AttemptDriver:
             logger.exception("could not mark run %s failed", failure.run_key)
             return False
 
-    def give_up(self, failure: outcomes.Failure) -> outcomes.PutBack | None:
+    def give_up(self, failure: decisions.Failure) -> decisions.PutBack | None:
         """The framework will not retry ``failure``: compensate its run (C32), else mark it ``failed`` (C26).
 
         Call it instead of :meth:`settle_failed`, before the message is
         acknowledged. If the run has committed steps with undos, the failure
-        is recorded and a :class:`~flexiq_plugins._attempt.outcomes.PutBack` is
+        is recorded and a :class:`~flexiq_plugins._attempt.decisions.PutBack` is
         returned: re-enqueue the job with it (the framework still reports the
         failure as usual); its next delivery runs the undos. Otherwise the
         run is settled ``failed`` and ``None`` is returned. A store error is
@@ -428,7 +430,7 @@ class AttemptDriver:
             return None  # no run was claimed: no step to undo, nothing to settle (ended_unclaimed)
         try:
             if compensation.start_after_failure(self.store, failure.run_key, failure.attempt, failure.error):
-                return outcomes.PutBack(outcomes.PutBackReason.COMPENSATE, 0.0, "its compensations run next")
+                return decisions.PutBack(decisions.PutBackReason.COMPENSATE, 0.0, "its compensations run next")
         except StoreError:
             logger.exception("could not start the compensation of run %s", failure.run_key)
         self.settle_failed(failure)

@@ -55,7 +55,7 @@ def cancel_run(
     """
     here = this_process(store, publishers)
     done = cancel(here.store, run_key, reason)
-    if done.outcome != "compensating":
+    if done.effect != "compensating":
         return done
     run = here.store.get_run(run_key)
     publisher = here.publishers.get(run.framework)

@@ -423,6 +423,6 @@ def latest_wake_at(steps: Iterable[StepRow], attempts: Iterable[StepAttempt] = (
     sleeps = [s for s in steps if s.kind == "sleep" and s.wake_at is not None]
     times = [max(sleeps, key=lambda s: s.position).wake_at] if sleeps else []
     committed = {s.step_key for s in steps}
-    times += [a.retry_at for a in attempts if a.outcome == "failed" and a.step_key not in committed]
+    times += [a.retry_at for a in attempts if a.ended == "failed" and a.step_key not in committed]
     known = [t for t in times if t is not None]
     return max(known) if known else None

@@ -17,11 +17,11 @@ import time
 from collections.abc import Callable
 from typing import Generic, NoReturn, TypeVar
 
-from .._attempt.driver import AttemptDriver
-from .._attempt.outcomes import (
+from .._attempt.decisions import (
     PutBack,
     PutBackReason,
 )
+from .._attempt.driver import AttemptDriver
 from .._attempt.store_health import store_health
 from .._model.config import DurableConfig
 from ..errors import (

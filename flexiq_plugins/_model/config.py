@@ -51,7 +51,7 @@ def _doc(text: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Limits:
-    """The size caps on encoded bytes (C22), as :attr:`DurableConfig.limits` groups them.
+    """The size limits on encoded bytes (C22), as :attr:`DurableConfig.limits` groups them.
 
     Parameters:
       step_bytes(int): one step's stored value, bytes.
@@ -240,7 +240,7 @@ class DurableConfig:
     # ------------------------------------------------------------- derived
     @property
     def limits(self) -> Limits:
-        """The size caps (C22)."""
+        """The size limits (C22)."""
         return Limits(self.step_bytes, self.run_bytes, self.run_steps)
 
     @property

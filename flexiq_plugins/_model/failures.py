@@ -55,7 +55,7 @@ Origin = Literal["dead_letter", "framework", "cancelled"]
 
 @dataclass(frozen=True)
 class ErrorText:
-    """An error as text, within the size caps.
+    """An error as text, within the size limits.
 
     Parameters:
       error_type(str): the qualified class name, ``module.QualName``.

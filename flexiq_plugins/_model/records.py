@@ -42,7 +42,7 @@ __all__ = [
     "StepAttemptBegin",
     "StepAttemptFailed",
     "StepAttemptFailure",
-    "StepAttemptOutcome",
+    "StepAttemptEnd",
     "StepKind",
     "StepRow",
 ]
@@ -96,7 +96,7 @@ StepKind = Literal["run", "sleep", "compensation", "wait", "event"]
 what the wait received, ``event:<wait step key>`` (C33)."""
 
 
-StepAttemptOutcome = Literal["lost", "failed", "exhausted", "non_retryable"]
+StepAttemptEnd = Literal["lost", "failed", "exhausted", "non_retryable"]
 """How a step attempt ended (C31): its worker or claim was lost; it failed and
 another attempt follows; it failed and the budget is spent; it failed for
 good (a non-retryable error). An attempt still running, or one whose step
@@ -220,7 +220,7 @@ class StepAttempt:
       number(int): 1 for the step's first attempt.
       run_attempt(int): the run's attempt (the job's execution) that made it.
       started_at(float): when it was journaled, epoch seconds, store clock.
-      outcome(str | None): see :data:`StepAttemptOutcome`.
+      outcome(str | None): see :data:`StepAttemptEnd`.
       error_type(str | None): the error's qualified class name.
       message(str | None): the error's message (truncated).
       traceback(str | None): the formatted traceback (truncated to its end).
@@ -233,7 +233,7 @@ class StepAttempt:
     number: int
     run_attempt: int
     started_at: float
-    outcome: StepAttemptOutcome | None = None
+    ended: StepAttemptEnd | None = None
     error_type: str | None = None
     message: str | None = None
     traceback: str | None = None
@@ -259,7 +259,7 @@ class StepAttemptFailure:
 
     step_key: str
     number: int | None
-    outcome: StepAttemptOutcome
+    ended: StepAttemptEnd
     error_type: str | None
     message: str
     traceback: str = ""

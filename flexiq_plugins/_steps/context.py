@@ -115,7 +115,7 @@ class StepContext:
           ConcurrentStep: another step of this attempt is uncommitted (C8).
           StepDivergence: the recorded sequence has another step here (C12).
           EncodeError: the serializer cannot encode the value; nothing is committed (C7).
-          StepLimitExceeded: a size cap refused the commit (C22).
+          StepLimitExceeded: a size limit refused the commit (C22).
           InvalidStepOption: ``retry`` or ``compensate`` is not an accepted form.
           StepRetryExhausted: the step's budget is spent (C31), on that attempt and every replay.
           NonRetryableError: or the error a policy does not retry: the step failed

@@ -180,7 +180,7 @@ class StepJournal:
       job_label(str): how messages name the job, e.g. ``"job j-1 (run r-1)"``.
       writer(StepWriter): commits rows, fenced on the attempt's claim.
       codec(CodecChain): serializer and codecs of step values (C7).
-      limits(Limits): the size caps (C22).
+      limits(Limits): the size limits (C22).
       step_retry(RetryPolicy | None): the task's default budget for its steps (C31).
 
     Attributes:
@@ -230,7 +230,7 @@ class StepJournal:
 
     @property
     def limits(self) -> Limits:
-        """The size caps (C22)."""
+        """The size limits (C22)."""
         return self._limits
 
     @property

@@ -17,7 +17,7 @@ A wait is two steps of the one step protocol (:mod:`flexiq_plugins._steps.journa
 
 Payloads travel as bytes made by the sender's codec chain (the integration's
 in the sending process, else the core's JSON), and are kept in the ``event``
-row through the run's own chain, under the size caps (C7, C22).
+row through the run's own chain, under the size limits (C7, C22).
 """
 
 from __future__ import annotations

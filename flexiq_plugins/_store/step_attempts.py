@@ -30,7 +30,7 @@ __all__ = ["close_lost", "decide_step_attempt", "failed_attempt", "retry_cut_pos
 
 def close_lost(attempts: Sequence[StepAttempt]) -> tuple[StepAttempt, ...]:
     """``attempts`` with every attempt that has no outcome marked ``lost``."""
-    return tuple(dataclasses.replace(a, outcome="lost") if a.outcome is None else a for a in attempts)
+    return tuple(dataclasses.replace(a, ended="lost") if a.ended is None else a for a in attempts)
 
 
 def decide_step_attempt(
@@ -51,7 +51,7 @@ def decide_step_attempt(
     """
     previous = tuple(attempts)
     last = previous[-1] if previous else None
-    if last is not None and last.outcome == "failed" and last.retry_at is not None and last.retry_at > now:
+    if last is not None and last.ended == "failed" and last.retry_at is not None and last.retry_at > now:
         return AttemptNotDue(last.retry_at)
     if len(previous) >= max_attempts:
         return AttemptsSpent(previous)
@@ -64,7 +64,7 @@ def failed_attempt(attempt: StepAttempt, failure: StepAttemptFailure, now: float
     retry_at = None if failure.retry_delay is None else now + failure.retry_delay
     return dataclasses.replace(
         attempt,
-        outcome=failure.outcome,
+        ended=failure.ended,
         error_type=failure.error_type,
         message=failure.message,
         traceback=failure.traceback,

@@ -102,7 +102,7 @@ def cancel_command(
     done = cancel_run(run_key, reason=reason, store=state.store, publishers=state.publishers(app_ref, broker_ref))
     if as_json:
         emit_json(
-            {"run_key": done.run_key, "outcome": done.outcome, "status": done.status, "job_id": done.job_id}
+            {"run_key": done.run_key, "outcome": done.effect, "status": done.status, "job_id": done.job_id}
             | ({"note": done.note} if done.note else {})
         )
         return
@@ -114,7 +114,7 @@ def cancel_command(
         "requested": "cancellation requested: its running attempt stops at its next step",
         "finished": f"already {done.status}: nothing to cancel",
     }
-    out.print(f"run {done.run_key}: {said[done.outcome]}", markup=False)
+    out.print(f"run {done.run_key}: {said[done.effect]}", markup=False)
 
 
 def _emit_details(details: RunDetails, decoded: list[DecodedValue] | None, *, errors: bool) -> None:
@@ -129,7 +129,7 @@ def _print_tracebacks(details: RunDetails) -> None:
     for a in details.attempts:
         if a.traceback:
             out.print()
-            out.print(f"{a.step_key} attempt {a.number} ({a.outcome}):", markup=False)
+            out.print(f"{a.step_key} attempt {a.number} ({a.ended}):", markup=False)
             out.print(a.traceback.rstrip(), markup=False, highlight=False)
 
 

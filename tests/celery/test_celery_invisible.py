@@ -16,7 +16,7 @@ from celery.signals import task_failure
 from conftest import in_process_worker, wait_for
 
 from flexiq_plugins import current_job
-from flexiq_plugins._attempt.outcomes import Failure
+from flexiq_plugins._attempt.decisions import Failure
 from flexiq_plugins._model.records import TERMINAL_STATUSES
 
 pytestmark = pytest.mark.timeout(120)

@@ -104,7 +104,7 @@ def test_c31_a_failing_step_runs_exactly_five_times_whatever_the_headers_say(wor
 
     assert count_calls(worker.calls, f"{name}:ship") == 5
     attempts = worker.store.get_step_attempts(run_key)
-    assert [(a.number, a.outcome) for a in attempts] == [(n, "failed") for n in range(1, 5)] + [(5, "exhausted")]
+    assert [(a.number, a.ended) for a in attempts] == [(n, "failed") for n in range(1, 5)] + [(5, "exhausted")]
     assert [d.reason for d in worker.store.list_dead_letters() if d.run_key == run_key] == ["step_retry_exhausted"]
     with pytest.raises(DeadLettered, match="step_retry_exhausted"):
         result.get(timeout=30)
@@ -119,7 +119,7 @@ def test_c31_a_worker_killed_inside_the_step_uses_its_attempts(worker: Worker) -
 
     assert count_calls(worker.calls, f"{name}:charge") == 3
     attempts = worker.store.get_step_attempts(run_key)
-    assert [(a.number, a.outcome) for a in attempts] == [(1, "lost"), (2, "lost"), (3, "exhausted")]
+    assert [(a.number, a.ended) for a in attempts] == [(1, "lost"), (2, "lost"), (3, "exhausted")]
     (dead,) = [d for d in worker.store.list_dead_letters() if d.run_key == run_key]
     assert dead.reason == "step_retry_exhausted"
 

@@ -17,11 +17,12 @@ import pytest
 import sqlalchemy as sa
 from click.testing import CliRunner, Result
 
-from flexiq_plugins import Attempt, AttemptDriver, DurableConfig, JobEnvelope, JobInfo, current_job
-from flexiq_plugins._attempt.outcomes import PutBack, PutBackReason
+from flexiq_plugins import DurableConfig, JobEnvelope, current_job
+from flexiq_plugins._attempt.decisions import PutBack, PutBackReason
 from flexiq_plugins._store.sql import SqlStepStore
 from flexiq_plugins._store.sql.tables import store_tables
 from flexiq_plugins.cli import cli
+from flexiq_plugins.integration import Attempt, AttemptDriver, JobInfo
 
 
 class Runs:
@@ -64,9 +65,9 @@ class Runs:
             step.run("charge", lambda: {"id": "ch_1", "amount": 1200})
             step.sleep("1h")
 
-        outcome = self.attempt(run_key, body, **job)
-        assert isinstance(outcome, PutBack), (run_key, outcome)
-        assert outcome.reason is PutBackReason.SLEEP, (run_key, outcome)
+        decision = self.attempt(run_key, body, **job)
+        assert isinstance(decision, PutBack), (run_key, decision)
+        assert decision.reason is PutBackReason.SLEEP, (run_key, decision)
         assert self.store.get_run(run_key).status == "sleeping", (run_key, self.store.get_run(run_key))
         if overdue:
             runs = store_tables(self.store.table_prefix).runs

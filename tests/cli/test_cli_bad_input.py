@@ -87,7 +87,8 @@ def test_c27_runs_show_of_a_succeeded_run_says_its_steps_were_deleted(
     store: SqlStepStore, flexiq: Callable[..., Result]
 ) -> None:
     """The first ``runs show`` of a user's own run says why it has no steps, and how to keep them."""
-    from flexiq_plugins import AttemptDriver, JobEnvelope, JobInfo, current_job
+    from flexiq_plugins import JobEnvelope, current_job
+    from flexiq_plugins.integration import AttemptDriver, JobInfo
 
     attempt = AttemptDriver(store).start(JobInfo("run-mine", "job-1", JobEnvelope("t", "test")))
     attempt.run(lambda: current_job.step.run("charge", lambda: 1))  # type: ignore[union-attr]

@@ -44,8 +44,8 @@ def test_c33_events_send_stores_the_event_and_leaves_the_waiting_run_to_recovery
     event = store.next_event("r-1", "payment", "o-1")
     assert event is not None
     assert event.id == data["event_id"]
-    outcome = runs.attempt("r-1", body)
-    assert outcome.value == {"amount": 1200}
+    decision = runs.attempt("r-1", body)
+    assert decision.value == {"amount": 1200}
 
 
 def test_c33_events_send_refuses_bad_json_and_a_bad_topic_with_a_usage_error(

@@ -23,9 +23,10 @@ from conftest import Runs
 from dramatiq import Message
 from dramatiq.brokers.stub import StubBroker
 
-from flexiq_plugins import Attempt, AttemptDriver, DurableConfig, operations
+from flexiq_plugins import DurableConfig, operations
 from flexiq_plugins._store.base import StepStore
 from flexiq_plugins._store.sql import SqlStepStore
+from flexiq_plugins.integration import Attempt, AttemptDriver
 from tests.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

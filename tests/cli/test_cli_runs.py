@@ -127,7 +127,8 @@ def test_c7_a_framework_serialized_value_decodes_or_gets_a_note(
     runs: Runs, store: SqlStepStore, flexiq: Callable[..., Result]
 ) -> None:
     """Values a framework serializer stored: JSON-family ones decode; others (pickle) get a note, no traceback (C7)."""
-    from flexiq_plugins import AttemptDriver, CodecChain, DurableConfig, FunctionSerializer, current_job
+    from flexiq_plugins import CodecChain, DurableConfig, FunctionSerializer, current_job
+    from flexiq_plugins.integration import AttemptDriver
 
     for name, dumps in [
         ("dramatiq:json", lambda v: json.dumps({"v": v}).encode()),

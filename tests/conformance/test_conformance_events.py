@@ -115,7 +115,7 @@ def test_c34_flexiq_runs_cancel_stops_a_sleeping_run_and_its_next_step_never_run
     done = operations.cancel_run(
         job.run_key, reason="order abandoned", store=harness.store, publishers=harness.publishers()
     )
-    assert done.outcome == "compensating"
+    assert done.effect == "compensating"
     run = harness.wait_status(job.run_key, "cancelled")
     assert run.cancel_reason == "order abandoned"
     first_sleep = harness.steps(job.run_key)[1]
@@ -148,7 +148,7 @@ def test_c34_a_running_run_is_cancelled_at_its_next_step_boundary(harness: Harne
     job = harness.publish("charge_hold_ship")
     wait_for(lambda: harness.ledger.count(job.run_key, "work"), 30, "the work step to run")
     done = operations.cancel_run(job.run_key, reason="stop", store=harness.store, publishers=harness.publishers())
-    assert (done.outcome, done.status) == ("requested", "running")
+    assert (done.effect, done.status) == ("requested", "running")
     harness.ledger.set_flag(job.run_key, "release")
     run = harness.wait_status(job.run_key, "cancelled")
     assert run.cancel_reason == "stop"

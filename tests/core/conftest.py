@@ -13,15 +13,8 @@ from typing import Any
 
 import pytest
 
-from flexiq_plugins import (
-    Attempt,
-    AttemptDriver,
-    DurableConfig,
-    JobEnvelope,
-    JobInfo,
-    MemoryStepStore,
-    StepStore,
-)
+from flexiq_plugins import DurableConfig, JobEnvelope, MemoryStepStore, StepStore
+from flexiq_plugins.integration import Attempt, AttemptDriver, JobInfo
 
 START = 1_700_000_000.0
 """The fake store clock's start, epoch seconds (2023-11-14, a plain UTC instant)."""

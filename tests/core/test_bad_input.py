@@ -18,22 +18,21 @@ from typing import Any
 
 import pytest
 
-from flexiq_plugins import (
+from flexiq_plugins import InvalidRunKey, StepRow, current_job
+from flexiq_plugins._attempt import decisions
+from flexiq_plugins._model.identity import check_run_key
+from flexiq_plugins.errors import (
     CorruptRecord,
+    Disposition,
     InvalidDuration,
-    InvalidRunKey,
     InvalidStepBody,
     InvalidStepKey,
     InvalidStepName,
     InvalidWakeTime,
     NotInStep,
-    StepRow,
     StepUsageError,
-    current_job,
+    classify,
 )
-from flexiq_plugins._attempt import outcomes
-from flexiq_plugins._model.identity import check_run_key
-from flexiq_plugins.errors import Disposition, classify
 
 START = 1_700_000_000.0
 """Where the core tests' fake store clock starts (``tests/core/conftest.py``)."""
@@ -94,13 +93,13 @@ BAD_CALLS: list[tuple[str, Callable[[], Any], type[StepUsageError], str, str]] =
 def test_c29_a_step_usage_error_is_dead_lettered_at_once_with_an_invalid_reason(harness, body, error, reason, hint):
     """Each bad call raises its typed error naming the fix, commits nothing, and dead-letters: no retry."""
     CHARGES.clear()
-    outcome = harness.run(body)
-    assert isinstance(outcome, outcomes.DeadLetter), outcome
-    assert isinstance(outcome.error, error)
-    assert classify(outcome.error) is Disposition.DEAD_LETTER
-    assert outcome.reason == reason
+    decision = harness.run(body)
+    assert isinstance(decision, decisions.DeadLetter), decision
+    assert isinstance(decision.error, error)
+    assert classify(decision.error) is Disposition.DEAD_LETTER
+    assert decision.reason == reason
     assert reason.startswith("invalid_")  # one family: nothing a retry could fix
-    assert hint in outcome.message
+    assert hint in decision.message
     assert harness.store.get_steps(harness.run_key) == []
     assert harness.store.get_run(harness.run_key).status == "dead"
     assert len(CHARGES) <= 1  # the value passed as a body ran once, outside the step, before it
@@ -109,18 +108,18 @@ def test_c29_a_step_usage_error_is_dead_lettered_at_once_with_an_invalid_reason(
 def test_c29_a_value_given_as_the_body_is_refused_before_the_step_runs_anything(harness):
     """``step.run("charge", charge("o-1"))`` says the value was computed outside the step; no step is entered."""
     CHARGES.clear()
-    outcome = harness.run(lambda: _step().run("charge", charge("o-1")))
-    assert isinstance(outcome.error, InvalidStepBody)
-    assert "got a dict as its body, not a callable" in outcome.message
-    assert "outside it, and is not memoized" in outcome.message
+    decision = harness.run(lambda: _step().run("charge", charge("o-1")))
+    assert isinstance(decision.error, InvalidStepBody)
+    assert "got a dict as its body, not a callable" in decision.message
+    assert "outside it, and is not memoized" in decision.message
     assert CHARGES == ["o-1"]  # by Python, before step.run was called; the step itself called nothing
 
 
 def test_c29_a_coroutine_returned_to_run_is_closed_and_named(harness, recwarn):
     """A body returning a coroutine is dead-lettered as ``invalid_step_body`` and the coroutine never warns."""
-    outcome = harness.run(lambda: _step().run("fetch", fetch))
-    assert outcome.reason == "invalid_step_body"
-    assert "returned an awaitable (coroutine)" in outcome.message
+    decision = harness.run(lambda: _step().run("fetch", fetch))
+    assert decision.reason == "invalid_step_body"
+    assert "returned an awaitable (coroutine)" in decision.message
     assert not [w for w in recwarn if "never awaited" in str(w.message)]
 
 
@@ -130,8 +129,8 @@ def test_c29_a_coroutine_object_given_to_arun_is_refused_and_closed(harness, rec
     async def body() -> Any:
         return await _step().arun("fetch", fetch())
 
-    outcome = asyncio.run(harness.start().arun(body))
-    assert isinstance(outcome.error, InvalidStepBody)
+    decision = asyncio.run(harness.start().arun(body))
+    assert isinstance(decision.error, InvalidStepBody)
     assert not [w for w in recwarn if "never awaited" in str(w.message)]
 
 
@@ -148,7 +147,7 @@ def test_c19_usage_errors_are_value_errors_callers_may_still_catch(harness):
             step.sleep_until(datetime(2030, 1, 1))
         return "handled"
 
-    assert harness.run(body) == outcomes.Completed("handled")
+    assert harness.run(body) == decisions.Completed("handled")
 
 
 @pytest.mark.parametrize(
@@ -171,12 +170,12 @@ def test_c5_a_stored_run_step_without_a_value_is_a_corrupt_record(harness):
     harness.store.finish(begun.claim, "retrying")
     calls: list[int] = []
 
-    outcome = harness.run(lambda: _step().run("charge", lambda: calls.append(1)))
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert isinstance(outcome.error, CorruptRecord)
-    assert outcome.reason == "corrupt_record"
-    assert "'charge#0'" in outcome.message
-    assert "has no stored value (NULL)" in outcome.message
+    decision = harness.run(lambda: _step().run("charge", lambda: calls.append(1)))
+    assert isinstance(decision, decisions.DeadLetter)
+    assert isinstance(decision.error, CorruptRecord)
+    assert decision.reason == "corrupt_record"
+    assert "'charge#0'" in decision.message
+    assert "has no stored value (NULL)" in decision.message
     assert calls == []
 
 
@@ -186,6 +185,6 @@ def test_c17_a_stored_sleep_step_without_a_wake_time_is_a_corrupt_record(harness
     harness.store.commit_step(begun.claim, StepRow(0, "sleep#0", "sleep", None, None))
     harness.store.finish(begun.claim, "sleeping")
 
-    outcome = harness.run(lambda: _step().sleep("1h"))
-    assert outcome.reason == "corrupt_record"
-    assert "has no wake time" in outcome.message
+    decision = harness.run(lambda: _step().sleep("1h"))
+    assert decision.reason == "corrupt_record"
+    assert "has no wake time" in decision.message

@@ -12,20 +12,19 @@ from typing import Any
 import pytest
 
 from flexiq_plugins import (
-    AttemptDriver,
     DeadLettered,
     DurableConfig,
     JobEnvelope,
-    JobInfo,
     MemoryStepStore,
     NonRetryableError,
     OutcomeNotKept,
     ReplayedError,
     current_job,
 )
-from flexiq_plugins._attempt import outcomes
+from flexiq_plugins._attempt import decisions
 from flexiq_plugins._model import replays
 from flexiq_plugins._model.codec import CodecChain
+from flexiq_plugins.integration import AttemptDriver, JobInfo
 
 
 class PaymentDeclined(Exception):
@@ -40,7 +39,7 @@ def _job(job_id: str = "job-1") -> JobInfo:
     return JobInfo("run-1", job_id, JobEnvelope("shop.checkout", "test"))
 
 
-def _run(driver: AttemptDriver, body: Any, job_id: str = "job-1") -> outcomes.Outcome:
+def _run(driver: AttemptDriver, body: Any, job_id: str = "job-1") -> decisions.Decision:
     return driver.run_job(_job(job_id), body)
 
 
@@ -50,8 +49,8 @@ def _never() -> Any:
 
 def test_c37_a_duplicate_of_a_succeeded_run_replays_its_value_without_running_the_body():
     driver = _driver()
-    assert _run(driver, lambda: {"order": "A-1", "total": 12}) == outcomes.Completed({"order": "A-1", "total": 12})
-    assert _run(driver, _never, job_id="job-2") == outcomes.Replay("succeeded", {"order": "A-1", "total": 12})
+    assert _run(driver, lambda: {"order": "A-1", "total": 12}) == decisions.Completed({"order": "A-1", "total": 12})
+    assert _run(driver, _never, job_id="job-2") == decisions.Replay("succeeded", {"order": "A-1", "total": 12})
 
 
 def test_c37_a_replayed_value_goes_through_the_runs_codec_like_a_step_value():
@@ -70,10 +69,10 @@ def test_c37_a_duplicate_of_a_failed_run_replays_its_error_by_class():
         raise PaymentDeclined("card 4242 declined")
 
     failure = _run(driver, declined)
-    assert isinstance(failure, outcomes.Failure)
+    assert isinstance(failure, decisions.Failure)
     assert driver.give_up(failure) is None  # the framework will not retry: failed (C26)
     replay = _run(driver, _never, job_id="job-2")
-    assert isinstance(replay, outcomes.Replay)
+    assert isinstance(replay, decisions.Replay)
     assert (replay.status, type(replay.error), str(replay.error)) == ("failed", PaymentDeclined, "card 4242 declined")
 
 
@@ -90,7 +89,7 @@ def test_c37_a_dead_lettered_run_replays_as_dead_lettered_with_its_reason():
     driver = _driver()
     _run(driver, lambda: current_job.step.run("charge", object))  # a value the serializer cannot encode
     replay = _run(driver, _never, job_id="job-2")
-    assert isinstance(replay, outcomes.Replay)
+    assert isinstance(replay, decisions.Replay)
     assert replay.status == "dead"
     assert isinstance(replay.error, DeadLettered)
     assert str(replay.error).startswith("unencodable_value: step 'charge#0' returned a value")
@@ -101,9 +100,9 @@ def test_c37_a_value_over_the_cap_is_replayed_as_outcome_not_kept_never_none(siz
     """A return value over ``step_bytes`` is not kept: the run succeeds, a duplicate raises ``OutcomeNotKept``."""
     driver = _driver(step_bytes=64)
     big = "x" * (200 + size)
-    assert _run(driver, lambda: big) == outcomes.Completed(big)
+    assert _run(driver, lambda: big) == decisions.Completed(big)
     replay = _run(driver, _never, job_id="job-2")
-    assert isinstance(replay, outcomes.Replay)
+    assert isinstance(replay, decisions.Replay)
     assert replay.value is None
     assert isinstance(replay.error, OutcomeNotKept)
     assert "over the step value cap of 64 bytes" in str(replay.error)
@@ -111,9 +110,9 @@ def test_c37_a_value_over_the_cap_is_replayed_as_outcome_not_kept_never_none(siz
 
 def test_c37_a_value_the_serializer_cannot_encode_is_replayed_as_outcome_not_kept():
     driver = _driver()
-    assert isinstance(_run(driver, object), outcomes.Completed)  # the run itself succeeds
+    assert isinstance(_run(driver, object), decisions.Completed)  # the run itself succeeds
     replay = _run(driver, _never, job_id="job-2")
-    assert isinstance(replay, outcomes.Replay)
+    assert isinstance(replay, decisions.Replay)
     assert isinstance(replay.error, OutcomeNotKept)
     assert "could not be encoded" in str(replay.error)
 
@@ -123,7 +122,7 @@ def test_c37_a_run_that_finished_before_outcomes_were_kept_is_acknowledged_as_a_
     driver = _driver()
     begun = driver.store.begin("run-1", "job-1", JobEnvelope("shop.checkout", "test"), "w", 30.0)
     driver.store.finish(begun.claim, "succeeded")  # type: ignore[union-attr]
-    assert _run(driver, _never, job_id="job-2") == outcomes.Ack(outcomes.AckReason.DUPLICATE, "succeeded")
+    assert _run(driver, _never, job_id="job-2") == decisions.Ack(decisions.AckReason.DUPLICATE, "succeeded")
 
 
 def test_c37_a_replayed_key_error_equals_the_original():
@@ -134,9 +133,9 @@ def test_c37_a_replayed_key_error_equals_the_original():
         raise KeyError("ar")
 
     failure = _run(driver, missing)
-    assert isinstance(failure, outcomes.Failure)
+    assert isinstance(failure, decisions.Failure)
     assert driver.give_up(failure) is None
     replay = _run(driver, _never, job_id="job-2")
-    assert isinstance(replay, outcomes.Replay)
+    assert isinstance(replay, decisions.Replay)
     assert type(replay.error) is KeyError
     assert replay.error.args == ("ar",)

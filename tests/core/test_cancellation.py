@@ -12,15 +12,9 @@ from typing import Any
 
 import pytest
 
-from flexiq_plugins import (
-    CancellationPolicy,
-    ConfigurationError,
-    DurableConfig,
-    JobCancelled,
-    RunCancelled,
-    current_job,
-)
-from flexiq_plugins._attempt.outcomes import PutBack, PutBackReason, Replay
+from flexiq_plugins import CancellationPolicy, ConfigurationError, DurableConfig, JobCancelled, current_job
+from flexiq_plugins._attempt.decisions import PutBack, PutBackReason, Replay
+from flexiq_plugins.errors import RunCancelled
 from flexiq_plugins.operations import cancel_run, find_stranded
 from flexiq_plugins.testing import DurableRun
 
@@ -61,12 +55,12 @@ def test_c34_cancelling_a_sleeping_run_without_undos_ends_it_at_once_and_drops_i
     run = DurableRun(body)
     assert run.attempt().sleeping
     done = run.cancel("the customer changed their mind")
-    assert (done.outcome, done.status) == ("cancelled", "cancelled")
+    assert (done.effect, done.status) == ("cancelled", "cancelled")
     assert (run.status, run.record.cancel_reason) == ("cancelled", "the customer changed their mind")
     run.wake()
     woken = run.attempt()
-    assert isinstance(woken.outcome, Replay)  # the wake-up replays the cancellation (C37)
-    assert (woken.outcome.status, str(woken.outcome.error)) == (
+    assert isinstance(woken.decision, Replay)  # the wake-up replays the cancellation (C37)
+    assert (woken.decision.status, str(woken.decision.error)) == (
         "cancelled",
         "the run was cancelled: the customer changed their mind",
     )
@@ -80,13 +74,13 @@ def test_c34_cancelling_a_sleeping_run_with_undos_compensates_it_at_its_next_del
     run = DurableRun(sleepy, shop)
     run.attempt()
     done = run.cancel("fraud check failed")
-    assert (done.outcome, done.status) == ("compensating", "pending")
+    assert (done.effect, done.status) == ("compensating", "pending")
     result = run.attempt()
     assert result.cancelled
-    assert "compensated: compensate:charge#0" in result.outcome.detail  # type: ignore[union-attr]
+    assert "compensated: compensate:charge#0" in result.decision.detail  # type: ignore[union-attr]
     assert shop.log == ["charge", "undo charge"]
     assert (run.status, run.record.cancel_reason) == ("cancelled", "fraud check failed")
-    assert run.cancel("again").outcome == "finished"
+    assert run.cancel("again").effect == "finished"
 
 
 def test_c34_a_running_attempt_stops_at_its_next_step_boundary_and_runs_its_undos() -> None:
@@ -146,11 +140,11 @@ def test_c34_cancelling_a_waiting_run_ends_it_and_a_later_event_runs_nothing() -
 
     run = DurableRun(body)
     assert run.attempt().waiting
-    assert run.cancel("order abandoned").outcome == "cancelled"
+    assert run.cancel("order abandoned").effect == "cancelled"
     sent = run.send_event("payment", "o-1", "paid")
     assert sent.left == []
     assert sent.woken == []
-    replayed = run.attempt().outcome
+    replayed = run.attempt().decision
     assert isinstance(replayed, Replay)
     assert (replayed.status, type(replayed.error)) == ("cancelled", JobCancelled)
     assert shop.log == []
@@ -162,8 +156,8 @@ def test_c34_a_run_over_its_suspension_cap_is_put_back_at_the_cap_and_cancelled(
     shop = Shop()
     run = DurableRun(sleepy, shop, config=DurableConfig(max_suspended_seconds="10m"))
     first = run.attempt()
-    assert isinstance(first.outcome, PutBack)
-    assert first.outcome.wake_at == run.clock() + 600
+    assert isinstance(first.decision, PutBack)
+    assert first.decision.wake_at == run.clock() + 600
     run.wake()
     result = run.attempt()
     assert result.cancelled
@@ -180,9 +174,9 @@ def test_c34_a_wait_without_a_timeout_comes_back_at_the_suspension_cap() -> None
 
     run = DurableRun(body, config=DurableConfig(max_suspended_seconds=120))
     first = run.attempt()
-    assert isinstance(first.outcome, PutBack)
-    assert first.outcome.reason is PutBackReason.WAIT
-    assert first.outcome.wake_at == run.clock() + 120
+    assert isinstance(first.decision, PutBack)
+    assert first.decision.reason is PutBackReason.WAIT
+    assert first.decision.wake_at == run.clock() + 120
     run.wake()
     assert run.attempt().cancelled
 
@@ -201,8 +195,8 @@ def test_c34_suspension_adds_up_over_sleeps_and_waits() -> None:
         assert run.attempt().sleeping
         run.wake()
     waiting = run.attempt()
-    assert isinstance(waiting.outcome, PutBack)
-    assert waiting.outcome.wake_at == run.clock() + 20
+    assert isinstance(waiting.decision, PutBack)
+    assert waiting.decision.wake_at == run.clock() + 20
     run.wake()
     assert run.attempt().cancelled
 
@@ -235,8 +229,8 @@ def test_c34_a_task_option_overrides_the_integrations_cap() -> None:
 
     run = DurableRun(Task(), config=DurableConfig(max_suspended_seconds="1d"))
     first = run.attempt()
-    assert isinstance(first.outcome, PutBack)
-    assert first.outcome.wake_at == run.clock() + 60
+    assert isinstance(first.decision, PutBack)
+    assert first.decision.wake_at == run.clock() + 60
 
 
 @pytest.mark.parametrize("bad", [0, -5, "soon", "1 hour"])
@@ -275,6 +269,6 @@ def test_c34_cancel_run_of_an_unknown_or_finished_run() -> None:
 
     run = DurableRun(lambda: current_job.step.run("a", lambda: 1))
     assert run.attempt().completed
-    assert cancel_run("run-1", store=run.store, publishers={}).outcome == "finished"
+    assert cancel_run("run-1", store=run.store, publishers={}).effect == "finished"
     with pytest.raises(UnknownRun):
         cancel_run("nope", store=run.store, publishers={})

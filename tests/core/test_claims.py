@@ -12,18 +12,10 @@ from unittest.mock import ANY
 
 import pytest
 
-from flexiq_plugins import (
-    Attempt,
-    AttemptDriver,
-    ClaimLost,
-    DeadLettered,
-    DurableConfig,
-    JobEnvelope,
-    JobInfo,
-    MemoryStepStore,
-    current_job,
-)
-from flexiq_plugins._attempt import outcomes
+from flexiq_plugins import DeadLettered, DurableConfig, JobEnvelope, MemoryStepStore, current_job
+from flexiq_plugins._attempt import decisions
+from flexiq_plugins.errors import ClaimLost
+from flexiq_plugins.integration import Attempt, AttemptDriver, JobInfo
 
 JOB = JobInfo("run-1", "job-1", JobEnvelope("task", "test"))
 
@@ -41,11 +33,11 @@ def test_c23_lease_is_renewed_while_a_long_body_runs():
         seen["lease_left"] = store.get_run("run-1").lease_until - store.now()
         return current_job.step.run("after", lambda: "committed under the renewed claim")
 
-    outcome = driver.start(JOB, owner="w1").run(body)
-    assert seen["second"] == outcomes.PutBack(outcomes.PutBackReason.BUSY, ANY, ANY)
+    decision = driver.start(JOB, owner="w1").run(body)
+    assert seen["second"] == decisions.PutBack(decisions.PutBackReason.BUSY, ANY, ANY)
     assert 0 < seen["second"].delay <= 0.6
     assert 0 < seen["lease_left"] <= 0.6
-    assert outcome == outcomes.Completed("committed under the renewed claim")
+    assert decision == decisions.Completed("committed under the renewed claim")
 
 
 def test_c23_without_a_running_body_the_lease_is_not_renewed():
@@ -76,11 +68,11 @@ def test_c24_second_delivery_under_a_live_claim_is_busy_and_runs_nothing(make_ha
     harness.start(owner="w1")
 
     busy = harness.driver.start(harness.job(), owner="w2")
-    assert busy == outcomes.PutBack(outcomes.PutBackReason.BUSY, 5.0, busy.detail)
+    assert busy == decisions.PutBack(decisions.PutBackReason.BUSY, 5.0, busy.detail)
 
     clock.advance(28)  # 2 s of lease left
     busy = harness.driver.start(harness.job(), owner="w2")
-    assert busy == outcomes.PutBack(outcomes.PutBackReason.BUSY, ANY, ANY)
+    assert busy == decisions.PutBack(decisions.PutBackReason.BUSY, ANY, ANY)
     assert busy.delay == pytest.approx(2.0)
     run = harness.store.get_run(harness.run_key)
     assert (run.owner, run.attempt) == ("w1", 1)
@@ -88,8 +80,8 @@ def test_c24_second_delivery_under_a_live_claim_is_busy_and_runs_nothing(make_ha
 
 def test_c24_c37_duplicate_after_the_run_succeeded_replays_its_value_without_running(harness):
     """Once the run succeeded, a duplicate delivery gets Replay('succeeded', value) and no attempt."""
-    assert harness.run(lambda: "done") == outcomes.Completed("done")
-    assert harness.driver.start(harness.job()) == outcomes.Replay("succeeded", "done")
+    assert harness.run(lambda: "done") == decisions.Completed("done")
+    assert harness.driver.start(harness.job()) == decisions.Replay("succeeded", "done")
 
 
 # -------------------------------------------------------------- C25 takeover
@@ -108,8 +100,8 @@ def test_c25_expired_claim_is_taken_over_and_the_old_attempts_step_is_refused(ha
             errors.append(exc)
             raise
 
-    outcome = harness.run(old_body, owner="w1")
-    assert outcome == outcomes.Ack(outcomes.AckReason.DROPPED, outcome.detail)
+    decision = harness.run(old_body, owner="w1")
+    assert decision == decisions.Ack(decisions.AckReason.DROPPED, decision.detail)
     assert len(errors) == 1
     (new,) = taken
     assert isinstance(new, Attempt)
@@ -125,7 +117,7 @@ def test_c25_expired_claim_is_taken_over_and_the_old_attempts_step_is_refused(ha
         step = current_job.step
         return [step.run("a", lambda: calls.append("a")), step.run("b", lambda: calls.append("b") or "new-b")]
 
-    assert new.run(new_body) == outcomes.Completed(["old-a", "new-b"])
+    assert new.run(new_body) == decisions.Completed(["old-a", "new-b"])
     assert calls == ["b"]
 
 
@@ -133,7 +125,7 @@ def test_c25_expired_claim_is_taken_over_and_the_old_attempts_step_is_refused(ha
     "ending",
     ["return", "raise", "sleep", "dead_letter"],
 )
-def test_c25_old_attempt_outcome_is_dropped_however_it_ends(harness, clock, ending):
+def test_c25_old_attempt_decision_is_dropped_however_it_ends(harness, clock, ending):
     """Returning, raising, sleeping or dead-lettering after a takeover: Dropped, the new claim untouched."""
 
     def old_body():
@@ -147,8 +139,8 @@ def test_c25_old_attempt_outcome_is_dropped_however_it_ends(harness, clock, endi
             current_job.step.run("x", object)
         return "late success"
 
-    outcome = harness.run(old_body, owner="w1")
-    assert outcome == outcomes.Ack(outcomes.AckReason.DROPPED, outcome.detail)
+    decision = harness.run(old_body, owner="w1")
+    assert decision == decisions.Ack(decisions.AckReason.DROPPED, decision.detail)
     run = harness.store.get_run(harness.run_key)
     assert (run.status, run.owner, run.attempt) == ("running", "w2", 2)
     assert harness.store.list_dead_letters(include_retried=True) == []
@@ -165,10 +157,10 @@ def test_c25_released_claims_are_not_takeovers(make_harness, clock):
         current_job.step.sleep("1s")
         return "ok"
 
-    assert isinstance(harness.run(body), outcomes.Failure)
-    assert harness.run(body) == outcomes.PutBack(outcomes.PutBackReason.SLEEP, ANY, ANY, ANY)
+    assert isinstance(harness.run(body), decisions.Failure)
+    assert harness.run(body) == decisions.PutBack(decisions.PutBackReason.SLEEP, ANY, ANY, ANY)
     clock.advance(2)
-    assert harness.run(body) == outcomes.Completed("ok")
+    assert harness.run(body) == decisions.Completed("ok")
     assert harness.store.get_run(harness.run_key).takeovers == 0
 
 
@@ -181,16 +173,16 @@ def test_c25_takeovers_beyond_the_limit_dead_letter_with_worker_lost(make_harnes
         attempt = harness.start(owner=f"w{n}")
         assert attempt.number == n + 1
     clock.advance(31)
-    outcome = harness.driver.start(harness.job(), owner="w3")
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert outcome.reason == "worker_lost"
-    assert "3 times" in outcome.message
-    assert "limit 2" in outcome.message
+    decision = harness.driver.start(harness.job(), owner="w3")
+    assert isinstance(decision, decisions.DeadLetter)
+    assert decision.reason == "worker_lost"
+    assert "3 times" in decision.message
+    assert "limit 2" in decision.message
     (letter,) = harness.store.list_dead_letters()
     assert letter.reason == "worker_lost"
     assert harness.store.get_run(harness.run_key).status == "dead"
     replay = harness.driver.start(harness.job(), owner="w4")
-    assert isinstance(replay, outcomes.Replay)
+    assert isinstance(replay, decisions.Replay)
     assert (replay.status, type(replay.error)) == ("dead", DeadLettered)
     assert str(replay.error).startswith("worker_lost: ")
 
@@ -200,10 +192,10 @@ def test_c25_worker_lost_run_runs_again_after_a_dead_letter_retry(make_harness, 
     harness = make_harness(max_takeovers=0)
     harness.start(owner="w0")
     clock.advance(31)
-    assert isinstance(harness.driver.start(harness.job(), owner="w1"), outcomes.DeadLetter)
+    assert isinstance(harness.driver.start(harness.job(), owner="w1"), decisions.DeadLetter)
     (letter,) = harness.store.list_dead_letters()
     harness.store.prepare_retry(letter.id)
-    assert harness.run(lambda: "finally", job_id="job-2") == outcomes.Completed("finally")
+    assert harness.run(lambda: "finally", job_id="job-2") == decisions.Completed("finally")
 
 
 def test_c25_default_takeover_limit_is_five(harness, clock):
@@ -213,9 +205,9 @@ def test_c25_default_takeover_limit_is_five(harness, clock):
         clock.advance(31)
         harness.start(owner=f"w{n}")
     clock.advance(31)
-    outcome = harness.driver.start(harness.job(), owner="w6")
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert outcome.reason == "worker_lost"
+    decision = harness.driver.start(harness.job(), owner="w6")
+    assert isinstance(decision, decisions.DeadLetter)
+    assert decision.reason == "worker_lost"
 
 
 # --------------------------------------------------------------- C26 terminal
@@ -228,23 +220,23 @@ def test_c26_c37_terminal_run_is_a_duplicate_replayed_and_the_body_is_not_called
         harness.run(lambda: current_job.step.run("x", object))
     else:
         failure = harness.start().run(lambda: 1 / 0)
-        assert isinstance(failure, outcomes.Failure)
+        assert isinstance(failure, decisions.Failure)
         assert harness.driver.settle_failed(failure) is True
     assert harness.store.get_run(harness.run_key).status == status
 
     again = harness.driver.start(harness.job("job-redelivered"))
-    assert isinstance(again, outcomes.Replay)  # an outcome, not an Attempt: there is no body to call
+    assert isinstance(again, decisions.Replay)  # an outcome, not an Attempt: there is no body to call
     expected = {"succeeded": type(None), "dead": DeadLettered, "failed": ZeroDivisionError}
     value = "ok" if status == "succeeded" else None
     assert (again.status, again.value, type(again.error)) == (status, value, expected[status])
     assert harness.store.get_run(harness.run_key).attempt == 1
 
 
-def test_c26_terminal_state_is_committed_before_the_outcome_is_returned(harness):
+def test_c26_terminal_state_is_committed_before_the_decision_is_returned(harness):
     """By the time ``run`` returns Completed, the store already says ``succeeded`` with the claim released."""
-    outcome = harness.run(lambda: "ok")
+    decision = harness.run(lambda: "ok")
     run = harness.store.get_run(harness.run_key)
-    assert outcome == outcomes.Completed("ok")
+    assert decision == decisions.Completed("ok")
     assert (run.status, run.owner) == ("succeeded", None)
 
 
@@ -257,7 +249,7 @@ def _two_steps():
 
 def test_c27_step_rows_of_a_succeeded_run_are_dropped(harness):
     """On success the run's step rows are deleted."""
-    assert harness.run(_two_steps) == outcomes.Completed("ok")
+    assert harness.run(_two_steps) == decisions.Completed("ok")
     assert harness.store.get_steps(harness.run_key) == []
     assert harness.store.get_run(harness.run_key).step_count == 0
 
@@ -265,7 +257,7 @@ def test_c27_step_rows_of_a_succeeded_run_are_dropped(harness):
 def test_c27_keep_succeeded_steps_keeps_the_rows(make_harness):
     """With ``keep_succeeded_steps`` the rows of a succeeded run stay for inspection."""
     harness = make_harness(keep_succeeded_steps=True)
-    assert harness.run(_two_steps) == outcomes.Completed("ok")
+    assert harness.run(_two_steps) == decisions.Completed("ok")
     assert [r.step_key for r in harness.store.get_steps(harness.run_key)] == ["a#0", "b#0"]
 
 
@@ -279,9 +271,9 @@ def test_c27_rows_of_a_dead_lettered_run_are_kept_and_replayed_on_retry(harness)
         last = step.run("b", lambda: calls.append("b") or (object() if current_job.attempt == 1 else "B"))
         return [first, last]
 
-    assert isinstance(harness.run(body), outcomes.DeadLetter)
+    assert isinstance(harness.run(body), decisions.DeadLetter)
     assert [r.step_key for r in harness.store.get_steps(harness.run_key)] == ["a#0"]
     (letter,) = harness.store.list_dead_letters()
     harness.store.prepare_retry(letter.id)
-    assert harness.run(body, job_id="job-2") == outcomes.Completed(["A", "B"])
+    assert harness.run(body, job_id="job-2") == decisions.Completed(["A", "B"])
     assert calls == ["a", "b", "b"]

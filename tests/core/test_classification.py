@@ -10,31 +10,35 @@ from __future__ import annotations
 import pytest
 
 from flexiq_plugins import (
-    AttemptDriver,
+    DurableConfig,
+    JobEnvelope,
+    MemoryStepStore,
+    StepDivergence,
+    StoreError,
+    StoreUnavailable,
+    current_job,
+)
+from flexiq_plugins._attempt import decisions
+from flexiq_plugins.errors import (
     ClaimLost,
     ConcurrentStep,
     DecodeError,
+    Disposition,
     DuplicateStepKey,
-    DurableConfig,
     EncodeError,
     InvalidStepKey,
     InvalidStepName,
-    JobEnvelope,
-    JobInfo,
-    MemoryStepStore,
     NotInStep,
     SleepSignal,
-    StepDivergence,
     StepLimitExceeded,
-    StoreError,
+    StepRetryExhausted,
     StoreMisconfigured,
-    StoreUnavailable,
     SwallowedStepSignal,
     WorkerInterrupted,
-    current_job,
+    classify,
+    reason_of,
 )
-from flexiq_plugins._attempt import outcomes
-from flexiq_plugins.errors import Disposition, StepRetryExhausted, classify, reason_of
+from flexiq_plugins.integration import AttemptDriver, JobInfo
 
 CLASSIFICATION = [
     (ValueError("user"), Disposition.RETRY, "error"),
@@ -52,7 +56,7 @@ CLASSIFICATION = [
     (DuplicateStepKey("dup"), Disposition.DEAD_LETTER, "duplicate_step_key"),
     (ConcurrentStep("two"), Disposition.DEAD_LETTER, "concurrent_step"),
     (SwallowedStepSignal("caught"), Disposition.DEAD_LETTER, "swallowed_signal"),
-    (StepLimitExceeded("too big"), Disposition.DEAD_LETTER, "size_cap"),
+    (StepLimitExceeded("too big"), Disposition.DEAD_LETTER, "size_limit"),
     (EncodeError("object()"), Disposition.DEAD_LETTER, "unencodable_value"),
     (InvalidStepName("bad"), Disposition.DEAD_LETTER, "invalid_step_name"),
     (InvalidStepKey("bad"), Disposition.DEAD_LETTER, "invalid_step_key"),
@@ -71,10 +75,10 @@ def test_c29_classification_table(error, disposition, reason):
 
 def test_c28_user_exception_is_retry_left_to_the_framework(harness):
     """An exception from user code is Retry with ``always=False``: the framework's policy decides."""
-    outcome = harness.run(lambda: int("not a number"))
-    assert isinstance(outcome, outcomes.Failure)
-    assert isinstance(outcome.error, ValueError)
-    assert not isinstance(outcome, outcomes.PutBack)
+    decision = harness.run(lambda: int("not a number"))
+    assert isinstance(decision, decisions.Failure)
+    assert isinstance(decision.error, ValueError)
+    assert not isinstance(decision, decisions.PutBack)
     run = harness.store.get_run(harness.run_key)
     assert (run.status, run.owner) == ("retrying", None)
 
@@ -85,9 +89,9 @@ def test_c28_store_unavailable_raised_in_the_body_is_always_retried(harness):
     def body():
         raise StoreUnavailable("database went away")
 
-    outcome = harness.run(body)
-    assert isinstance(outcome, outcomes.PutBack)
-    assert outcome.reason is outcomes.PutBackReason.STORE_UNAVAILABLE
+    decision = harness.run(body)
+    assert isinstance(decision, decisions.PutBack)
+    assert decision.reason is decisions.PutBackReason.STORE_UNAVAILABLE
     assert harness.store.get_run(harness.run_key).status == "retrying"
 
 
@@ -124,14 +128,14 @@ def test_c28_store_outage_at_step_commit_is_always_retried_and_commits_nothing()
         return current_job.step.run("charge", lambda: calls.append(current_job.attempt) or "ok")
 
     store.down = {"commit_step"}
-    outcome = driver.start(JOB).run(body)
-    assert isinstance(outcome, outcomes.PutBack)
-    assert outcome.reason is outcomes.PutBackReason.STORE_UNAVAILABLE
-    assert outcome.detail == "commit_step: connection refused"  # the StoreUnavailable's message
+    decision = driver.start(JOB).run(body)
+    assert isinstance(decision, decisions.PutBack)
+    assert decision.reason is decisions.PutBackReason.STORE_UNAVAILABLE
+    assert decision.detail == "commit_step: connection refused"  # the StoreUnavailable's message
     assert store.get_steps("run-1") == []
 
     store.down = set()
-    assert driver.start(JOB).run(body) == outcomes.Completed("ok")
+    assert driver.start(JOB).run(body) == decisions.Completed("ok")
     assert calls == [1, 2]
 
 
@@ -140,9 +144,9 @@ def test_c28_store_outage_while_concluding_is_always_retried():
     store = FlakyStore()
     driver = AttemptDriver(store, DurableConfig())
     store.down = {"finish"}
-    outcome = driver.start(JOB).run(lambda: current_job.step.run("x", object))
-    assert isinstance(outcome, outcomes.PutBack)
-    assert outcome.reason is outcomes.PutBackReason.STORE_UNAVAILABLE
+    decision = driver.start(JOB).run(lambda: current_job.step.run("x", object))
+    assert isinstance(decision, decisions.PutBack)
+    assert decision.reason is decisions.PutBackReason.STORE_UNAVAILABLE
     assert store.list_dead_letters() == []
 
 
@@ -158,9 +162,9 @@ def test_c28_store_outage_caught_by_the_body_as_exception_is_still_always_retrie
         except StoreUnavailable as exc:
             raise RuntimeError("charge failed") from exc
 
-    outcome = driver.start(JOB).run(body)
-    assert isinstance(outcome, outcomes.Failure)
-    assert isinstance(outcome.error, RuntimeError)
+    decision = driver.start(JOB).run(body)
+    assert isinstance(decision, decisions.Failure)
+    assert isinstance(decision.error, RuntimeError)
 
 
 @pytest.mark.parametrize(
@@ -173,9 +177,9 @@ def test_c28_store_outage_caught_by_the_body_as_exception_is_still_always_retrie
 )
 def test_c29_dead_letter_errors_from_the_step_api_are_never_retried(harness, body, reason):
     """Errors the contract dead-letters end as DeadLetter with their reason, never Retry."""
-    outcome = harness.run(body)
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert outcome.reason == reason
+    decision = harness.run(body)
+    assert isinstance(decision, decisions.DeadLetter)
+    assert decision.reason == reason
     assert harness.store.get_run(harness.run_key).status == "dead"
     (letter,) = harness.store.list_dead_letters()
     assert letter.reason == reason
@@ -186,8 +190,8 @@ def test_c30_dead_letter_records_the_job_envelope_reason_and_traceback(memory_st
     """The stored dead letter carries task name, arguments, options, run key, reason and traceback (C30, C35)."""
     envelope = JobEnvelope("shop.checkout", "test", "orders", ["o-1"], {"amount": 5}, {"headers": {"h": 1}})
     driver = AttemptDriver(memory_store, DurableConfig())
-    outcome = driver.start(JobInfo("run-9", "job-9", envelope)).run(lambda: current_job.step.run("x", object))
-    assert isinstance(outcome, outcomes.DeadLetter)
+    decision = driver.start(JobInfo("run-9", "job-9", envelope)).run(lambda: current_job.step.run("x", object))
+    assert isinstance(decision, decisions.DeadLetter)
     assert memory_store.get_run("run-9").envelope == envelope
     (letter,) = memory_store.list_dead_letters()
     assert (letter.run_key, letter.job_id, letter.task_name) == ("run-9", "job-9", "shop.checkout")

@@ -12,16 +12,9 @@ from typing import Any
 
 import pytest
 
-from flexiq_plugins import (
-    Compensation,
-    CompensationFailed,
-    DurableConfig,
-    NonRetryableError,
-    RetryPolicy,
-    RunCompensated,
-    current_job,
-)
-from flexiq_plugins._attempt.outcomes import Ack, AckReason, DeadLetter, PutBack, PutBackReason
+from flexiq_plugins import Compensation, DurableConfig, NonRetryableError, RetryPolicy, current_job
+from flexiq_plugins._attempt.decisions import Ack, AckReason, DeadLetter, PutBack, PutBackReason
+from flexiq_plugins.errors import CompensationFailed, RunCompensated
 from flexiq_plugins.operations import retry_dead_letter
 from flexiq_plugins.testing import SimulatedCrash
 
@@ -82,9 +75,9 @@ def test_c32_undos_run_once_each_in_reverse_commit_order(durable_run):
     assert dict(shop.log)["refund charge-1"] == "run-1:compensate:charge#0"
     assert dict(shop.log)["release reserve-1"] == "run-1:compensate:reserve#0"
     assert run.status == "compensated"
-    assert isinstance(result.outcome, DeadLetter)
-    assert result.outcome.reason == "non_retryable"
-    assert "compensated: compensate:reserve#0, compensate:charge#0" in result.outcome.message
+    assert isinstance(result.decision, DeadLetter)
+    assert result.decision.reason == "non_retryable"
+    assert "compensated: compensate:reserve#0, compensate:charge#0" in result.decision.message
     assert [d.reason for d in run.dead_letters] == ["non_retryable"]
     assert run.step_keys[-3:] == ["compensation:start", "compensate:reserve#0", "compensate:charge#0"]
 
@@ -101,7 +94,7 @@ def test_c32_an_exhausted_budget_compensates_and_the_undo_gets_the_decoded_value
     run = durable_run(saga(shop, ConnectionError("carrier down"), refund=refund))
     result = run.until_done()
 
-    assert result.outcome.reason == "step_retry_exhausted"
+    assert result.decision.reason == "step_retry_exhausted"
     assert run.status == "compensated"
     assert seen == [["a", "b"]]
 
@@ -122,7 +115,7 @@ def test_c32_a_worker_killed_between_two_undos_runs_each_once(durable_run):
     assert shop.undos() == ["release reserve-1", "refund charge-1"]
     assert run.status == "compensated"
     assert [d.reason for d in run.dead_letters] == ["non_retryable"]
-    refunds = [(a.number, a.outcome) for a in run.step_attempts if a.step_key == "compensate:charge#0"]
+    refunds = [(a.number, a.ended) for a in run.step_attempts if a.step_key == "compensate:charge#0"]
     assert refunds == [(1, "lost"), (2, None)]  # the killed undo used an attempt of its own budget
 
 
@@ -132,16 +125,16 @@ def test_c32_an_undo_that_fails_with_attempts_left_comes_back_after_its_backoff(
     shop.refund_failures = 1
     undo = Compensation(shop.refund, retry=RetryPolicy(max_attempts=3, initial_delay=30), name="refund")
     run = durable_run(saga(shop, NonRetryableError("refused"), refund=undo))
-    outcomes_seen = []
+    decisions_seen = []
     for _ in range(10):
         result = run.attempt()
-        outcomes_seen.append(result.outcome)
+        decisions_seen.append(result.decision)
         if result.sleeping or result.step_retrying:
             run.wake()
         else:
             break
 
-    retries = [o for o in outcomes_seen if isinstance(o, PutBack) and o.reason is PutBackReason.STEP_RETRY]
+    retries = [o for o in decisions_seen if isinstance(o, PutBack) and o.reason is PutBackReason.STEP_RETRY]
     assert [o.detail for o in retries] == ["compensate:charge#0"]
     assert retries[0].delay == 30.0
     assert shop.undos() == ["release reserve-1", "refund charge-1"]
@@ -225,7 +218,7 @@ def test_c32_when_the_framework_gives_up_the_next_delivery_compensates(durable_r
     assert run.status == "pending"
 
     result = run.attempt()
-    assert result.outcome == Ack(AckReason.COMPENSATED, result.outcome.detail)
+    assert result.decision == Ack(AckReason.COMPENSATED, result.decision.detail)
     assert shop.undos() == ["release reserve-1", "refund charge-1"]
     assert len(ship_calls) == 1
     assert run.status == "compensated"
@@ -272,7 +265,7 @@ def test_c32_defects_dead_letter_without_compensating(durable_run):
 
     run = durable_run(body)
     result = run.attempt()
-    assert result.outcome.reason == "duplicate_step_key"
+    assert result.decision.reason == "duplicate_step_key"
     assert shop.undos() == []
     assert run.status == "dead"
 
@@ -330,7 +323,7 @@ def test_c32_a_dead_letter_retry_runs_the_failed_step_again_with_its_whole_budge
     assert run.step_keys == ["charge#0"]
     assert run.attempt().completed
     assert (len(calls), len(charges)) == (3, 1)
-    assert [(a.number, a.outcome) for a in run.step_attempts] == [(1, None)]
+    assert [(a.number, a.ended) for a in run.step_attempts] == [(1, None)]
 
 
 def test_c32_retrying_a_compensation_failed_dead_letter_finishes_the_compensation(durable_run):
@@ -350,5 +343,5 @@ def test_c32_retrying_a_compensation_failed_dead_letter_finishes_the_compensatio
 
     assert run.status == "compensated"
     assert shop.undos() == ["release reserve-1", "refund charge-1"]  # the release was not run again
-    assert isinstance(result.outcome, DeadLetter)
-    assert result.outcome.reason == "non_retryable"
+    assert isinstance(result.decision, DeadLetter)
+    assert result.decision.reason == "non_retryable"

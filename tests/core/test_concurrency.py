@@ -9,8 +9,9 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from flexiq_plugins import ConcurrentStep, current_job
-from flexiq_plugins._attempt import outcomes
+from flexiq_plugins import current_job
+from flexiq_plugins._attempt import decisions
+from flexiq_plugins.errors import ConcurrentStep
 
 
 def _keys(harness) -> list[str]:
@@ -24,11 +25,11 @@ def test_c8_step_inside_a_step_body_is_concurrent(harness):
     def outer():
         return current_job.step.run("inner", lambda: inner_calls.append("ran"))
 
-    outcome = harness.run(lambda: current_job.step.run("outer", outer))
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert outcome.reason == "concurrent_step"
-    assert isinstance(outcome.error, ConcurrentStep)
-    assert "'outer#0'" in outcome.message
+    decision = harness.run(lambda: current_job.step.run("outer", outer))
+    assert isinstance(decision, decisions.DeadLetter)
+    assert decision.reason == "concurrent_step"
+    assert isinstance(decision.error, ConcurrentStep)
+    assert "'outer#0'" in decision.message
     assert inner_calls == []
     assert _keys(harness) == []
 
@@ -43,16 +44,16 @@ def test_c8_step_inside_a_step_body_caught_by_the_body_still_fails(harness):
             pass
         return "outer-value"
 
-    outcome = harness.run(lambda: current_job.step.run("outer", outer))
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert isinstance(outcome.error, ConcurrentStep)
+    decision = harness.run(lambda: current_job.step.run("outer", outer))
+    assert isinstance(decision, decisions.DeadLetter)
+    assert isinstance(decision.error, ConcurrentStep)
 
 
 def test_c8_sleep_inside_a_step_body_is_concurrent_not_a_sleep(harness):
     """A sleep inside a step body is refused like any nested step: no sleep row, no Sleeping outcome."""
-    outcome = harness.run(lambda: current_job.step.run("outer", lambda: current_job.step.sleep("1h")))
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert isinstance(outcome.error, ConcurrentStep)
+    decision = harness.run(lambda: current_job.step.run("outer", lambda: current_job.step.sleep("1h")))
+    assert isinstance(decision, decisions.DeadLetter)
+    assert isinstance(decision.error, ConcurrentStep)
     assert _keys(harness) == []
 
 
@@ -89,12 +90,12 @@ def test_c8_steps_from_two_overlapping_threads_fail_the_attempt(harness):
             t.join(10)
         return "body returned"
 
-    outcome = harness.run(body)
+    decision = harness.run(body)
     assert isinstance(results["b"], ConcurrentStep)
     assert "'a#0'" in str(results["b"])
     assert results["a"] == "a"
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert outcome.reason == "concurrent_step"
+    assert isinstance(decision, decisions.DeadLetter)
+    assert decision.reason == "concurrent_step"
     assert "b#0" not in _keys(harness)
 
 
@@ -119,9 +120,9 @@ def test_c8_asyncio_gather_over_two_arun_fails_the_attempt(harness):
         assert isinstance(errors[0], ConcurrentStep)
         return results
 
-    outcome = asyncio.run(harness.start().arun(body))
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert outcome.reason == "concurrent_step"
+    decision = asyncio.run(harness.start().arun(body))
+    assert isinstance(decision, decisions.DeadLetter)
+    assert decision.reason == "concurrent_step"
     assert bodies_run == ["one"]
 
 
@@ -135,9 +136,9 @@ def test_c8_asyncio_gather_is_refused_even_when_the_step_bodies_never_yield(harn
         step = current_job.step
         return await asyncio.gather(step.arun("one", lambda: instant("one")), step.arun("two", lambda: instant("two")))
 
-    outcome = asyncio.run(harness.start().arun(body))
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert isinstance(outcome.error, ConcurrentStep)
+    decision = asyncio.run(harness.start().arun(body))
+    assert isinstance(decision, decisions.DeadLetter)
+    assert isinstance(decision.error, ConcurrentStep)
 
 
 def test_c8_sequential_arun_steps_are_fine(harness):
@@ -149,5 +150,5 @@ def test_c8_sequential_arun_steps_are_fine(harness):
         second = await step.arun("two", lambda: asyncio.sleep(0, result=2))
         return [first, second]
 
-    outcome = asyncio.run(harness.start().arun(body))
-    assert outcome == outcomes.Completed([1, 2])
+    decision = asyncio.run(harness.start().arun(body))
+    assert decision == decisions.Completed([1, 2])

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from unittest.mock import ANY
 
 from flexiq_plugins import StepDivergence, current_job
-from flexiq_plugins._attempt import outcomes
+from flexiq_plugins._attempt import decisions
 
 
 class Stop(Exception):
@@ -23,8 +23,8 @@ def _record(harness, steps: Callable[[], None]) -> None:
         steps()
         raise Stop("keep the rows for the replay")
 
-    outcome = harness.run(body)
-    assert isinstance(outcome, outcomes.Failure), outcome
+    decision = harness.run(body)
+    assert isinstance(decision, decisions.Failure), decision
 
 
 def _run_all(names: list[str]) -> Callable[[], None]:
@@ -40,17 +40,17 @@ def test_c12_changed_step_raises_divergence_naming_job_position_sequences_and_st
     harness = make_harness(run_key="018f-c2")
     _record(harness, _run_all(["charge", "notify", "receipt"]))
 
-    outcome = harness.run(_run_all(["charge", "notify", "audit"]), job_id="job-9")
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert isinstance(outcome.error, StepDivergence)
-    lines = str(outcome.error).splitlines()
+    decision = harness.run(_run_all(["charge", "notify", "audit"]), job_id="job-9")
+    assert isinstance(decision, decisions.DeadLetter)
+    assert isinstance(decision.error, StepDivergence)
+    lines = str(decision.error).splitlines()
     assert lines[:4] == [
         "step sequence changed for job job-9 (run 018f-c2) at position 2",
         "  recorded: charge#0, notify#0, receipt#0",
         "  running:  charge#0, notify#0, audit#0",
         "  step 2 was 'receipt#0', now 'audit#0'",
     ]
-    assert "Drain or dead-letter" in str(outcome.error)
+    assert "Drain or dead-letter" in str(decision.error)
 
 
 def test_c12_divergence_stops_before_the_changed_body_and_after_memo_hits(harness):
@@ -63,7 +63,7 @@ def test_c12_divergence_stops_before_the_changed_body_and_after_memo_hits(harnes
         step.run("charge", lambda: calls.append("charge"))
         step.run("audit", lambda: calls.append("audit"))
 
-    assert isinstance(harness.run(body), outcomes.DeadLetter)
+    assert isinstance(harness.run(body), decisions.DeadLetter)
     assert calls == []
 
 
@@ -84,8 +84,8 @@ def test_c12_keyed_reorder_is_not_a_divergence(harness):
         got.append(step.run("total", lambda: calls.append("total")))
         return got
 
-    outcome = harness.run(body)
-    assert outcome == outcomes.Completed(["order-c", "order-a", "order-b", "sum"])
+    decision = harness.run(body)
+    assert decision == decisions.Completed(["order-c", "order-a", "order-b", "sum"])
     assert calls == []
 
 
@@ -101,8 +101,8 @@ def test_c12_adding_a_keyed_step_before_unkeyed_ones_is_not_a_divergence(harness
         second = step.run("fetch", lambda: calls.append("fetch#1"))
         return [first, extra, second]
 
-    outcome = harness.run(body)
-    assert outcome == outcomes.Completed(["fetch-value", "new-value", "fetch-value"])
+    decision = harness.run(body)
+    assert decision == decisions.Completed(["fetch-value", "new-value", "fetch-value"])
     assert calls == ["new"]
 
 
@@ -115,9 +115,9 @@ def test_c12_replacing_an_unkeyed_step_by_a_keyed_one_diverges_at_the_next_unkey
         step.run("a", lambda: "x", key="k")
         step.run("b", lambda: "y")
 
-    outcome = harness.run(body)
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert "step 0 was 'a#0', now 'b#0'" in str(outcome.error)
+    decision = harness.run(body)
+    assert isinstance(decision, decisions.DeadLetter)
+    assert "step 0 was 'a#0', now 'b#0'" in str(decision.error)
 
 
 def test_c12_sleep_replaced_by_run_at_a_position_diverges(harness, clock):
@@ -126,29 +126,29 @@ def test_c12_sleep_replaced_by_run_at_a_position_diverges(harness, clock):
     def record():
         current_job.step.sleep("1s", name="pause")
 
-    assert harness.run(record) == outcomes.PutBack(outcomes.PutBackReason.SLEEP, ANY, ANY, ANY)
+    assert harness.run(record) == decisions.PutBack(decisions.PutBackReason.SLEEP, ANY, ANY, ANY)
     clock.advance(5)
-    outcome = harness.run(lambda: current_job.step.run("pause", lambda: "ran"))
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert outcome.reason == "divergence"
-    assert "step 0 was 'pause#0 (sleep)', now 'pause#0 (run)'" in str(outcome.error)
+    decision = harness.run(lambda: current_job.step.run("pause", lambda: "ran"))
+    assert isinstance(decision, decisions.DeadLetter)
+    assert decision.reason == "divergence"
+    assert "step 0 was 'pause#0 (sleep)', now 'pause#0 (run)'" in str(decision.error)
 
 
 def test_c12_run_replaced_by_sleep_at_a_position_diverges(harness):
     """A run step recorded where the code now sleeps under the same key is a divergence, not a memo hit."""
     _record(harness, _run_all(["sleep"]))
-    outcome = harness.run(lambda: current_job.step.sleep("1h"))
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert isinstance(outcome.error, StepDivergence)
-    assert "step 0 was 'sleep#0 (run)', now 'sleep#0 (sleep)'" in str(outcome.error)
+    decision = harness.run(lambda: current_job.step.sleep("1h"))
+    assert isinstance(decision, decisions.DeadLetter)
+    assert isinstance(decision.error, StepDivergence)
+    assert "step 0 was 'sleep#0 (run)', now 'sleep#0 (sleep)'" in str(decision.error)
 
 
 def test_c13_divergence_is_dead_lettered_with_traceback_never_retried(harness):
     """A divergence ends as ``DeadLetter('divergence')``; the store records it with a traceback."""
     _record(harness, _run_all(["charge"]))
-    outcome = harness.run(_run_all(["refund"]))
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert outcome.reason == "divergence"
+    decision = harness.run(_run_all(["refund"]))
+    assert isinstance(decision, decisions.DeadLetter)
+    assert decision.reason == "divergence"
     run = harness.store.get_run(harness.run_key)
     assert run.status == "dead"
     assert run.owner is None
@@ -174,10 +174,10 @@ def test_c13_divergence_cannot_be_caught_by_except_exception(harness):
             caught.append(exc)
         return "swallowed"
 
-    outcome = harness.run(body)
+    decision = harness.run(body)
     assert caught == []
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert outcome.reason == "divergence"
+    assert isinstance(decision, decisions.DeadLetter)
+    assert decision.reason == "divergence"
 
 
 def test_c14_steps_added_after_the_recorded_ones_run_and_commit(harness):
@@ -191,9 +191,9 @@ def test_c14_steps_added_after_the_recorded_ones_run_and_commit(harness):
         receipt = step.run("receipt", lambda: calls.append("receipt") or "sent")
         raise Stop([charge, receipt])
 
-    outcome = harness.run(body)
-    assert isinstance(outcome, outcomes.Failure)
-    assert outcome.error.args == (["charge-value", "sent"],)
+    decision = harness.run(body)
+    assert isinstance(decision, decisions.Failure)
+    assert decision.error.args == (["charge-value", "sent"],)
     assert calls == ["receipt"]
     assert [r.step_key for r in harness.store.get_steps(harness.run_key)] == ["charge#0", "receipt#0"]
 
@@ -202,8 +202,8 @@ def test_c14_steps_removed_from_the_end_complete_with_one_warning(harness, caplo
     """Fewer steps than recorded: ``Completed`` and exactly one WARNING naming both sequences."""
     _record(harness, _run_all(["charge", "notify", "receipt"]))
     caplog.set_level(logging.DEBUG, logger="flexiq_plugins")
-    outcome = harness.run(_run_all(["charge"]))
-    assert outcome == outcomes.Completed(None)
+    decision = harness.run(_run_all(["charge"]))
+    assert decision == decisions.Completed(None)
     warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
     assert len(warnings) == 1
     message = warnings[0].getMessage()

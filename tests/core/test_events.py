@@ -18,13 +18,13 @@ from flexiq_plugins import (
     CodecChain,
     DurableConfig,
     InvalidEvent,
-    InvalidStepName,
     JsonSerializer,
     StepDivergence,
     ZlibCodec,
     current_job,
 )
-from flexiq_plugins._attempt.outcomes import Ack, AckReason, PutBack, PutBackReason
+from flexiq_plugins._attempt.decisions import Ack, AckReason, PutBack, PutBackReason
+from flexiq_plugins.errors import InvalidStepName
 from flexiq_plugins.operations import EventSent, find_stranded, send_event, wake_run
 from flexiq_plugins.testing import DurableRun, FakeClock
 
@@ -45,8 +45,8 @@ def test_c33_a_wait_suspends_like_a_sleep_and_returns_the_payload_of_the_event_s
     run = DurableRun(checkout, "o-1", log=log)
     first = run.attempt()
     assert first.waiting
-    assert isinstance(first.outcome, Ack)
-    assert first.outcome.reason is AckReason.WAITING
+    assert isinstance(first.decision, Ack)
+    assert first.decision.reason is AckReason.WAITING
     record = run.record
     assert (record.status, record.wait_topic, record.wait_key, record.wake_at) == ("waiting", "payment", "o-1", None)
     assert log == []
@@ -133,16 +133,16 @@ def test_c33_a_wait_times_out_at_its_deadline_and_returns_none() -> None:
     log: list[Any] = []
     run = DurableRun(checkout, "o-1", timeout="30m", log=log)
     first = run.attempt()
-    assert isinstance(first.outcome, PutBack)
-    assert first.outcome.reason is PutBackReason.WAIT
-    deadline = first.outcome.wake_at
+    assert isinstance(first.decision, PutBack)
+    assert first.decision.reason is PutBackReason.WAIT
+    deadline = first.decision.wake_at
     assert deadline == run.clock() + 1800
     assert run.record.wake_at == deadline
     run.clock.advance(1799)
     early = run.attempt()
     assert early.waiting
-    assert isinstance(early.outcome, PutBack)
-    assert early.outcome.wake_at == deadline
+    assert isinstance(early.decision, PutBack)
+    assert early.decision.wake_at == deadline
     run.wake()
     done = run.attempt()
     assert done.completed
@@ -183,7 +183,7 @@ def test_c33_a_bad_topic_or_key_is_refused_before_anything_is_stored(topic: Any,
     result = DurableRun(body).attempt()
     assert result.dead_lettered
     assert isinstance(result.error, InvalidEvent)
-    assert result.outcome.reason == "invalid_event"  # type: ignore[union-attr]
+    assert result.decision.reason == "invalid_event"  # type: ignore[union-attr]
 
 
 def test_c33_the_wait_step_is_named_after_its_topic_unless_it_cannot_be() -> None:

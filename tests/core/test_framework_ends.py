@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import pytest
 
-from flexiq_plugins import JobEnvelope, JobInfo, UnsupportedInEagerMode, WorkerInterrupted, current_job
-from flexiq_plugins._attempt import outcomes
-from flexiq_plugins.errors import Disposition, classify
+from flexiq_plugins import JobEnvelope, current_job
+from flexiq_plugins._attempt import decisions
+from flexiq_plugins.errors import Disposition, UnsupportedInEagerMode, WorkerInterrupted, classify
+from flexiq_plugins.integration import JobInfo
 from flexiq_plugins.operations import find_stranded
 
-CANCELLED = [outcomes.Ended.REVOKED, outcomes.Ended.EXPIRED, outcomes.Ended.SKIPPED]
-FAILED = [outcomes.Ended.TIME_LIMIT, outcomes.Ended.FAILED]
+CANCELLED = [decisions.Ended.REVOKED, decisions.Ended.EXPIRED, decisions.Ended.SKIPPED]
+FAILED = [decisions.Ended.TIME_LIMIT, decisions.Ended.FAILED]
 
 
 @pytest.mark.parametrize("how", CANCELLED + FAILED, ids=lambda how: how.value)
@@ -32,7 +33,7 @@ def test_c38_a_run_whose_job_the_framework_ended_is_settled_and_never_recovered(
         current_job.step.run("charge", lambda: "ch_1")
         current_job.step.sleep(60)
 
-    assert isinstance(harness.run(body), outcomes.PutBack)
+    assert isinstance(harness.run(body), decisions.PutBack)
     status = harness.driver.framework_ended(harness.run_key, how)
     assert status == ("cancelled" if how in CANCELLED else "failed")
     run = harness.store.get_run(harness.run_key)
@@ -48,12 +49,12 @@ def test_c38_settling_a_killed_attempt_fences_it_and_a_finished_run_stays_finish
     and Dramatiq can report one end twice) changes nothing.
     """
     attempt = harness.start()
-    assert harness.driver.framework_ended(harness.run_key, outcomes.Ended.TIME_LIMIT) == "failed"
-    outcome = attempt.run(lambda: current_job.step.run("charge", lambda: "ch_1"))
-    assert outcome == outcomes.Ack(outcomes.AckReason.DROPPED, outcome.detail)
-    assert harness.driver.framework_ended(harness.run_key, outcomes.Ended.REVOKED) is None
+    assert harness.driver.framework_ended(harness.run_key, decisions.Ended.TIME_LIMIT) == "failed"
+    decision = attempt.run(lambda: current_job.step.run("charge", lambda: "ch_1"))
+    assert decision == decisions.Ack(decisions.AckReason.DROPPED, decision.detail)
+    assert harness.driver.framework_ended(harness.run_key, decisions.Ended.REVOKED) is None
     assert harness.store.get_run(harness.run_key).status == "failed"
-    assert harness.driver.framework_ended("no-such-run", outcomes.Ended.FAILED) is None
+    assert harness.driver.framework_ended("no-such-run", decisions.Ended.FAILED) is None
 
 
 def test_c38_a_worker_shutdown_inside_a_step_puts_the_job_back_committing_nothing(harness):
@@ -75,13 +76,13 @@ def test_c38_a_worker_shutdown_inside_a_step_puts_the_job_back_committing_nothin
 
         return current_job.step.run("work", work)
 
-    outcome = harness.run(body)
-    assert isinstance(outcome, outcomes.PutBack)
-    assert (outcome.reason, outcome.delay) == (outcomes.PutBackReason.SHUTDOWN, 0.0)
+    decision = harness.run(body)
+    assert isinstance(decision, decisions.PutBack)
+    assert (decision.reason, decision.delay) == (decisions.PutBackReason.SHUTDOWN, 0.0)
     run = harness.store.get_run(harness.run_key)
     assert (run.status, run.owner) == ("pending", None)
     assert [r.step_key for r in harness.store.get_steps(harness.run_key)] == ["charge#0"]
-    assert harness.run(body) == outcomes.Completed("done")
+    assert harness.run(body) == decisions.Completed("done")
     run = harness.store.get_run(harness.run_key)
     assert (run.attempt, run.takeovers, calls) == (2, 0, [1, 2])
 
@@ -102,9 +103,9 @@ def test_c38_an_eager_job_that_sleeps_fails_its_run(harness, clock):
         current_job.step.run("charge", lambda: "ch_1")
         current_job.step.sleep(1)
 
-    outcome = harness.driver.run_job(job, body)
-    assert isinstance(outcome, outcomes.Failure)
-    assert isinstance(outcome.error, UnsupportedInEagerMode)
+    decision = harness.driver.run_job(job, body)
+    assert isinstance(decision, decisions.Failure)
+    assert isinstance(decision.error, UnsupportedInEagerMode)
     assert harness.store.get_run(harness.run_key).status == "failed"
     clock.advance(3600)
     assert find_stranded(harness.store, grace=0, stale_after=0) == []
@@ -129,7 +130,7 @@ def test_c32_c38_an_acknowledged_failure_does_not_cancel_a_compensation_waiting_
         raise ConnectionError("carrier down")
 
     failure = harness.run(body)
-    assert isinstance(failure, outcomes.Failure)
-    assert isinstance(harness.driver.give_up(failure), outcomes.PutBack)
-    assert harness.driver.framework_ended(harness.run_key, outcomes.Ended.FAILED) is None
+    assert isinstance(failure, decisions.Failure)
+    assert isinstance(harness.driver.give_up(failure), decisions.PutBack)
+    assert harness.driver.framework_ended(harness.run_key, decisions.Ended.FAILED) is None
     assert harness.store.get_run(harness.run_key).status == "pending"

@@ -13,18 +13,10 @@ from unittest.mock import ANY
 import pytest
 from cryptography.fernet import Fernet
 
-from flexiq_plugins import (
-    AttemptDriver,
-    CodecChain,
-    DurableConfig,
-    FernetCodec,
-    JobEnvelope,
-    JobInfo,
-    NotInStep,
-    ZlibCodec,
-    current_job,
-)
-from flexiq_plugins._attempt import outcomes
+from flexiq_plugins import CodecChain, DurableConfig, FernetCodec, JobEnvelope, ZlibCodec, current_job
+from flexiq_plugins._attempt import decisions
+from flexiq_plugins.errors import NotInStep
+from flexiq_plugins.integration import AttemptDriver, JobInfo
 
 
 def test_c10_key_is_run_key_colon_step_key(make_harness):
@@ -39,7 +31,7 @@ def test_c10_key_is_run_key_colon_step_key(make_harness):
         step.run("fetch", lambda: keys.append(step.idempotency_key), key=1234)
         return "ok"
 
-    assert harness.run(body) == outcomes.Completed("ok")
+    assert harness.run(body) == decisions.Completed("ok")
     assert keys == ["018f-run:charge#0", "018f-run:charge#1", "018f-run:fetch:1234"]
 
 
@@ -55,8 +47,8 @@ def test_c10_key_does_not_depend_on_the_codec_chain(memory_store):
     for n, chain in enumerate(chains):
         driver = AttemptDriver(memory_store, DurableConfig(serializer=chain.serializer, codecs=chain.codecs))
         job = JobInfo("run-1", f"job-{n}", JobEnvelope("task", "test"))
-        outcome = driver.start(job).run(lambda: current_job.step.run("charge", charge))
-        assert isinstance(outcome, outcomes.Failure)
+        decision = driver.start(job).run(lambda: current_job.step.run("charge", charge))
+        assert isinstance(decision, decisions.Failure)
     assert keys == ["run-1:charge#0", "run-1:charge#0"]
 
 
@@ -74,7 +66,7 @@ def test_c10_reading_the_key_outside_a_step_body_raises_not_in_step(harness):
         seen.extend([before.value, after.value])
         return "ok"
 
-    assert harness.run(body) == outcomes.Completed("ok")
+    assert harness.run(body) == decisions.Completed("ok")
     assert len(seen) == 2
     assert isinstance(seen[0], RuntimeError)
 
@@ -97,15 +89,15 @@ def test_c11_key_is_stable_across_retry_sleep_wake_and_dead_letter_retry(harness
         step.sleep("1h", name="wait")
         return step.run("charge", charge)
 
-    assert harness.run(body) == outcomes.PutBack(outcomes.PutBackReason.SLEEP, ANY, ANY, ANY)
+    assert harness.run(body) == decisions.PutBack(decisions.PutBackReason.SLEEP, ANY, ANY, ANY)
     clock.advance(3601)
-    assert isinstance(harness.run(body), outcomes.Failure)  # woke, charge raised
+    assert isinstance(harness.run(body), decisions.Failure)  # woke, charge raised
     dead = harness.run(body)  # retried, charge returned an unencodable value
-    assert isinstance(dead, outcomes.DeadLetter)
+    assert isinstance(dead, decisions.DeadLetter)
 
     (letter,) = harness.store.list_dead_letters()
     harness.store.prepare_retry(letter.id)
-    assert harness.run(body, job_id="job-2") == outcomes.Completed("charged")
+    assert harness.run(body, job_id="job-2") == decisions.Completed("charged")
 
     assert [(job, n) for job, n, _ in keys] == [("job-1", 2), ("job-1", 3), ("job-2", 4)]
     assert {key for _, _, key in keys} == {"run-1:charge#0"}
@@ -124,8 +116,8 @@ def test_c11_keyed_step_key_is_stable_across_a_retry(harness):
     def body():
         return current_job.step.run("charge", charge, key="order-9")
 
-    assert isinstance(harness.run(body), outcomes.Failure)
-    assert harness.run(body) == outcomes.Completed("ok")
+    assert isinstance(harness.run(body), decisions.Failure)
+    assert harness.run(body) == decisions.Completed("ok")
     assert keys == ["run-1:charge:order-9", "run-1:charge:order-9"]
 
 
@@ -142,5 +134,5 @@ def test_c10_key_is_readable_inside_an_async_step_body(harness):
     async def body():
         return await current_job.step.arun("charge", charge)
 
-    assert asyncio.run(harness.start().arun(body)) == outcomes.Completed("ok")
+    assert asyncio.run(harness.start().arun(body)) == decisions.Completed("ok")
     assert keys == ["run-1:charge#0", "run-1:charge#0"]

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from flexiq_plugins import DuplicateStepKey, InvalidStepKey, InvalidStepName, current_job
-from flexiq_plugins._attempt import outcomes
+from flexiq_plugins import current_job
+from flexiq_plugins._attempt import decisions
+from flexiq_plugins.errors import DuplicateStepKey, InvalidStepKey, InvalidStepName
 
 
 def _keys_committed(harness) -> list[str]:
@@ -58,9 +59,9 @@ def test_c1_int_key_is_turned_into_str(harness):
     def second():
         return current_job.step.run("fetch", lambda: calls.append("str") or "from-str", key="7")
 
-    assert isinstance(harness.run(first), outcomes.Failure)
-    outcome = harness.run(second)
-    assert outcome == outcomes.Completed("from-int")
+    assert isinstance(harness.run(first), decisions.Failure)
+    decision = harness.run(second)
+    assert decision == decisions.Completed("from-int")
     assert calls == ["int"]
 
 
@@ -89,11 +90,11 @@ def test_c2_bad_name_is_refused_before_the_body_runs(harness, name):
     def body():
         current_job.step.run(name, lambda: calls.append("ran"))
 
-    outcome = harness.run(body)
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert isinstance(outcome.error, InvalidStepName)
-    assert isinstance(outcome.error, ValueError)
-    assert isinstance(outcome.error, TypeError)
+    decision = harness.run(body)
+    assert isinstance(decision, decisions.DeadLetter)
+    assert isinstance(decision.error, InvalidStepName)
+    assert isinstance(decision.error, ValueError)
+    assert isinstance(decision.error, TypeError)
     assert calls == []
     assert _keys_committed(harness) == []
 
@@ -105,9 +106,9 @@ def test_c2_bad_sleep_name_is_refused_before_anything_is_committed(harness, name
     def body():
         current_job.step.sleep("1h", name=name)
 
-    outcome = harness.run(body)
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert isinstance(outcome.error, InvalidStepName)
+    decision = harness.run(body)
+    assert isinstance(decision, decisions.DeadLetter)
+    assert isinstance(decision.error, InvalidStepName)
     assert _keys_committed(harness) == []
 
 
@@ -116,8 +117,8 @@ def test_c2_bad_sleep_name_is_refused_before_anything_is_committed(harness, name
 )
 def test_c2_name_of_exactly_128_bytes_is_accepted(harness, name):
     """The 128-byte name limit is inclusive and counted in UTF-8 bytes."""
-    outcome = harness.run(lambda: current_job.step.run(name, lambda: "ok"))
-    assert outcome == outcomes.Completed("ok")
+    decision = harness.run(lambda: current_job.step.run(name, lambda: "ok"))
+    assert decision == decisions.Completed("ok")
 
 
 BAD_KEYS = [
@@ -143,11 +144,11 @@ def test_c2_bad_key_is_refused_before_the_body_runs(harness, key):
     def body():
         current_job.step.run("fetch", lambda: calls.append("ran"), key=key)
 
-    outcome = harness.run(body)
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert isinstance(outcome.error, InvalidStepKey)
-    assert isinstance(outcome.error, ValueError)
-    assert isinstance(outcome.error, TypeError)
+    decision = harness.run(body)
+    assert isinstance(decision, decisions.DeadLetter)
+    assert isinstance(decision.error, InvalidStepKey)
+    assert isinstance(decision.error, ValueError)
+    assert isinstance(decision.error, TypeError)
     assert calls == []
     assert _keys_committed(harness) == []
 
@@ -155,8 +156,8 @@ def test_c2_bad_key_is_refused_before_the_body_runs(harness, key):
 def test_c2_key_of_exactly_256_bytes_is_accepted(harness):
     """The 256-byte key limit is inclusive and counted in UTF-8 bytes."""
     key = "é" * 128
-    outcome = harness.run(lambda: current_job.step.run("fetch", lambda: "ok", key=key))
-    assert outcome == outcomes.Completed("ok")
+    decision = harness.run(lambda: current_job.step.run("fetch", lambda: "ok", key=key))
+    assert decision == decisions.Completed("ok")
 
 
 def test_c3_duplicate_key_in_one_attempt_is_refused_and_dead_letters(harness):
@@ -168,11 +169,11 @@ def test_c3_duplicate_key_in_one_attempt_is_refused_and_dead_letters(harness):
         step.run("fetch", lambda: calls.append("first"), key="a")
         step.run("fetch", lambda: calls.append("second"), key="a")
 
-    outcome = harness.run(body)
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert outcome.reason == "duplicate_step_key"
-    assert isinstance(outcome.error, DuplicateStepKey)
-    assert "fetch:a" in outcome.message
+    decision = harness.run(body)
+    assert isinstance(decision, decisions.DeadLetter)
+    assert decision.reason == "duplicate_step_key"
+    assert isinstance(decision.error, DuplicateStepKey)
+    assert "fetch:a" in decision.message
     assert calls == ["first"]
     assert _keys_committed(harness) == ["fetch:a"]
 
@@ -185,9 +186,9 @@ def test_c3_int_and_str_key_with_the_same_text_are_duplicates(harness):
         step.run("fetch", lambda: "a", key=1)
         step.run("fetch", lambda: "b", key="1")
 
-    outcome = harness.run(body)
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert isinstance(outcome.error, DuplicateStepKey)
+    decision = harness.run(body)
+    assert isinstance(decision, decisions.DeadLetter)
+    assert isinstance(decision.error, DuplicateStepKey)
 
 
 def test_c3_duplicate_key_caught_by_the_body_still_dead_letters(harness):
@@ -202,9 +203,9 @@ def test_c3_duplicate_key_caught_by_the_body_still_dead_letters(harness):
             pass
         return "done"
 
-    outcome = harness.run(body)
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert isinstance(outcome.error, DuplicateStepKey)
+    decision = harness.run(body)
+    assert isinstance(decision, decisions.DeadLetter)
+    assert isinstance(decision.error, DuplicateStepKey)
 
 
 def test_c4_name_is_never_inferred_from_the_callable(harness):
@@ -224,8 +225,8 @@ def test_c4_name_is_never_inferred_from_the_callable(harness):
         raise RuntimeError("retry")
 
     harness.run(first)
-    outcome = harness.run(lambda: current_job.step.run("charge", charge_v2))
-    assert outcome == outcomes.Completed("charged-by-v1")
+    decision = harness.run(lambda: current_job.step.run("charge", charge_v2))
+    assert decision == decisions.Completed("charged-by-v1")
     assert calls == ["v1"]
 
 
@@ -235,9 +236,9 @@ def test_c4_a_callable_passed_as_the_name_is_refused(harness):
     def charge():
         return 1
 
-    outcome = harness.run(lambda: current_job.step.run(charge, charge))
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert isinstance(outcome.error, InvalidStepName)
+    decision = harness.run(lambda: current_job.step.run(charge, charge))
+    assert isinstance(decision, decisions.DeadLetter)
+    assert isinstance(decision.error, InvalidStepName)
 
 
 def test_c4_two_lambdas_in_one_attempt_share_the_name_counter(harness):

@@ -16,18 +16,10 @@ from typing import Any
 
 import pytest
 
-from flexiq_plugins import (
-    AttemptDriver,
-    ClaimRefused,
-    DurableConfig,
-    JobEnvelope,
-    JobInfo,
-    MemoryStepStore,
-    current_job,
-)
-from flexiq_plugins._attempt.outcomes import Ack, Completed, DeadLetter, Failure, PutBack, PutBackReason, Replay
-from flexiq_plugins.errors import StoreUnavailable
-from flexiq_plugins.integration import claims_before_body, resume_mark_at_publish
+from flexiq_plugins import DurableConfig, JobEnvelope, MemoryStepStore, current_job
+from flexiq_plugins._attempt.decisions import Ack, Completed, DeadLetter, Failure, PutBack, PutBackReason, Replay
+from flexiq_plugins.errors import ClaimRefused, StoreUnavailable
+from flexiq_plugins.integration import AttemptDriver, JobInfo, claims_before_body, resume_mark_at_publish
 from tests.core.conftest import FakeClock
 
 
@@ -66,8 +58,8 @@ def lazy(run_key: str = "run-1", job_id: str = "job-1") -> JobInfo:
 
 def test_c23_a_lazy_job_that_takes_no_step_does_no_store_io(driver: AttemptDriver, store: CountingStore) -> None:
     """C23: no claim, no settle, no run: the body's value is the outcome."""
-    outcome = driver.run_job(lazy(), lambda: (current_job.run_key, current_job.job_id, current_job.task_name))
-    assert outcome == Completed(("run-1", "job-1", "task"))
+    decision = driver.run_job(lazy(), lambda: (current_job.run_key, current_job.job_id, current_job.task_name))
+    assert decision == Completed(("run-1", "job-1", "task"))
     assert store.calls == []
     assert store.list_runs() == []
 
@@ -80,11 +72,11 @@ def test_c23_a_lazy_job_that_fails_before_any_step_is_a_failure_of_no_run(
     def body() -> None:
         raise ValueError("no step")
 
-    outcome = driver.run_job(lazy(), body)
-    assert isinstance(outcome, Failure)
-    assert not outcome.claimed
-    assert driver.give_up(outcome) is None
-    assert driver.settle_failed(outcome) is False
+    decision = driver.run_job(lazy(), body)
+    assert isinstance(decision, Failure)
+    assert not decision.claimed
+    assert driver.give_up(decision) is None
+    assert driver.settle_failed(decision) is False
     assert store.calls == []
 
 
@@ -118,9 +110,9 @@ def test_c24_a_lazy_claim_of_a_busy_run_unwinds_the_body_and_puts_the_job_back(d
         current_job.step.run("one", lambda: 1)
         after.append("ran on")
 
-    outcome = driver.run_job(lazy(), body)
-    assert isinstance(outcome, PutBack)
-    assert outcome.reason is PutBackReason.BUSY
+    decision = driver.run_job(lazy(), body)
+    assert isinstance(decision, PutBack)
+    assert decision.reason is PutBackReason.BUSY
     assert after == []
     assert holder is not None
 
@@ -128,8 +120,8 @@ def test_c24_a_lazy_claim_of_a_busy_run_unwinds_the_body_and_puts_the_job_back(d
 def test_c37_a_lazy_duplicate_of_a_finished_run_replays_its_outcome(driver: AttemptDriver) -> None:
     """C26, C37: the run already finished: the duplicate stops at its first step and replays the run's value."""
     assert driver.run_job(lazy(), lambda: current_job.step.run("one", lambda: 1)) == Completed(1)
-    outcome = driver.run_job(lazy(job_id="job-2"), lambda: current_job.step.run("one", lambda: 2))
-    assert outcome == Replay("succeeded", 1, None)
+    decision = driver.run_job(lazy(job_id="job-2"), lambda: current_job.step.run("one", lambda: 2))
+    assert decision == Replay("succeeded", 1, None)
 
 
 def test_c21_a_body_that_swallows_the_refused_claim_still_ends_with_it(driver: AttemptDriver) -> None:
@@ -154,9 +146,9 @@ def test_c25_a_lazy_claim_past_the_takeover_limit_dead_letters(
         started = driver.start(JobInfo("run-1", f"job-{n}", JobEnvelope("task", "test")))
         assert not isinstance(started, (Ack, PutBack, DeadLetter, Failure, Completed))
         clock.advance(driver.config.lease_seconds + 1)
-    outcome = driver.run_job(lazy(job_id="job-9"), lambda: current_job.step.run("one", lambda: 1))
-    assert isinstance(outcome, DeadLetter)
-    assert outcome.reason == "worker_lost"
+    decision = driver.run_job(lazy(job_id="job-9"), lambda: current_job.step.run("one", lambda: 1))
+    assert isinstance(decision, DeadLetter)
+    assert decision.reason == "worker_lost"
     assert store.get_run("run-1").status == "dead"
 
 
@@ -167,10 +159,10 @@ def test_c28_a_lazy_claim_during_a_store_outage_puts_the_job_back(driver: Attemp
         store.down = True
         current_job.step.run("one", lambda: 1)
 
-    outcome = driver.run_job(lazy(), body)
+    decision = driver.run_job(lazy(), body)
     store.down = False
-    assert isinstance(outcome, PutBack)
-    assert outcome.reason is PutBackReason.STORE_UNAVAILABLE
+    assert isinstance(decision, PutBack)
+    assert decision.reason is PutBackReason.STORE_UNAVAILABLE
 
 
 def test_c23_an_async_lazy_body_claims_at_its_first_step(driver: AttemptDriver, store: CountingStore) -> None:

@@ -26,11 +26,12 @@ from uuid import uuid4
 
 import pytest
 
-from flexiq_plugins import AttemptDriver, DurableConfig, JobEnvelope, JobInfo, SqlStepStore, current_job
-from flexiq_plugins._attempt import outcomes
+from flexiq_plugins import DurableConfig, JobEnvelope, SqlStepStore, current_job
+from flexiq_plugins._attempt import decisions
 from flexiq_plugins._attempt.attempt import Attempt
 from flexiq_plugins._attempt.lease import RENEWER_THREAD_NAME, LeaseKeeper
 from flexiq_plugins._model.records import Begun, Claim
+from flexiq_plugins.integration import AttemptDriver, JobInfo
 from tests.conftest import drop_store_tables
 from tests.polling import wait_for
 
@@ -106,7 +107,7 @@ def test_c23_attempts_running_at_once_share_one_renewer_thread(watched: WatchedS
     n = 6
     all_renewed = threading.Barrier(n + 1, timeout=PATIENCE_S)
     release = threading.Event()
-    results: dict[str, outcomes.Outcome] = {}
+    results: dict[str, decisions.Decision] = {}
 
     def body() -> str:
         assert watched.wait_renewals(current_job.run_key, 2), "the lease was not renewed while the body ran"
@@ -128,7 +129,7 @@ def test_c23_attempts_running_at_once_share_one_renewer_thread(watched: WatchedS
         for thread in threads:
             thread.join(PATIENCE_S)
     assert [t.name for t in running] == [RENEWER_THREAD_NAME]
-    assert results == {f"run-{i}": outcomes.Completed("committed under the renewed claim") for i in range(n)}
+    assert results == {f"run-{i}": decisions.Completed("committed under the renewed claim") for i in range(n)}
     assert all(watched.renewals[f"run-{i}"] >= 2 for i in range(n))
 
 
@@ -266,11 +267,11 @@ def test_c23_a_lazy_claims_keeper_start_interrupted_and_caught_is_started_at_the
         assert watched.wait_renewals("run-cut", 2), "the claim is not renewed after the interrupted start"
         return value
 
-    outcome = attempt.run(body)
+    decision = attempt.run(body)
     assert len(interrupted) == 1, interrupted
     assert len(claims_taken) == 1, "the run was claimed again"
-    assert isinstance(outcome, outcomes.Completed), outcome
-    assert outcome.value == 12
+    assert isinstance(decision, decisions.Completed), decision
+    assert decision.value == 12
     assert watched.get_run("run-cut").status == "succeeded"
 
 

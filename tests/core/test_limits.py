@@ -1,4 +1,4 @@
-"""Size caps, C22: enforced on the encoded bytes, refusing the commit and dead-lettering the job.
+"""Size limits, C22: enforced on the encoded bytes, refusing the commit and dead-lettering the job.
 
 Small custom ``Limits`` keep the values tiny; the expected sizes are computed
 with the same codec chain the driver uses, header included, because the stored
@@ -11,19 +11,20 @@ from unittest.mock import ANY
 
 import pytest
 
-from flexiq_plugins import CodecChain, DurableConfig, Limits, StepLimitExceeded, ZlibCodec, current_job
-from flexiq_plugins._attempt import outcomes
+from flexiq_plugins import CodecChain, DurableConfig, Limits, ZlibCodec, current_job
+from flexiq_plugins._attempt import decisions
+from flexiq_plugins.errors import StepLimitExceeded
 
 
 def _size(value: object, chain: CodecChain | None = None) -> int:
     return len((chain or CodecChain()).encode(value))
 
 
-def _dead(outcome) -> outcomes.DeadLetter:
-    assert isinstance(outcome, outcomes.DeadLetter), outcome
-    assert outcome.reason == "size_cap"
-    assert isinstance(outcome.error, StepLimitExceeded)
-    return outcome
+def _dead(decision) -> decisions.DeadLetter:
+    assert isinstance(decision, decisions.DeadLetter), decision
+    assert decision.reason == "size_limit"
+    assert isinstance(decision.error, StepLimitExceeded)
+    return decision
 
 
 def test_c22_step_bytes_cap_refuses_the_commit_with_the_exact_message(make_harness):
@@ -33,8 +34,8 @@ def test_c22_step_bytes_cap_refuses_the_commit_with_the_exact_message(make_harne
     value = "x" * 100
     calls: list[str] = []
 
-    outcome = _dead(harness.run(lambda: current_job.step.run("render", lambda: calls.append("r") or value)))
-    assert outcome.message == f"step 'render#0' exceeds the step bytes limit: {_size(value)} > {limit}"
+    decision = _dead(harness.run(lambda: current_job.step.run("render", lambda: calls.append("r") or value)))
+    assert decision.message == f"step 'render#0' exceeds the step bytes limit: {_size(value)} > {limit}"
     assert calls == ["r"]
     assert harness.store.get_steps(harness.run_key) == []
     assert harness.store.get_run(harness.run_key).status == "dead"
@@ -44,7 +45,7 @@ def test_c22_step_bytes_cap_is_inclusive(make_harness):
     """A value whose encoded size equals the cap is committed."""
     value = "x" * 100
     harness = make_harness(step_bytes=_size(value))
-    assert harness.run(lambda: current_job.step.run("render", lambda: value)) == outcomes.Completed(value)
+    assert harness.run(lambda: current_job.step.run("render", lambda: value)) == decisions.Completed(value)
 
 
 def test_c22_caps_measure_the_bytes_after_the_codecs(make_harness):
@@ -53,7 +54,7 @@ def test_c22_caps_measure_the_bytes_after_the_codecs(make_harness):
     value = "a" * 10_000
     assert _size(value, chain) < 100 < _size(value)
     harness = make_harness(serializer=chain.serializer, codecs=chain.codecs, step_bytes=100)
-    assert harness.run(lambda: current_job.step.run("render", lambda: value)) == outcomes.Completed(value)
+    assert harness.run(lambda: current_job.step.run("render", lambda: value)) == decisions.Completed(value)
 
 
 def test_c22_run_bytes_cap_counts_every_step_of_the_run(make_harness):
@@ -73,8 +74,8 @@ def test_c22_run_bytes_cap_counts_every_step_of_the_run(make_harness):
         step.run("b", lambda: "y" * 20)
         step.run("c", lambda: "y" * 20)
 
-    outcome = _dead(harness.run(body))
-    assert outcome.message == f"step 'c#0' exceeds the run bytes limit: {3 * one} > {2 * one + 5}"
+    decision = _dead(harness.run(body))
+    assert decision.message == f"step 'c#0' exceeds the run bytes limit: {3 * one} > {2 * one + 5}"
     assert [r.step_key for r in harness.store.get_steps(harness.run_key)] == ["a#0", "b#0"]
 
 
@@ -88,14 +89,14 @@ def test_c22_run_step_count_cap_counts_sleeps_too(make_harness, clock):
         step.sleep("1s")
         step.run("b", lambda: 2)
 
-    assert harness.run(body) == outcomes.PutBack(outcomes.PutBackReason.SLEEP, ANY, ANY, ANY)
+    assert harness.run(body) == decisions.PutBack(decisions.PutBackReason.SLEEP, ANY, ANY, ANY)
     clock.advance(5)
-    outcome = _dead(harness.run(body))
-    assert outcome.message == "step 'b#0' exceeds the run step count limit: 3 > 2"
+    decision = _dead(harness.run(body))
+    assert decision.message == "step 'b#0' exceeds the run step count limit: 3 > 2"
     assert [r.step_key for r in harness.store.get_steps(harness.run_key)] == ["a#0", "sleep#0"]
 
 
-def test_c22_size_cap_caught_by_the_body_still_dead_letters(make_harness):
+def test_c22_size_limit_caught_by_the_body_still_dead_letters(make_harness):
     """Catching ``StepLimitExceeded`` and returning does not turn the refusal into a success."""
     harness = make_harness(step_bytes=10)
 
@@ -118,5 +119,5 @@ def test_c22_default_step_cap_message_matches_the_documented_form(harness, size)
     """Over the default cap the message reads ``... step bytes limit: N > 262144``."""
     value = "r" * (size - _size(""))
     assert _size(value) == size
-    outcome = _dead(harness.run(lambda: current_job.step.run("render", lambda: value)))
-    assert outcome.message == f"step 'render#0' exceeds the step bytes limit: {size} > 262144"
+    decision = _dead(harness.run(lambda: current_job.step.run("render", lambda: value)))
+    assert decision.message == f"step 'render#0' exceeds the step bytes limit: {size} > 262144"

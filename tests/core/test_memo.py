@@ -10,20 +10,10 @@ from __future__ import annotations
 import pytest
 from cryptography.fernet import Fernet
 
-from flexiq_plugins import (
-    AttemptDriver,
-    CodecChain,
-    DecodeError,
-    DurableConfig,
-    EncodeError,
-    FernetCodec,
-    JobEnvelope,
-    JobInfo,
-    MemoryStepStore,
-    ZlibCodec,
-    current_job,
-)
-from flexiq_plugins._attempt import outcomes
+from flexiq_plugins import CodecChain, DurableConfig, FernetCodec, JobEnvelope, MemoryStepStore, ZlibCodec, current_job
+from flexiq_plugins._attempt import decisions
+from flexiq_plugins.errors import DecodeError, EncodeError
+from flexiq_plugins.integration import AttemptDriver, JobInfo
 
 
 class Boom(Exception):
@@ -41,8 +31,8 @@ def test_c5_memo_hit_returns_the_stored_value_without_calling_the_body(harness):
             raise Boom("fail after the charge")
         return value
 
-    assert isinstance(harness.run(body), outcomes.Failure)
-    assert harness.run(body) == outcomes.Completed({"id": "ch_1"})
+    assert isinstance(harness.run(body), decisions.Failure)
+    assert harness.run(body) == decisions.Completed({"id": "ch_1"})
     assert calls == [1]
 
 
@@ -66,13 +56,13 @@ def test_c6_body_that_raises_commits_nothing_and_runs_again(harness):
             raise
 
     first = harness.run(body)
-    assert isinstance(first, outcomes.Failure)
+    assert isinstance(first, decisions.Failure)
     assert isinstance(first.error, Boom)
-    assert not isinstance(first, outcomes.PutBack)
+    assert not isinstance(first, decisions.PutBack)
     assert len(caught) == 1
     assert harness.store.get_steps(harness.run_key) == []
     assert harness.store.get_run(harness.run_key).status == "retrying"
-    assert harness.run(body) == outcomes.Completed("ok")
+    assert harness.run(body) == decisions.Completed("ok")
     assert calls == [1, 2]
 
 
@@ -93,8 +83,8 @@ def test_c6_process_death_before_commit_runs_the_body_again(harness, clock):
         current_job.step.run("charge", charge_then_die)
     assert harness.store.get_steps(harness.run_key) == []
     clock.advance(60)  # the dead worker's lease runs out
-    outcome = harness.run(lambda: current_job.step.run("charge", lambda: calls.append("w2") or "ok"), owner="w2")
-    assert outcome == outcomes.Completed("ok")
+    decision = harness.run(lambda: current_job.step.run("charge", lambda: calls.append("w2") or "ok"), owner="w2")
+    assert decision == decisions.Completed("ok")
     assert calls == ["w1", "w2"]
 
 
@@ -117,8 +107,8 @@ def test_c7_tuple_comes_back_as_a_list_on_first_run_and_on_replay(harness):
 
 def test_c7_dict_with_int_keys_comes_back_decoded_on_first_run(harness):
     """The first run returns the decoded value too: JSON turns ``{1: 'a'}`` into ``{'1': 'a'}``."""
-    outcome = harness.run(lambda: current_job.step.run("m", lambda: {1: "a"}))
-    assert outcome == outcomes.Completed({"1": "a"})
+    decision = harness.run(lambda: current_job.step.run("m", lambda: {1: "a"}))
+    assert decision == decisions.Completed({"1": "a"})
 
 
 @pytest.mark.parametrize(
@@ -132,12 +122,12 @@ def test_c7_unencodable_value_fails_with_encode_error_and_commits_nothing(harnes
     def body():
         current_job.step.run("render", lambda: calls.append("ran") or value)
 
-    outcome = harness.run(body)
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert outcome.reason == "unencodable_value"
-    assert isinstance(outcome.error, EncodeError)
-    assert "'render#0'" in outcome.message
-    assert "'json'" in outcome.message
+    decision = harness.run(body)
+    assert isinstance(decision, decisions.DeadLetter)
+    assert decision.reason == "unencodable_value"
+    assert isinstance(decision.error, EncodeError)
+    assert "'render#0'" in decision.message
+    assert "'json'" in decision.message
     assert calls == ["ran"]
     assert harness.store.get_steps(harness.run_key) == []
 
@@ -155,14 +145,14 @@ def _commit_then_fail(driver: AttemptDriver, value: object) -> None:
         current_job.step.run("secret", lambda: value)
         raise Boom("leave the row for a replay")
 
-    assert isinstance(driver.start(_job()).run(body), outcomes.Failure)
+    assert isinstance(driver.start(_job()).run(body), decisions.Failure)
 
 
-def _replay(driver: AttemptDriver) -> outcomes.Outcome:
+def _replay(driver: AttemptDriver) -> decisions.Decision:
     calls: list[str] = []
-    outcome = driver.start(_job()).run(lambda: current_job.step.run("secret", lambda: calls.append("x")))
+    decision = driver.start(_job()).run(lambda: current_job.step.run("secret", lambda: calls.append("x")))
     assert calls == [], "a replay must not call the body"
-    return outcome
+    return decision
 
 
 @pytest.mark.parametrize(
@@ -181,16 +171,16 @@ def test_c7_codec_chains_round_trip_on_first_run_and_replay(memory_store, codecs
     stored = memory_store.get_steps("run-1")[0].value
     assert stored is not None
     assert b"4242" not in stored, "the codecs must reach the stored bytes"
-    assert _replay(driver) == outcomes.Completed(value)
+    assert _replay(driver) == decisions.Completed(value)
 
 
 def test_c7_row_stored_by_another_chain_is_a_decode_error_naming_both(memory_store):
     """A worker with another codec chain cannot misread a row: ``DecodeError`` names both chains."""
     _commit_then_fail(_driver(memory_store, CodecChain()), "plain")
-    outcome = _replay(_driver(memory_store, CodecChain(codecs=[ZlibCodec()])))
-    assert isinstance(outcome, outcomes.Failure)
-    assert isinstance(outcome.error, DecodeError)
-    message = str(outcome.error)
+    decision = _replay(_driver(memory_store, CodecChain(codecs=[ZlibCodec()])))
+    assert isinstance(decision, decisions.Failure)
+    assert isinstance(decision.error, DecodeError)
+    message = str(decision.error)
     assert "'secret#0'" in message
     assert "stored by codec chain 'FQ1|json'" in message
     assert "configured with 'FQ1|json|zlib'" in message
@@ -200,10 +190,10 @@ def test_c7_rotated_out_fernet_key_is_a_decode_error(memory_store):
     """Bytes written with a key no longer configured raise ``DecodeError``, never garbage."""
     old = Fernet.generate_key()
     _commit_then_fail(_driver(memory_store, CodecChain(codecs=[FernetCodec(old)])), "secret")
-    outcome = _replay(_driver(memory_store, CodecChain(codecs=[FernetCodec(Fernet.generate_key())])))
-    assert isinstance(outcome, outcomes.Failure)
-    assert isinstance(outcome.error, DecodeError)
-    assert "Fernet key" in str(outcome.error)
+    decision = _replay(_driver(memory_store, CodecChain(codecs=[FernetCodec(Fernet.generate_key())])))
+    assert isinstance(decision, decisions.Failure)
+    assert isinstance(decision.error, DecodeError)
+    assert "Fernet key" in str(decision.error)
 
 
 def test_c7_multifernet_rotation_still_decrypts_with_the_old_key_second(memory_store):
@@ -217,9 +207,9 @@ def test_c7_multifernet_rotation_still_decrypts_with_the_old_key_second(memory_s
         current_job.step.run("fresh", lambda: "new-row")
         raise Boom(first)
 
-    outcome = rotated.start(_job()).run(body)
-    assert isinstance(outcome, outcomes.Failure)
-    assert str(outcome.error) == "secret"
+    decision = rotated.start(_job()).run(body)
+    assert isinstance(decision, decisions.Failure)
+    assert str(decision.error) == "secret"
     fresh = memory_store.get_steps("run-1")[1].value
     assert fresh is not None
     _, _, token = fresh.partition(b"\n")
@@ -264,5 +254,5 @@ def test_c9_memo_hit_makes_no_store_call_and_a_new_step_makes_one(memory_store):
 
     attempt = driver.start(_job())
     assert store.calls == ["begin"]
-    assert attempt.run(body) == outcomes.Completed("done")
+    assert attempt.run(body) == decisions.Completed("done")
     assert during == {"memo": [], "new": ["commit_step"]}

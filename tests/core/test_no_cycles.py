@@ -1,6 +1,6 @@
 """A failed attempt leaves no reference cycle: its exception goes when its outcome goes (issue 16).
 
-The adapters re-raise the error a :class:`~flexiq_plugins._attempt.outcomes.Failure`
+The adapters re-raise the error a :class:`~flexiq_plugins._attempt.decisions.Failure`
 holds; the traceback then references every frame the error passed through.
 If a frame of the core kept the error (or the outcome) it would form a cycle
 the cyclic collector alone frees: the exception, its traceback and the task
@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from flexiq_plugins import current_job
-from flexiq_plugins._attempt.outcomes import Failure
+from flexiq_plugins._attempt.decisions import Failure
 from tests.core.conftest import Harness
 
 
@@ -52,7 +52,7 @@ def _boom(refs: list[weakref.ref[Any]]) -> Boom:
 
 
 @pytest.mark.parametrize("steps", [0, 2])
-def test_c26_a_failed_attempt_frees_its_error_once_its_outcome_is_dropped(
+def test_c26_a_failed_attempt_frees_its_error_once_its_decision_is_dropped(
     harness: Harness, no_gc: None, steps: int
 ) -> None:
     """C26: the error of a failed attempt, and the body's 1 MB local, are freed by reference counting as soon as
@@ -66,14 +66,14 @@ def test_c26_a_failed_attempt_frees_its_error_once_its_outcome_is_dropped(
             current_job.step.run(f"s{n}", lambda n=n: n)
         raise _boom(refs)
 
-    outcome = harness.run(body)
-    assert isinstance(outcome, Failure)
-    assert refs[1]() is outcome.error
-    del outcome
+    decision = harness.run(body)
+    assert isinstance(decision, Failure)
+    assert refs[1]() is decision.error
+    del decision
     assert [r() for r in refs] == [None, None]
 
 
-def test_c26_a_failed_async_attempt_frees_its_error_once_its_outcome_is_dropped(harness: Harness, no_gc: None) -> None:
+def test_c26_a_failed_async_attempt_frees_its_error_once_its_decision_is_dropped(harness: Harness, no_gc: None) -> None:
     """C26: the same for an ``async def`` body (``Attempt.arun``)."""
     refs: list[weakref.ref[Any]] = []
 
@@ -82,7 +82,7 @@ def test_c26_a_failed_async_attempt_frees_its_error_once_its_outcome_is_dropped(
         refs.append(weakref.ref(big))
         raise _boom(refs)
 
-    outcome = asyncio.run(harness.start().arun(body))
-    assert isinstance(outcome, Failure)
-    del outcome
+    decision = asyncio.run(harness.start().arun(body))
+    assert isinstance(decision, Failure)
+    del decision
     assert [r() for r in refs] == [None, None]

@@ -17,8 +17,9 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flexiq_plugins import AttemptDriver, DurableConfig, JobEnvelope, JobInfo, MemoryStepStore, current_job
-from flexiq_plugins._attempt import outcomes
+from flexiq_plugins import DurableConfig, JobEnvelope, MemoryStepStore, current_job
+from flexiq_plugins._attempt import decisions
+from flexiq_plugins.integration import AttemptDriver, JobInfo
 
 Op = tuple[str, "str | int | None"]
 
@@ -59,7 +60,7 @@ class Stop(Exception):
     """Ends the recording attempt after all its steps committed."""
 
 
-def _record_then_replay(ops: list[Op], replay: list[Op]) -> tuple[outcomes.Outcome, list[str]]:
+def _record_then_replay(ops: list[Op], replay: list[Op]) -> tuple[decisions.Decision, list[str]]:
     store = MemoryStepStore()
     driver = AttemptDriver(store, DurableConfig())
     job = JobInfo("run-p", "job-p", JobEnvelope("task", "test"))
@@ -70,7 +71,7 @@ def _record_then_replay(ops: list[Op], replay: list[Op]) -> tuple[outcomes.Outco
         raise Stop
 
     first = driver.start(job).run(record)
-    assert isinstance(first, outcomes.Failure)
+    assert isinstance(first, decisions.Failure)
     assert isinstance(first.error, Stop)
     assert len(store.get_steps("run-p")) == len(ops)
 
@@ -89,9 +90,9 @@ def _record_then_replay(ops: list[Op], replay: list[Op]) -> tuple[outcomes.Outco
 @given(OPS)
 def test_c12_replay_in_the_same_order_is_all_memo_hits(ops):
     """Any interleaving of keyed and unkeyed steps, replayed as recorded: memo hits only, no divergence."""
-    outcome, calls = _record_then_replay(ops, ops)
+    decision, calls = _record_then_replay(ops, ops)
     assert calls == []
-    assert outcome == outcomes.Completed([f"run-p:{k}" for k in _expected_keys(ops)])
+    assert decision == decisions.Completed([f"run-p:{k}" for k in _expected_keys(ops)])
 
 
 @settings(max_examples=200, deadline=None)
@@ -107,11 +108,11 @@ def test_c12_replay_with_keyed_steps_moved_is_all_memo_hits(ops, rnd: random.Ran
         replay.append(source.pop(0))
     assert [op for op in replay if op[1] is None] == [op for op in ops if op[1] is None]
 
-    outcome, calls = _record_then_replay(ops, replay)
+    decision, calls = _record_then_replay(ops, replay)
     assert calls == []
-    assert isinstance(outcome, outcomes.Completed)
+    assert isinstance(decision, decisions.Completed)
     recorded = dict(zip(_expected_keys(ops), ops, strict=True))
-    for op, value in zip(replay, outcome.value, strict=True):
+    for op, value in zip(replay, decision.value, strict=True):
         step_key = value.removeprefix("run-p:")
         assert recorded[step_key] == op, f"{op} got the value of {recorded[step_key]}"
 
@@ -120,6 +121,6 @@ def test_c12_replay_with_keyed_steps_moved_is_all_memo_hits(ops, rnd: random.Ran
 @given(OPS, st.integers(min_value=0, max_value=25))
 def test_c14_replaying_a_prefix_completes(ops, cut):
     """Replaying only the first steps (the rest removed from the end) completes with memo hits only."""
-    outcome, calls = _record_then_replay(ops, ops[:cut])
+    decision, calls = _record_then_replay(ops, ops[:cut])
     assert calls == []
-    assert outcome == outcomes.Completed([f"run-p:{k}" for k in _expected_keys(ops)[:cut]])
+    assert decision == decisions.Completed([f"run-p:{k}" for k in _expected_keys(ops)[:cut]])

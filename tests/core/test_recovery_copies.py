@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import pytest
 
-from flexiq_plugins import AttemptDriver, DurableConfig, JobEnvelope, JobInfo, MemoryStepStore, current_job
-from flexiq_plugins._attempt.outcomes import Ack, AckReason, Completed, Failure, Replay
+from flexiq_plugins import DurableConfig, JobEnvelope, MemoryStepStore, current_job
+from flexiq_plugins._attempt.decisions import Ack, AckReason, Completed, Failure, Replay
+from flexiq_plugins.integration import AttemptDriver, JobInfo
 from tests.core.conftest import FakeClock
 
 ENVELOPE = JobEnvelope("charge", "test")
@@ -48,16 +49,16 @@ def test_c39_a_copy_of_a_run_the_original_handed_to_a_retry_is_dropped(
 
     assert isinstance(driver.run_job(JobInfo("run-1", "job-1", ENVELOPE), fails), Failure)
     assert store.get_run("run-1").status == "retrying"
-    outcome = driver.run_job(copy(), lambda: ran.append("copy"))
-    assert outcome == Ack(AckReason.DUPLICATE, "retrying")
+    decision = driver.run_job(copy(), lambda: ran.append("copy"))
+    assert decision == Ack(AckReason.DUPLICATE, "retrying")
     assert ran == ["original"]
     assert store.get_run("run-1").attempt == 1
 
 
 def test_c39_a_copy_of_a_run_that_never_started_runs_it(driver: AttemptDriver, store: MemoryStepStore) -> None:
     """C39: the original was lost: the copy claims the queued run and completes it."""
-    outcome = driver.run_job(copy(), lambda: current_job.step.run("charge", lambda: "ch-1"))
-    assert outcome == Completed("ch-1")
+    decision = driver.run_job(copy(), lambda: current_job.step.run("charge", lambda: "ch-1"))
+    assert decision == Completed("ch-1")
     assert store.get_run("run-1").status == "succeeded"
 
 

@@ -5,18 +5,12 @@ from __future__ import annotations
 import contextlib
 from unittest.mock import ANY
 
-from flexiq_plugins import (
-    AttemptDriver,
-    JobEnvelope,
-    JobInfo,
-    MemoryStepStore,
-    NotInStep,
-    StoreUnavailable,
-    current_job,
-)
-from flexiq_plugins._attempt import outcomes
+from flexiq_plugins import JobEnvelope, MemoryStepStore, StoreUnavailable, current_job
+from flexiq_plugins._attempt import decisions
 from flexiq_plugins._model.records import Claim, NewDeadLetter, RunStatus
 from flexiq_plugins._steps.context import no_current_job
+from flexiq_plugins.errors import NotInStep
+from flexiq_plugins.integration import AttemptDriver, JobInfo
 
 
 def test_c6_a_step_retried_inside_the_body_keeps_its_key_and_place(harness, clock):
@@ -40,11 +34,11 @@ def test_c6_a_step_retried_inside_the_body_keeps_its_key_and_place(harness, cloc
         current_job.step.sleep("10s")
         return value
 
-    assert harness.run(body) == outcomes.PutBack(outcomes.PutBackReason.SLEEP, ANY, ANY, ANY)
+    assert harness.run(body) == decisions.PutBack(decisions.PutBackReason.SLEEP, ANY, ANY, ANY)
     assert [s.step_key for s in harness.store.get_steps("run-1")] == ["fetch#0", "sleep#0"]
     clock.advance(11)
-    outcome = harness.run(body)
-    assert outcome == outcomes.Completed("data")
+    decision = harness.run(body)
+    assert decision == decisions.Completed("data")
     assert len(calls) == 2
 
 
@@ -76,7 +70,7 @@ def test_c25_a_store_blip_while_ending_the_attempt_still_releases_the_claim():
     delivery is not made to wait for the lease nor counted as a dead worker's takeover."""
     store = _BlippingStore(failures=2)
     attempt = AttemptDriver(store).start(JobInfo("run-1", "job-1", JobEnvelope("task", "test")))
-    assert attempt.run(lambda: current_job.step.run("a", lambda: 1)) == outcomes.Completed(1)  # type: ignore[union-attr]
+    assert attempt.run(lambda: current_job.step.run("a", lambda: 1)) == decisions.Completed(1)  # type: ignore[union-attr]
     run = store.get_run("run-1")
     assert (run.status, run.owner, run.takeovers) == ("succeeded", None, 0)
 
@@ -97,7 +91,7 @@ def test_c10_a_nested_job_does_not_see_the_outer_steps_idempotency_key(make_harn
     def outer_body() -> None:
         current_job.step.run("sub", lambda: str(inner.run(inner_body)))
 
-    assert isinstance(outer.run(outer_body), outcomes.Completed)
+    assert isinstance(outer.run(outer_body), decisions.Completed)
     assert seen == ["NotInStep", "inner:own#0"]
 
 
@@ -123,6 +117,6 @@ def test_c28_a_cleanup_error_while_a_sleep_unwinds_is_retryable_not_a_swallowed_
         with connection():
             current_job.step.sleep("1h")
 
-    outcome = harness.run(body)
-    assert isinstance(outcome, outcomes.Failure)
-    assert isinstance(outcome.error, ConnectionError)
+    decision = harness.run(body)
+    assert isinstance(decision, decisions.Failure)
+    assert isinstance(decision.error, ConnectionError)

@@ -11,8 +11,9 @@ from unittest.mock import ANY
 
 import pytest
 
-from flexiq_plugins import SleepSignal, StepDivergence, StepSignal, SwallowedStepSignal, current_job
-from flexiq_plugins._attempt import outcomes
+from flexiq_plugins import StepDivergence, current_job
+from flexiq_plugins._attempt import decisions
+from flexiq_plugins.errors import SleepSignal, StepSignal, SwallowedStepSignal
 
 
 @pytest.mark.parametrize("signal", [SleepSignal, StepDivergence, StepSignal])
@@ -33,7 +34,7 @@ def test_c20_except_exception_around_a_sleep_does_not_catch_it(harness):
             caught.append(exc)
         return "ran on"
 
-    assert harness.run(body) == outcomes.PutBack(outcomes.PutBackReason.SLEEP, ANY, ANY, ANY)
+    assert harness.run(body) == decisions.PutBack(decisions.PutBackReason.SLEEP, ANY, ANY, ANY)
     assert caught == []
 
 
@@ -49,12 +50,12 @@ def test_c21_swallowed_sleep_with_bare_except_is_dead_lettered(harness):
         after.append("ran without a claim")
         return "returned anyway"
 
-    outcome = harness.run(body)
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert outcome.reason == "swallowed_signal"
-    assert isinstance(outcome.error, SwallowedStepSignal)
-    assert "SleepSignal" in outcome.message
-    assert "returned anyway" in outcome.message
+    decision = harness.run(body)
+    assert isinstance(decision, decisions.DeadLetter)
+    assert decision.reason == "swallowed_signal"
+    assert isinstance(decision.error, SwallowedStepSignal)
+    assert "SleepSignal" in decision.message
+    assert "returned anyway" in decision.message
     assert after == ["ran without a claim"]
     assert harness.store.get_run(harness.run_key).status == "dead"
 
@@ -70,9 +71,9 @@ def test_c21_swallowed_sleep_then_another_step_re_raises_the_sleep(harness):
             pass
         current_job.step.run("after", lambda: calls.append("after"))
 
-    outcome = harness.run(body)
+    decision = harness.run(body)
     assert calls == []
-    assert outcome == outcomes.PutBack(outcomes.PutBackReason.SLEEP, ANY, ANY, ANY)
+    assert decision == decisions.PutBack(decisions.PutBackReason.SLEEP, ANY, ANY, ANY)
 
 
 def test_c21_swallowed_divergence_is_dead_lettered_naming_step_divergence(harness):
@@ -91,11 +92,11 @@ def test_c21_swallowed_divergence_is_dead_lettered_naming_step_divergence(harnes
             pass
         return "wrong answer"
 
-    outcome = harness.run(body)
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert isinstance(outcome.error, SwallowedStepSignal)
-    assert outcome.reason == "swallowed_signal"
-    assert "StepDivergence" in outcome.message
+    decision = harness.run(body)
+    assert isinstance(decision, decisions.DeadLetter)
+    assert isinstance(decision.error, SwallowedStepSignal)
+    assert decision.reason == "swallowed_signal"
+    assert "StepDivergence" in decision.message
 
 
 def test_c21_swallowed_signal_replaced_by_another_error_is_still_dead_lettered(harness):
@@ -107,7 +108,7 @@ def test_c21_swallowed_signal_replaced_by_another_error_is_still_dead_lettered(h
         except BaseException:
             raise ValueError("converted") from None
 
-    outcome = harness.run(body)
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert isinstance(outcome.error, SwallowedStepSignal)
-    assert "raised ValueError instead" in outcome.message
+    decision = harness.run(body)
+    assert isinstance(decision, decisions.DeadLetter)
+    assert isinstance(decision.error, SwallowedStepSignal)
+    assert "raised ValueError instead" in decision.message

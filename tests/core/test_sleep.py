@@ -14,7 +14,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from flexiq_plugins import current_job, parse_duration
-from flexiq_plugins._attempt import outcomes
+from flexiq_plugins._attempt import decisions
 from flexiq_plugins._model.durations import ACCEPTED_FORMS
 
 START = 1_700_000_000.0
@@ -27,10 +27,10 @@ def _at_start(clock):
     assert clock() == START
 
 
-def _sleeping(outcome) -> outcomes.PutBack:
-    assert isinstance(outcome, outcomes.PutBack), outcome
-    assert outcome.reason is outcomes.PutBackReason.SLEEP
-    return outcome
+def _sleeping(decision) -> decisions.PutBack:
+    assert isinstance(decision, decisions.PutBack), decision
+    assert decision.reason is decisions.PutBackReason.SLEEP
+    return decision
 
 
 def test_c15_sleep_commits_a_row_releases_the_claim_and_ends_the_attempt(harness):
@@ -68,17 +68,17 @@ def test_c15_woken_job_replays_and_carries_on_after_the_sleep(harness, clock):
 
     _sleeping(harness.run(body))
     clock.advance(3 * 86400 + 1)
-    assert harness.run(body) == outcomes.Completed("nudged")
+    assert harness.run(body) == decisions.Completed("nudged")
     assert calls == ["welcome", "nudge"]
 
 
 def test_c16_sleep_is_not_a_failure_no_retry_no_warning_no_error(harness, caplog):
     """A sleep yields Sleeping (not Retry), run status ``sleeping``, and no WARNING or ERROR log."""
     caplog.set_level(logging.DEBUG)
-    outcome = harness.run(lambda: current_job.step.sleep("30s"))
-    assert isinstance(outcome, outcomes.PutBack)
-    assert outcome.reason is outcomes.PutBackReason.SLEEP
-    assert not isinstance(outcome, outcomes.Failure)
+    decision = harness.run(lambda: current_job.step.sleep("30s"))
+    assert isinstance(decision, decisions.PutBack)
+    assert decision.reason is decisions.PutBackReason.SLEEP
+    assert not isinstance(decision, decisions.Failure)
     assert harness.store.get_run(harness.run_key).status == "sleeping"
     assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert harness.store.list_dead_letters(include_retried=True) == []
@@ -103,14 +103,14 @@ def test_c17_wake_time_is_fixed_by_the_first_commit(make_harness, clock):
     assert later.delay == pytest.approx(600, abs=1)
     assert len(harness.store.get_steps(harness.run_key)) == 1
     clock.advance(601)
-    assert harness.run(body) == outcomes.Completed("woke")
+    assert harness.run(body) == decisions.Completed("woke")
 
 
 def test_c17_due_sleep_returns_at_once_on_replay(harness, clock):
     """Once the wake time passed, the replayed sleep returns immediately, however late the wake is."""
     _sleeping(harness.run(lambda: current_job.step.sleep(5)))
     clock.advance(10 * 86400)
-    assert harness.run(lambda: current_job.step.sleep(5) or "past") == outcomes.Completed("past")
+    assert harness.run(lambda: current_job.step.sleep(5) or "past") == decisions.Completed("past")
 
 
 def test_c18_long_sleep_is_cut_into_hops_of_max_delay(make_harness, clock):
@@ -128,7 +128,7 @@ def test_c18_long_sleep_is_cut_into_hops_of_max_delay(make_harness, clock):
         clock.advance(hop.delay)
     assert delays == [900, 900, 900, 900]
     clock.advance(1)
-    assert harness.run(body) == outcomes.Completed("woke")
+    assert harness.run(body) == decisions.Completed("woke")
 
 
 def test_c18_default_max_hop_is_15_minutes(harness):
@@ -144,7 +144,7 @@ def test_c18_the_longest_sleep_is_366_days_and_travels_in_hops(make_harness):
     assert slept.wake_at == pytest.approx(START + 366 * 86400, abs=1)
 
     longest = make_harness("run-2").run(lambda: current_job.step.sleep(timedelta.max))
-    assert isinstance(longest, outcomes.DeadLetter)
+    assert isinstance(longest, decisions.DeadLetter)
     assert longest.reason == "invalid_duration"
     assert "longer than the longest sleep" in longest.message
     assert harness.store.get_steps("run-2") == []
@@ -165,7 +165,7 @@ def test_c19_unnamed_sleeps_are_numbered_and_named_ones_use_their_name(harness, 
         seen.append(_sleeping(harness.run(body)).detail)
         clock.advance(2)
     assert seen == ["sleep#0", "sleep#1", "cool_off#0"]
-    assert harness.run(body) == outcomes.Completed("done")
+    assert harness.run(body) == decisions.Completed("done")
 
 
 def test_c19_sleep_until_an_aware_datetime_wakes_at_that_instant(harness, clock):
@@ -179,7 +179,7 @@ def test_c19_sleep_until_an_aware_datetime_wakes_at_that_instant(harness, clock)
 def test_c19_sleep_until_a_past_instant_does_not_sleep(harness):
     """A ``sleep_until`` whose instant already passed returns at once."""
     past = datetime.fromtimestamp(START - 60, tz=timezone.utc)
-    assert harness.run(lambda: current_job.step.sleep_until(past) or "on") == outcomes.Completed("on")
+    assert harness.run(lambda: current_job.step.sleep_until(past) or "on") == decisions.Completed("on")
 
 
 @pytest.mark.parametrize(
@@ -200,7 +200,7 @@ def test_c19_sleep_until_needs_an_aware_datetime(harness, when):
         errors.append(info.value)
         return "checked"
 
-    assert harness.run(body) == outcomes.Completed("checked")
+    assert harness.run(body) == decisions.Completed("checked")
     assert len(errors) == 1
     assert harness.store.get_steps(harness.run_key) == []
 
@@ -234,7 +234,7 @@ def test_c19_bad_duration_raises_value_error_listing_accepted_forms(harness, dur
             errors.append(exc)
         return "checked"
 
-    assert harness.run(body) == outcomes.Completed("checked")
+    assert harness.run(body) == decisions.Completed("checked")
     (error,) = errors
     assert ACCEPTED_FORMS in str(error)
     assert "'1h30m'" in str(error)

@@ -18,15 +18,22 @@ import pytest
 from flexiq_plugins import (
     ConfigurationError,
     DurableConfig,
-    InvalidStepOption,
     NonRetryableError,
     RetryPolicy,
     StepRetryExhausted,
     current_job,
 )
-from flexiq_plugins._attempt.outcomes import PutBack, PutBackReason
+from flexiq_plugins._attempt.decisions import PutBack, PutBackReason
 from flexiq_plugins._model.failures import MAX_MESSAGE_CHARS, error_text, rebuild_error
-from flexiq_plugins.errors import Disposition, classify, compensates, final_reason, mark_final, reason_of
+from flexiq_plugins.errors import (
+    Disposition,
+    InvalidStepOption,
+    classify,
+    compensates,
+    final_reason,
+    mark_final,
+    reason_of,
+)
 from flexiq_plugins.testing import SimulatedCrash
 
 
@@ -62,7 +69,7 @@ def test_c31_an_always_failing_step_runs_exactly_max_attempts_times(durable_run)
         result = run.attempt()
         assert result.step_retrying
         assert not result.failed
-        reasons.append(result.outcome.reason)
+        reasons.append(result.decision.reason)
         run.wake()
     last = run.attempt()
 
@@ -70,7 +77,7 @@ def test_c31_an_always_failing_step_runs_exactly_max_attempts_times(durable_run)
     assert isinstance(last.error, StepRetryExhausted)
     assert len(calls) == 5
     assert reasons == [PutBackReason.STEP_RETRY] * 4
-    assert [(a.number, a.outcome) for a in run.step_attempts] == [
+    assert [(a.number, a.ended) for a in run.step_attempts] == [
         (1, "failed"),
         (2, "failed"),
         (3, "failed"),
@@ -97,9 +104,9 @@ def test_c31_backoff_grows_by_the_multiplier_up_to_max_delay(durable_run, flexiq
     for _ in range(4):
         before = flexiq_clock()
         result = run.attempt()
-        assert isinstance(result.outcome, PutBack)
-        delays.append(result.outcome.delay)
-        assert result.outcome.wake_at == before + result.outcome.delay
+        assert isinstance(result.decision, PutBack)
+        delays.append(result.decision.delay)
+        assert result.decision.wake_at == before + result.decision.delay
         run.wake()
     assert delays == [1.0, 2.0, 4.0, 5.0]
 
@@ -132,7 +139,7 @@ def test_c31_a_worker_killed_inside_the_body_uses_an_attempt(durable_run):
     assert last.dead_lettered
     assert isinstance(last.error, StepRetryExhausted)
     assert last.error.last_error is None  # no error was raised: the worker died
-    assert [(a.number, a.outcome) for a in run.step_attempts] == [(1, "lost"), (2, "lost"), (3, "exhausted")]
+    assert [(a.number, a.ended) for a in run.step_attempts] == [(1, "lost"), (2, "lost"), (3, "exhausted")]
     assert "worker was lost" in (run.step_attempts[-1].message or "")
     assert run.record.takeovers == 3
 
@@ -151,8 +158,8 @@ def test_c31_an_early_delivery_waits_for_the_backoff_without_an_attempt(durable_
     early = run.attempt()
 
     assert early.step_retrying
-    assert early.outcome.wake_at == first.outcome.wake_at
-    assert early.outcome.delay == pytest.approx(40.0)
+    assert early.decision.wake_at == first.decision.wake_at
+    assert early.decision.delay == pytest.approx(40.0)
     assert len(calls) == 1
     assert len(run.step_attempts) == 1
 
@@ -177,7 +184,7 @@ def test_c31_a_step_that_succeeds_on_a_later_attempt_commits_once(durable_run):
 
     assert done.completed
     assert done.value == "shipped"
-    assert [(a.number, a.outcome) for a in run.step_attempts] == [(1, "failed"), (2, "failed"), (3, None)]
+    assert [(a.number, a.ended) for a in run.step_attempts] == [(1, "failed"), (2, "failed"), (3, None)]
 
 
 def test_c31_exhausted_is_catchable_and_replays_identically(durable_run):
@@ -218,7 +225,7 @@ def test_c31_a_non_retryable_error_runs_the_body_once(durable_run):
     assert result.dead_lettered
     assert isinstance(result.error, NonRetryableError)
     assert len(calls) == 1
-    assert [(a.number, a.outcome, a.error_type) for a in run.step_attempts] == [
+    assert [(a.number, a.ended, a.error_type) for a in run.step_attempts] == [
         (1, "non_retryable", "flexiq_plugins.errors.NonRetryableError")
     ]
     assert [d.reason for d in run.dead_letters] == ["non_retryable"]
@@ -304,7 +311,7 @@ def test_c31_a_plain_step_failure_is_recorded_and_left_to_the_task(durable_run):
     run = durable_run(body)
     assert run.attempt().failed
     (recorded,) = run.step_attempts
-    assert (recorded.number, recorded.outcome, recorded.error_type, recorded.message) == (
+    assert (recorded.number, recorded.ended, recorded.error_type, recorded.message) == (
         1,
         "failed",
         "ConnectionError",
@@ -379,7 +386,7 @@ def test_c31_a_step_retry_cannot_be_swallowed(durable_run):
 
     result = durable_run(body).attempt()
     assert result.dead_lettered
-    assert result.outcome.reason == "swallowed_signal"
+    assert result.decision.reason == "swallowed_signal"
 
 
 def test_c31_bad_retry_and_compensate_arguments_are_refused(durable_run):
@@ -394,7 +401,7 @@ def test_c31_bad_retry_and_compensate_arguments_are_refused(durable_run):
         assert isinstance(result.error, InvalidStepOption)
         assert isinstance(result.error, TypeError)
         assert "RetryPolicy" in str(result.error) or "callable" in str(result.error)
-        assert result.outcome.reason == "invalid_step_option"
+        assert result.decision.reason == "invalid_step_option"
 
 
 @pytest.mark.parametrize(
@@ -464,10 +471,10 @@ def test_c31_recovery_waits_for_a_step_retry_not_for_an_older_sleep(durable_run,
     run.wake()
     retrying = run.attempt()
     assert retrying.step_retrying
-    assert show_run(run.store, run.run_key).wake_at == retrying.outcome.wake_at
+    assert show_run(run.store, run.run_key).wake_at == retrying.decision.wake_at
 
     flexiq_clock.advance(300)
     assert find_stranded(run.store, grace=60) == []
     flexiq_clock.advance(400)
     (stranded,) = find_stranded(run.store, grace=60)
-    assert (stranded.why, stranded.due_at) == ("sleep_overdue", retrying.outcome.wake_at)
+    assert (stranded.why, stranded.due_at) == ("sleep_overdue", retrying.decision.wake_at)

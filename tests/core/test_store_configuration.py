@@ -16,19 +16,19 @@ from pathlib import Path
 import pytest
 
 from flexiq_plugins import (
-    AttemptDriver,
     ConfigurationError,
     DurableConfig,
     JobEnvelope,
-    JobInfo,
     MemoryStepStore,
     SqlStepStore,
-    StoreMisconfigured,
     StoreUnavailable,
 )
-from flexiq_plugins._attempt import outcomes
+from flexiq_plugins._attempt import decisions
+from flexiq_plugins.errors import StoreMisconfigured
 from flexiq_plugins.integration import (
     EXIT_CONFIGURATION,
+    AttemptDriver,
+    JobInfo,
     check_store_at_start,
     check_store_spec,
     driver_or_put_back,
@@ -80,7 +80,7 @@ class RefusingStore(MemoryStepStore):
             raise self.error
         return super().now()
 
-    def begin(self, *args: object, **kwargs: object) -> outcomes.Outcome:  # type: ignore[override]
+    def begin(self, *args: object, **kwargs: object) -> decisions.Decision:  # type: ignore[override]
         if self.down:
             raise self.error
         return super().begin(*args, **kwargs)  # type: ignore[arg-type,return-value]
@@ -133,9 +133,9 @@ def test_c41_a_job_that_cannot_open_its_store_is_put_back(caplog: pytest.LogCapt
     def opens() -> AttemptDriver:
         raise ConfigurationError("the step store needs the package psycopg")
 
-    outcome = driver_or_put_back(opens, DurableConfig(store_retry_max_seconds=42))
-    assert outcome == outcomes.PutBack(
-        outcomes.PutBackReason.STORE_UNAVAILABLE, 42.0, "the step store needs the package psycopg"
+    decision = driver_or_put_back(opens, DurableConfig(store_retry_max_seconds=42))
+    assert decision == decisions.PutBack(
+        decisions.PutBackReason.STORE_UNAVAILABLE, 42.0, "the step store needs the package psycopg"
     )
     assert [r.levelno for r in caplog.records] == [logging.ERROR]
 
@@ -154,19 +154,19 @@ def test_c28_c41_put_backs_for_a_store_outage_double_up_to_the_cap_and_are_logge
     driver = AttemptDriver(store, DurableConfig(store_retry_seconds=1, store_retry_max_seconds=5))
     delays = []
     for _ in range(5):
-        outcome = driver.start(JOB)
-        assert isinstance(outcome, outcomes.PutBack)
-        delays.append(outcome.delay)
+        decision = driver.start(JOB)
+        assert isinstance(decision, decisions.PutBack)
+        delays.append(decision.delay)
     assert delays == [1.0, 2.0, 4.0, 5.0, 5.0]
     assert [r.levelno for r in caplog.records] == [logging.WARNING]
     assert "put back after 1 s, then up to 5 s" in caplog.records[0].getMessage()
 
     store.down = False
-    assert not isinstance(driver.start(JOB.__class__("run-2", "job-2", JOB.envelope)), outcomes.PutBack)
+    assert not isinstance(driver.start(JOB.__class__("run-2", "job-2", JOB.envelope)), decisions.PutBack)
     assert caplog.records[-1].getMessage() == "step store reachable again"
     store.down = True
     again = driver.start(JOB)
-    assert isinstance(again, outcomes.PutBack)
+    assert isinstance(again, decisions.PutBack)
     assert again.delay == 1.0
 
 
@@ -178,8 +178,8 @@ def test_c41_a_store_refusing_its_configuration_mid_run_puts_jobs_back_logged_as
         "the step store at postgresql://app@db/shop cannot be used: password authentication failed"
     )
     driver = AttemptDriver(RefusingStore(refusal))
-    outcome = driver.start(JOB)
-    assert isinstance(outcome, outcomes.PutBack)
-    assert outcome.reason is outcomes.PutBackReason.STORE_UNAVAILABLE
+    decision = driver.start(JOB)
+    assert isinstance(decision, decisions.PutBack)
+    assert decision.reason is decisions.PutBackReason.STORE_UNAVAILABLE
     assert [r.levelno for r in caplog.records] == [logging.ERROR]
     assert "password authentication failed" in caplog.text

@@ -16,8 +16,8 @@ from uuid import uuid4
 
 import pytest
 
-from flexiq_plugins import MemoryStepStore, SqlStepStore, StoreMisconfigured, StoreUnavailable
-from flexiq_plugins._attempt import outcomes
+from flexiq_plugins import MemoryStepStore, SqlStepStore, StoreUnavailable
+from flexiq_plugins._attempt import decisions
 from flexiq_plugins._attempt.driver import AttemptDriver
 from flexiq_plugins._attempt.job import JobInfo
 from flexiq_plugins._attempt.lease import LeaseKeeper
@@ -26,6 +26,7 @@ from flexiq_plugins._delivery.recording import record_at_publish
 from flexiq_plugins._delivery.unregistered import dead_letter_unregistered
 from flexiq_plugins._model.config import DurableConfig
 from flexiq_plugins._model.records import JobEnvelope
+from flexiq_plugins.errors import StoreMisconfigured
 from flexiq_plugins.operations import Sweeper
 from tests.conftest import POSTGRES, require_service
 
@@ -89,7 +90,7 @@ def test_c41_every_part_of_a_process_meeting_one_outage_logs_one_warning_and_one
     claimed = store.begin("held-run", "job-h", ENVELOPE, "me", 30.0)
     store.down = True
 
-    assert all(isinstance(driver.start(_job()), outcomes.PutBack) for _ in range(3))
+    assert all(isinstance(driver.start(_job()), decisions.PutBack) for _ in range(3))
     keeper = LeaseKeeper(store, claimed.claim, 0.03)  # type: ignore[union-attr]
     store.calls.clear()
     keeper.start()
@@ -108,7 +109,7 @@ def test_c41_every_part_of_a_process_meeting_one_outage_logs_one_warning_and_one
     assert "published without recording their runs" in debug
 
     store.down = False
-    assert not isinstance(driver.start(_job()), outcomes.PutBack)
+    assert not isinstance(driver.start(_job()), decisions.PutBack)
     assert record_at_publish(lambda: store, uuid4().hex, "job-q", ENVELOPE) is True
     sweeper._note_reachable()
     assert _store_lines(caplog, logging.INFO).count(BACK_MESSAGE) == 1
@@ -224,7 +225,7 @@ def test_c41_an_outage_that_starts_again_after_another_part_saw_the_store_answer
     driver = AttemptDriver(store, DurableConfig(store_retry_seconds=1, store_retry_max_seconds=5))
     sweeper = Sweeper(store, {}, interval=60, name="test worker")
     store.down = True
-    assert isinstance(driver.start(_job()), outcomes.PutBack)
+    assert isinstance(driver.start(_job()), decisions.PutBack)
     sweeper._note_unreachable(StoreUnavailable("connection refused"), store_health(store).generation)
     assert len(_store_lines(caplog, logging.WARNING)) == 1
 
@@ -234,7 +235,7 @@ def test_c41_an_outage_that_starts_again_after_another_part_saw_the_store_answer
 
     store.down = True
     caplog.clear()
-    assert isinstance(driver.start(_job()), outcomes.PutBack)
+    assert isinstance(driver.start(_job()), decisions.PutBack)
     sweeper._note_unreachable(StoreUnavailable("connection refused"), store_health(store).generation)
     warnings = _store_lines(caplog, logging.WARNING)
     assert len(warnings) == 1, caplog.records
@@ -253,7 +254,7 @@ def test_c41_a_failure_begun_before_the_store_came_back_belongs_to_the_old_outag
     sweeper = Sweeper(store, {}, interval=60, name="test worker")
     store.down = True
     sweep_began = health.generation  # the sweep's statement is sent during the outage ...
-    assert isinstance(driver.start(_job()), outcomes.PutBack)
+    assert isinstance(driver.start(_job()), decisions.PutBack)
     assert len(_store_lines(caplog, logging.WARNING)) == 1
     store.down = False
     assert record_at_publish(lambda: store, uuid4().hex, "job-p", ENVELOPE) is True

@@ -167,7 +167,7 @@ def test_c31_a_failing_step_runs_exactly_five_times_whatever_the_retries_say(wor
 
     assert workers.calls(name) == ["ship"] * 5
     attempts = workers.store.get_step_attempts(run_key)
-    assert [(a.number, a.outcome) for a in attempts] == [(n, "failed") for n in range(1, 5)] + [(5, "exhausted")]
+    assert [(a.number, a.ended) for a in attempts] == [(n, "failed") for n in range(1, 5)] + [(5, "exhausted")]
     assert [d.reason for d in workers.store.list_dead_letters() if d.run_key == run_key] == ["step_retry_exhausted"]
     assert workers.dead_letters() == before + 1
 
@@ -181,7 +181,7 @@ def test_c31_a_worker_killed_inside_the_step_uses_its_attempts(workers: Workers)
 
     assert workers.calls(name) == ["charge"] * 3
     attempts = workers.store.get_step_attempts(run_key)
-    assert [(a.number, a.outcome) for a in attempts] == [(1, "lost"), (2, "lost"), (3, "exhausted")]
+    assert [(a.number, a.ended) for a in attempts] == [(1, "lost"), (2, "lost"), (3, "exhausted")]
     assert [d.reason for d in workers.store.list_dead_letters() if d.run_key == run_key] == ["step_retry_exhausted"]
 
 

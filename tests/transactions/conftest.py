@@ -20,7 +20,8 @@ from uuid import uuid4
 import pytest
 import sqlalchemy as sa
 
-from flexiq_plugins import AttemptDriver, DurableConfig, JobEnvelope, JobInfo, SqlStepStore
+from flexiq_plugins import DurableConfig, JobEnvelope, SqlStepStore
+from flexiq_plugins.integration import AttemptDriver, JobInfo
 from tests.conftest import MARIADB_URL, MYSQL, POSTGRES, POSTGRES_URL, drop_store_tables, require_service
 from tests.transactions.tx_support import Api, Orders
 

@@ -24,18 +24,10 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from flexiq_plugins import (
-    Attempt,
-    AttemptDriver,
-    DurableConfig,
-    InvalidTransaction,
-    JobEnvelope,
-    JobInfo,
-    OpenTransaction,
-    SqlStepStore,
-    current_job,
-)
-from flexiq_plugins._attempt import outcomes
+from flexiq_plugins import DurableConfig, JobEnvelope, SqlStepStore, current_job
+from flexiq_plugins._attempt import decisions
+from flexiq_plugins.errors import InvalidTransaction, OpenTransaction
+from flexiq_plugins.integration import Attempt, AttemptDriver, JobInfo
 from tests.polling import wait_for
 from tests.transactions.tx_support import Api, Orders
 
@@ -74,15 +66,15 @@ def test_c42_a_transactional_steps_memo_and_writes_commit_or_roll_back_together(
         return int(order)
 
     first = attempt(inside_a_transaction_that_rolls_back, run_key)
-    assert isinstance(first, outcomes.Failure)
+    assert isinstance(first, decisions.Failure)
     assert (orders.ids(), _keys(tx_store, run_key)) == ([], [])
 
     second = attempt(lambda: on_its_own(fail=True), run_key)
-    assert isinstance(second, outcomes.Failure)
+    assert isinstance(second, decisions.Failure)
     assert (orders.ids(), _keys(tx_store, run_key)) == ([42], ["create_order#0"])
 
     third = attempt(lambda: on_its_own(fail=False), run_key)
-    assert third == outcomes.Completed(42)
+    assert third == decisions.Completed(42)
     assert orders.ids() == [42]
     assert len(bodies) == 2  # attempts 1 and 2; attempt 3 was a memo hit
 
@@ -98,7 +90,7 @@ def test_c42_a_transactional_step_joined_to_the_callers_transaction_commits_with
             api.insert(using, 8)  # more writes of the same transaction, after the step
         return int(order)
 
-    assert attempt(body, run_key) == outcomes.Completed(7)
+    assert attempt(body, run_key) == decisions.Completed(7)
     assert orders.ids() == [7, 8]
     assert _keys(tx_store, run_key) == ["create_order#0"]
 
@@ -119,14 +111,14 @@ def test_c42_a_plain_step_inside_an_open_transaction_is_refused_before_its_body(
             api.insert(using, 1)
             current_job.step.run("notify", lambda: calls.append(1))
 
-    outcome = attempt(body, run_key)
-    assert isinstance(outcome, outcomes.DeadLetter)
-    assert isinstance(outcome.error, OpenTransaction)
-    assert outcome.reason == "open_transaction"
-    assert "does not share" in outcome.message
-    assert "step.transaction('notify', fn, using=...)" in outcome.message
-    assert "call the step outside the transaction" in outcome.message
-    assert "allow_open_transaction=True" in outcome.message
+    decision = attempt(body, run_key)
+    assert isinstance(decision, decisions.DeadLetter)
+    assert isinstance(decision.error, OpenTransaction)
+    assert decision.reason == "open_transaction"
+    assert "does not share" in decision.message
+    assert "step.transaction('notify', fn, using=...)" in decision.message
+    assert "call the step outside the transaction" in decision.message
+    assert "allow_open_transaction=True" in decision.message
     assert calls == []
     assert (orders.ids(), _keys(tx_store, run_key)) == ([], [])
 
@@ -141,9 +133,9 @@ def test_c42_a_plain_step_whose_body_writes_in_an_open_transaction_is_refused_be
         with api.handle() as using, api.outer(using):
             current_job.step.run("create_order", lambda: api.insert(using, 5))
 
-    outcome = attempt(body, run_key)
-    assert isinstance(outcome.error, OpenTransaction)
-    assert "that has written" in outcome.message
+    decision = attempt(body, run_key)
+    assert isinstance(decision.error, OpenTransaction)
+    assert "that has written" in decision.message
     assert (orders.ids(), _keys(tx_store, run_key)) == ([], [])
 
 
@@ -158,7 +150,7 @@ def test_c42_allow_open_transaction_opts_a_plain_step_out(
             api.insert(using, 3)
             return current_job.step.run("notify", lambda: "sent", allow_open_transaction=True)
 
-    assert attempt(body, run_key) == outcomes.Completed("sent")
+    assert attempt(body, run_key) == decisions.Completed("sent")
     assert orders.ids() == [3]
     assert _keys(tx_store, run_key) == ["notify#0"]
 
@@ -174,7 +166,7 @@ def test_c42_a_transaction_that_has_only_read_does_not_refuse_a_plain_step(
             assert session.in_transaction()
             return int(current_job.step.run("count", lambda: 1))
 
-    assert attempt(body, run_key) == outcomes.Completed(1)
+    assert attempt(body, run_key) == decisions.Completed(1)
 
 
 def test_c42_a_transactional_step_on_another_database_is_refused(
@@ -198,20 +190,20 @@ def test_c42_a_transactional_step_on_another_database_is_refused(
                     current_job.step.transaction("create", lambda: session.scalar(sa.text("SELECT 1")), using=session)
 
             key = f"{run_key}-{engine.dialect.name}-{engine.url.database}"
-            outcome = attempt(body, key)
-            assert isinstance(outcome, outcomes.DeadLetter), outcome
-            assert isinstance(outcome.error, InvalidTransaction)
-            assert outcome.reason == "invalid_transaction"
-            assert "not the step store's database" in outcome.message
+            decision = attempt(body, key)
+            assert isinstance(decision, decisions.DeadLetter), decision
+            assert isinstance(decision.error, InvalidTransaction)
+            assert decision.reason == "invalid_transaction"
+            assert "not the step store's database" in decision.message
             assert _keys(tx_store, key) == []
     finally:
         elsewhere.dispose()
         other_kind.dispose()
     if backend == "postgres":  # a Django alias whose database lacks the store's tables
         request.getfixturevalue("django_configured")
-        outcome = attempt(lambda: current_job.step.transaction("create", lambda: 1, using="elsewhere"), run_key)
-        assert outcome.reason == "invalid_transaction"
-        assert "Django database 'elsewhere' reaches a database without the store's tables" in outcome.message
+        decision = attempt(lambda: current_job.step.transaction("create", lambda: 1, using="elsewhere"), run_key)
+        assert decision.reason == "invalid_transaction"
+        assert "Django database 'elsewhere' reaches a database without the store's tables" in decision.message
 
 
 @pytest.mark.timeout(60)
@@ -227,12 +219,12 @@ def test_c42_a_transaction_left_open_when_the_body_returns_is_rolled_back_and_de
             order = sa.text(f"INSERT INTO {orders.name} (id) VALUES (9)")
             return int(current_job.step.transaction("create", lambda: session.execute(order) and 9, using=session))
 
-        outcome = attempt(body, run_key)
+        decision = attempt(body, run_key)
     finally:
         session.close()
-    assert isinstance(outcome, outcomes.DeadLetter), outcome
-    assert outcome.reason == "invalid_transaction"
-    assert "still open when the task body returned" in outcome.message
+    assert isinstance(decision, decisions.DeadLetter), decision
+    assert decision.reason == "invalid_transaction"
+    assert "still open when the task body returned" in decision.message
     assert (orders.ids(), _keys(tx_store, run_key)) == ([], [])
 
 
@@ -247,9 +239,9 @@ def test_c42_a_plain_step_cannot_commit_while_a_joined_transaction_holds_the_run
             current_job.step.transaction("create", lambda: session.execute(insert) and 4, using=session)
             current_job.step.run("notify", lambda: 1, allow_open_transaction=True)
 
-    outcome = attempt(body, run_key)
-    assert outcome.reason == "invalid_transaction"
-    assert "cannot commit while the transaction" in outcome.message
+    decision = attempt(body, run_key)
+    assert decision.reason == "invalid_transaction"
+    assert "cannot commit while the transaction" in decision.message
     assert (orders.ids(), _keys(tx_store, run_key)) == ([], [])
 
 
@@ -269,9 +261,9 @@ def test_c42_c25_a_transactional_step_of_a_taken_over_attempt_writes_nothing(
             insert = sa.text(f"INSERT INTO {orders.name} (id) VALUES (6)")
             return int(current_job.step.transaction("create", lambda: session.execute(insert) and 6, using=session))
 
-    outcome = stale.run(body)
-    assert isinstance(outcome, outcomes.Ack)
-    assert outcome.reason is outcomes.AckReason.DROPPED
+    decision = stale.run(body)
+    assert isinstance(decision, decisions.Ack)
+    assert decision.reason is decisions.AckReason.DROPPED
     assert (orders.ids(), _keys(tx_store, run_key)) == ([], [])
 
 
@@ -289,6 +281,6 @@ def test_c42_once_the_joined_transaction_committed_plain_steps_run_again(
                 using.execute(sa.text(f"SELECT COUNT(*) FROM {orders.name}"))  # autobegins a new transaction
             return current_job.step.run("notify", lambda: "sent")
 
-    assert attempt(body, run_key) == outcomes.Completed("sent")
+    assert attempt(body, run_key) == decisions.Completed("sent")
     assert orders.ids() == [11]
     assert _keys(tx_store, run_key) == ["create_order#0", "notify#0"]

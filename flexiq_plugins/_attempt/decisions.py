@@ -4,11 +4,11 @@ The core has committed the run's state and made every framework-neutral
 decision (whether a failure is retried, how long a put-back waits, what a
 store outage does) before an outcome reaches an adapter. The adapter only
 translates it into its framework's verb, and dispatches with ``match`` over
-:data:`Outcome` ending in ``assert_never``, so a new outcome kind is a type
+:data:`Decision` ending in ``assert_never``, so a new outcome kind is a type
 error in every adapter, never a silent acknowledgement.
 
 ========================  =====================================================
-Outcome                   Adapter's verb
+Decision                  Adapter's verb
 ========================  =====================================================
 :class:`Completed`        return the value; acknowledge
 :class:`PutBack`          re-enqueue the same job (same id, same run key) after
@@ -44,7 +44,7 @@ __all__ = [
     "DeadLetter",
     "Ended",
     "Failure",
-    "Outcome",
+    "Decision",
     "PutBack",
     "PutBackReason",
     "Replay",
@@ -149,7 +149,7 @@ class DeadLetter:
     """The job goes to the dead-letter path, never retried (C13, C29, C30).
 
     Parameters:
-      reason(str): short kind: ``divergence``, ``size_cap``, ``worker_lost`` …
+      reason(str): short kind: ``divergence``, ``size_limit``, ``worker_lost`` …
       message(str): a human-readable message.
       error(BaseException | None): the error, when there is one.
     """
@@ -197,7 +197,7 @@ class Replay:
     error: BaseException | None = None
 
 
-Outcome = Completed | PutBack | Failure | DeadLetter | Ack | Replay
+Decision = Completed | PutBack | Failure | DeadLetter | Ack | Replay
 """Every outcome an attempt can have; adapters ``match`` over it exhaustively."""
 
 
