@@ -45,7 +45,7 @@ def run_key_of(request: Any) -> str:
 
 
 def job_info(task: Any, request: Any) -> JobInfo:
-    """The core's view of the message ``request`` of ``task``, with its ``step_retry`` (C31) and caps (C34).
+    """The core's view of the message ``request`` of ``task``, with its ``step_retry`` (C31) and run caps (C34).
 
     Raises:
       ConfigurationError: the task's ``step_retry`` is not a ``RetryPolicy`` (or a dict of its fields), or

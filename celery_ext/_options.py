@@ -1,6 +1,6 @@
 """The options of :func:`celery_ext.install`: the core's :class:`DurableConfig` plus the Celery-only ones.
 
-The shared options (``max_hop_seconds``, ``lease_seconds``, the caps,
+The shared options (``max_hop_seconds``, ``lease_seconds``, the size limits and run caps,
 ``codecs`` …) are declared, converted and validated once by
 :class:`flexiq_plugins.integration.DurableConfig`; :class:`CeleryConfig` adds
 the dead-letter path and accepts a kombu serializer *name* for

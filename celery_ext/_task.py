@@ -4,7 +4,7 @@ Celery's tracer calls ``task(*args, **kwargs)`` when a task class defines
 ``__call__``; :class:`DurableTask` does, so every delivery of a durable task
 goes through :meth:`DurableTask.__call__`:
 
-``__call__ → AttemptDriver.run_job(job, body) → act(outcome)``
+``__call__ → AttemptDriver.run_job(job, body) → act(decision)``
 
 The body is the task's ``run`` (with ``autoretry_for`` already wrapped around
 it by Celery) or a user base class's own ``__call__``. Whatever it raises is
@@ -74,7 +74,7 @@ class DurableTask(Task):  # type: ignore[misc]
     ``step.run`` of the task that budget unless the call passes its own
     ``retry=`` (C31); the integration's ``step_retry`` option applies otherwise.
     ``@app.task(max_run_seconds="7d", max_suspended_seconds="3d")`` caps each
-    run's duration and its time in sleeps and waits: over a cap it is
+    run's duration and its time in sleeps and waits: over a run cap it is
     cancelled (C34); the integration's options apply otherwise.
     ``@app.task(record_at_publish=False)`` publishes the task's new jobs
     without recording their runs first (C39): one store write less per
@@ -202,4 +202,4 @@ def _run_attempt(
     try:
         return act(task, request, runtime, job, decision)
     finally:
-        del decision  # an error raised from here must not hold its outcome through this frame (no cycle)
+        del decision  # an error raised from here must not hold the decision through this frame (no cycle)

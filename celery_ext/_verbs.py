@@ -1,4 +1,4 @@
-"""Each core outcome turned into Celery's own verb.
+"""Each core decision turned into Celery's own verb.
 
 ===================  ============================================================
 Decision             What the task does
@@ -89,9 +89,9 @@ def install_quiet_ignored_filter() -> None:
 
 
 def act(task: Any, request: Any, runtime: Runtime, job: JobInfo, decision: Decision) -> Any:
-    """Carry out ``outcome`` for the job ``request`` of ``task``; return the task's value or raise.
+    """Carry out ``decision`` for the job ``request`` of ``task``; return the task's value or raise.
 
-    An error raised from here leaves no frame of it holding the outcome or the
+    An error raised from here leaves no frame of it holding the decision or the
     error: the traceback keeps its frames, so that would be a reference cycle
     keeping the error and the body's locals until a cyclic collection.
     """
@@ -141,7 +141,7 @@ def _put_back(task: Any, request: Any, job: JobInfo, decision: PutBack) -> NoRet
 
 
 def _republish(task: Any, request: Any, job: JobInfo, decision: PutBack) -> None:
-    """Publish the same task id again after ``outcome.delay`` s, carrying the run key; ``Reject`` if it fails."""
+    """Publish the same task id again after ``decision.delay`` s, carrying the run key; ``Reject`` if it fails."""
     why = f"{decision.reason.value}: {decision.detail}" if decision.detail else decision.reason.value
     if request.is_eager:
         raise UnsupportedInEagerMode(

@@ -22,10 +22,8 @@ Or list ``"dramatiq_ext.DurableSteps"`` in django_dramatiq's
 from ._adapter import DramatiqAdapter, adapter, publisher
 from ._envelope import RUN_KEY_OPTION, republish
 from ._middleware import DurableSteps, InvalidActorOption
-from ._verbs import DeadLettered
 
 __all__ = [
-    "DeadLettered",
     "DramatiqAdapter",
     "DurableSteps",
     "InvalidActorOption",

@@ -86,7 +86,7 @@ def execute(
     *,
     stopping: Callable[[], bool],
 ) -> Decision:
-    """Run ``body`` as an attempt of ``job`` and return exactly one outcome.
+    """Run ``body`` as an attempt of ``job`` and return exactly one decision.
 
     Dramatiq's ``Shutdown`` (an actor with ``notify_shutdown`` interrupted
     by a worker shutdown) reaches the core as

@@ -4,7 +4,7 @@ It stamps a run key on every new message at enqueue and records its run
 ``queued`` before the message leaves (C39), runs recovery in every worker
 (one sweep at a time across them, C39), swaps each durable actor's
 function for one that runs the body inside an attempt (see ``_actor``), and
-turns the attempt's outcome into Dramatiq's verb (see ``_verbs``). A failure
+turns the attempt's decision into Dramatiq's verb (see ``_verbs``). A failure
 the core calls retryable is re-raised unchanged, so the Retries middleware
 decides as it always does; if the message is then acknowledged or rejected
 without being enqueued again, Dramatiq has given up: the run is settled
@@ -94,7 +94,7 @@ class DurableSteps(Middleware):
     ``step_retry=RetryPolicy(...)`` gives every ``step.run`` of an actor that
     budget unless the call passes its own ``retry=`` (C31);
     ``max_run_seconds`` and ``max_suspended_seconds`` cap each run's duration
-    and its time in sleeps and waits: over a cap it is cancelled (C34). Nothing is
+    and its time in sleeps and waits: over a run cap it is cancelled (C34). Nothing is
     read or opened until a worker process handles its first message, so this
     works as ``"dramatiq_ext.DurableSteps"`` in django_dramatiq's
     ``DRAMATIQ_BROKER["MIDDLEWARE"]``.
@@ -111,7 +111,7 @@ class DurableSteps(Middleware):
         ``run_steps`` (C22), ``serializer`` (default: the broker's encoder)
         and ``codecs`` (C7), ``keep_succeeded_steps`` (C27), ``step_retry``
         (the default budget of every step, C31), ``max_run_seconds`` and
-        ``max_suspended_seconds`` (the default caps of every run, C34),
+        ``max_suspended_seconds`` (the default run caps of every run, C34),
         ``record_at_publish`` and ``recovery`` (C39). Each may also be set
         in Django's ``FLEXIQ`` dict, upper case; a keyword option wins.
 
@@ -138,7 +138,7 @@ class DurableSteps(Middleware):
     @property
     def actor_options(self) -> set[str]:
         """``durable``: ``False`` opts an actor out; ``step_retry``: its steps' default budget (C31);
-        ``max_run_seconds``, ``max_suspended_seconds``: its runs' caps (C34); ``record_at_publish``:
+        ``max_run_seconds``, ``max_suspended_seconds``: its runs' run caps (C34); ``record_at_publish``:
         ``False`` publishes its new jobs without recording their runs first (C39)."""
         return {"durable", "step_retry", "max_run_seconds", "max_suspended_seconds", RECORD_TASK_OPTION}
 
@@ -220,7 +220,7 @@ class DurableSteps(Middleware):
 
     # ----------------------------------------------------------- declaring
     def before_declare_actor(self, broker: dramatiq.Broker, actor: dramatiq.Actor[Any, Any]) -> None:
-        """Check the actor's ``step_retry`` (C31) and caps (C34) where it is declared.
+        """Check the actor's ``step_retry`` (C31) and run caps (C34) where it is declared.
 
         Raises:
           InvalidActorOption: ``step_retry`` is not a ``RetryPolicy``, a dict of its fields or ``None``;

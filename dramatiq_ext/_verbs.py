@@ -1,4 +1,4 @@
-"""Each attempt outcome turned into Dramatiq's own verb.
+"""Each attempt's decision turned into Dramatiq's own verb.
 
 ===================  ============================================================
 Decision             What the actor call does
@@ -30,6 +30,11 @@ gets the value of the attempt that completes. The worker logs every skipped
 message at WARNING; a sleep logs no warning (C16), so :class:`QuietSkipFilter`
 drops that one record for the skips made here (the way ``RabbitmqBroker``
 filters pika's scary logs).
+
+A dead letter's skip, :class:`DeadLetterSkip`, is also the core's
+:class:`~flexiq_plugins.DeadLettered`: the one error every adapter raises for a
+dead letter (Celery's is ``DeadLetterReject``), so ``except DeadLettered``
+catches it.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from flexiq_plugins.integration import (
     Ack,
     Completed,
     DeadLetter,
+    DeadLettered,
     Decision,
     Failure,
     JobInfo,
@@ -59,17 +65,21 @@ from flexiq_plugins.integration import (
 
 from ._envelope import RESUME_OPTION, RUN_KEY_OPTION
 
-__all__ = ["DeadLettered", "QuietSkipFilter", "apply_decision", "enqueue_again"]
+__all__ = ["DeadLetterSkip", "QuietSkipFilter", "apply_decision", "enqueue_again"]
 
 logger = logging.getLogger("dramatiq_ext.DurableSteps")
 
 
-class DeadLettered(SkipMessage):
-    """The durable job was dead-lettered; raised at Dramatiq's boundary (C13, C29, C30).
+class DeadLetterSkip(SkipMessage, DeadLettered):
+    """The durable job was dead-lettered: the core's ``DeadLettered``, raised as Dramatiq's skip (C13, C29, C30).
 
-    It is a :class:`~dramatiq.middleware.SkipMessage`, so no retry policy sees
-    it, and the message is already failed, so the broker moves it to its
-    dead-letter queue and a Results backend stores this as the job's failure.
+    A :class:`~dramatiq.middleware.SkipMessage`, so no retry policy sees it
+    (the worker catches a skip apart from every other exception), and the
+    message is already failed, so the broker moves it to its dead-letter
+    queue and a Results backend stores this as the job's failure. A
+    :class:`~flexiq_plugins.DeadLettered`, so ``except DeadLettered`` catches
+    it as it catches Celery's dead letter; its message starts with the reason
+    kind, as every ``DeadLettered``'s does (``"divergence: ..."``).
 
     Parameters:
       reason(str): short kind: ``divergence``, ``size_limit``, ``worker_lost`` …
@@ -77,8 +87,7 @@ class DeadLettered(SkipMessage):
     """
 
     def __init__(self, reason: str, detail: str) -> None:
-        self.reason = reason
-        super().__init__(f"dead-lettered ({reason}): {detail}")
+        super().__init__(f"{reason}: {detail}")
 
 
 class _Handled(SkipMessage):
@@ -89,9 +98,9 @@ class QuietSkipFilter(logging.Filter):
     """Drops the worker's "Message … was skipped." record for skips raised here."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """Return ``False`` for the worker's record of a :class:`_Handled` or :class:`DeadLettered` skip."""
+        """Return ``False`` for the worker's record of a :class:`_Handled` or :class:`DeadLetterSkip` skip."""
         handling = sys.exc_info()[1]  # the worker logs from inside its ``except SkipMessage``
-        return not isinstance(handling, (_Handled, DeadLettered))
+        return not isinstance(handling, (_Handled, DeadLetterSkip))
 
 
 def install_quiet_skip_filter() -> None:
@@ -122,7 +131,7 @@ def enqueue_again(broker: dramatiq.Broker, message: Any, run_key: str, delay_ms:
 
 
 def apply_decision(broker: dramatiq.Broker, message: Any, job: JobInfo, decision: Decision) -> Any:
-    """Do the broker's part of ``outcome``; return the actor's value or raise."""
+    """Do the broker's part of ``decision``; return the actor's value or raise."""
     try:
         return _apply(broker, message, job, decision)
     finally:
@@ -157,7 +166,7 @@ def _reraise(failure: Failure) -> NoReturn:
     """Raise ``failure``'s error with no frame of this call holding it: no reference cycle (issue 16).
 
     The traceback of the error raised keeps every frame it passes through;
-    a frame still referencing the outcome (and so the error) would keep the
+    a frame still referencing the decision (and so the error) would keep the
     error, its traceback, and the actor's locals alive until a cyclic
     garbage collection. Dramatiq frees them at once; so must a durable actor.
     """
@@ -197,4 +206,4 @@ def _skip_without_result(message: Any, why: str) -> NoReturn:
 
 def _fail(message: Any, decision: DeadLetter) -> NoReturn:
     message.fail()
-    raise DeadLettered(decision.reason, decision.message)
+    raise DeadLetterSkip(decision.reason, decision.message)

@@ -8,31 +8,32 @@ into a retry or, worse, a success (C20). Everything else is an ordinary
 
     BaseException
     ├── StepSignal                      control flow, never an error (C20)
-    │   ├── SleepSignal                 the attempt ends; the job comes back later
+    │   ├── SleepSignal                 the attempt ends; the job comes back later (C15)
     │   │   ├── StepRetrySignal         a failed step with budget left comes back after its backoff (C31)
     │   │   └── EventWaitSignal         ``step.wait_for_event`` waits for its event (C33)
-    │   ├── RunCancelled                the run is cancelled: on request or over a cap (C34)
+    │   ├── RunCancelled                the run is cancelled: on request or over a run cap (C34)
+    │   ├── ClaimRefused                a lazy claim at the first step was refused: the attempt ends (C23–C28)
     │   ├── ReplayStopped               a compensation replay reached a step that never ran (C32)
     │   └── StepDivergence              recorded and running step sequences differ (C12)
     └── WorkerInterrupted               the worker shut down mid-attempt: the job goes back (C38)
     Exception
     └── FlexiqError
         ├── ConfigurationError (ValueError)   a bad store URL, option or codec key
-        │   └── InvalidDuration               a duration that cannot be parsed (C19); a StepUsageError too
+        │   └── InvalidDuration (StepUsageError)   a duration that cannot be parsed (C19)
         ├── NoCurrentJob (RuntimeError)       ``current_job`` used outside a job
         ├── InvalidRunKey (ValueError)        a run key that is not a str of 1–255 characters
         ├── StepUsageError                    misuse of the step API inside a job: dead-lettered at once
         │   ├── InvalidStepName (ValueError, TypeError)   C2
         │   ├── InvalidStepKey (ValueError, TypeError)    C2
-        │   ├── InvalidStepBody (TypeError)               a body that is not a callable, or returns an awaitable
         │   ├── NotInStep (RuntimeError)                  ``idempotency_key`` read outside a step body (C10)
         │   ├── InvalidWakeTime (ValueError, TypeError)   ``sleep_until`` without an aware datetime (C19)
+        │   ├── InvalidStepBody (TypeError)               a body that is not a callable, or returns an awaitable
         │   ├── DuplicateStepKey                          C3
         │   ├── ConcurrentStep                            C8
         │   ├── SwallowedStepSignal                       C21
         │   ├── InvalidStepOption (TypeError)             a bad ``retry=`` / ``compensate=`` (C31, C32)
         │   ├── OpenTransaction                           a plain step in a transaction the store cannot share (C42)
-        │   └── InvalidTransaction                        a transactional step that cannot share the caller's (C42)
+        │   └── InvalidTransaction (ValueError)           a transactional step that cannot share the caller's (C42)
         ├── InvalidEvent (ValueError)         an event topic, key or payload that cannot be sent (C33)
         ├── StepLimitExceeded                 a size limit refused a commit (C22)
         ├── CodecError                        a value cannot be encoded / decoded (C7)
@@ -40,21 +41,31 @@ into a retry or, worse, a success (C20). Everything else is an ordinary
         │   └── DecodeError
         ├── StepRetryExhausted                a step's durable retry budget is spent (C31)
         ├── NonRetryableError                 raise it (or subclass it) for an error that will never succeed (C31)
+        │   └── ReplayedError                 a finished run's stored error whose class cannot be rebuilt (C37)
         ├── CompensationFailed                an undo failed for good; the run is dead-lettered (C32)
-        ├── DeadLettered                      the job went to the dead-letter path (C13, C30)
+        ├── DeadLettered                      the job went to the dead-letter path (C13, C30), on every adapter
+        ├── JobCancelled                      a duplicate of a cancelled run (C34, C37)
+        ├── OutcomeNotKept                    a finished run's value was not kept: nothing to replay (C37)
         ├── UnsupportedInEagerMode (RuntimeError)  a sleep or put-back under Celery's eager mode
         ├── StoreError                        anything the step store reports
         │   ├── StoreUnavailable              connection lost, timeout: retryable (C28)
         │   │   └── StoreMisconfigured (ConfigurationError)  authentication, unknown database, missing directory (C41)
         │   ├── ClaimLost                     another attempt holds the run (C25)
+        │   ├── RunLocked                     a renewal refused at once: another transaction holds the run's row (C23)
         │   ├── CancelRequested               a notice from the store: the run's cancellation was requested (C34)
         │   ├── CorruptRecord                 a stored row that cannot be read: dead-lettered at once
-        │   └── UnknownRun / UnknownDeadLetter (LookupError)
+        │   ├── UnknownRun (LookupError)      no run has that run key
+        │   └── UnknownDeadLetter (LookupError)  no dead letter has that id
         └── OperationError                    an operator action failed (``flexiq`` exits 1)
             ├── NoPublisher                   no integration to re-publish a framework's jobs
             ├── PublishFailed                 the broker refused a re-publish
             ├── AlreadyRetried                the dead letter's run has moved on
             └── RunCompensated                the dead letter's run was compensated: retry it only from a step
+
+The tree is exact: each error defined here appears once, under its first
+base, with its other bases in parentheses (a test checks it against the
+classes). The package root exports the errors a task
+author or an operator catches; every one of them is importable from here.
 
 Classification (:func:`classify`) lives here, next to the errors, so every
 adapter reads the same answer before it consults any retry filter (C28, C29).
@@ -71,14 +82,13 @@ import math
 from datetime import datetime
 
 __all__ = [
+    "AlreadyRetried",
+    "CancelRequested",
     "ClaimLost",
-    "RunLocked",
+    "ClaimRefused",
     "CodecError",
     "CompensationFailed",
-    "CancelRequested",
     "ConcurrentStep",
-    "AlreadyRetried",
-    "ClaimRefused",
     "ConfigurationError",
     "CorruptRecord",
     "DeadLettered",
@@ -97,16 +107,20 @@ __all__ = [
     "InvalidStepOption",
     "InvalidTransaction",
     "InvalidWakeTime",
+    "JobCancelled",
     "NoCurrentJob",
     "NoPublisher",
     "NonRetryableError",
     "NotInStep",
     "OpenTransaction",
     "OperationError",
+    "OutcomeNotKept",
     "PublishFailed",
     "ReplayStopped",
+    "ReplayedError",
     "RunCancelled",
     "RunCompensated",
+    "RunLocked",
     "SleepSignal",
     "StepDivergence",
     "StepLimitExceeded",
@@ -199,7 +213,7 @@ class EventWaitSignal(SleepSignal):
 
 
 class RunCancelled(StepSignal):
-    """The run is cancelled: an operator asked for it, or it went over a cap of its task (C34).
+    """The run is cancelled: an operator asked for it, or it went over a run cap of its task (C34).
 
     Raised at a step boundary, never caught by a task's ``except Exception``
     (like a sleep): the body unwinds, the compensations of its committed steps
@@ -467,7 +481,7 @@ class JobCancelled(FlexiqError):
 class OutcomeNotKept(FlexiqError):
     """A finished run's return value was not kept, so a duplicate cannot replay it (C37).
 
-    The value was over the step value cap (``step_bytes``) or could not be
+    The value was over the step bytes limit (``step_bytes``, C22) or could not be
     encoded by the step serializer; the run itself succeeded. The message
     says which.
     """
@@ -589,7 +603,7 @@ class Disposition(enum.Enum):
     DEAD_LETTER = "dead_letter"
     """Never retried; straight to the dead-letter path (C13, C29)."""
     DROP = "drop"
-    """The claim was lost: the outcome is dropped (C25)."""
+    """The claim was lost: what the attempt did is dropped (C25)."""
     SLEEP = "sleep"
     """Not a failure: the job comes back at its wake time (C15, C16)."""
     CANCEL = "cancel"
@@ -638,7 +652,7 @@ def compensates(exc: BaseException) -> bool:
 
     True for an exhausted step budget, a :class:`NonRetryableError`, an
     error marked final and a cancellation (C34); false for the dead letters
-    that point at a defect (divergence, usage errors, caps), which an
+    that point at a defect (divergence, usage errors, size limits), which an
     operator fixes and retries without undoing anything.
     """
     return isinstance(exc, (StepRetryExhausted, NonRetryableError, RunCancelled)) or final_reason(exc) is not None

@@ -23,7 +23,7 @@ root; a third integration would too. The shape of an adapter:
 Options are one frozen :class:`DurableConfig` (subclass it for options of
 your own), the store comes from :func:`resolve_store`. A task's or actor's
 own ``step_retry`` option (C31) is checked with :func:`retry_policy_option`
-and travels in :attr:`JobInfo.step_retry`; its caps (``max_run_seconds``,
+and travels in :attr:`JobInfo.step_retry`; its run caps (``max_run_seconds``,
 ``max_suspended_seconds``, C34) are checked with :func:`cancellation_option`
 and travel in :attr:`JobInfo.cancellation`. When the framework gives up on a
 :class:`Failure`, call :meth:`AttemptDriver.give_up`: a run with undos to run

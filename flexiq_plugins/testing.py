@@ -97,7 +97,7 @@ class AttemptResult:
 
     Parameters:
       number(int | None): the attempt's number (``None`` if it never started: busy, duplicate …).
-      decision(Decision | None): the core's outcome; ``None`` for a simulated crash.
+      decision(Decision | None): what the core decided; ``None`` for a simulated crash.
     """
 
     number: int | None
@@ -136,7 +136,7 @@ class AttemptResult:
 
     @property
     def cancelled(self) -> bool:
-        """The run was cancelled (C34): on request or over a cap; its undos ran."""
+        """The run was cancelled (C34): on request or over a run cap; its undos ran."""
         return isinstance(self.decision, decisions.Ack) and self.decision.reason is decisions.AckReason.CANCELLED
 
     @property
@@ -204,11 +204,11 @@ class DurableRun:
       run_key(str): the run's key (default ``"run-1"``); steps' idempotency keys start with it.
       store(StepStore | None): where the run lives; a :class:`MemoryStepStore` on ``clock`` by default.
       clock(FakeClock | None): the store's clock when the store is made here.
-      config(DurableConfig | None): the options (caps, lease, ``step_retry`` …); defaults otherwise.
+      config(DurableConfig | None): the options (size limits, run caps, lease, ``step_retry`` …); defaults otherwise.
       task_name(str | None): the name recorded with the run (default: the function's name).
 
     A Celery task's or Dramatiq actor's own ``step_retry`` option (C31) and
-    caps (``max_run_seconds``, ``max_suspended_seconds``, C34) are used as its
+    run caps (``max_run_seconds``, ``max_suspended_seconds``, C34) are used as its
     workers would use them.
     """
 
@@ -391,7 +391,7 @@ class DurableRun:
 
     @property
     def step_attempts(self) -> list[StepAttempt]:
-        """The run's recorded step attempts (C31): each with its number, outcome and error."""
+        """The run's recorded step attempts (C31): each with its number, how it ended and its error."""
         return self.store.get_step_attempts(self.run_key)
 
     @property

@@ -307,7 +307,7 @@ def test_c15_sleep_step_keeps_its_wake_time(store: StepStore) -> None:
 
 
 def test_c22_a_four_mib_value_round_trips(store: StepStore) -> None:
-    """A 4 MiB step value (the default run cap) is stored and read back byte for byte (C22, C5)."""
+    """A 4 MiB step value (the default run bytes limit) is stored and read back byte for byte (C22, C5)."""
     key = new_key()
     value = os.urandom(4 * 1024 * 1024)
     claim = claim_run(store, key).claim
@@ -642,7 +642,7 @@ def test_c37_finish_keeps_the_outcome_with_the_terminal_status_and_begin_hands_i
 
 
 def test_c37_a_four_mib_outcome_round_trips(store: StepStore) -> None:
-    """C37: an outcome as large as the step value cap (4 MiB by default) is kept whole."""
+    """C37: an outcome as large as a step bytes limit of 4 MiB is kept whole."""
     key = new_key()
     outcome = b"V" + os.urandom(4 * 1024 * 1024)
     store.finish(claim_run(store, key).claim, "succeeded", outcome=outcome)
@@ -804,10 +804,8 @@ def test_c27_cleanup_drops_only_old_succeeded_failed_and_cancelled_runs(store: S
 
 
 # --------------------------------------------------------- step attempts
-def failure(
-    step_key: str, number: int | None, outcome: str = "failed", delay: float | None = None
-) -> StepAttemptFailure:
-    return StepAttemptFailure(step_key, number, outcome, "ConnectionError", "down", "Traceback ...", delay)  # type: ignore[arg-type]
+def failure(step_key: str, number: int | None, ended: str = "failed", delay: float | None = None) -> StepAttemptFailure:
+    return StepAttemptFailure(step_key, number, ended, "ConnectionError", "down", "Traceback ...", delay)  # type: ignore[arg-type]
 
 
 def test_c31_step_attempts_are_numbered_and_journaled_before_the_body(store: StepStore) -> None:

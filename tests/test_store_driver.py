@@ -3,7 +3,7 @@
 They skip SQLAlchemy's execution wrapper, not what it guarantees: a driver
 error is classified as before (a busy database is an outage, C28; a missing
 table names the fix; a connection the server killed is invalidated, its
-outcome unknown), nothing of a failed step is committed, and a row written
+result unknown), nothing of a failed step is committed, and a row written
 this way reads back exactly.
 """
 

@@ -212,7 +212,7 @@ def test_c28_a_held_connection_found_dead_by_its_statement_retries_a_transaction
     sql_store: SqlStepStore, postgres_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With the pre-use check blinded, the kill shows at the statement: a read transaction runs again on a
-    new connection (nothing committed); a step, one autocommitted statement, has an unknown outcome and
+    new connection (nothing committed); a step, one autocommitted statement, has an unknown result and
     raises :class:`StoreUnavailable` instead of running twice; the hold then goes on on a new connection (C28)."""
     checkouts = Checkouts(sql_store.engine)
     monkeypatch.setattr(sql_store_module, "dead_after_idle", lambda *_: None)
@@ -226,7 +226,7 @@ def test_c28_a_held_connection_found_dead_by_its_statement_retries_a_transaction
         _terminate(postgres_url, _backend_pid(checkouts.out[-1][1]))
         with pytest.raises(StoreUnavailable):
             sql_store.commit_step(begun.claim, StepRow(0, "a#0", "run", b"1"))
-        assert len(checkouts.out) == 2, "an unknown outcome is not retried"
+        assert len(checkouts.out) == 2, "an unknown result is not retried"
 
         sql_store.commit_step(begun.claim, StepRow(1, "b#0", "run", b"2"))
         assert len(checkouts.out) == 3
@@ -315,7 +315,7 @@ def test_c28_a_held_connection_idle_past_the_threshold_is_pinged_before_use(
 ) -> None:
     """A held connection idle longer than the ping threshold (a long step body) is pinged before its next
     use; one found dead so is replaced before the step's autocommitted statement is sent, which then
-    commits instead of failing with an unknown outcome (C28). The socket check is blinded here, so only
+    commits instead of failing with an unknown result (C28). The socket check is blinded here, so only
     the ping can see the kill."""
     monkeypatch.setattr(engine_module, "_PING_IF_IDLE_S", 0.0)  # every pause counts as a long idle
     monkeypatch.setattr(engine_module, "_closed_by_server", lambda _conn: False)

@@ -41,19 +41,19 @@ def begun(store: SqlStepStore, run_key: str, owner: str, lease_s: float) -> Clai
 
 def renewal_of(store: SqlStepStore, claim: Claim) -> object:
     """What one renewal of ``claim`` returns or raises, from another thread (bounded: it must not wait)."""
-    outcome: list[object] = []
+    got: list[object] = []
 
     def renew() -> None:
         try:
-            outcome.append(store.renew(claim, 30.0))
+            got.append(store.renew(claim, 30.0))
         except Exception as exc:  # what the test looks at
-            outcome.append(exc)
+            got.append(exc)
 
     renewer = threading.Thread(target=renew)
     renewer.start()
     renewer.join(PATIENCE_S)
     assert not renewer.is_alive(), "the renewal waited for the row lock"
-    return outcome[0]
+    return got[0]
 
 
 # --------------------------------------------------------------------------------------------------------------

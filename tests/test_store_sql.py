@@ -427,13 +427,13 @@ def test_c23_a_renewal_does_not_wait_for_a_row_another_transaction_holds(
     store = make_sql_store(request.getfixturevalue(f"{backend}_url"))
     begun = claim(store, "run-held")
     runs = store_tables(store.table_prefix).runs
-    outcome: list[object] = []
+    got: list[object] = []
 
     def renew() -> None:
         try:
-            outcome.append(store.renew(begun.claim, 60.0))
+            got.append(store.renew(begun.claim, 60.0))
         except Exception as exc:  # what the test looks at
-            outcome.append(exc)
+            got.append(exc)
 
     with store.engine.connect() as other:
         transaction = other.begin()
@@ -445,7 +445,7 @@ def test_c23_a_renewal_does_not_wait_for_a_row_another_transaction_holds(
         transaction.rollback()
     renewer.join()
     assert not still_waiting, "the renewal waited for the row lock"
-    assert isinstance(outcome[0], RunLocked), outcome
+    assert isinstance(got[0], RunLocked), got
     assert store.get_run("run-held").lease_until == pytest.approx(begun.claim.lease_until)
     renewed = store.renew(begun.claim, 60.0)
     assert renewed.lease_until > begun.claim.lease_until

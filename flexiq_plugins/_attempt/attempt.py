@@ -1,11 +1,11 @@
-"""One attempt of a run: the body under its claim, and the one outcome it concludes with.
+"""One attempt of a run: the body under its claim, and the one decision it concludes with.
 
 An :class:`Attempt` is made by the driver (:class:`~flexiq_plugins._attempt.driver.AttemptDriver`)
 once the run is claimed (or, for a ``lazy`` job, claims it at the body's
 first step). It binds ``current_job`` to the run's step journal, keeps the
 claim's lease alive while the body runs (C23), and then *concludes*: what the
 body returned or raised becomes exactly one committed run state and one
-:mod:`~flexiq_plugins._attempt.decisions` value (C13–C16, C21, C25–C29, C32–C34).
+:data:`~flexiq_plugins._attempt.decisions.Decision` (C13–C16, C21, C25–C29, C32–C34).
 """
 
 from __future__ import annotations
@@ -75,15 +75,15 @@ class AttemptHost(Protocol):
     codec: CodecChain
 
     def claim(self, job: JobInfo, owner: str | None = None) -> Begun | decisions.Decision:
-        """Claim ``job``'s run, or return the outcome that ends the attempt without a body (C23–C28)."""
+        """Claim ``job``'s run, or return the decision that ends the attempt without a body (C23–C28)."""
 
     def ended_unclaimed(
         self, job: JobInfo, value: Any = None, error: BaseException | None = None
     ) -> decisions.Decision:
-        """The outcome of an attempt that ended without claiming its run."""
+        """The decision for an attempt that ended without claiming its run."""
 
     def store_outage(self, exc: StoreUnavailable) -> decisions.PutBack:
-        """The outcome of a store outage: put back, no retry counted (C28)."""
+        """The decision for a store outage: put back, no retry counted (C28)."""
 
 
 class Attempt:
@@ -160,7 +160,7 @@ class Attempt:
 
         Raises:
           ClaimRefused: the claim ended the attempt (the run is busy, finished,
-            past its takeover limit, or the store is unavailable); the outcome
+            past its takeover limit, or the store is unavailable); the decision
             that ends it is kept, and the attempt concludes with it.
         """
         with self._claiming:
@@ -243,7 +243,7 @@ class Attempt:
             self.context.leave(tokens)
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> decisions.Decision:
-        """Run ``fn(*args, **kwargs)`` as the task body and return its outcome."""
+        """Run ``fn(*args, **kwargs)`` as the task body and return its decision."""
         try:
             tokens = self._enter()  # what ``activate`` does, without a generator per job (issue 16)
             try:
@@ -255,7 +255,7 @@ class Attempt:
         return self.conclude(value=value)
 
     async def arun(self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> decisions.Decision:
-        """Await ``fn(*args, **kwargs)`` as the task body and return its outcome."""
+        """Await ``fn(*args, **kwargs)`` as the task body and return its decision."""
         try:
             tokens = self._enter()
             try:
@@ -268,7 +268,7 @@ class Attempt:
 
     # ------------------------------------------------------------ concluding
     def conclude(self, *, value: Any = None, error: BaseException | None = None) -> decisions.Decision:
-        """Commit what the body did and return exactly one outcome (C13–C16, C21, C25–C29).
+        """Commit what the body did and return exactly one decision (C13–C16, C21, C25–C29).
 
         Parameters:
           value(Any): the body's return value, when it returned.

@@ -44,6 +44,7 @@ DEFAULT_CANCEL_REASON = "cancelled on request"
 """The reason recorded when none is given."""
 
 CancelEffect = Literal["cancelled", "compensating", "requested", "finished"]
+"""What a cancellation did: see :attr:`CancelResult.effect`."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ class CancelResult:
 
     Parameters:
       run_key(str): the run.
-      outcome(str): ``cancelled`` (ended now); ``compensating`` (its undos run
+      effect(str): ``cancelled`` (ended now); ``compensating`` (its undos run
         at the next delivery, then it ends ``cancelled``); ``requested`` (an
         attempt holds it and stops at its next step boundary); ``finished``
         (it had already ended: nothing changed).

@@ -8,6 +8,10 @@ either cap is cancelled: it ends ``cancelled`` with the reason, and the
 compensations of its committed steps run (C32) — the same end as
 ``flexiq runs cancel``.
 
+"Run caps" are these two durations only; the limits on a step's and a run's
+encoded bytes and on its step count are the *size limits* (C22,
+:class:`~flexiq_plugins.Limits`).
+
 **Where the time is counted.** Nothing new is stored for it: the run's
 ``created_at`` comes with its claim, and its suspension is read from its own
 step rows (:func:`suspended_seconds`): a sleep is suspended from its commit to

@@ -1,11 +1,15 @@
-"""What an attempt tells its adapter: exactly one outcome, already decided by the core.
+"""What an attempt tells its adapter: exactly one decision, already made by the core.
 
-The core has committed the run's state and made every framework-neutral
-decision (whether a failure is retried, how long a put-back waits, what a
-store outage does) before an outcome reaches an adapter. The adapter only
-translates it into its framework's verb, and dispatches with ``match`` over
-:data:`Decision` ending in ``assert_never``, so a new outcome kind is a type
-error in every adapter, never a silent acknowledgement.
+The core decides; an adapter only translates the decision into its
+framework's verbs. The core has committed the run's state and made every
+framework-neutral choice (whether a failure is retried, how long a put-back
+waits, what a store outage does) before a decision reaches an adapter. The
+adapter dispatches with ``match`` over :data:`Decision` ending in
+``assert_never``, so a new kind of decision is a type error in every adapter,
+never a silent acknowledgement.
+
+(A finished run's *outcome* is something else: its return value or error, as
+the store keeps it and a :class:`Replay` hands it back, C37.)
 
 ========================  =====================================================
 Decision                  Adapter's verb
@@ -75,15 +79,15 @@ class AckReason(enum.Enum):
 
     DUPLICATE = "duplicate"
     """The run is already terminal and keeps no outcome to replay (C26, C37): it finished before
-    outcomes were kept, or the framework ended it itself."""
+    runs kept their outcome, or the framework ended it itself."""
     DROPPED = "dropped"
-    """This attempt's claim was taken over (C25); its outcome is dropped."""
+    """This attempt's claim was taken over (C25); what it did is dropped."""
     COMPENSATED = "compensated"
     """The run's compensations all ran after the framework had reported its failure (C32)."""
     WAITING = "waiting"
     """The body waits for an event without a deadline (C33): no message is kept; the sender (or recovery) wakes it."""
     CANCELLED = "cancelled"
-    """The run was cancelled (C34): on request or over a cap; its compensations ran."""
+    """The run was cancelled (C34): on request or over a run cap; its compensations ran."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,7 @@ class PutBack:
         left, capped at the maximum hop, C18).
       detail(str): a human-readable note for logs, e.g. the sleep's step key.
       wake_at(float | None): a sleep's wake time, or a wait's deadline, epoch
-        seconds (store clock); a cap of the run's may bring it earlier (C34).
+        seconds (store clock); one of the run's run caps may bring it earlier (C34).
     """
 
     reason: PutBackReason
@@ -189,7 +193,7 @@ class Replay:
       value(Any): the run's return value (when ``error`` is ``None``).
       error(BaseException | None): the error to raise: the body's error
         rebuilt by its class name (C31 rules), a ``DeadLettered``, a
-        ``JobCancelled``, or an ``OutcomeNotKept`` for a value over the cap.
+        ``JobCancelled``, or an ``OutcomeNotKept`` for a value over the step bytes limit.
     """
 
     status: str
@@ -198,7 +202,7 @@ class Replay:
 
 
 Decision = Completed | PutBack | Failure | DeadLetter | Ack | Replay
-"""Every outcome an attempt can have; adapters ``match`` over it exhaustively."""
+"""Every decision an attempt can end with; adapters ``match`` over it exhaustively."""
 
 
 class Ended(enum.Enum):

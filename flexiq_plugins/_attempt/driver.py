@@ -6,7 +6,7 @@ with the task body, to :meth:`AttemptDriver.run_job` (or ``arun_job`` for an
 transaction (before the body, or, for a ``lazy`` job, at the body's first
 step: a body that takes no step does no store I/O), runs the body with
 ``current_job`` set, commits the run's state (if it claimed one), and returns
-exactly one :mod:`~flexiq_plugins._attempt.decisions` value. Every decision
+exactly one :data:`~flexiq_plugins._attempt.decisions.Decision`. Every decision
 that does not depend on the framework is made here, once, for every adapter:
 
 - classification of what the body raised, before any retry filter (C28, C29);
@@ -21,7 +21,7 @@ that does not depend on the framework is made here, once, for every adapter:
 - a run that fails for good is compensated (C32, :mod:`flexiq_plugins._attempt.compensation`);
 - a wait for an event ends the attempt ``waiting``: put back for its deadline,
   or acknowledged without a deadline, the sender waking it (C33);
-- a cancelled run (on request, or over a cap of its task) is compensated and
+- a cancelled run (on request, or over a run cap of its task) is compensated and
   ends ``cancelled`` (C34, :mod:`flexiq_plugins._attempt.cancellation`).
 
 The step protocol itself lives in :mod:`flexiq_plugins._steps.journal`; the driver
@@ -169,7 +169,7 @@ class AttemptDriver:
 
     # ------------------------------------------------------------ one call
     def run_job(self, job: JobInfo, body: Callable[[], Any], *, owner: str | None = None) -> decisions.Decision:
-        """Run one attempt of ``job`` with ``body()`` as its task body; return its outcome.
+        """Run one attempt of ``job`` with ``body()`` as its task body; return its decision.
 
         The attempt's store calls in this thread (its start, its steps, its
         finish) share one connection, given back when it ends
@@ -191,16 +191,16 @@ class AttemptDriver:
 
     # ------------------------------------------------------------ starting
     def start(self, job: JobInfo, owner: str | None = None) -> Attempt | decisions.Decision:
-        """Claim ``job``'s run and return a ready :class:`Attempt`, or an outcome at once.
+        """Claim ``job``'s run and return a ready :class:`Attempt`, or a decision at once.
 
         One store transaction (C9). Returns a :class:`~flexiq_plugins._attempt.decisions.PutBack`
         while another live claim holds the run (C24) or the store is down
         (C28), a :class:`~flexiq_plugins._attempt.decisions.Replay` (or, keeping no
-        outcome, an ``Ack``) if the run is terminal (C26, C37, :meth:`replay_finished`),
+        outcome to replay, an ``Ack``) if the run is terminal (C26, C37, :meth:`replay_finished`),
         a :class:`~flexiq_plugins._attempt.decisions.DeadLetter` (``worker_lost``)
         past the takeover limit (C25). A ``lazy`` job claims nothing now: its
         :class:`Attempt` claims at the body's first step, and any of those
-        outcomes then ends the attempt from there (:class:`ClaimRefused`).
+        decisions then ends the attempt from there (:class:`ClaimRefused`).
 
         Raises:
           InvalidRunKey: the run key is not a ``str`` of 1 to 255 characters.
@@ -212,7 +212,7 @@ class AttemptDriver:
         return Attempt(self, job, claimed, owner=owner) if isinstance(claimed, Begun) else claimed
 
     def claim(self, job: JobInfo, owner: str | None = None) -> Begun | decisions.Decision:
-        """Claim ``job``'s run (C23): the claim, or the outcome that ends the attempt without a body (C24–C28, C39)."""
+        """Claim ``job``'s run (C23): the claim, or the decision that ends the attempt without a body (C24–C28, C39)."""
         dropped = self._started_meanwhile(job) if job.unstarted_only else None
         return dropped if dropped is not None else self._claim(job, owner)
 
@@ -261,7 +261,7 @@ class AttemptDriver:
     def ended_unclaimed(
         self, job: JobInfo, value: Any = None, error: BaseException | None = None
     ) -> decisions.Decision:
-        """The outcome of an attempt that ended without claiming its run: its body took no step.
+        """The decision for an attempt that ended without claiming its run: its body took no step.
 
         The one place that decides what such an attempt is (issue 16); no
         run exists for it (a job recorded at publish claims before its body,
@@ -284,13 +284,13 @@ class AttemptDriver:
         return decisions.Failure(error, job.run_key, 0, claimed=False)
 
     def replay_finished(self, job: JobInfo, finished: Finished) -> decisions.Replay | decisions.Ack:
-        """The outcome of a job whose run is already finished: replay its stored outcome (C26, C37).
+        """The decision for a job whose run is already finished: replay its stored outcome (C26, C37).
 
         A duplicate delivery, or a new job published with a finished run's
         key: the body does not run; the :class:`~flexiq_plugins._attempt.decisions.Replay`
         carries the value the run returned, or the error it ended with
         (decoded here with this driver's codec chain). A run that keeps no
-        outcome (it finished before outcomes were kept, or the framework
+        outcome (it finished before runs kept their outcome, or the framework
         ended it itself: a revoke, a time limit, a failure it acknowledged)
         is acknowledged as a duplicate, as before.
         """
@@ -302,7 +302,7 @@ class AttemptDriver:
         return decisions.Replay(finished.status, replayed.value, replayed.error)
 
     def store_outage(self, exc: StoreUnavailable) -> decisions.PutBack:
-        """The outcome of a store outage: put back, no retry counted (C28, C41).
+        """The decision for a store outage: put back, no retry counted (C28, C41).
 
         The delay starts at ``store_retry_seconds`` and doubles while the
         outage lasts, up to ``store_retry_max_seconds``; the job stays in the

@@ -26,7 +26,7 @@ class JobInfo:
         claimed (a job that takes no step never builds it).
       step_retry(RetryPolicy | None): the task's or actor's default budget for
         its steps (its ``step_retry`` option, C31); ``None``: the integration's.
-      cancellation(CancellationPolicy | None): the task's or actor's caps
+      cancellation(CancellationPolicy | None): the task's or actor's run caps
         (``max_run_seconds``, ``max_suspended_seconds``, C34); each cap it
         leaves off is the integration's.
       eager(bool): the job runs in the caller's process with no broker

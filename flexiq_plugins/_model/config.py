@@ -100,12 +100,14 @@ class DurableConfig:
         default=5, metadata=_doc("claim takeovers from dead workers before 'worker_lost' (default 5, C25)")
     )
     step_bytes: int = field(
-        default=262_144, metadata=_doc("cap on one step's encoded value, bytes (default 262144, C22)")
+        default=262_144, metadata=_doc("size limit of one step's encoded value, bytes (default 262144, C22)")
     )
     run_bytes: int = field(
-        default=4 * 1024 * 1024, metadata=_doc("cap on all step values of one run, bytes (default 4194304, C22)")
+        default=4 * 1024 * 1024, metadata=_doc("size limit of all step values of one run, bytes (default 4194304, C22)")
     )
-    run_steps: int = field(default=10_000, metadata=_doc("cap on the number of steps of one run (default 10000, C22)"))
+    run_steps: int = field(
+        default=10_000, metadata=_doc("size limit on the number of steps of one run (default 10000, C22)")
+    )
     serializer: Serializer | None = field(
         default=None, metadata=_doc("step value serializer; default: the framework's own (C7)")
     )
@@ -125,14 +127,14 @@ class DurableConfig:
     max_run_seconds: float | None = field(
         default=None,
         metadata=_doc(
-            "cap on a run's duration from its creation, seconds or '7d'; over it the run is cancelled and "
+            "run cap on a run's duration from its creation, seconds or '7d'; over it the run is cancelled and "
             "its compensations run; a task's or actor's own option wins (default None: no cap, C34)"
         ),
     )
     max_suspended_seconds: float | None = field(
         default=None,
         metadata=_doc(
-            "cap on a run's total time in sleeps and waits for events, seconds or '3d'; over it the run is "
+            "run cap on a run's total time in sleeps and waits for events, seconds or '3d'; over it the run is "
             "cancelled; a task's or actor's own option wins (default None: no cap, C34)"
         ),
     )
@@ -245,7 +247,7 @@ class DurableConfig:
 
     @property
     def cancellation(self) -> CancellationPolicy | None:
-        """The integration's caps on every run (C34), ``None`` when neither is set."""
+        """The integration's run caps on every run (C34), ``None`` when neither is set."""
         return cancellation_option(self.max_run_seconds, self.max_suspended_seconds, where="options")
 
     def codec_chain(self) -> CodecChain:

@@ -3,7 +3,7 @@
 A failed step attempt is recorded as text: the error's qualified class name,
 its message and its traceback, each cut to a size (messages to
 :data:`MAX_MESSAGE_CHARS`, tracebacks to their last :data:`MAX_TRACEBACK_CHARS`
-characters, never more than the step value cap). Like dead letters, these
+characters, never more than the step bytes limit). Like dead letters, these
 texts do not go through the step codecs: do not put secrets in error messages.
 
 A step that failed for good keeps its failure in its step row, as JSON; a
@@ -46,7 +46,7 @@ MAX_MESSAGE_CHARS = 2000
 """The longest error message kept, in characters."""
 
 MAX_TRACEBACK_CHARS = 16_000
-"""The longest traceback kept (its end), in characters; never more than the step bytes cap."""
+"""The longest traceback kept (its end), in characters; never more than the step bytes limit."""
 
 MAX_TYPE_CHARS = 255
 
@@ -82,11 +82,11 @@ def _cut_end(text: str, limit: int) -> str:
 
 
 def error_text(error: BaseException, *, max_traceback: int = MAX_TRACEBACK_CHARS) -> ErrorText:
-    """``error`` as :class:`ErrorText`: class name, message and traceback, cut to the caps.
+    """``error`` as :class:`ErrorText`: class name, message and traceback, each cut to its longest length.
 
     Parameters:
       error(BaseException): the error.
-      max_traceback(int): the traceback's cap in characters (the smaller of
+      max_traceback(int): the traceback's longest length in characters (the smaller of
         this and :data:`MAX_TRACEBACK_CHARS` applies).
     """
     message = str(error)

@@ -10,7 +10,7 @@ The task's own retry settings (Celery's ``max_retries``, Dramatiq's
 A :class:`Compensation` is what undoes a committed step when the run fails for
 good; ``step.run(..., compensate=undo)`` takes a plain callable too.
 
-A :class:`CancellationPolicy` caps a whole run: its duration and its time
+A :class:`CancellationPolicy` holds a run's run caps: on its duration and its time
 suspended in sleeps and waits (C34, :mod:`flexiq_plugins._attempt.cancellation`).
 
 Both are plain frozen values with no store or framework in them, so they can
@@ -189,7 +189,7 @@ _FIELDS = ("max_run_seconds", "max_suspended_seconds")
 
 @dataclass(frozen=True)
 class CancellationPolicy:
-    """The caps of a run (C34); ``None`` leaves a cap off.
+    """The run caps of a run (C34); ``None`` leaves a cap off.
 
     Parameters:
       max_run_seconds(float | None): the longest a run may last from its
@@ -239,7 +239,7 @@ def _positive(name: str, value: object) -> float:
 def cancellation_option(
     max_run_seconds: object, max_suspended_seconds: object, *, where: str
 ) -> CancellationPolicy | None:
-    """A task's or actor's caps from its two options, or ``None`` when both are unset (C34).
+    """A task's or actor's run caps from its two options, or ``None`` when both are unset (C34).
 
     Parameters:
       max_run_seconds(object): the option's value (seconds, a duration string, ``None``).

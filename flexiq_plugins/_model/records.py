@@ -67,7 +67,7 @@ RunStatus = Literal[
 (C39); the first claim takes it to ``running`` like a ``pending`` run.
 
 ``waiting``: the run waits for an event (C33); ``cancelled``: it was
-cancelled on request or over a cap of its task, its compensations run (C34);
+cancelled on request or over a run cap of its task, its compensations run (C34);
 ``compensated``: the run failed for good and the compensations of its
 committed steps all ran (C32).
 """
@@ -100,7 +100,7 @@ StepAttemptEnd = Literal["lost", "failed", "exhausted", "non_retryable"]
 """How a step attempt ended (C31): its worker or claim was lost; it failed and
 another attempt follows; it failed and the budget is spent; it failed for
 good (a non-retryable error). An attempt still running, or one whose step
-then committed, has no outcome (``None``)."""
+then committed, has not ended (``None``)."""
 
 
 @dataclass(frozen=True)
@@ -220,7 +220,7 @@ class StepAttempt:
       number(int): 1 for the step's first attempt.
       run_attempt(int): the run's attempt (the job's execution) that made it.
       started_at(float): when it was journaled, epoch seconds, store clock.
-      outcome(str | None): see :data:`StepAttemptEnd`.
+      ended(str | None): how it ended, see :data:`StepAttemptEnd`; ``None`` while it runs or once its step committed.
       error_type(str | None): the error's qualified class name.
       message(str | None): the error's message (truncated).
       traceback(str | None): the formatted traceback (truncated to its end).
@@ -249,12 +249,12 @@ class StepAttemptFailure:
       step_key(str): the step.
       number(int | None): the attempt journaled by :meth:`StepStore.begin_step_attempt`;
         ``None`` for a step without a budget (the store gives it the next number).
-      outcome(str): ``failed``, ``exhausted`` or ``non_retryable``.
+      ended(str): how it ended: ``failed``, ``exhausted`` or ``non_retryable``.
       error_type(str | None): the error's qualified class name (``None``: the worker was lost).
       message(str): the error's message, already truncated.
       traceback(str): the formatted traceback, already truncated.
       retry_delay(float | None): seconds from the store's now until the next
-        attempt is due (``outcome == "failed"`` with a budget).
+        attempt is due (``ended == "failed"`` with a budget).
     """
 
     step_key: str
@@ -360,9 +360,9 @@ class Finished:
       status(str): the terminal status.
       outcome(bytes | None): the run's stored outcome, written with its
         terminal status (C37): opaque to the store, written and read by
-        :mod:`flexiq_plugins._model.failures` (``run_outcome`` / ``load_outcome``);
-        ``None`` for a run that keeps none (finished before outcomes were
-        kept, or ended by the framework itself).
+        :mod:`flexiq_plugins._model.replays` (``value_outcome`` … / ``load_outcome``);
+        ``None`` for a run that keeps none (finished before runs kept their
+        outcome, or ended by the framework itself).
     """
 
     status: str

@@ -5,7 +5,7 @@ terminal status (``StepStore.finish``): opaque bytes for the store, written
 and read only here.
 
 - ``V`` + the return value, encoded with the run's codec chain exactly as a
-  step value is (serializer and codecs, C7). A value over the step value cap
+  step value is (serializer and codecs, C7). A value over the step bytes limit
   (``step_bytes``), or one the serializer cannot encode, is not kept: a
   marker is stored instead, and a replay raises
   :class:`~flexiq_plugins.errors.OutcomeNotKept` saying so, never ``None``.
@@ -58,18 +58,18 @@ class Replayed:
     error: BaseException | None = None
 
 
-def value_outcome(value: Any, codec: CodecChain, cap: int) -> bytes:
-    """The stored outcome of a run that returned ``value``: encoded with ``codec``, within ``cap`` bytes.
+def value_outcome(value: Any, codec: CodecChain, limit: int) -> bytes:
+    """The stored outcome of a run that returned ``value``: encoded with ``codec``, within ``limit`` bytes.
 
-    A value over ``cap`` bytes, or one the serializer cannot encode, is kept
+    A value over ``limit`` bytes (the step bytes limit, C22), or one the serializer cannot encode, is kept
     as a marker: its replay raises :class:`OutcomeNotKept`. Never raises.
     """
     try:
         encoded = codec.encode(value, step_key=_RETURN_VALUE)
     except EncodeError as exc:
         return _error_bytes("not_kept", "unencodable", f"the run's return value could not be encoded: {exc}")
-    if len(encoded) + 1 > cap:
-        why = f"the run's return value ({len(encoded)} bytes encoded) is over the step value cap of {cap} bytes"
+    if len(encoded) + 1 > limit:
+        why = f"the run's return value ({len(encoded)} bytes encoded) is over the step bytes limit of {limit} bytes"
         return _error_bytes("not_kept", "too_large", why)
     return _VALUE + encoded
 

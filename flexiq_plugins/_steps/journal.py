@@ -7,7 +7,7 @@ step's body must run it *yields* :data:`CALL_BODY`, and a driver calls the
 body and sends its value back (:func:`drive`), or awaits it
 (:func:`adrive`); an exception from the body is thrown back in. So the guard
 (C8), the identity and divergence check (C1–C3, C12), the memo (C5, C9), the
-abandonment of a failed step (C6), the caps (C22) and the commit happen in
+abandonment of a failed step (C6), the size limits (C22) and the commit happen in
 exactly one place.
 
 A :class:`Verb` says what is particular to one kind of step: how a memo is
@@ -433,7 +433,7 @@ class StepJournal:
         event_id: int | None = None,
         connection: CallerConnection | None = None,
     ) -> None:
-        """Check the caps and commit the step row in one fenced transaction (C9, C22).
+        """Check the size limits and commit the step row in one fenced transaction (C9, C22).
 
         ``compensate`` names the undo the step registered (C32); ``event_id``
         is the event an ``event`` step received (C33). With ``connection`` the
@@ -477,7 +477,7 @@ class StepJournal:
         self.record(stored)
 
     def commit_compensation_start(self, failure: str) -> None:
-        """Commit the row recording why the run is being compensated (C32); no cap refuses it."""
+        """Commit the row recording why the run is being compensated (C32); no size limit refuses it."""
         row = StepRow(self.sequence.next_position, COMPENSATION_KEY, "compensation", failure=failure)
         self.sequence.record(self._written(row, self._writer.commit_step))
 

@@ -119,7 +119,7 @@ class RunVerb:
         return value
 
     def commit(self, journal: StepJournal, step: Step, produced: Any) -> Any:
-        """Encode, check the caps and commit; return the decoded value (C7, C22)."""
+        """Encode, check the size limits and commit; return the decoded value (C7, C22)."""
         encoded, decoded = journal.encode(step, produced)
         journal.commit(step, encoded, None)
         return decoded

@@ -198,7 +198,7 @@ class StepStore(abc.ABC):
 
         One transaction, fenced on the claim (else
         :class:`~flexiq_plugins.errors.ClaimLost`, nothing written). The
-        step's attempts that have no outcome belonged to attempts that are
+        step's attempts that have not ended belonged to attempts that are
         over (their worker died, their claim was lost): they become ``lost``.
         Then, by :func:`~flexiq_plugins._store.step_attempts.decide_step_attempt`
         on the store's clock: :class:`AttemptNotDue` if the last attempt
@@ -217,7 +217,7 @@ class StepStore(abc.ABC):
         One transaction, fenced on the claim (else
         :class:`~flexiq_plugins.errors.ClaimLost`, nothing written). The
         attempt ``failure.number`` (a new one numbered ``count + 1`` when
-        ``None`` or absent) gets the outcome, the error, ``failed_at = now``
+        ``None`` or absent) gets how it ended, the error, ``failed_at = now``
         and ``retry_at = now + retry_delay``. With ``row`` the step row is
         inserted as :meth:`commit_step` does (raising ``ClaimLost`` if its
         key is already committed).

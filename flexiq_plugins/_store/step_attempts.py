@@ -5,7 +5,7 @@ worker killed inside the body has used an attempt and a redelivery cannot give
 it back. When a new attempt of the step begins, two questions are answered
 here, by pure functions of the step's recorded attempts and the store's clock:
 
-- which recorded attempts are over without an outcome (:func:`close_lost`):
+- which recorded attempts are over without having ended (:func:`close_lost`):
   the run is claimed by the caller, so any attempt still open belonged to a
   worker that died or lost its claim;
 - may a new attempt start (:func:`decide_step_attempt`): not before the last
@@ -29,7 +29,7 @@ __all__ = ["close_lost", "decide_step_attempt", "failed_attempt", "retry_cut_pos
 
 
 def close_lost(attempts: Sequence[StepAttempt]) -> tuple[StepAttempt, ...]:
-    """``attempts`` with every attempt that has no outcome marked ``lost``."""
+    """``attempts`` with every attempt that has not ended marked ``lost``."""
     return tuple(dataclasses.replace(a, ended="lost") if a.ended is None else a for a in attempts)
 
 
@@ -60,7 +60,7 @@ def decide_step_attempt(
 
 
 def failed_attempt(attempt: StepAttempt, failure: StepAttemptFailure, now: float) -> StepAttempt:
-    """``attempt`` with ``failure`` recorded at ``now`` (store clock): outcome, error, ``failed_at``, ``retry_at``."""
+    """``attempt`` with ``failure`` recorded at ``now`` (store clock): its end, error, ``failed_at``, ``retry_at``."""
     retry_at = None if failure.retry_delay is None else now + failure.retry_delay
     return dataclasses.replace(
         attempt,

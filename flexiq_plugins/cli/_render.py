@@ -248,7 +248,7 @@ def attempt_dict(attempt: StepAttempt, *, errors: bool = False) -> dict[str, Any
         "step_key": attempt.step_key,
         "number": attempt.number,
         "run_attempt": attempt.run_attempt,
-        "outcome": attempt.ended,
+        "ended": attempt.ended,
         "error_type": attempt.error_type,
         "started_at": iso_time(attempt.started_at),
         "failed_at": iso_time(attempt.failed_at),
@@ -263,10 +263,10 @@ def attempt_dict(attempt: StepAttempt, *, errors: bool = False) -> dict[str, Any
 def attempts_table(attempts: list[StepAttempt], committed: set[str], *, errors: bool = False) -> Table:
     """The ``runs show`` step attempts table (C31), with a MESSAGE column only with ``errors``.
 
-    An attempt without an outcome ``succeeded`` if it is the last of a
+    An attempt that has not ended ``succeeded`` if it is the last of a
     committed step, else it is ``running``.
     """
-    columns = ["STEP KEY", "#", "RUN ATTEMPT", "OUTCOME", "ERROR", "STARTED", "FAILED", "RETRY AT"]
+    columns = ["STEP KEY", "#", "RUN ATTEMPT", "ENDED", "ERROR", "STARTED", "FAILED", "RETRY AT"]
     table = Table(*columns, *(["MESSAGE"] if errors else []), box=None)
     last: dict[str, int] = {}
     for a in attempts:

@@ -102,7 +102,7 @@ def cancel_command(
     done = cancel_run(run_key, reason=reason, store=state.store, publishers=state.publishers(app_ref, broker_ref))
     if as_json:
         emit_json(
-            {"run_key": done.run_key, "outcome": done.effect, "status": done.status, "job_id": done.job_id}
+            {"run_key": done.run_key, "effect": done.effect, "status": done.status, "job_id": done.job_id}
             | ({"note": done.note} if done.note else {})
         )
         return

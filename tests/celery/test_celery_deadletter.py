@@ -13,6 +13,7 @@ from flexiq_celery_testapp import VERSION, count_calls
 from kombu import Exchange, Queue
 
 import celery_ext
+import flexiq_plugins
 from flexiq_plugins.errors import DeadLettered
 
 pytestmark = pytest.mark.timeout(120)
@@ -148,3 +149,26 @@ def test_c30_dead_letter_retry_republishes_with_the_same_run_key(
     assert again.id != first.id
     assert sqlite_store.get_run(dead.run_key).status == "succeeded"
     assert count_calls(calls, "allocate") == 1
+
+
+@pytest.mark.parametrize("how", ["worker", "apply"])
+def test_c30_except_dead_lettered_catches_what_celery_raises_for_a_dead_letter(
+    how: str, redis_broker: str, sqlite_store: Any, make_celery_app: Any
+) -> None:
+    """The dead letter of a Celery job, read back through the result backend or raised by an eager
+    ``apply``, is caught by ``except flexiq_plugins.DeadLettered``: one error for a dead letter on
+    every adapter (C30); its message starts with the reason kind."""
+    app = make_celery_app(redis_broker, sqlite_store)
+    task = app.tasks[f"{app.main}.duplicate_key"]
+    caught: flexiq_plugins.DeadLettered | None = None
+    try:
+        if how == "apply":
+            task.apply(throw=True)
+        else:
+            with in_process_worker(app):
+                task.delay().get(timeout=20)
+    except flexiq_plugins.DeadLettered as exc:
+        caught = exc
+    assert caught is not None
+    assert str(caught).startswith("duplicate_step_key: ")
+    assert [d.reason for d in sqlite_store.list_dead_letters()] == ["duplicate_step_key"]

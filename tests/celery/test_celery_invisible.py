@@ -27,7 +27,7 @@ class Boom(RuntimeError):
 
 
 def _holders(error: BaseException) -> list[str]:
-    """The frames of this integration in ``error``'s traceback whose locals hold ``error`` or its outcome."""
+    """The frames of this integration in ``error``'s traceback whose locals hold ``error`` or its decision."""
     found = []
     tb = error.__traceback__
     while tb is not None:
@@ -45,7 +45,7 @@ def test_c26_a_failed_attempt_leaves_no_frame_of_the_integration_holding_its_exc
     redis_broker: str, sqlite_store: Any, make_celery_app: Any, steps: bool
 ) -> None:
     """C26: the exception a durable task raised reaches Celery's tracer with no frame of the integration
-    holding it (or the outcome that carried it) in its locals: the integration adds no reference cycle
+    holding it (or the decision that carried it) in its locals: the integration adds no reference cycle
     (plain Celery's tracer keeps its own until the cyclic collector runs; a worker's next task replaces it)."""
     app: Celery = make_celery_app(redis_broker, sqlite_store)
     seen: list[list[str]] = []
@@ -129,7 +129,7 @@ def test_c10_a_durable_task_calling_itself_directly_is_a_plain_call(
     redis_broker: str, sqlite_store: Any, make_celery_app: Any, steps: bool
 ) -> None:
     """C10: calling a durable task object as a function inside its own body runs the body in-process, as in
-    plain Celery: no second attempt, the outer attempt's claim and outcome untouched; the inner call has no
+    plain Celery: no second attempt, the outer attempt's claim and decision untouched; the inner call has no
     ``current_job`` of its own. ``countdown.delay(3).get()`` is 3, and the run is ``succeeded``."""
     app: Celery = make_celery_app(redis_broker, sqlite_store)
     inner_jobs: list[bool] = []

@@ -125,7 +125,7 @@ def test_c26_plain_tasks_behave_exactly_as_before(redis_broker: str, sqlite_stor
     from flexiq_celery_testapp import register_tasks
 
     register_tasks(plain, "unused.db")
-    outcomes: list[list[Any]] = []
+    seen: list[list[Any]] = []
     for app in (durable, plain):
         with in_process_worker(app):
             got: list[Any] = [app.tasks[f"{app.main}.plain"].delay(21).get(timeout=15)]
@@ -134,8 +134,8 @@ def test_c26_plain_tasks_behave_exactly_as_before(redis_broker: str, sqlite_stor
             with pytest.raises(ValueError, match="bad 3") as info:
                 failing.get(timeout=15)
             got += [failing.state, type(info.value), len(app.tasks[f"{app.main}.plain"].__class__.__mro__) > 0]
-        outcomes.append(got)
-    assert outcomes[0] == outcomes[1] == [42, 2, "FAILURE", ValueError, True]
+        seen.append(got)
+    assert seen[0] == seen[1] == [42, 2, "FAILURE", ValueError, True]
     assert sqlite_store.list_runs() == []  # no step, no claim, not recorded at publish: no run at all (C23)
 
 

@@ -42,7 +42,7 @@ class Runs:
         return JobInfo(run_key, job_id or f"job-{run_key}", envelope)
 
     def attempt(self, run_key: str, body: Callable[[], Any], **job: Any) -> Any:
-        """Run one attempt of ``body`` for ``run_key``; return its outcome."""
+        """Run one attempt of ``body`` for ``run_key``; return its decision."""
         attempt = self.driver.start(self.job(run_key, **job))
         assert isinstance(attempt, Attempt), attempt
         return attempt.run(body)

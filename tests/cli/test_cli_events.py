@@ -90,7 +90,7 @@ def test_c34_runs_cancel_ends_a_run_without_undos_at_once_and_says_what_happened
     runs.sleeping("r-1")
     done = flexiq("runs", "cancel", "r-1", "--reason", "duplicate order", "--json")
     assert done.exit_code == 0, done.output
-    assert json.loads(done.output) == {"run_key": "r-1", "outcome": "cancelled", "status": "cancelled", "job_id": None}
+    assert json.loads(done.output) == {"run_key": "r-1", "effect": "cancelled", "status": "cancelled", "job_id": None}
     assert store.get_run("r-1").cancel_reason == "duplicate order"
     again = flexiq("runs", "cancel", "r-1")
     assert "already cancelled: nothing to cancel" in again.output

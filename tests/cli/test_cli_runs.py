@@ -21,7 +21,7 @@ RUN_KEYS = {
 STEP_KEYS = {
     "position", "step_key", "kind", "size", "attempt", "committed_at", "wake_at", "failure", "compensate", "event_id"
 }  # fmt: skip
-ATTEMPT_KEYS = {"step_key", "number", "run_attempt", "outcome", "error_type", "started_at", "failed_at", "retry_at"}
+ATTEMPT_KEYS = {"step_key", "number", "run_attempt", "ended", "error_type", "started_at", "failed_at", "retry_at"}
 
 
 def line_of(output: str, needle: str) -> list[str]:
@@ -234,7 +234,7 @@ def compensated_run(runs: Runs, run_key: str) -> None:
 def test_c31_runs_show_lists_step_attempts_and_errors_only_on_request(
     runs: Runs, flexiq: Callable[..., Result]
 ) -> None:
-    """``runs show`` lists each step attempt (number, outcome, error type, times) and notes the failed step,
+    """``runs show`` lists each step attempt (number, how it ended, error type, times) and notes the failed step,
     its undo and the compensation; messages and tracebacks appear only with ``--errors`` (C31, C32)."""
     compensated_run(runs, "run-f")
     out = flexiq("runs", "show", "run-f").stdout
@@ -265,7 +265,7 @@ def test_c31_runs_show_json_has_attempts_with_stable_keys(runs: Runs, flexiq: Ca
     compensated_run(runs, "run-j")
     data = json.loads(flexiq("runs", "show", "run-j", "--json").stdout)
     assert [set(a) for a in data["attempts"]] == [ATTEMPT_KEYS] * 3
-    assert [(a["step_key"], a["number"], a["outcome"]) for a in data["attempts"]] == [
+    assert [(a["step_key"], a["number"], a["ended"]) for a in data["attempts"]] == [
         ("ship#0", 1, "failed"),
         ("ship#0", 2, "exhausted"),
         ("compensate:charge#0", 1, None),

@@ -6,7 +6,7 @@ Observation points, all on the real app:
   wraps to record it and to inject broker faults (kombu's ``OperationalError``
   is what a publish raises when the broker is down);
 - ``task_postrun`` fires once the worker finished handling a message, whatever
-  the outcome (return, ``Ignore``, ``Reject``, retry);
+  it did (return, ``Ignore``, ``Reject``, retry);
 - the dead-letter path is the queue bound to the RabbitMQ dead-letter exchange
   (the adapter rejects with ``requeue=False``), or the Redis list ``<queue>.dlq``
   the adapter publishes dead letters to.

@@ -190,7 +190,7 @@ def _identify(message: Any) -> tuple[str, str]:
 
 
 class _Handled(Middleware):
-    """Tells the harness about every message a worker finished handling, whatever the outcome."""
+    """Tells the harness about every message a worker finished handling, however it ended."""
 
     def __init__(self, harness: DramatiqHarness) -> None:
         self.harness = harness

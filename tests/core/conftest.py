@@ -1,8 +1,8 @@
 """Fixtures for the core's rule tests: a controllable store clock and a harness per run.
 
 The core is driven directly, the way an adapter drives it: ``AttemptDriver.start``
-gives an ``Attempt`` (or an outcome at once), ``Attempt.run(body)`` gives the
-outcome. No Celery, no Dramatiq. Time is the store's clock, which these tests
+gives an ``Attempt`` (or a decision at once), ``Attempt.run(body)`` gives the
+decision. No Celery, no Dramatiq. Time is the store's clock, which these tests
 move by hand, so a sleep "passes" without anyone waiting for it.
 """
 
@@ -53,13 +53,13 @@ class Harness:
         return JobInfo(run_key or self.run_key, job_id, JobEnvelope("task", "test"))
 
     def start(self, job_id: str = "job-1", owner: str | None = None) -> Attempt:
-        """Start an attempt; fails the test if the driver answered with an outcome instead."""
+        """Start an attempt; fails the test if the driver answered with a decision instead."""
         attempt = self.driver.start(self.job(job_id), owner=owner)
         assert isinstance(attempt, Attempt), f"expected an Attempt, got {attempt!r}"
         return attempt
 
     def run(self, body: Callable[[], Any], job_id: str = "job-1", owner: str | None = None) -> Any:
-        """Start an attempt and run ``body`` as its task body; return the outcome."""
+        """Start an attempt and run ``body`` as its task body; return the decision."""
         return self.start(job_id, owner).run(body)
 
 

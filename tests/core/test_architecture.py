@@ -13,7 +13,9 @@
   package and those below; faces do not import each other.
 - The top of ``flexiq_plugins/`` holds only the faces; every other module lives
   in a layer package, and what is private is named so.
-- Every error class of ``flexiq_plugins.errors`` is exported from the package root.
+- Every error class is reached from ``flexiq_plugins.errors``; the package root
+  exports only the errors a task author or operator catches, and no name of an
+  adapter author (those are ``flexiq_plugins.integration``'s).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from pathlib import Path
 import pytest
 
 import flexiq_plugins
-from flexiq_plugins import errors
+from flexiq_plugins import errors, integration
+from flexiq_plugins._attempt import decisions
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("flexiq_plugins", "celery_ext", "dramatiq_ext")
@@ -207,12 +210,26 @@ def test_architecture_the_checks_see_real_imports():
     assert _rank("flexiq_plugins.cli._main") > _rank("flexiq_plugins.operations")
 
 
-def test_architecture_every_error_is_exported_from_the_root():
-    """Each exception class defined in ``flexiq_plugins.errors`` is importable from ``flexiq_plugins``."""
+ADAPTER_AUTHOR_NAMES = {"Attempt", "AttemptDriver", "JobInfo", "Decision", *decisions.__all__}
+"""What an adapter author uses and a task author or operator does not: ``flexiq_plugins.integration``'s."""
+
+
+def test_architecture_errors_live_in_errors_and_the_root_exports_the_ones_users_catch():
+    """Every error class is reached from ``flexiq_plugins.errors``; the root re-exports a chosen few of them
+    (the very classes, not copies) and no name of an adapter author, which ``flexiq_plugins.integration``
+    exports instead."""
     defined = {
         name
         for name, obj in vars(errors).items()
         if inspect.isclass(obj) and issubclass(obj, BaseException) and obj.__module__ == errors.__name__
     }
     assert defined
-    assert defined - set(flexiq_plugins.__all__) == set()
+    assert defined <= set(errors.__all__)
+    exported = {name: getattr(flexiq_plugins, name) for name in flexiq_plugins.__all__}
+    root_errors = {n for n, obj in exported.items() if inspect.isclass(obj) and issubclass(obj, BaseException)}
+    assert root_errors
+    assert root_errors < defined  # a choice, not the whole tree
+    assert all(exported[name] is getattr(errors, name) for name in root_errors)
+    assert not ADAPTER_AUTHOR_NAMES & set(exported)
+    assert not any(hasattr(flexiq_plugins, name) for name in ADAPTER_AUTHOR_NAMES)
+    assert set(integration.__all__) >= ADAPTER_AUTHOR_NAMES

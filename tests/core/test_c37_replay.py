@@ -105,7 +105,7 @@ def test_c37_a_value_over_the_cap_is_replayed_as_outcome_not_kept_never_none(siz
     assert isinstance(replay, decisions.Replay)
     assert replay.value is None
     assert isinstance(replay.error, OutcomeNotKept)
-    assert "over the step value cap of 64 bytes" in str(replay.error)
+    assert "over the step bytes limit of 64 bytes" in str(replay.error)
 
 
 def test_c37_a_value_the_serializer_cannot_encode_is_replayed_as_outcome_not_kept():

@@ -86,7 +86,7 @@ def test_c24_c37_duplicate_after_the_run_succeeded_replays_its_value_without_run
 
 # -------------------------------------------------------------- C25 takeover
 def test_c25_expired_claim_is_taken_over_and_the_old_attempts_step_is_refused(harness, clock):
-    """After takeover, the old attempt's next commit raises ClaimLost and its outcome is Dropped."""
+    """After takeover, the old attempt's next commit raises ClaimLost and its decision is ``Ack(DROPPED)``."""
     taken: list[object] = []
     errors: list[BaseException] = []
 
@@ -225,7 +225,7 @@ def test_c26_c37_terminal_run_is_a_duplicate_replayed_and_the_body_is_not_called
     assert harness.store.get_run(harness.run_key).status == status
 
     again = harness.driver.start(harness.job("job-redelivered"))
-    assert isinstance(again, decisions.Replay)  # an outcome, not an Attempt: there is no body to call
+    assert isinstance(again, decisions.Replay)  # a decision, not an Attempt: there is no body to call
     expected = {"succeeded": type(None), "dead": DeadLettered, "failed": ZeroDivisionError}
     value = "ok" if status == "succeeded" else None
     assert (again.status, again.value, type(again.error)) == (status, value, expected[status])

@@ -1,7 +1,7 @@
 """Failure classification, C28 and C29: retryable or dead-letter, decided by the core.
 
 ``errors.classify`` is the table every adapter reads before any retry filter;
-the attempt tests check that the driver's outcomes follow it, including store
+the attempt tests check that the driver's decisions follow it, including store
 outages that happen inside the attempt.
 """
 

@@ -50,7 +50,7 @@ def test_c8_step_inside_a_step_body_caught_by_the_body_still_fails(harness):
 
 
 def test_c8_sleep_inside_a_step_body_is_concurrent_not_a_sleep(harness):
-    """A sleep inside a step body is refused like any nested step: no sleep row, no Sleeping outcome."""
+    """A sleep inside a step body is refused like any nested step: no sleep row, no put-back for a sleep."""
     decision = harness.run(lambda: current_job.step.run("outer", lambda: current_job.step.sleep("1h")))
     assert isinstance(decision, decisions.DeadLetter)
     assert isinstance(decision.error, ConcurrentStep)

@@ -60,7 +60,7 @@ def test_c38_settling_a_killed_attempt_fences_it_and_a_finished_run_stays_finish
 def test_c38_a_worker_shutdown_inside_a_step_puts_the_job_back_committing_nothing(harness):
     """C38: ``WorkerInterrupted`` raised in a step body: no step row, the run ``pending`` with no claim.
 
-    The outcome is a put-back for at once (``SHUTDOWN``), not a failure; the
+    The decision is a put-back for at once (``SHUTDOWN``), not a failure; the
     next delivery claims the run without a takeover and runs the step again.
     """
     calls = []

@@ -57,7 +57,7 @@ def lazy(run_key: str = "run-1", job_id: str = "job-1") -> JobInfo:
 
 
 def test_c23_a_lazy_job_that_takes_no_step_does_no_store_io(driver: AttemptDriver, store: CountingStore) -> None:
-    """C23: no claim, no settle, no run: the body's value is the outcome."""
+    """C23: no claim, no settle, no run: the decision carries the body's value."""
     decision = driver.run_job(lazy(), lambda: (current_job.run_key, current_job.job_id, current_job.task_name))
     assert decision == Completed(("run-1", "job-1", "task"))
     assert store.calls == []

@@ -2,7 +2,7 @@
 
 Small custom ``Limits`` keep the values tiny; the expected sizes are computed
 with the same codec chain the driver uses, header included, because the stored
-bytes are what the caps measure.
+bytes are what the size limits measure.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def _dead(decision) -> decisions.DeadLetter:
 
 
 def test_c22_step_bytes_cap_refuses_the_commit_with_the_exact_message(make_harness):
-    """A value over the step cap: ``step 'render#0' exceeds the step bytes limit: N > M``; no row."""
+    """A value over the step bytes limit: ``step 'render#0' exceeds the step bytes limit: N > M``; no row."""
     limit = 64
     harness = make_harness(step_bytes=limit)
     value = "x" * 100
@@ -42,14 +42,14 @@ def test_c22_step_bytes_cap_refuses_the_commit_with_the_exact_message(make_harne
 
 
 def test_c22_step_bytes_cap_is_inclusive(make_harness):
-    """A value whose encoded size equals the cap is committed."""
+    """A value whose encoded size equals the limit is committed."""
     value = "x" * 100
     harness = make_harness(step_bytes=_size(value))
     assert harness.run(lambda: current_job.step.run("render", lambda: value)) == decisions.Completed(value)
 
 
 def test_c22_caps_measure_the_bytes_after_the_codecs(make_harness):
-    """With zlib, a value far larger than the cap before compression fits after it."""
+    """With zlib, a value far larger than the limit before compression fits after it."""
     chain = CodecChain(codecs=[ZlibCodec()])
     value = "a" * 10_000
     assert _size(value, chain) < 100 < _size(value)
@@ -58,7 +58,7 @@ def test_c22_caps_measure_the_bytes_after_the_codecs(make_harness):
 
 
 def test_c22_run_bytes_cap_counts_every_step_of_the_run(make_harness):
-    """Steps that fit alone are refused once their total, replays included, exceeds the run cap."""
+    """Steps that fit alone are refused once their total, replays included, exceeds the run bytes limit."""
     one = _size("y" * 20)
     harness = make_harness(run_bytes=2 * one + 5)
 
@@ -116,7 +116,7 @@ def test_c22_default_limits_are_the_documented_ones():
 
 @pytest.mark.parametrize("size", [262_145, 1_468_006])
 def test_c22_default_step_cap_message_matches_the_documented_form(harness, size):
-    """Over the default cap the message reads ``... step bytes limit: N > 262144``."""
+    """Over the default limit the message reads ``... step bytes limit: N > 262144``."""
     value = "r" * (size - _size(""))
     assert _size(value) == size
     decision = _dead(harness.run(lambda: current_job.step.run("render", lambda: value)))

@@ -1,8 +1,8 @@
-"""A failed attempt leaves no reference cycle: its exception goes when its outcome goes (issue 16).
+"""A failed attempt leaves no reference cycle: its exception goes when its decision goes (issue 16).
 
 The adapters re-raise the error a :class:`~flexiq_plugins._attempt.decisions.Failure`
 holds; the traceback then references every frame the error passed through.
-If a frame of the core kept the error (or the outcome) it would form a cycle
+If a frame of the core kept the error (or the decision) it would form a cycle
 the cyclic collector alone frees: the exception, its traceback and the task
 body's locals would stay in memory after every failed attempt. These tests
 run with the collector disabled, so only reference counting frees anything.

@@ -166,10 +166,10 @@ def test_c31_an_early_delivery_waits_for_the_backoff_without_an_attempt(durable_
 
 def test_c31_a_step_that_succeeds_on_a_later_attempt_commits_once(durable_run):
     """Two failures then a success: the value is committed and replayed; the task completes."""
-    outcomes = iter([ConnectionError("a"), ConnectionError("b"), None])
+    errors = iter([ConnectionError("a"), ConnectionError("b"), None])
 
     def flaky() -> str:
-        error = next(outcomes)
+        error = next(errors)
         if error is not None:
             raise error
         return "shipped"
@@ -297,10 +297,10 @@ def test_c31_non_retryable_in_a_step_without_a_budget_fails_it_for_good(durable_
 def test_c31_a_plain_step_failure_is_recorded_and_left_to_the_task(durable_run):
     """Without a budget a failing step commits nothing and the task's retry policy decides (C6, C28); the
     failure is recorded: its error type, message, traceback, attempt number and time."""
-    outcomes = iter([ConnectionError("smtp down"), None])
+    errors = iter([ConnectionError("smtp down"), None])
 
     def send() -> str:
-        error = next(outcomes)
+        error = next(errors)
         if error is not None:
             raise error
         return "sent"
@@ -433,7 +433,7 @@ def test_c31_retry_policy_accepts_durations_and_a_settings_dict():
 
 
 def test_c31_stored_failures_are_cut_to_the_caps():
-    """A huge message is cut to ``MAX_MESSAGE_CHARS``; a traceback keeps its end within the given cap."""
+    """A huge message is cut to ``MAX_MESSAGE_CHARS``; a traceback keeps its end within the given length."""
     try:
         raise ValueError("x" * 10_000)
     except ValueError as exc:

@@ -5,13 +5,15 @@ A divergence on real brokers is in the adapter conformance suite (``tests/confor
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
 import dramatiq
 from dq_support import status_of, wait_until
-from dramatiq.middleware import Middleware
+from dramatiq.middleware import Middleware, SkipMessage
 
+import flexiq_plugins
 from dramatiq_ext import RUN_KEY_OPTION, DurableSteps, republish
 from flexiq_plugins import current_job
 from flexiq_plugins._store.base import StepStore
@@ -160,3 +162,47 @@ def test_c20_c21_signals_pass_except_exception_and_swallowing_them_dead_letters(
     (dead,) = sqlite_store.list_dead_letters()
     assert (dead.task_name, dead.reason) == ("greedy", "swallowed_signal")
     assert len(stub_broker.dead_letters_by_queue[queue]) == 1
+
+
+def test_c30_except_dead_lettered_catches_what_dramatiq_raises_for_a_dead_letter(
+    stub_broker: dramatiq.Broker,
+    queue: str,
+    sqlite_store: StepStore,
+    start_worker: Callable[..., dramatiq.Worker],
+) -> None:
+    """What a durable actor call raises for a dead letter is caught by ``except flexiq_plugins.DeadLettered``
+    (one error for a dead letter on every adapter, C30), and is still Dramatiq's ``SkipMessage``: no retry,
+    the message is failed onto the dead-letter queue. Its message starts with the reason kind."""
+    stub_broker.add_middleware(DurableSteps(store=sqlite_store))
+
+    @dramatiq.actor(broker=stub_broker, queue_name=queue, max_retries=5)
+    def bad_name() -> None:
+        current_job.step.run("x" * 300, lambda: None)  # an invalid name: dead-lettered (C2, C29)
+
+    raised: list[BaseException] = []
+    durable = bad_name.fn
+
+    @functools.wraps(durable)
+    def watched(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return durable(*args, **kwargs)
+        except BaseException as exc:  # what the worker receives from the actor call
+            raised.append(exc)
+            raise
+
+    bad_name.fn = watched
+    start_worker(stub_broker)
+    bad_name.send()
+    stub_broker.join(queue, fail_fast=False, timeout=10_000)
+
+    (error,) = raised
+    caught: flexiq_plugins.DeadLettered | None = None
+    try:
+        raise error
+    except flexiq_plugins.DeadLettered as exc:
+        caught = exc
+    assert caught is not None
+    assert str(caught).startswith("invalid_step_name: ")
+    assert isinstance(error, SkipMessage)
+    assert len(stub_broker.dead_letters_by_queue[queue]) == 1
+    assert [d.reason for d in sqlite_store.list_dead_letters()] == ["invalid_step_name"]

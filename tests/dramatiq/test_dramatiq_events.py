@@ -2,7 +2,7 @@
 
 The behaviour on real brokers is proven by the conformance suite
 (``tests/conformance/test_conformance_events.py``); these check the
-middleware's own wiring: the caps as actor options, and ``send_event`` in a
+middleware's own wiring: the run caps as actor options, and ``send_event`` in a
 process whose broker has the middleware waking a waiting run through it.
 """
 

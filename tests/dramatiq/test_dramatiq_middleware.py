@@ -20,7 +20,6 @@ from flexiq_plugins.errors import ConfigurationError
 def test_public_names() -> None:
     """``dramatiq_ext`` exports exactly its sorted public API."""
     assert dramatiq_ext.__all__ == [
-        "DeadLettered",
         "DramatiqAdapter",
         "DurableSteps",
         "InvalidActorOption",

@@ -93,7 +93,7 @@ def api(request: pytest.FixtureRequest, backend: str, user_engine: sa.Engine, or
 
 @pytest.fixture
 def attempt(tx_store: SqlStepStore) -> Callable[..., Any]:
-    """``attempt(body, run_key=…)``: run one attempt of a job on the store; return its outcome."""
+    """``attempt(body, run_key=…)``: run one attempt of a job on the store; return its decision."""
     driver = AttemptDriver(tx_store, DurableConfig(keep_succeeded_steps=True))
 
     def run(body: Callable[[], Any], run_key: str) -> Any:

@@ -21,7 +21,7 @@ is kept:
   invalidates the connection and the pool's older connections, as SQLAlchemy
   does, and the exception says ``connection_invalidated``: the store's rules
   for a dead connection (retry a transaction once on a new connection, never
-  an autocommitted step whose outcome is unknown, C28) apply unchanged;
+  an autocommitted step whose result is unknown, C28) apply unchanged;
 - an interruption mid-statement (``KeyboardInterrupt``, ``SystemExit``, a
   greenlet's exit) invalidates the connection, whose state is then unknown.
 

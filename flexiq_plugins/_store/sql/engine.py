@@ -22,7 +22,7 @@ Why it is built the way it is:
   ``SqlStepStore.held``, is checked the same way before each use: it is not
   in the pool between its calls); the store then retries the transaction
   once on a fresh connection, unless the failure hit its ``COMMIT`` (or an
-  autocommitted statement), whose outcome is then unknown
+  autocommitted statement), whose result is then unknown
   (:class:`StoreUnavailable`, C28). MySQL/MariaDB connections are also
   recycled after an hour, below the server's default ``wait_timeout``, and
   rolled back on return to the pool only when a transaction is open (PyMySQL

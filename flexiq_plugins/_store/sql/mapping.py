@@ -1,7 +1,10 @@
 """Rows to records and back: how the SQL store's columns hold the interface's types.
 
 The job envelope is stored as compact JSON text, so it must be
-JSON-compatible; step values are bytes; times are epoch seconds.
+JSON-compatible; step values are bytes; times are epoch seconds. Column
+names stay as the migrations made them: ``step_attempts.outcome`` holds
+:attr:`StepAttempt.ended` (how a step attempt ended), ``runs.outcome`` the
+run's stored outcome (C37).
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ def attempt_values(attempt: StepAttempt) -> dict[str, Any]:
         "number": attempt.number,
         "run_attempt": attempt.run_attempt,
         "started_at": attempt.started_at,
-        "outcome": attempt.ended,
+        "outcome": attempt.ended,  # the column keeps its name: how the attempt ended
         "error_type": attempt.error_type,
         "message": attempt.message,
         "traceback": attempt.traceback,

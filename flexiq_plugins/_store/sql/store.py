@@ -332,8 +332,8 @@ class SqlStepStore(StepStore):
         it as a checkout would (closed by the server? idle for more than 10
         seconds: pinged), so a step body that ran for minutes finds a live
         connection. A call whose connection turned out dead drops it and is
-        retried once on a new one, exactly as outside a hold (never after an
-        unknown ``COMMIT`` outcome, C28); a call that raised gives its
+        retried once on a new one, exactly as outside a hold (never after a
+        ``COMMIT`` whose result is unknown, C28); a call that raised gives its
         connection back to the pool (rolled back) and the next call checks out
         another. Other threads (the lease keeper, the sweeper) keep using the
         pool. Re-entrant; the connection goes back to the pool when the
@@ -423,11 +423,11 @@ class SqlStepStore(StepStore):
 
         With ``autocommit``, ``work`` is one statement that the database commits
         by itself (no ``BEGIN``/``COMMIT`` round trips); a drop during it leaves
-        the outcome unknown, as a drop at a ``COMMIT`` does.
+        its result unknown, as a drop at a ``COMMIT`` does.
 
         Raises:
           _Dropped: the connection turned out dead; ``committing`` says whether
-            that was at the ``COMMIT`` (the outcome is unknown) or before it
+            that was at the ``COMMIT`` (its result is unknown) or before it
             (nothing was committed: safe to run again).
         """
         hold: _Hold | None = getattr(self._holds, "hold", None)

@@ -222,7 +222,7 @@ def _step_attempts(metadata: sa.MetaData, p: str) -> sa.Table:
         sa.Column("number", sa.Integer, nullable=False),
         sa.Column("run_attempt", sa.Integer, nullable=False),
         sa.Column("started_at", _time(), nullable=False),
-        sa.Column("outcome", sa.String(16), nullable=True),
+        sa.Column("outcome", sa.String(16), nullable=True),  # StepAttempt.ended: lost, failed, exhausted …
         sa.Column("error_type", sa.String(255), nullable=True),
         sa.Column("message", _text(), nullable=True),
         sa.Column("traceback", _text(), nullable=True),
