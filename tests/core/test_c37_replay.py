@@ -96,7 +96,7 @@ def test_c37_a_dead_lettered_run_replays_as_dead_lettered_with_its_reason():
 
 
 @pytest.mark.parametrize("size", [0, 1])
-def test_c37_a_value_over_the_cap_is_replayed_as_outcome_not_kept_never_none(size):
+def test_c37_a_value_over_the_step_bytes_limit_is_replayed_as_outcome_not_kept_never_none(size):
     """A return value over ``step_bytes`` is not kept: the run succeeds, a duplicate raises ``OutcomeNotKept``."""
     driver = _driver(step_bytes=64)
     big = "x" * (200 + size)

@@ -150,7 +150,7 @@ def test_c33_a_wait_times_out_at_its_deadline_and_returns_none() -> None:
     assert log == [("ship", None)]
 
 
-def test_c33_a_payload_travels_through_the_runs_codec_chain_and_the_step_caps() -> None:
+def test_c33_a_payload_travels_through_the_runs_codec_chain_and_the_size_limits() -> None:
     """A payload sent as JSON by a bare sender is read by a worker with other codecs; the event row keeps it
     through the run's own chain (C7), and an over-large payload is refused at the sender (C22, C33)."""
     chain = CodecChain(JsonSerializer(), [ZlibCodec()])

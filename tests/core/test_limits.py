@@ -27,7 +27,7 @@ def _dead(decision) -> decisions.DeadLetter:
     return decision
 
 
-def test_c22_step_bytes_cap_refuses_the_commit_with_the_exact_message(make_harness):
+def test_c22_step_bytes_limit_refuses_the_commit_with_the_exact_message(make_harness):
     """A value over the step bytes limit: ``step 'render#0' exceeds the step bytes limit: N > M``; no row."""
     limit = 64
     harness = make_harness(step_bytes=limit)
@@ -41,14 +41,14 @@ def test_c22_step_bytes_cap_refuses_the_commit_with_the_exact_message(make_harne
     assert harness.store.get_run(harness.run_key).status == "dead"
 
 
-def test_c22_step_bytes_cap_is_inclusive(make_harness):
+def test_c22_step_bytes_limit_is_inclusive(make_harness):
     """A value whose encoded size equals the limit is committed."""
     value = "x" * 100
     harness = make_harness(step_bytes=_size(value))
     assert harness.run(lambda: current_job.step.run("render", lambda: value)) == decisions.Completed(value)
 
 
-def test_c22_caps_measure_the_bytes_after_the_codecs(make_harness):
+def test_c22_size_limits_measure_the_bytes_after_the_codecs(make_harness):
     """With zlib, a value far larger than the limit before compression fits after it."""
     chain = CodecChain(codecs=[ZlibCodec()])
     value = "a" * 10_000
@@ -57,7 +57,7 @@ def test_c22_caps_measure_the_bytes_after_the_codecs(make_harness):
     assert harness.run(lambda: current_job.step.run("render", lambda: value)) == decisions.Completed(value)
 
 
-def test_c22_run_bytes_cap_counts_every_step_of_the_run(make_harness):
+def test_c22_run_bytes_limit_counts_every_step_of_the_run(make_harness):
     """Steps that fit alone are refused once their total, replays included, exceeds the run bytes limit."""
     one = _size("y" * 20)
     harness = make_harness(run_bytes=2 * one + 5)
@@ -79,7 +79,7 @@ def test_c22_run_bytes_cap_counts_every_step_of_the_run(make_harness):
     assert [r.step_key for r in harness.store.get_steps(harness.run_key)] == ["a#0", "b#0"]
 
 
-def test_c22_run_step_count_cap_counts_sleeps_too(make_harness, clock):
+def test_c22_run_step_count_limit_counts_sleeps_too(make_harness, clock):
     """The number of steps in one run is capped; a sleep is a step; the refused step is not committed."""
     harness = make_harness(run_steps=2)
 
@@ -115,7 +115,7 @@ def test_c22_default_limits_are_the_documented_ones():
 
 
 @pytest.mark.parametrize("size", [262_145, 1_468_006])
-def test_c22_default_step_cap_message_matches_the_documented_form(harness, size):
+def test_c22_default_step_limit_message_matches_the_documented_form(harness, size):
     """Over the default limit the message reads ``... step bytes limit: N > 262144``."""
     value = "r" * (size - _size(""))
     assert _size(value) == size

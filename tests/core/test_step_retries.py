@@ -432,7 +432,7 @@ def test_c31_retry_policy_accepts_durations_and_a_settings_dict():
         DurableConfig(step_retry=5)  # type: ignore[arg-type]
 
 
-def test_c31_stored_failures_are_cut_to_the_caps():
+def test_c31_stored_failures_are_cut_to_their_longest_lengths():
     """A huge message is cut to ``MAX_MESSAGE_CHARS``; a traceback keeps its end within the given length."""
     try:
         raise ValueError("x" * 10_000)
