@@ -26,7 +26,11 @@ Decision                  Adapter's verb
                           gives up, call :meth:`AttemptDriver.give_up` and
                           re-enqueue the job if it returns a ``PutBack``
 :class:`DeadLetter`       no retry: the broker's dead-letter path (the store
-                          already records the dead letter)
+                          already records the dead letter); what the job
+                          raises or reports is a
+                          :class:`~flexiq_plugins.DeadLettered` (a subclass
+                          that also fits the framework's own dead-letter or
+                          skip path), so one ``except`` catches it everywhere
 :class:`Ack`              acknowledge without running anything more
 :class:`Replay`           the run already finished (a duplicate): hand the
                           framework its stored outcome as if the body had just
