@@ -55,6 +55,7 @@ from ._browse import (
     browse_dead_letters,
     browse_events,
     browse_runs,
+    parse_moment,
     select_runs,
 )
 from ._bulk import DEFAULT_BULK_CAP, BulkPlan, BulkResult, bulk_cancel, bulk_retry, plan_bulk
@@ -119,6 +120,7 @@ __all__ = [
     "list_runs",
     "load_object",
     "overview",
+    "parse_moment",
     "plan_bulk",
     "publishers_for",
     "purge_dead_letters",

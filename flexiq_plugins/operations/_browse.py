@@ -10,7 +10,9 @@ confirmation can show how many it will touch before it touches any.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timezone
 
+from .._model.durations import parse_duration
 from .._model.listings import ListedEvent, RunCursor, RunFilter, RunOrder
 from .._model.records import DeadLetterRecord, RunRecord
 from .._store.operator_side import OperatorStore
@@ -22,6 +24,7 @@ __all__ = [
     "browse_dead_letters",
     "browse_events",
     "browse_runs",
+    "parse_moment",
     "select_runs",
 ]
 
@@ -174,3 +177,35 @@ def browse_events(
     found = store.find_events(before_id=before_id, limit=limit + 1, received=received)
     events = found[:limit]
     return EventPage(events, events[-1].event.id if len(found) > limit else None)
+
+
+def parse_moment(text: str, now: float) -> float:
+    """A moment as an operator types it: an ISO 8601 date or date-time, or a duration ago.
+
+    ``2025-01-02``, ``2025-01-02T03:04`` (UTC unless an offset is given) or
+    ``1h``, ``7d``, ``90s`` (that long before ``now``).
+
+    Parameters:
+      text (str): what was typed.
+      now (float): the store's clock, epoch seconds.
+
+    Returns:
+      float: epoch seconds.
+
+    Raises:
+      ValueError: neither a date-time nor a duration, naming both forms.
+    """
+    text = text.strip()
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        pass
+    else:
+        return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+    try:
+        return now - parse_duration(text)
+    except ValueError:
+        raise ValueError(
+            f"{text[:40]!r} is neither a date-time (2025-01-02T03:04, UTC unless it has an offset) "
+            "nor a duration ago (1h, 7d)"
+        ) from None
