@@ -115,17 +115,27 @@ def read_only_server(harness: Harness) -> Iterator[DashboardServer]:
 
 @pytest.fixture
 def page(browser: Any, server: DashboardServer) -> Iterator[Any]:
-    """A browser page signed in to the acting dashboard (a fresh context: its own cookies)."""
+    """A browser page signed in to the acting dashboard (a fresh context: its own cookies).
+
+    At the end, no dialog opened (no stored value ran as script) and the
+    console logged no error (no script or style the Content-Security-Policy
+    blocked: htmx runs), the 403s the refusal tests provoke aside.
+    """
     context = browser.new_context(viewport={"width": 1100, "height": 720})
     opened = context.new_page()
     dialogs: list[str] = []
+    errors: list[str] = []
     opened.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    opened.on(
+        "console", lambda m: errors.append(m.text) if m.type == "error" and "status of 403" not in m.text else None
+    )
     opened.goto(f"{server.url}/signin")
     opened.fill("#token", TOKEN)
     opened.click("#signin")
     opened.wait_for_url(f"{server.url}/")
     yield opened
     assert dialogs == [], f"a stored value ran as script: {dialogs}"
+    assert errors == [], f"the page logged errors (a blocked script or style, a failed request): {errors}"
     context.close()
 
 

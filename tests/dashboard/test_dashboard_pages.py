@@ -205,3 +205,34 @@ def test_c52_mounted_in_a_starlette_app_its_links_follow_the_mount_path(runs: Ru
     assert links
     assert all(link.startswith("/ops/") for link in links), links
     assert c.get("/ops/static/htmx.min.js").status_code == 200
+
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "flexiq_plugins" / "dashboard"
+
+
+def test_c52_no_template_marks_anything_safe_or_turns_autoescaping_off() -> None:
+    """C52: autoescaping is on for every template, and no template opts out of it (``|safe``, ``autoescape false``)."""
+    templates = sorted((DASHBOARD / "templates").glob("*.html"))
+
+    assert templates
+    for template in templates:
+        text = template.read_text()
+        assert "|safe" not in text.replace(" ", ""), template.name
+        assert "autoescape" not in text, template.name
+        assert "Markup" not in text, template.name
+
+
+def test_c52_the_dashboard_reads_and_acts_only_through_the_faces() -> None:
+    """C52: the dashboard imports from the core only ``flexiq_plugins``, ``errors`` and ``operations``: no store,
+    no attempt, no private layer, so everything it does is what ``flexiq`` does."""
+    import ast
+
+    imported = set()
+    for module in DASHBOARD.glob("*.py"):
+        for node in ast.walk(ast.parse(module.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 2:
+                imported.add(node.module or "")
+            elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("flexiq_plugins"):
+                imported.add((node.module or "").removeprefix("flexiq_plugins").lstrip("."))
+
+    assert imported <= {"", "errors", "operations"}, imported
