@@ -11,14 +11,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
 from starlette.routing import Mount
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .. import CodecChain, ConfigurationError, StepStore, open_store
 from ..operations import Publisher
-from ._render import Dashboard
+from ._render import Dashboard, render
 from ._security import Authorize, Guard
 from ._views import routes
 
@@ -103,8 +106,18 @@ def create_app(
     if secret is not None:
         guard.secret = secret
     static = StaticFiles(packages=[("flexiq_plugins.dashboard", "static")])
+    handlers = {404: _no_such_page, 405: _no_such_page}
     app = Starlette(
-        routes=[*routes(), Mount("/static", static, name="static")], middleware=[Middleware(_SecurityHeaders)]
+        exception_handlers=handlers,  # type: ignore[arg-type]
+        routes=[*routes(), Mount("/static", static, name="static")],
+        middleware=[Middleware(_SecurityHeaders)],
     )
     app.state.dashboard = Dashboard(opened, dict(publishers or {}), guard, codec)
     return app
+
+
+async def _no_such_page(request: Request, exc: HTTPException) -> Response:
+    """An unknown path or method: the dashboard's own error page, not a bare text."""
+    if exc.status_code == 405:
+        return render(request, "error.html", 405, title="Not allowed", message="this page takes no such request")
+    return render(request, "error.html", 404, title="Not found", message="the dashboard has no such page")

@@ -236,3 +236,16 @@ def test_c52_the_dashboard_reads_and_acts_only_through_the_faces() -> None:
                 imported.add((node.module or "").removeprefix("flexiq_plugins").lstrip("."))
 
     assert imported <= {"", "errors", "operations"}, imported
+
+
+def test_c52_an_unknown_page_or_method_gets_the_dashboards_error_page(store: SqlStepStore) -> None:
+    """C52: a path the dashboard lacks (404) or a GET of an action (405) renders its error page."""
+    c = client(store)
+
+    missing = c.get("/no/such/page")
+    wrong_method = c.get("/actions/recover")
+
+    assert missing.status_code == 404
+    assert "the dashboard has no such page" in missing.text
+    assert wrong_method.status_code == 405
+    assert "this page takes no such request" in wrong_method.text
