@@ -36,6 +36,8 @@ __all__ = [
     "error_outcome",
     "failure_outcome",
     "load_outcome",
+    "read_outcome",
+    "StoredOutcome",
     "value_outcome",
 ]
 
@@ -130,6 +132,37 @@ def load_outcome(stored: bytes, codec: CodecChain) -> Replayed:
     except (ValueError, KeyError, TypeError) as exc:
         return Replayed(error=DecodeError(f"the run's stored outcome cannot be read: {exc}"))
     return Replayed(error=_error_of(kind, name, message))
+
+
+@dataclass(frozen=True)
+class StoredOutcome:
+    """A stored outcome as text, for an operator to read; nothing is imported or decoded.
+
+    Parameters:
+      kind (str): ``value`` (the run returned a value), ``error``,
+        ``dead_letter``, ``cancelled``, ``not_kept`` or ``unreadable``.
+      name (str): the error's class name, the dead letter's reason, or '' for a value.
+      message (str): the error's message or why it was not kept ('' for a value).
+      value (bytes | None): the value's stored bytes (codec chain header and
+        all), for a ``value``; decode them only on request.
+    """
+
+    kind: str
+    name: str = ""
+    message: str = ""
+    value: bytes | None = None
+
+
+def read_outcome(stored: bytes) -> StoredOutcome:
+    """Read a stored outcome's parts without decoding a value or importing an error class (C37, C52)."""
+    tag, data = stored[:1], stored[1:]
+    if tag == _VALUE:
+        return StoredOutcome("value", value=data)
+    try:
+        loaded = json.loads(data.decode())
+        return StoredOutcome(str(loaded["kind"]), str(loaded["name"]), str(loaded["message"]))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        return StoredOutcome("unreadable", message=f"the run's stored outcome cannot be read: {exc}")
 
 
 def _error_of(kind: str, name: str, message: str) -> BaseException:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
+from .._model.listings import ListedEvent, RunCursor, RunFilter, RunGroup, RunOrder, SweepLease
 from .._model.records import (
     CLEANABLE_STATUSES,
     TERMINAL_STATUSES,
@@ -75,6 +76,7 @@ class MemoryStepStore(StepStore):
         self._events: dict[int, EventRecord] = {}
         self._next_event_id = 1
         self._sweep_leases: dict[str, tuple[str | None, float | None]] = {}
+        self._swept_at: dict[str, float] = {}
 
     def describe(self) -> str:
         """``memory:// (in this process only)``."""
@@ -493,6 +495,7 @@ class MemoryStepStore(StepStore):
             if not may_take_sweep_lease(*self._sweep_leases.get(name, (None, None)), owner=owner, now=now):
                 return False
             self._sweep_leases[name] = (owner, now + lease_seconds)
+            self._swept_at[name] = now
             return True
 
     def release_sweep_lease(self, owner: str, *, name: str = "recovery") -> None:
@@ -526,3 +529,115 @@ class MemoryStepStore(StepStore):
         with self._lock:
             run = self._runs.get(run_key)
             return None if run is None else self._next_event(run, topic, key)
+
+    # ------------------------------------------------ the operator's window (C52)
+    def count_runs(self, *, by: RunGroup, cap: int, max_groups: int = 50) -> dict[str, int]:
+        """See `StepStore.count_runs`."""
+        with self._lock:
+            counts: dict[str, int] = {}
+            for run in self._runs.values():
+                group = run.status if by == "status" else run.task_name
+                counts[group] = min(counts.get(group, 0) + 1, cap + 1)
+        return {group: counts[group] for group in sorted(counts)[:max_groups]}
+
+    def find_runs(
+        self, where: RunFilter, *, order: RunOrder = "updated_desc", after: RunCursor | None = None, limit: int = 50
+    ) -> list[RunRecord]:
+        """See `StepStore.find_runs`."""
+        with self._lock:
+            found = [r for r in self._runs.values() if _selected(r, where)]
+
+        def place(run: RunRecord) -> tuple[float, str]:
+            value = run.wake_at if order == "wake_asc" else run.updated_at
+            return (value if value is not None else 0.0, run.run_key)
+
+        if order == "wake_asc":
+            found = [r for r in found if r.wake_at is not None]
+        descending = order == "updated_desc"
+        found.sort(key=place, reverse=descending)
+        if after is not None:
+            mark = (after.value, after.run_key)
+            found = [r for r in found if (place(r) < mark if descending else place(r) > mark)]
+        return found[:limit]
+
+    def find_dead_letters(
+        self,
+        *,
+        before_id: int | None = None,
+        limit: int = 50,
+        task_name: str | None = None,
+        reason: str | None = None,
+        run_key: str | None = None,
+        retried: bool | None = None,
+    ) -> list[DeadLetterRecord]:
+        """See `StepStore.find_dead_letters`."""
+        with self._lock:
+            letters = sorted(self._dead.values(), key=lambda d: d.id, reverse=True)
+        return [
+            d
+            for d in letters
+            if (before_id is None or d.id < before_id)
+            and (task_name is None or d.task_name == task_name)
+            and (reason is None or d.reason == reason)
+            and (run_key is None or d.run_key == run_key)
+            and (retried is None or (d.retried_at is not None) == retried)
+        ][:limit]
+
+    def count_dead_letters(self, *, since: float, cap: int) -> dict[str, int]:
+        """See `StepStore.count_dead_letters`."""
+        with self._lock:
+            recent = sorted((d for d in self._dead.values() if d.created_at >= since), key=lambda d: -d.created_at)
+        counts: dict[str, int] = {}
+        for d in recent[: cap + 1]:
+            counts[d.reason] = counts.get(d.reason, 0) + 1
+        return counts
+
+    def find_events(
+        self,
+        *,
+        ids: Sequence[int] | None = None,
+        before_id: int | None = None,
+        limit: int = 50,
+        received: bool | None = None,
+    ) -> list[ListedEvent]:
+        """See `StepStore.find_events`."""
+        with self._lock:
+            receivers: dict[int, list[str]] = {}
+            for run_key, rows in self._steps.items():
+                for event_id in consumed_event_ids(rows):
+                    receivers.setdefault(event_id, []).append(run_key)
+            events = sorted(self._events.values(), key=lambda e: e.id, reverse=True)
+        wanted = None if ids is None else set(ids)
+        listed = [
+            ListedEvent(e, tuple(sorted(receivers.get(e.id, ()))))
+            for e in events
+            if (wanted is None or e.id in wanted)
+            and (before_id is None or e.id < before_id)
+            and (received is None or (e.id in receivers) == received)
+        ]
+        return listed[:limit]
+
+    def sweep_leases(self) -> list[SweepLease]:
+        """See `StepStore.sweep_leases`."""
+        with self._lock:
+            return [
+                SweepLease(name, owner, until, self._swept_at.get(name))
+                for name, (owner, until) in sorted(self._sweep_leases.items())
+            ]
+
+
+def _selected(run: RunRecord, where: RunFilter) -> bool:
+    """Whether ``run`` passes every field of ``where`` that is given."""
+    equal = (
+        (where.status, run.status),
+        (where.task_name, run.task_name),
+        (where.framework, run.framework),
+        (where.queue, run.queue),
+    )
+    if any(wanted is not None and wanted != value for wanted, value in equal):
+        return False
+    if where.updated_since is not None and run.updated_at < where.updated_since:
+        return False
+    if where.updated_until is not None and run.updated_at >= where.updated_until:
+        return False
+    return where.wake_before is None or (run.wake_at is not None and run.wake_at < where.wake_before)

@@ -4,7 +4,9 @@ Everything a process that delivers no job asks of the store: the runs, step
 attempts and dead letters an operator inspects, the retry and purge of dead
 letters and the cleanup of old runs and events, the recovery sweep's lease and
 its compare-and-set on a stranded run (C35, C39), and the events a sender
-stores and the waiting runs it wakes (C33). The attempt's side is
+stores and the waiting runs it wakes (C33), and the keyset pages and capped
+counts an operator's window reads at any size of history (C52,
+`flexiq_plugins._model.listings`). The attempt's side is
 `AttemptStore`; both extend
 `StoreReads` (the store's clock, a run,
 its step rows) and [`StepStore`][flexiq_plugins.StepStore] is both.
@@ -16,6 +18,7 @@ import abc
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from .._model.listings import ListedEvent, RunCursor, RunFilter, RunGroup, RunOrder, SweepLease
 from .._model.records import DeadLetterRecord, EventRecord, RunRecord, SentEvent, StepAttempt
 from .reads import StoreReads
 
@@ -162,3 +165,94 @@ class OperatorStore(StoreReads):
         step row of the run holds its id. The oldest (lowest id) first.
         Returns ``None`` for an unknown run.
         """
+
+    # ------------------------------------------------ the operator's window (C52)
+    @abc.abstractmethod
+    def count_runs(self, *, by: RunGroup, cap: int, max_groups: int = 50) -> dict[str, int]:
+        """Count runs per status or per task name, each count capped: read only.
+
+        A group with more than ``cap`` runs counts ``cap + 1`` (read: "more
+        than ``cap``"), so the cost is at most ``cap + 1`` index entries a
+        group, whatever the history. Groups without runs are left out.
+
+        Parameters:
+          by (RunGroup): ``"status"`` or ``"task_name"``.
+          cap (int): the most runs counted exactly in one group.
+          max_groups (int): with ``by="task_name"``, the first this many task names (in name order).
+        """
+
+    @abc.abstractmethod
+    def find_runs(
+        self, where: RunFilter, *, order: RunOrder = "updated_desc", after: RunCursor | None = None, limit: int = 50
+    ) -> list[RunRecord]:
+        """Return one keyset page of the runs ``where`` selects, in ``order``: read only.
+
+        ``after`` is the `RunCursor` of the previous page's last run: this page
+        starts strictly after it. With ``order="wake_asc"`` only runs with a
+        wake time are listed.
+
+        Parameters:
+          where (RunFilter): the filter.
+          order (RunOrder): the order.
+          after (RunCursor | None): continue after this run.
+          limit (int): at most this many runs.
+        """
+
+    @abc.abstractmethod
+    def find_dead_letters(
+        self,
+        *,
+        before_id: int | None = None,
+        limit: int = 50,
+        task_name: str | None = None,
+        reason: str | None = None,
+        run_key: str | None = None,
+        retried: bool | None = None,
+    ) -> list[DeadLetterRecord]:
+        """Return one keyset page of dead letters, newest (highest id) first: read only (C30).
+
+        Parameters:
+          before_id (int | None): only ids below this one (the previous page's last).
+          limit (int): at most this many.
+          task_name (str | None): only those of this task or actor.
+          reason (str | None): only those of this reason kind.
+          run_key (str | None): only those of this run.
+          retried (bool | None): only those retried (``True``) or not yet (``False``).
+        """
+
+    @abc.abstractmethod
+    def count_dead_letters(self, *, since: float, cap: int) -> dict[str, int]:
+        """Count the dead letters created at or after ``since`` per reason, over at most ``cap + 1`` of them.
+
+        When more than ``cap`` were created since then, only the newest
+        ``cap + 1`` are counted (their sum says so). Read only.
+
+        Parameters:
+          since (float): epoch seconds, store clock.
+          cap (int): the most dead letters counted.
+        """
+
+    @abc.abstractmethod
+    def find_events(
+        self,
+        *,
+        ids: Sequence[int] | None = None,
+        before_id: int | None = None,
+        limit: int = 50,
+        received: bool | None = None,
+    ) -> list[ListedEvent]:
+        """Return one keyset page of events, newest (highest id) first, each with the runs that received it (C33).
+
+        Read only. An event is *received* once a run's ``event`` step holds its
+        id; until then it is pending.
+
+        Parameters:
+          ids (Sequence[int] | None): only these events.
+          before_id (int | None): only ids below this one (the previous page's last).
+          limit (int): at most this many.
+          received (bool | None): only received (``True``) or pending (``False``) events.
+        """
+
+    @abc.abstractmethod
+    def sweep_leases(self) -> list[SweepLease]:
+        """Return the recovery leases by name, each with when it was last taken or renewed (C39): read only."""

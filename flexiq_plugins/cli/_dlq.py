@@ -41,7 +41,7 @@ def list_command(state: CliState, *, task_name: str | None, include_retried: boo
     if as_json:
         emit_json([render.dead_letter_dict(d) for d in letters])
     elif letters:
-        console().print(render.dead_letter_table(letters))
+        console().print(render.dead_letter_table(letters, retried=include_retried))
     else:
         console().print("No dead letters.")
 

@@ -23,6 +23,7 @@ from ..errors import (
     UnknownRun,
 )
 from ..operations import NoPublisher, OperationError
+from ._dashboard import dashboard_command
 from ._dlq import dlq
 from ._events import events
 from ._recover import recover_command
@@ -70,7 +71,8 @@ class _Flexiq(click.Group):
 @click.version_option(version=__version__, prog_name="flexiq")
 @click.pass_context
 def cli(ctx: click.Context, store_url: str | None, app_ref: str | None, broker_ref: str | None) -> None:
-    """Operate durable runs: inspect and cancel runs, send events, retry dead letters, recover jobs, maintain the store.
+    """Operate durable runs: inspect and cancel runs, send events, retry dead letters, recover jobs, maintain the
+    store, serve the dashboard.
 
     Exit codes: 0 ok, 1 operation failed, 2 usage error, 3 not found.
     """
@@ -84,6 +86,7 @@ cli.add_command(dlq)
 cli.add_command(events)
 cli.add_command(recover_command)
 cli.add_command(store)
+cli.add_command(dashboard_command)
 
 
 def _store_option_first(args: list[str]) -> list[str]:

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from .._model.failures import RunFailure, StepFailure, load_failure
 from .._model.records import DeadLetterRecord, RunRecord, StepAttempt, StepRow
-from ..operations import DecodedValue, RunDetails, Stranded
+from ..operations import DecodedValue, RunDetails, Stranded, human_time, retried_note, run_note
 
 __all__ = [
     "attempt_dict",
@@ -40,14 +40,6 @@ def iso_time(t: float | None) -> str | None:
         return None
     moment = _utc(t)
     return moment.isoformat() if moment else f"{t:.0f} seconds since the epoch"
-
-
-def human_time(t: float | None) -> str:
-    """Epoch seconds as ``2025-01-02 03:04:05 UTC`` ('-' for ``None``; beyond year 9999: the seconds)."""
-    if t is None:
-        return "-"
-    moment = _utc(t)
-    return moment.strftime("%Y-%m-%d %H:%M:%S UTC") if moment else f"{t:.0f} seconds since the epoch"
 
 
 def _utc(t: float) -> datetime | None:
@@ -84,19 +76,16 @@ def run_dict(run: RunRecord) -> dict[str, Any]:
 
 
 def run_detail(run: RunRecord) -> str:
-    """What a run waits for (C33), or why it is cancelled, or is to be (C34); '-' otherwise."""
-    if run.status == "waiting":
-        until = f" until {human_time(run.wake_at)}" if run.wake_at is not None else ""
-        return f"event ({run.wait_topic!r}, {run.wait_key!r}){until}"
-    if run.cancel_reason is not None and run.status == "cancelled":
-        return f"cancelled: {run.cancel_reason}"
-    if run.cancel_reason is not None:
-        return f"cancel requested: {run.cancel_reason}"
-    return "-"
+    """What a run waits for (a sleep's wake time, an event, C15, C33), or why it is cancelled, or is to be (C34).
+
+    The wording of [`run_note`][flexiq_plugins.operations.run_note], the same on the dashboard.
+    """
+    return run_note(run)
 
 
 def runs_table(runs: list[RunRecord]) -> Table:
-    """The ``runs list`` table; DETAIL says what a waiting run waits for and why a cancelled run was cancelled."""
+    """The ``runs list`` table; DETAIL says when a sleeping run wakes, what a waiting run waits for and why a
+    cancelled run was cancelled."""
     columns = ("RUN KEY", "TASK", "FRAMEWORK", "STATUS", "ATTEMPT", "STEPS", "BYTES", "UPDATED", "DETAIL")
     table = Table(*columns, box=None)
     for r in runs:
@@ -143,10 +132,7 @@ def run_fields(details: RunDetails) -> Table:
 
 
 def _steps_field(run: RunRecord) -> str:
-    text = f"{run.step_count} ({run.step_bytes} bytes)"
-    if run.status == "succeeded" and run.step_count == 0:
-        text += "; a succeeded run's steps are deleted unless the workers keep them (keep_succeeded_steps=True)"
-    return text
+    return f"{run.step_count} ({run.step_bytes} bytes)"
 
 
 def step_dict(row: StepRow, decoded: DecodedValue | None = None, *, errors: bool = False) -> dict[str, Any]:
@@ -314,15 +300,15 @@ def dead_letter_dict(dead: DeadLetterRecord, *, full: bool = False) -> dict[str,
     return data
 
 
-def dead_letter_table(letters: list[DeadLetterRecord]) -> Table:
-    """The ``dlq list`` table (messages cut to one line)."""
-    table = Table("ID", "TASK", "FRAMEWORK", "RUN KEY", "REASON", "CREATED", "MESSAGE", box=None)
+def dead_letter_table(letters: list[DeadLetterRecord], *, retried: bool = False) -> Table:
+    """The ``dlq list`` table (messages cut to one line); with ``retried`` (``--all``) a RETRIED column."""
+    columns = ["ID", "TASK", "FRAMEWORK", "RUN KEY", "REASON", "CREATED", *(["RETRIED"] if retried else []), "MESSAGE"]
+    table = Table(*columns, box=None)
     for d in letters:
         first_line = (d.message.splitlines() or [""])[0]
         message = first_line if len(first_line) <= 60 else first_line[:59] + "…"
-        table.add_row(
-            str(d.id), d.task_name, d.envelope.framework, d.run_key, d.reason, human_time(d.created_at), message
-        )
+        cells = [str(d.id), d.task_name, d.envelope.framework, d.run_key, d.reason, human_time(d.created_at)]
+        table.add_row(*cells, *([retried_note(d)] if retried else []), message)
     return table
 
 

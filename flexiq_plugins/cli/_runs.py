@@ -6,13 +6,22 @@ import click
 
 from .._model.codec import CodecChain
 from .._model.records import RunStatus
-from ..operations import DecodedValue, RunDetails, cancel_run, decode_step_value, list_runs, load_object, show_run
+from ..operations import (
+    DecodedValue,
+    RunDetails,
+    cancel_run,
+    decode_step_value,
+    list_runs,
+    load_object,
+    show_run,
+    steps_note,
+)
 from . import _render as render
 from ._dlq import publisher_options
 from ._state import EXIT_USAGE, CliState, console, emit_json, fail, pass_state
 from ._types import DURATION
 
-__all__ = ["runs"]
+__all__ = ["codec_option", "runs"]
 
 STATUSES = list(RunStatus.__args__)  # type: ignore[attr-defined]
 
@@ -32,7 +41,8 @@ def runs() -> None:
 def list_command(
     state: CliState, *, status: str | None, task_name: str | None, since: float | None, limit: int, as_json: bool
 ) -> None:
-    """List runs, most recently updated first; DETAIL says what a waiting run waits for, why a run was cancelled."""
+    """List runs, most recently updated first; DETAIL says when a sleeping run wakes, what a waiting run waits
+    for, why a run was cancelled."""
     found = list_runs(state.store, status=status, task_name=task_name, since=since, limit=limit)
     if as_json:
         emit_json([render.run_dict(r) for r in found])
@@ -56,7 +66,7 @@ def show_command(
 ) -> None:
     """Show one run: state, attempts, claim, its step sequence and its step attempts."""
     details = show_run(state.store, run_key)
-    codec = _codec(codec_ref) if values else None
+    codec = codec_option(codec_ref) if values else None
     decoded = [decode_step_value(s, codec) for s in details.steps] if values else None
     if as_json:
         _emit_details(details, decoded, errors=errors)
@@ -72,10 +82,7 @@ def show_command(
     if details.steps:
         out.print(render.steps_table(details.steps, decoded))
     else:
-        out.print(
-            "No step rows: a succeeded run's rows are deleted when it succeeds, unless the workers keep "
-            "them (keep_succeeded_steps=True)."
-        )
+        out.print(steps_note(details.run), markup=False)
     if details.attempts:
         out.print()
         out.print("Step attempts:")
@@ -133,7 +140,9 @@ def _print_tracebacks(details: RunDetails) -> None:
             out.print(a.traceback.rstrip(), markup=False, highlight=False)
 
 
-def _codec(ref: str | None) -> CodecChain | None:
+def codec_option(ref: str | None) -> CodecChain | None:
+    """The [`CodecChain`][flexiq_plugins.CodecChain] ``--codec MODULE:CHAIN`` names (a chain, or a function
+    returning one); ``None`` without the option."""
     if ref is None:
         return None
     chain = load_object(ref)

@@ -14,7 +14,17 @@ an admin page can call them directly with any [`StepStore`][flexiq_plugins.StepS
 - events and cancellation: [`send_event`][flexiq_plugins.send_event], [`wake_run`][flexiq_plugins.operations.wake_run],
   [`cleanup_events`][flexiq_plugins.operations.cleanup_events] (C33), [`cancel_run`][flexiq_plugins.cancel_run] (C34);
 - publishers: [`publishers_for`][flexiq_plugins.operations.publishers_for] (an app or a broker, through the
-  installed adapters) and [`load_object`][flexiq_plugins.operations.load_object] (``module:attribute``).
+  installed adapters) and [`load_object`][flexiq_plugins.operations.load_object] (``module:attribute``);
+- an operator's window at any size of history (C52, the dashboard): [`overview`][flexiq_plugins.operations.overview],
+  keyset pages of runs, dead letters and events ([`browse_runs`][flexiq_plugins.operations.browse_runs],
+  [`browse_dead_letters`][flexiq_plugins.operations.browse_dead_letters],
+  [`browse_events`][flexiq_plugins.operations.browse_events]), a run's step timeline
+  ([`run_timeline`][flexiq_plugins.operations.run_timeline]), a divergence side by side
+  ([`divergence_of`][flexiq_plugins.operations.divergence_of]), bulk actions on a filter
+  ([`plan_bulk`][flexiq_plugins.operations.plan_bulk], [`bulk_retry`][flexiq_plugins.operations.bulk_retry],
+  [`bulk_cancel`][flexiq_plugins.operations.bulk_cancel]), and the words both surfaces use
+  ([`run_note`][flexiq_plugins.operations.run_note], [`steps_note`][flexiq_plugins.operations.steps_note],
+  [`retried_note`][flexiq_plugins.operations.retried_note], [`human_time`][flexiq_plugins.operations.human_time]).
 
 Re-publishing goes through the job's own framework adapter, found in
 `flexiq_plugins._delivery.registry`: a new job id carrying the old run key (C11,
@@ -36,44 +46,93 @@ from .._delivery.recovery import (
     recover,
 )
 from .._delivery.registry import Publisher
+from .._model.listings import ListedEvent, RunCursor, RunFilter, SweepLease
 from ..errors import AlreadyRetried, NoPublisher, OperationError, PublishFailed
+from ._browse import (
+    DeadLetterPage,
+    EventPage,
+    RunPage,
+    browse_dead_letters,
+    browse_events,
+    browse_runs,
+    parse_moment,
+    select_runs,
+)
+from ._bulk import DEFAULT_BULK_CAP, BulkPlan, BulkResult, bulk_cancel, bulk_retry, plan_bulk
 from ._dead_letters import Retried, purge_dead_letters, retry_dead_letter, retry_dead_letters
+from ._divergence import Divergence, DivergenceLine, divergence_of
+from ._overview import DEFAULT_COUNT_CAP, Overview, overview
 from ._runs import RunDetails, cleanup, list_runs, show_run
-from ._values import DecodedValue, decode_step_value
+from ._timeline import RunOutcome, RunTimeline, TimelineStep, run_timeline
+from ._values import DecodedValue, decode_step_value, decode_value
+from ._wording import human_time, retried_note, run_note, steps_note
 
 __all__ = [
+    "DEFAULT_BULK_CAP",
     "DEFAULT_CANCEL_REASON",
+    "DEFAULT_COUNT_CAP",
     "DEFAULT_GRACE_SECONDS",
     "DEFAULT_INTERVAL_SECONDS",
     "DEFAULT_QUEUED_SECONDS",
     "DEFAULT_STALE_SECONDS",
     "DEFAULT_TARGET_ATTRS",
     "AlreadyRetried",
+    "BulkPlan",
+    "BulkResult",
     "CancelResult",
+    "DeadLetterPage",
     "DecodedValue",
+    "Divergence",
+    "DivergenceLine",
+    "EventPage",
     "EventSent",
+    "ListedEvent",
     "NoPublisher",
     "OperationError",
+    "Overview",
     "PublishFailed",
     "Publisher",
     "RecoveryReport",
     "Retried",
+    "RunCursor",
     "RunDetails",
+    "RunFilter",
+    "RunOutcome",
+    "RunPage",
+    "RunTimeline",
     "Stranded",
     "Sweeper",
+    "SweepLease",
+    "TimelineStep",
+    "browse_dead_letters",
+    "browse_events",
+    "browse_runs",
+    "bulk_cancel",
+    "bulk_retry",
     "cancel_run",
     "cleanup",
     "cleanup_events",
     "decode_step_value",
+    "decode_value",
+    "divergence_of",
     "find_stranded",
+    "human_time",
     "list_runs",
     "load_object",
+    "overview",
+    "parse_moment",
+    "plan_bulk",
     "publishers_for",
     "purge_dead_letters",
     "recover",
+    "retried_note",
     "retry_dead_letter",
     "retry_dead_letters",
+    "run_note",
+    "run_timeline",
+    "select_runs",
     "send_event",
     "show_run",
+    "steps_note",
     "wake_run",
 ]

@@ -8,9 +8,10 @@
   imports count: a cycle hidden there is still a cycle of concepts).
 - The core's layers import downward only: ``errors`` → ``_model`` → ``_store`` →
   ``_steps`` → ``_attempt`` → ``_delivery`` → the faces (the package root,
-  ``integration``, ``operations``, ``testing``) → the surfaces over them
-  (``cli``, ``pytest_plugin``, ``dashboard``). A module imports its own layer
-  package and those below; faces do not import each other.
+  ``integration``, ``operations``, ``testing``) → the dashboard over them →
+  the surfaces that serve it or need nothing above the faces (``cli``,
+  ``pytest_plugin``). A module imports its own layer package and those below;
+  faces do not import each other.
 - The top of ``flexiq_plugins/`` holds only the faces; every other module lives
   in a layer package, and what is private is named so.
 - Every error class is reached from ``flexiq_plugins.errors``; the package root
@@ -43,7 +44,8 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("_attempt",),
     ("_delivery",),
     ("", "integration", "operations", "testing"),  # "": the package root
-    ("cli", "pytest_plugin", "dashboard"),
+    ("dashboard",),  # served by ``flexiq dashboard``
+    ("cli", "pytest_plugin"),
 )
 """The core's layers, lowest first: each entry a layer, each name a unit of it (a module or a package)."""
 MAX_TOP_LEVEL_MODULES = 12
@@ -193,7 +195,7 @@ def test_architecture_private_modules_are_named_private():
     """Inside a face package (``operations``, ``cli``) every module but its ``__init__`` starts with ``_``."""
     named_public = [
         f"flexiq_plugins/{face}/{path.name}"
-        for face in ("operations", "cli")
+        for face in ("operations", "cli", "dashboard")
         for path in (ROOT / "flexiq_plugins" / face).glob("*.py")
         if path.name != "__init__.py" and not path.name.startswith("_")
     ]

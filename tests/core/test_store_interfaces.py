@@ -50,6 +50,12 @@ OPERATOR_SIDE = {
     "mark_recovered",
     "add_event",
     "next_event",
+    "count_runs",
+    "find_runs",
+    "find_dead_letters",
+    "count_dead_letters",
+    "find_events",
+    "sweep_leases",
 }
 STORE_OBJECT = {"describe", "check_writable", "close"}
 """What ``StepStore`` itself adds: its description, its writability check at a worker's start, and its close."""

@@ -46,6 +46,7 @@ PUBLIC_MODULES = (
     "flexiq_plugins.errors",
     "flexiq_plugins.integration",
     "flexiq_plugins.operations",
+    "flexiq_plugins.dashboard",
     "flexiq_plugins.testing",
     "flexiq_plugins.pytest_plugin",
     "celery_ext",

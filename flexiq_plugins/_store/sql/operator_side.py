@@ -3,7 +3,8 @@
 `OperatorStore` on SQL: reads for
 operators, the retry and purge of dead letters, cleanup, the recovery sweep's
 lease and its compare-and-set on a stranded run (C35, C39), and the events
-senders store (C33).
+senders store (C33). The listings of an operator's window (keyset pages,
+capped counts, C52) are in `listings`.
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ from ..claims import may_recover, may_take_sweep_lease
 from ..events import WAITER_STATUSES
 from ..operator_side import OperatorStore
 from ..step_attempts import retry_cut_position
+from .listings import SqlListings
 from .mapping import dead_letter_record, run_record, step_attempt
-from .reads import SqlReads
 
 __all__ = ["SqlOperatorSide"]
 
 
-class SqlOperatorSide(SqlReads, OperatorStore):
+class SqlOperatorSide(SqlListings, OperatorStore):
     """The methods of `OperatorStore` on SQL."""
 
     # ------------------------------------------------- runs and step attempts
@@ -258,7 +259,7 @@ class SqlOperatorSide(SqlReads, OperatorStore):
             now = self._now(conn)
             if not may_take_sweep_lease(row.owner, row.lease_until, owner=owner, now=now):
                 return False
-            values = {"owner": owner, "lease_until": now + lease_seconds}
+            values = {"owner": owner, "lease_until": now + lease_seconds, "swept_at": now}
             conn.execute(sa.update(sweep).where(sweep.c.name == name).values(**values))
             return True
 

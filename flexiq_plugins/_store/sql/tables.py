@@ -115,6 +115,11 @@ def _text() -> sa.types.TypeEngine[str]:
     return sa.Text().with_variant(mysql.LONGTEXT(), "mysql", "mariadb")
 
 
+def _where(condition: str) -> dict[str, Any]:
+    """A partial index's condition on PostgreSQL and SQLite; MySQL and MariaDB index every row."""
+    return {"postgresql_where": sa.text(condition), "sqlite_where": sa.text(condition)}
+
+
 def _event_id() -> sa.types.TypeEngine[int]:
     return sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite autoincrements only INTEGER keys
 
@@ -167,6 +172,8 @@ def _runs(metadata: sa.MetaData, p: str) -> sa.Table:
         sa.Index(f"ix_{p}runs_wait", "wait_topic", "wait_key"),
         sa.Index(f"ix_{p}runs_updated_key", "updated_at", "run_key"),
         sa.Index(f"ix_{p}runs_task_updated_key", "task_name", "updated_at", "run_key"),
+        # The sleeping runs by wake time, for the overdue ones an operator's window shows (migration 0009).
+        sa.Index(f"ix_{p}runs_sleeping_wake", "wake_at", "run_key", **_where("status = 'sleeping'")),
         **_MYSQL,
     )
 
@@ -188,6 +195,8 @@ def _steps(metadata: sa.MetaData, p: str) -> sa.Table:
         sa.Column("event_id", sa.BigInteger, nullable=True),
         sa.PrimaryKeyConstraint("run_key", "step_key", name=f"pk_{p}steps"),
         sa.Index(f"ix_{p}steps_run_position", "run_key", "position"),
+        # The runs that received an event (migration 0009); only event rows are indexed where a database can.
+        sa.Index(f"ix_{p}steps_event", "event_id", **_where("event_id IS NOT NULL")),
         **_MYSQL,
     )
 
@@ -208,6 +217,7 @@ def _dead_letters(metadata: sa.MetaData, p: str) -> sa.Table:
         sa.Column("retried_at", _time(), nullable=True),
         sa.Index(f"ix_{p}dead_letters_run_key", "run_key"),
         sa.Index(f"ix_{p}dead_letters_task_name", "task_name"),
+        sa.Index(f"ix_{p}dead_letters_created", "created_at"),  # the last day's, by reason (migration 0009)
         sqlite_autoincrement=True,  # ids are never reused after a purge
         **_MYSQL,
     )
@@ -257,5 +267,6 @@ def _sweep_lease(metadata: sa.MetaData, p: str) -> sa.Table:
         sa.Column("name", sa.String(64), primary_key=True),
         sa.Column("owner", sa.String(255), nullable=True),
         sa.Column("lease_until", _time(), nullable=True),
+        sa.Column("swept_at", _time(), nullable=True),
         **_MYSQL,
     )
