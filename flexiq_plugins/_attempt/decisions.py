@@ -25,7 +25,7 @@ Each decision and the adapter's verb for it:
   returns a ``PutBack``.
 - [`DeadLetter`][flexiq_plugins.integration.DeadLetter]: no retry: the broker's dead-letter path (the store
   already records the dead letter); what the job raises or reports is a
-  [`DeadLettered`][flexiq_plugins.DeadLettered] (a subclass that also fits the framework's own dead-letter or
+  [`DeadLettered`][flexiq_plugins.errors.DeadLettered] (a subclass that also fits the framework's own dead-letter or
   skip path), so one ``except`` catches it everywhere.
 - [`Ack`][flexiq_plugins.integration.Ack]: acknowledge without running anything more; with an
   ``error`` (a cancellation), first store it as the job's result for its waiter (C45).

@@ -310,7 +310,7 @@ async def cancel_action(request: Request) -> Response:
         "requested": "cancellation requested: its running attempt stops at its next step",
         "finished": f"already {done.status}: nothing to cancel",
     }
-    return _done(request, "Cancel", [f"run {done.run_key}: {said[done.outcome]}"], f"/runs/{_segment(run_key)}")
+    return _done(request, "Cancel", [f"run {done.run_key}: {said[done.effect]}"], f"/runs/{_segment(run_key)}")
 
 
 @page

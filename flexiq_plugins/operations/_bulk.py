@@ -124,7 +124,7 @@ def bulk_cancel(
         except (OperationError, StoreError) as exc:
             result.failed.append((run.run_key, str(exc)))
             continue
-        result.done.append((run.run_key, done.outcome))
+        result.done.append((run.run_key, done.effect))
     return result
 
 

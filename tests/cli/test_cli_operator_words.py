@@ -36,7 +36,8 @@ def test_c27_runs_show_of_a_dead_run_without_steps_does_not_speak_of_success(
     store: SqlStepStore, flexiq: Callable[..., Result]
 ) -> None:
     """C27: a dead run with no step rows says it committed none, not that a succeeded run's rows were deleted."""
-    from flexiq_plugins import Attempt, AttemptDriver, JobEnvelope, JobInfo
+    from flexiq_plugins import JobEnvelope
+    from flexiq_plugins.integration import Attempt, AttemptDriver, JobInfo
 
     attempt = AttemptDriver(store).start(JobInfo("run-dead", "job-1", JobEnvelope("t", "test")))
     assert isinstance(attempt, Attempt)

@@ -145,7 +145,7 @@ def test_c7_dict_with_int_keys_comes_back_decoded_on_first_run(harness):
 @pytest.mark.parametrize(
     "value",
     [pytest.param(object(), id="object"), pytest.param({1, 2}, id="set")],
-)  # NaN and the infinities are kept: tests/test_c7_value_types.py
+)  # NaN and the infinities are kept: tests/conformance/test_conformance_value_types.py
 def test_c7_unencodable_value_fails_with_encode_error_and_commits_nothing(harness, value):
     """A value JSON cannot encode raises ``EncodeError`` naming the step; no row; dead-lettered."""
     calls: list[str] = []

@@ -24,7 +24,8 @@ from typing import Any
 
 import pytest
 
-from flexiq_plugins import Attempt, AttemptDriver, DurableConfig, JobEnvelope, JobInfo, StepStore, current_job
+from flexiq_plugins import DurableConfig, JobEnvelope, StepStore, current_job
+from flexiq_plugins.integration import Attempt, AttemptDriver, JobInfo
 from tests.conftest import in_ci
 from tests.polling import wait_for
 

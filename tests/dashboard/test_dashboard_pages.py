@@ -20,18 +20,17 @@ from starlette.applications import Starlette
 from starlette.routing import Mount
 
 from flexiq_plugins import (
-    AttemptDriver,
     CodecChain,
     DurableConfig,
     FernetCodec,
     JobEnvelope,
-    JobInfo,
     MemoryStepStore,
     SqlStepStore,
     StepStore,
     current_job,
 )
 from flexiq_plugins.dashboard import create_app
+from flexiq_plugins.integration import AttemptDriver, JobInfo
 from tests.conftest import POSTGRES, require_service
 from tests.dashboard.conftest import Runs
 

@@ -13,7 +13,7 @@ from uuid import uuid4
 from flexiq_plugins._model.listings import RunCursor, RunFilter
 from flexiq_plugins._model.records import Claim, JobEnvelope, NewDeadLetter, RunRecord, StepRow
 from flexiq_plugins._store.base import StepStore
-from tests.test_store_contract import claim_run, tick
+from tests.store.test_store_contract import claim_run, tick
 
 
 def _run(store: StepStore, *, task: str = "shop.checkout", framework: str = "test", queue: str = "q1") -> Claim:
