@@ -190,7 +190,9 @@ class DurableConfig:
     )
     trace_idempotency_keys: bool = field(
         default=False,
-        metadata=_doc("put each step's idempotency key on its span as flexiq.step.idempotency_key (default False, C53)"),
+        metadata=_doc(
+            "put each step's idempotency key on its span as flexiq.step.idempotency_key (default False, C53)"
+        ),
     )
 
     def __post_init__(self) -> None:
