@@ -29,6 +29,7 @@ from ._model.identity import new_run_key
 from ._model.policies import CancellationPolicy, Compensation, RetryPolicy
 from ._model.records import DeadLetterRecord, JobEnvelope, RunRecord, StepAttempt, StepRow
 from ._steps.context import JobContext, StepContext, current_job
+from ._steps.logfields import JobLogFilter
 from ._store.attempt_side import AttemptStore
 from ._store.base import StepStore
 from ._store.factory import open_store
@@ -132,6 +133,7 @@ __all__ = [
     "JobContext",
     "JobEnvelope",
     "JobInfo",
+    "JobLogFilter",
     "JsonSerializer",
     "Limits",
     "MemoryStepStore",

@@ -6,7 +6,7 @@
   module other than the package root and ``flexiq_plugins.integration``.
 - No import cycle inside or between the three packages (``TYPE_CHECKING``
   imports count: a cycle hidden there is still a cycle of concepts).
-- The core's layers import downward only: ``errors`` → ``_model`` → ``_store`` →
+- The core's layers import downward only: ``errors`` → ``_model`` → ``_observe`` → ``_store`` →
   ``_steps`` → ``_attempt`` → ``_delivery`` → the faces (the package root,
   ``integration``, ``operations``, ``testing``) → the surfaces over them
   (``cli``, ``pytest_plugin``, ``dashboard``). A module imports its own layer
@@ -35,6 +35,7 @@ ADAPTER_MAY_IMPORT = ("flexiq_plugins", "flexiq_plugins.integration")
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
     ("_model",),
+    ("_observe",),  # the observer interface and OpenTelemetry's: records and options only; every layer reports to it
     ("_store",),
     ("_steps",),
     ("_attempt",),
@@ -170,10 +171,11 @@ def test_architecture_the_top_level_holds_only_the_faces():
     core = ROOT / "flexiq_plugins"
     top = sorted(p.stem for p in core.glob("*.py") if p.stem != "__init__")
     packages = sorted(p.name for p in core.iterdir() if p.is_dir() and p.name != "__pycache__")
-    faces = {unit for layer in LAYERS[6:] for unit in layer} | {"errors"}
+    first_face = next(n for n, layer in enumerate(LAYERS) if "" in layer)
+    faces = {unit for layer in LAYERS[first_face:] for unit in layer} | {"errors"}
     assert len(top) + len(packages) <= MAX_TOP_LEVEL_MODULES
     assert [name for name in top + packages if name not in faces and not name.startswith("_")] == []
-    assert {unit for layer in LAYERS[1:6] for unit in layer} <= set(packages)
+    assert {unit for layer in LAYERS[1:first_face] for unit in layer} <= set(packages)
 
 
 def test_architecture_every_core_folder_is_a_package():

@@ -55,6 +55,7 @@ EXPORTED = [
     "JobContext",
     "JobEnvelope",
     "JobInfo",
+    "JobLogFilter",
     "JsonSerializer",
     "Limits",
     "MemoryStepStore",
