@@ -22,10 +22,12 @@ from flexiq_plugins.integration import (
     RECORD_OPTION,
     RECORD_TASK_OPTION,
     RECORDED_FLAG,
+    TRACE_HEADER,
     JobEnvelope,
     build_envelope,
     is_json,
     new_run_key,
+    publishing_trace,
     record_at_publish,
     resume_mark_at_publish,
     wants_record,
@@ -60,6 +62,9 @@ def stamp_new_job(
         return
     run_key = headers[RUN_KEY_HEADER] = new_run_key()
     runtime, task = _owner(task_name)
+    published = None if runtime is None else publishing_trace(runtime.config)
+    if published is not None:
+        headers[TRACE_HEADER] = published  # the run's first attempt links to this span (C53)
     call_option = headers.get(RECORD_OPTION)
     if (
         runtime is None

@@ -44,6 +44,7 @@ from flexiq_plugins.integration import (
     StepSignal,
     WorkerInterrupted,
     classify,
+    job_log_fields,
     no_current_job,
 )
 
@@ -194,12 +195,13 @@ def _run_attempt(
         finally:
             _in_body.reset(token)
 
-    outcome = runtime.driver().run_job(job, body) if request.is_eager else runtime.run_job(job, body)
-    if handed_on and isinstance(outcome, Completed):
-        raise handed_on[0]
-    if exiting:
-        raise exiting[0]  # the process goes on exiting; Celery gives the unfinished message back (C38)
-    try:
-        return act(task, request, runtime, job, outcome)
-    finally:
-        del outcome  # an error raised from here must not hold its outcome through this frame (no cycle)
+    with job_log_fields(job.run_key, job.job_id, job.name):  # every record of this delivery names its run (C53)
+        outcome = runtime.driver().run_job(job, body) if request.is_eager else runtime.run_job(job, body)
+        if handed_on and isinstance(outcome, Completed):
+            raise handed_on[0]
+        if exiting:
+            raise exiting[0]  # the process goes on exiting; Celery gives the unfinished message back (C38)
+        try:
+            return act(task, request, runtime, job, outcome)
+        finally:
+            del outcome  # an error raised from here must not hold its outcome through this frame (no cycle)

@@ -28,6 +28,7 @@ import contextvars
 import functools
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import dramatiq
@@ -39,11 +40,14 @@ from flexiq_plugins.integration import (
     RECORD_OPTION,
     RECORD_TASK_OPTION,
     RECORDED_FLAG,
+    TRACE_HEADER,
     AttemptDriver,
     CancellationPolicy,
     DurableConfig,
     Ended,
     Failure,
+    JobInfo,
+    Outcome,
     PerProcess,
     RetryPolicy,
     StepStore,
@@ -55,9 +59,11 @@ from flexiq_plugins.integration import (
     check_store_spec,
     dead_letter_unregistered,
     driver_or_put_back,
+    job_log_fields,
     log_worker_start,
     new_run_key,
     no_current_job,
+    publishing_trace,
     record_at_publish,
     register_installation,
     resolve_store,
@@ -254,6 +260,9 @@ class DurableSteps(Middleware):
         given = bool(message.options.get(RUN_KEY_OPTION))
         if not given:
             message.options[RUN_KEY_OPTION] = new_run_key()
+            published = publishing_trace(self._config_or_arguments())
+            if published is not None:
+                message.options[TRACE_HEADER] = published  # the run's first attempt links to this span (C53)
         mark = resume_mark_at_publish(message.options.get(RESUME_OPTION), run_key_given=given)
         message.options[RESUME_OPTION] = mark
         if not given:
@@ -369,11 +378,16 @@ class DurableSteps(Middleware):
         _handled.set(message.message_id)
         body.check()
         job = job_info(message, step_retry=step_retry, cancellation=cancellation)
+        with job_log_fields(job.run_key, job.job_id, job.name):  # every record of this delivery names its run (C53)
+            stopping = lambda: self._stopping  # noqa: E731 - read when the attempt asks
+            run = functools.partial(_actor.execute, job=job, body=body, args=args, kwargs=kwargs, stopping=stopping)
+            return self._attempt(broker, message, job, run)
+
+    def _attempt(
+        self, broker: dramatiq.Broker, message: Any, job: JobInfo, run: Callable[[AttemptDriver], Outcome]
+    ) -> Any:
         driver = driver_or_put_back(self._driver.get, self._config_or_arguments())
-        if isinstance(driver, AttemptDriver):
-            outcome = _actor.execute(driver, job, body, args, kwargs, stopping=lambda: self._stopping)
-        else:
-            outcome = driver
+        outcome = run(driver) if isinstance(driver, AttemptDriver) else driver
         if isinstance(outcome, Failure):  # Retries decides; the middleware settles the run if it gives up
             self._failing[message.message_id] = outcome
             error = body_traceback(outcome.error)

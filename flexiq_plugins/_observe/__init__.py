@@ -20,6 +20,7 @@ the plain one.
 
 from __future__ import annotations
 
+from types import ModuleType
 from typing import TYPE_CHECKING
 
 from .observer import AttemptObservation, Observer, StepObservation
@@ -27,7 +28,25 @@ from .observer import AttemptObservation, Observer, StepObservation
 if TYPE_CHECKING:
     from .._model.config import DurableConfig
 
-__all__ = ["AttemptObservation", "Observer", "StepObservation", "observer_for"]
+__all__ = ["TRACE_HEADER", "AttemptObservation", "Observer", "StepObservation", "observer_for", "publishing_trace"]
+
+TRACE_HEADER = "flexiq_trace"
+"""The message header (Celery) or option (Dramatiq) carrying the publishing span's W3C ``traceparent`` (C53)."""
+
+_otel: ModuleType | bool | None = False
+"""`flexiq_plugins._observe.otel` once imported, ``None`` when the OpenTelemetry API is missing, ``False`` untried."""
+
+
+def _otel_module() -> ModuleType | None:
+    global _otel
+    if _otel is False:
+        try:
+            from . import otel
+        except ImportError:
+            _otel = None
+        else:
+            _otel = otel
+    return _otel  # type: ignore[return-value]
 
 
 def observer_for(config: DurableConfig) -> Observer | None:
@@ -39,8 +58,22 @@ def observer_for(config: DurableConfig) -> Observer | None:
     """
     if not (config.tracing or config.metrics):
         return None
-    try:
-        from .otel import OtelObserver
-    except ImportError:
+    otel = _otel_module()
+    if otel is None:
         return None
-    return OtelObserver(tracing=config.tracing, metrics=config.metrics, idempotency_keys=config.trace_idempotency_keys)
+    observer: Observer = otel.OtelObserver(
+        tracing=config.tracing, metrics=config.metrics, idempotency_keys=config.trace_idempotency_keys
+    )
+    return observer
+
+
+def publishing_trace(config: DurableConfig) -> str | None:
+    """The W3C ``traceparent`` of the span current where a job is published, to carry in its message (C53).
+
+    ``None`` with ``tracing`` off, without the OpenTelemetry API, without a
+    configured tracer provider, or with no span current.
+    """
+    if not config.tracing:
+        return None
+    otel = _otel_module()
+    return None if otel is None else otel.current_traceparent()  # type: ignore[no-any-return]

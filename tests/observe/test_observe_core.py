@@ -256,3 +256,61 @@ def test_c53_tracing_false_and_metrics_false_turn_each_off(telemetry: Telemetry)
     assert telemetry.moved("flexiq.steps", **{"flexiq.task": "off.metrics"}) == 0
     run = DurableRun(checkout, "C", config=DurableConfig(tracing=False, metrics=False))
     assert run.driver.observer is None
+
+
+def test_c53_recovery_counts_each_re_publish_by_reason(telemetry: Telemetry) -> None:
+    """A sweep that re-publishes an overdue sleeper counts it under its reason and task (C35, C53)."""
+    from flexiq_plugins._delivery.recovery import Sweeper
+    from flexiq_plugins._observe import observer_for
+
+    run = DurableRun(checkout, "R-1", task_name="shop.recover", run_key="run-lost-sleeper")
+    assert run.attempt().sleeping
+    run.clock.advance("2h")  # its wake-up message was lost: nothing woke it
+    published: list[str] = []
+
+    def publish(envelope: Any, run_key: str, **_: Any) -> str:
+        published.append(run_key)
+        return "job-again"
+
+    sweeper = Sweeper(run.store, {"test": publish}, observer=observer_for(DurableConfig()))
+    report = sweeper.sweep()
+    assert [stranded.why for stranded, _ in report.recovered] == ["sleep_overdue"]
+    assert published == ["run-lost-sleeper"]
+    labels = {"flexiq.reason": "sleep_overdue", "flexiq.task": "shop.recover"}
+    assert telemetry.moved("flexiq.recovery.republished", **labels) == 1
+
+
+def test_c53_a_store_outage_is_counted(telemetry: Telemetry) -> None:
+    """An attempt put back because the store is unavailable moves ``flexiq.store.unavailable`` (C28, C53)."""
+    from flexiq_plugins import MemoryStepStore, StoreUnavailable
+
+    class DownStore(MemoryStepStore):
+        def begin(self, *args: Any, **kwargs: Any) -> Any:
+            raise StoreUnavailable("the database is down")
+
+    result = DurableRun(checkout, "S-1", store=DownStore()).attempt()
+    assert result.outcome is not None
+    assert telemetry.moved("flexiq.store.unavailable") == 1
+
+
+def test_c53_the_suspended_runs_gauge_reads_the_store(telemetry: Telemetry) -> None:
+    """``flexiq.runs.suspended`` reports the store's sleeping runs, read at most every 30 s (C53)."""
+    from flexiq_plugins import MemoryStepStore
+    from flexiq_plugins.testing import FakeClock
+
+    reads: list[int] = []
+
+    class CountingStore(MemoryStepStore):
+        def count_runs(self, statuses: Any) -> dict[str, int]:
+            reads.append(1)
+            return super().count_runs(statuses)
+
+    clock = FakeClock()
+    store = CountingStore(clock=clock)
+    for key in ("g-1", "g-2"):
+        assert DurableRun(checkout, key, run_key=f"run-{key}", store=store, clock=clock).attempt().sleeping
+    points = telemetry.points("flexiq.runs.suspended")
+    assert points[frozenset({("flexiq.run.status", "sleeping")})] >= 2
+    sampled = len(reads)
+    telemetry.points("flexiq.runs.suspended")
+    assert len(reads) == sampled  # the next collection, within 30 s, reuses the sample
