@@ -186,7 +186,7 @@ class Attempt:
         """
         with self._claiming:
             if self.claim is None:
-                claimed = self._refused or self._driver.claim(self.job, self._owner, trace_context=self._trace())
+                claimed = self._claim() if self._refused is None else self._refused
                 if not isinstance(claimed, Begun):
                     self._refused = claimed
                     raise ClaimRefused(f"job {self.job_id} (run {self.run_key}) could not claim its run: {claimed}")
@@ -196,8 +196,11 @@ class Attempt:
             if not self.context.claimed:
                 self.context.bind(self.number, self.journal)  # type: ignore[arg-type]
 
-    def _trace(self) -> str | None:
-        return None if self.observation is None else self.observation.trace_context
+    def _claim(self) -> Begun | outcomes.Outcome:
+        trace = None if self.observation is None else self.observation.trace_context
+        if trace is None:  # untraced: the driver's claim as it always was
+            return self._driver.claim(self.job, self._owner)
+        return self._driver.claim(self.job, self._owner, trace_context=trace)  # stored with the run (C53)
 
     def _arm_caps(self, begun: Begun) -> RunCaps:
         """The run's caps (C34); a run whose cancellation was requested, or that is over a cap, is cancelled now."""

@@ -167,8 +167,7 @@ class AttemptDriver:
         self._outage = _Outage(
             self.config.store_retry_seconds, self.config.store_retry_max_seconds, store_health(store)
         )
-        self.observer = observer_for(self.config)
-        """What the driver's attempts report to (C53); ``None``: nothing is observed."""
+        self.observer = observer_for(self.config)  # what its attempts report to (C53); None: nothing is observed
         if self.observer is not None:
             self.observer.watch(store.count_runs)
         watch_sqlalchemy()  # a plain step inside a SQLAlchemy transaction that has written is refused (C42)

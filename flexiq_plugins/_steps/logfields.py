@@ -56,9 +56,11 @@ class JobLogFilter(logging.Filter):
 
     It never drops a record. Outside a job the four are ``None``; an
     attribute already on the record (passed with ``extra=``) is kept. Add it
-    to a handler to name the run on your own records too::
+    to a handler to name the run on your own records too:
 
-        handler.addFilter(flexiq_plugins.JobLogFilter())
+    ```python
+    handler.addFilter(flexiq_plugins.JobLogFilter())
+    ```
     """
 
     def filter(self, record: logging.LogRecord) -> bool:

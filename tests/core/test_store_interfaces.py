@@ -37,6 +37,7 @@ ATTEMPT_SIDE = {
 }
 OPERATOR_SIDE = {
     "list_runs",
+    "count_runs",
     "iter_runs",
     "get_step_attempts",
     "list_dead_letters",
