@@ -317,11 +317,11 @@ class OtelAttempt:
         first = parse_traceparent(first_trace)
         if first is not None:
             if first.span_id != span.get_span_context().span_id:
-                span.add_link(first, {"flexiq.link": "first_attempt"})
+                _link(span, first, "first_attempt")
             return
         published = parse_traceparent(self._publish_trace)
         if published is not None:
-            span.add_link(published, {"flexiq.link": "publish"})
+            _link(span, published, "publish")
 
     # ------------------------------------------------------------- steps
     def step(self, step: StepId, kind: StepKindName, position: int) -> OtelStep:
@@ -428,6 +428,13 @@ class OtelStep:
                 span.record_exception(failure)
                 span.set_status(Status(StatusCode.ERROR, f"{type(failure).__name__}: {failure}"[:512]))
         span.end()
+
+
+def _link(span: Span, target: SpanContext, kind: str) -> None:
+    """Link ``span`` to ``target`` (``Span.add_link``: a span already started, possibly not the attempt's own)."""
+    add_link = getattr(span, "add_link", None)  # an API older than Span.add_link cannot link after the start
+    if add_link is not None:
+        add_link(target, {"flexiq.link": kind})
 
 
 def _failure_of(error: BaseException | None) -> BaseException | None:
