@@ -84,6 +84,7 @@ def test_c53_celery_step_spans_are_children_of_the_task_spans_and_the_woken_atte
     parents = [s.parent.span_id if s.parent else None for s in steps]
     assert parents == [first.context.span_id] * 2 + [woken.context.span_id] * 2
     assert "flexiq.attempt" not in {s.name for s in telemetry.spans()}  # the task's span is the attempt's
+    assert woken.context.trace_id == first.context.trace_id  # the wake-up was published under the first's span
     links = {link.attributes["flexiq.link"]: link.context.span_id for link in woken.links}
     assert links == {"first_attempt": first.context.span_id}
     assert first.attributes["flexiq.run_key"] == woken.attributes["flexiq.run_key"]
