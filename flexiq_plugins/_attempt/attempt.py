@@ -18,6 +18,8 @@ import traceback
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol
 
+from typing_extensions import assert_never
+
 from .._model import replays
 from .._model.codec import CodecChain
 from .._model.config import DurableConfig
@@ -510,12 +512,20 @@ class Attempt:
 def outcome_label(outcome: outcomes.Outcome) -> str:
     """How observers name an outcome: ``completed``, ``put_back:sleep``, ``ack:cancelled``, ``dead_letter`` …"""
     match outcome:
-        case outcomes.PutBack(reason=reason) | outcomes.Ack(reason=reason):
-            return f"{type(outcome).__name__.lower().replace('putback', 'put_back')}:{reason.value}"
+        case outcomes.Completed():
+            return "completed"
+        case outcomes.PutBack(reason=reason):
+            return f"put_back:{reason.value}"
+        case outcomes.Failure():
+            return "failure"
         case outcomes.DeadLetter():
             return "dead_letter"
+        case outcomes.Ack(reason=reason):
+            return f"ack:{reason.value}"
+        case outcomes.Replay():
+            return "replay"
         case _:
-            return type(outcome).__name__.lower()
+            assert_never(outcome)
 
 
 def report_end(observation: AttemptObservation, outcome: outcomes.Outcome, *, claim_refused: bool = True) -> None:
