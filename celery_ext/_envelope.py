@@ -17,6 +17,7 @@ from typing import Any
 from flexiq_plugins.integration import (
     PAYLOAD_OPTION,
     RECORDED_FLAG,
+    TRACE_HEADER,
     UNSTARTED_ONLY,
     JobEnvelope,
     JobInfo,
@@ -69,6 +70,7 @@ def job_info(task: Any, request: Any) -> JobInfo:
         lazy=not _may_continue(request),
         # a recovery copy of a queued run; its own redelivery (its worker died) claims as usual
         unstarted_only=bool(_header(request, UNSTARTED_ONLY)) and not (request.delivery_info or {}).get("redelivered"),
+        publish_trace=_header(request, TRACE_HEADER),
     )
 
 

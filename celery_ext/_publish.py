@@ -25,11 +25,13 @@ from flexiq_plugins.integration import (
     RECORD_OPTION,
     RECORD_TASK_OPTION,
     RECORDED_FLAG,
+    TRACE_HEADER,
     JobEnvelope,
     build_envelope,
     first_publish,
     is_json,
     new_run_key,
+    publishing_trace,
     record_at_publish,
     resume_mark_at_publish,
     run_key_from,
@@ -72,6 +74,9 @@ def stamp_new_job(
     except InvalidRunKey:
         return  # the worker refuses the job and says why (C11)
     runtime, task = _owner(task_name)
+    published = None if runtime is None else publishing_trace(runtime.config)
+    if published is not None:
+        headers[TRACE_HEADER] = published  # the run's first attempt links to this span (C53)
     call_option = headers.get(RECORD_OPTION)
     if (
         runtime is None

@@ -49,6 +49,7 @@ from flexiq_plugins.integration import (
     WorkerInterrupted,
     belongs_to_a_run,
     classify,
+    job_log_fields,
     no_current_job,
 )
 
@@ -200,14 +201,15 @@ def _run_attempt(
         finally:
             _in_body.reset(token)
 
-    decision = runtime.driver().run_job(job, body) if request.is_eager else runtime.run_job(job, body)
-    if handed_on and isinstance(decision, Completed):
-        raise handed_on[0]
-    if exiting:
-        raise exiting[0]  # the process goes on exiting; Celery gives the unfinished message back (C38)
-    if not request.is_eager and belongs_to_a_run(decision):
-        stamp_dispatches(request, job.run_key)  # its callbacks, chain and chord body are runs of their own (C44)
-    try:
-        return act(task, request, runtime, job, decision)
-    finally:
-        del decision  # an error raised from here must not hold the decision through this frame (no cycle)
+    with job_log_fields(job.run_key, job.job_id, job.name):  # every record of this delivery names its run (C53)
+        decision = runtime.driver().run_job(job, body) if request.is_eager else runtime.run_job(job, body)
+        if handed_on and isinstance(decision, Completed):
+            raise handed_on[0]
+        if exiting:
+            raise exiting[0]  # the process goes on exiting; Celery gives the unfinished message back (C38)
+        if not request.is_eager and belongs_to_a_run(decision):
+            stamp_dispatches(request, job.run_key)  # its callbacks, chain and chord body are runs of their own (C44)
+        try:
+            return act(task, request, runtime, job, decision)
+        finally:
+            del decision  # an error raised from here must not hold the decision through this frame (no cycle)

@@ -22,6 +22,7 @@ from dramatiq.message import generate_unique_id
 from flexiq_plugins.integration import (
     PAYLOAD_OPTION,
     RECORDED_FLAG,
+    TRACE_HEADER,
     UNSTARTED_ONLY,
     JobEnvelope,
     JobInfo,
@@ -84,6 +85,7 @@ def job_info(message: Any, **fields: Any) -> JobInfo:
         task_name=message.actor_name,
         # read once: the message's own later enqueues (Retries, a sleep's copy) must not carry it (C39)
         unstarted_only=bool(message.options.pop(UNSTARTED_ONLY, False)),
+        publish_trace=message.options.get(TRACE_HEADER),
         **fields,
     )
 

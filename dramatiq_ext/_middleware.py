@@ -33,6 +33,7 @@ import contextvars
 import functools
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import dramatiq
@@ -45,11 +46,14 @@ from flexiq_plugins.integration import (
     RECORD_OPTION,
     RECORD_TASK_OPTION,
     RECORDED_FLAG,
+    TRACE_HEADER,
     AttemptDriver,
     CancellationPolicy,
+    Decision,
     DurableConfig,
     Ended,
     Failure,
+    JobInfo,
     PerProcess,
     RetryPolicy,
     StepStore,
@@ -63,9 +67,11 @@ from flexiq_plugins.integration import (
     dead_letter_unregistered,
     driver_or_put_back,
     first_publish,
+    job_log_fields,
     log_worker_start,
     new_run_key,
     no_current_job,
+    publishing_trace,
     record_at_publish,
     register_installation,
     resolve_store,
@@ -267,6 +273,9 @@ class DurableSteps(Middleware):
         first = first_publish(message.options.get(RESUME_OPTION))
         if not given:
             message.options[RUN_KEY_OPTION] = new_run_key()
+            published = publishing_trace(self._config_or_arguments())
+            if published is not None:
+                message.options[TRACE_HEADER] = published  # the run's first attempt links to this span (C53)
         mark = resume_mark_at_publish(message.options.get(RESUME_OPTION), run_key_given=given)
         message.options[RESUME_OPTION] = mark
         if first:
@@ -407,11 +416,16 @@ class DurableSteps(Middleware):
         _handled.set(message.message_id)
         body.check()
         job = job_info(message, step_retry=step_retry, cancellation=cancellation)
+        with job_log_fields(job.run_key, job.job_id, job.name):  # every record of this delivery names its run (C53)
+            stopping = lambda: self._stopping  # noqa: E731 - read when the attempt asks
+            run = functools.partial(_actor.execute, job=job, body=body, args=args, kwargs=kwargs, stopping=stopping)
+            return self._attempt(broker, message, job, run)
+
+    def _attempt(
+        self, broker: dramatiq.Broker, message: Any, job: JobInfo, run: Callable[[AttemptDriver], Decision]
+    ) -> Any:
         driver = driver_or_put_back(self._driver.get, self._config_or_arguments())
-        if isinstance(driver, AttemptDriver):
-            decision = _actor.execute(driver, job, body, args, kwargs, stopping=lambda: self._stopping)
-        else:
-            decision = driver
+        decision = run(driver) if isinstance(driver, AttemptDriver) else driver
         if belongs_to_a_run(decision):  # the pipeline's next stage is a run of its own (C44)
             _dispatch.stamp_pipe_target(message.options, job.run_key)
         if isinstance(decision, Failure):  # Retries decides; the middleware settles the run if it gives up

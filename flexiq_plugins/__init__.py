@@ -30,6 +30,7 @@ from ._model.identity import new_run_key
 from ._model.policies import CancellationPolicy, Compensation, RetryPolicy
 from ._model.records import DeadLetterRecord, JobEnvelope, RunRecord, StepAttempt, StepRow
 from ._steps.context import JobContext, StepContext, current_job
+from ._steps.logfields import JobLogFilter
 from ._store.attempt_side import AttemptStore
 from ._store.base import StepStore
 from ._store.factory import open_store
@@ -74,10 +75,12 @@ __all__ = [
     "cancel_run",
     "new_run_key",
     "parse_duration",
-    # Configuring an integration: its options and size limits (C22), the step codecs (C7), the store
+    # Configuring an integration: its options and size limits (C22), a logging filter that names the run
+    # in every record (C53), the step codecs (C7), the store
     # (C41) and its schema.
     "DurableConfig",
     "Limits",
+    "JobLogFilter",
     "CodecChain",
     "JsonSerializer",
     "FunctionSerializer",

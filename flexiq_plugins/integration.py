@@ -45,6 +45,14 @@ so a misconfiguration stops the worker with one line instead of failing jobs
 (C41); a job that cannot open its store is put back
 ([`driver_or_put_back`][flexiq_plugins.integration.driver_or_put_back]), never acknowledged away.
 
+At publish, an adapter carries the publishing span's trace context in the
+message under [`TRACE_HEADER`][flexiq_plugins.integration.TRACE_HEADER]
+([`publishing_trace`][flexiq_plugins.integration.publishing_trace]) and hands it
+back at delivery in `JobInfo.publish_trace`, so the run's first attempt links
+to its publisher (C53); it wraps its handling of a message in
+[`job_log_fields`][flexiq_plugins.integration.job_log_fields] so its own log
+records name the run.
+
 An integration configured in a process calls [`register_installation`][flexiq_plugins.integration.register_installation]
 with its app or broker, so [`flexiq_plugins.send_event`][flexiq_plugins.send_event] and
 [`flexiq_plugins.cancel_run`][flexiq_plugins.cancel_run] called there use its store and wake runs
@@ -122,7 +130,9 @@ from ._model.config import DurableConfig
 from ._model.identity import derived_run_key, new_run_key, run_key_from
 from ._model.policies import CancellationPolicy, RetryPolicy, cancellation_option, retry_policy_option
 from ._model.records import JobEnvelope
+from ._observe import TRACE_HEADER, publishing_trace
 from ._steps.context import no_current_job
+from ._steps.logfields import job_log_fields
 from ._store.base import StepStore
 from ._store.factory import StoreSpec, check_store_spec, resolve_store, resolve_store_spec
 from .errors import (
@@ -174,6 +184,7 @@ __all__ = [
     "StepStore",
     "StoreSpec",
     "Sweeper",
+    "TRACE_HEADER",
     "UnsupportedInEagerMode",
     "ValueReader",
     "WorkerInterrupted",
@@ -194,8 +205,10 @@ __all__ = [
     "hand_off",
     "is_json",
     "log_worker_start",
+    "job_log_fields",
     "new_run_key",
     "no_current_job",
+    "publishing_trace",
     "record_at_publish",
     "register_adapter",
     "register_installation",

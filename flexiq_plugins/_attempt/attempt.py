@@ -18,6 +18,8 @@ import traceback
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, Protocol
 
+from typing_extensions import assert_never
+
 from .._model import replays
 from .._model.codec import CodecChain
 from .._model.config import DurableConfig
@@ -33,8 +35,11 @@ from .._model.records import (
     StepAttemptFailure,
     StepRow,
 )
+from .._observe import AttemptObservation
 from .._steps.context import JobContext
 from .._steps.journal import StepJournal
+from .._steps.logfields import job_log_fields
+from .._steps.observed import ObservedJournal
 from .._store.attempt_side import AttemptStore
 from .._store.caller import CallerConnection
 from ..errors import (
@@ -57,7 +62,7 @@ from .caps import RunCaps
 from .job import JobInfo
 from .lease import LeaseKeeper
 
-__all__ = ["Attempt", "AttemptHost"]
+__all__ = ["Attempt", "AttemptHost", "outcome_label", "report_end"]
 
 logger = logging.getLogger("flexiq_plugins")
 
@@ -78,7 +83,9 @@ class AttemptHost(Protocol):
     def store(self) -> AttemptStore:
         """The store the attempt claims its run in and writes its steps to (the attempt side of it)."""
 
-    def claim(self, job: JobInfo, owner: str | None = None) -> Begun | decisions.Decision:
+    def claim(
+        self, job: JobInfo, owner: str | None = None, *, trace_context: str | None = None
+    ) -> Begun | decisions.Decision:
         """Claim ``job``'s run, or return the decision that ends the attempt without a body (C23–C28)."""
 
     def ended_unclaimed(
@@ -102,8 +109,17 @@ class Attempt:
     ``None``.
     """
 
-    def __init__(self, driver: AttemptHost, job: JobInfo, begun: Begun | None, *, owner: str | None = None) -> None:
+    def __init__(
+        self,
+        driver: AttemptHost,
+        job: JobInfo,
+        begun: Begun | None,
+        *,
+        owner: str | None = None,
+        observation: AttemptObservation | None = None,
+    ) -> None:
         self._driver = driver
+        self.observation = observation
         self._store = driver.store
         self._config = driver.config
         self._owner = owner
@@ -138,9 +154,12 @@ class Attempt:
         self._local_clock = self._store.local_clock()
         label = f"job {self.job_id} (run {self.run_key})"
         step_retry = self.job.step_retry or self._config.step_retry
-        self.journal = StepJournal(
-            begun.snapshot, label, self, self._driver.codec, self._config.limits, step_retry=step_retry
-        )
+        journal_args = (begun.snapshot, label, self, self._driver.codec, self._config.limits)
+        if self.observation is None:
+            self.journal = StepJournal(*journal_args, step_retry=step_retry)
+        else:  # an observed attempt reports its steps (C53); an unobserved one pays nothing for it
+            self.journal = ObservedJournal(*journal_args, step_retry=step_retry, observation=self.observation)
+            self.observation.claimed(begun.claim.attempt, begun.trace_context)
         self._caps = self._arm_caps(begun)
         self._lease = LeaseKeeper(self._store, begun.claim, self._config.lease_seconds)
         self.number = begun.claim.attempt
@@ -171,7 +190,7 @@ class Attempt:
         """
         with self._claiming:
             if self.claim is None:
-                claimed = self._driver.claim(self.job, self._owner) if self._refused is None else self._refused
+                claimed = self._claim() if self._refused is None else self._refused
                 if not isinstance(claimed, Begun):
                     self._refused = claimed
                     raise ClaimRefused(f"job {self.job_id} (run {self.run_key}) could not claim its run: {claimed}")
@@ -180,6 +199,12 @@ class Attempt:
                 self._lease.start()  # type: ignore[union-attr]  # nothing if started already
             if not self.context.claimed:
                 self.context.bind(self.number, self.journal)  # type: ignore[arg-type]
+
+    def _claim(self) -> Begun | decisions.Decision:
+        trace = None if self.observation is None else self.observation.trace_context
+        if trace is None:  # untraced: the driver's claim as it always was
+            return self._driver.claim(self.job, self._owner)
+        return self._driver.claim(self.job, self._owner, trace_context=trace)  # stored with the run (C53)
 
     def _arm_caps(self, begun: Begun) -> RunCaps:
         """The run's caps (C34); a run whose cancellation was requested, or that is over a cap, is cancelled now."""
@@ -234,9 +259,11 @@ class Attempt:
         if self._lease is not None:
             self._lease.start()
         self._active = True
-        return self.context.enter()
+        observed = None if self.observation is None else self.observation.activate()  # its span is current (C53)
+        return self.context.enter(), observed
 
-    def _leave(self, tokens: tuple[Any, Any]) -> None:
+    def _leave(self, entered: tuple[Any, Any]) -> None:
+        tokens, observed = entered
         try:
             self._active = False
             try:
@@ -247,9 +274,15 @@ class Attempt:
                     self._lease.stop()
         finally:
             self.context.leave(tokens)
+            if self.observation is not None:
+                self.observation.deactivate(observed)
 
     def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> decisions.Decision:
         """Run ``fn(*args, **kwargs)`` as the task body and return its decision."""
+        with job_log_fields(self.run_key, self.job_id, self.task_name):
+            return self._run(fn, *args, **kwargs)
+
+    def _run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> decisions.Decision:
         try:
             tokens = self._enter()  # what ``activate`` does, without a generator per job: less per-job cost
             try:
@@ -262,6 +295,10 @@ class Attempt:
 
     async def arun(self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> decisions.Decision:
         """Await ``fn(*args, **kwargs)`` as the task body and return its decision."""
+        with job_log_fields(self.run_key, self.job_id, self.task_name):
+            return await self._arun(fn, *args, **kwargs)
+
+    async def _arun(self, fn: Callable[..., Awaitable[Any]], *args: Any, **kwargs: Any) -> decisions.Decision:
         try:
             tokens = self._enter()
             try:
@@ -280,6 +317,12 @@ class Attempt:
           value (Any): the body's return value, when it returned.
           error (BaseException | None): what it raised, when it raised.
         """
+        outcome = self._conclude(value, error)
+        if self.observation is not None:
+            report_end(self.observation, outcome, claim_refused=outcome is self._refused)
+        return outcome
+
+    def _conclude(self, value: Any, error: BaseException | None) -> decisions.Decision:
         if self._refused is not None:  # the lazy claim found the run busy, finished or dead (C24–C28)
             return self._refused
         if self.claim is None:
@@ -460,6 +503,8 @@ class Attempt:
             started = time.monotonic()
             try:
                 self._store.finish(self._held(), status, **kwargs)
+                if self.observation is not None:
+                    _report_finish(self.observation, status, kwargs.get("dead_letter"), self.journal)
                 return
             except StoreUnavailable:
                 if time.monotonic() - started > _FINISH_QUICK_FAILURE_S:
@@ -467,6 +512,45 @@ class Attempt:
                 logger.debug("run %s: store unavailable while ending the attempt; trying again", self.run_key)
                 time.sleep(pause)
         self._store.finish(self._held(), status, **kwargs)
+        if self.observation is not None:
+            _report_finish(self.observation, status, kwargs.get("dead_letter"), self.journal)
+
+
+# ------------------------------------------------------------ observing (C53)
+def outcome_label(decision: decisions.Decision) -> str:
+    """How observers name an outcome: ``completed``, ``put_back:sleep``, ``ack:cancelled``, ``dead_letter`` …"""
+    match decision:
+        case decisions.Completed():
+            return "completed"
+        case decisions.PutBack(reason=reason):
+            return f"put_back:{reason.value}"
+        case decisions.Failure():
+            return "failure"
+        case decisions.DeadLetter():
+            return "dead_letter"
+        case decisions.Ack(reason=reason):
+            return f"ack:{reason.value}"
+        case decisions.Replay():
+            return "replay"
+        case _:
+            assert_never(decision)
+
+
+def report_end(observation: AttemptObservation, decision: decisions.Decision, *, claim_refused: bool = True) -> None:
+    """End ``observation`` with ``outcome``; a dead letter the claim decided is reported as the run's end too."""
+    if claim_refused and isinstance(decision, decisions.DeadLetter):  # e.g. worker_lost: no attempt committed it
+        observation.finished("dead", reason=decision.reason, message=decision.message)
+    error = decision.error if isinstance(decision, (decisions.Failure, decisions.DeadLetter)) else None
+    observation.ended(outcome_label(decision), error)
+
+
+def _report_finish(
+    observation: AttemptObservation, status: str, dead: NewDeadLetter | None, journal: StepJournal | None
+) -> None:
+    cancelled = journal.cancellation if journal is not None and status == "cancelled" else None
+    reason = dead.reason if dead is not None else cancelled.reason if cancelled is not None else None
+    message = dead.message if dead is not None else None
+    observation.finished(status, reason=reason, message=message)
 
 
 def _caused_by(error: BaseException | None, cause: BaseException) -> bool:

@@ -50,6 +50,8 @@ from .._model.records import (
     Finished,
     NewDeadLetter,
 )
+from .._observe import AttemptObservation, observer_for
+from .._steps.logfields import job_log_fields
 from .._store.base import StepStore
 from .._store.caller import watch_sqlalchemy
 from ..errors import (
@@ -61,7 +63,7 @@ from ..errors import (
     classify,
 )
 from . import decisions, endings
-from .attempt import Attempt
+from .attempt import Attempt, report_end
 from .job import JobInfo
 from .store_health import StoreHealth, store_health
 
@@ -153,6 +155,9 @@ class AttemptDriver:
         self._outage = _Outage(
             self.config.store_retry_seconds, self.config.store_retry_max_seconds, store_health(store)
         )
+        self.observer = observer_for(self.config)  # what its attempts report to (C53); None: nothing is observed
+        if self.observer is not None:
+            self.observer.watch(store.count_statuses)
         watch_sqlalchemy()  # a plain step inside a SQLAlchemy transaction that has written is refused (C42)
 
     # ------------------------------------------------------------ one call
@@ -196,20 +201,41 @@ class AttemptDriver:
           InvalidRunKey: the run key is not a ``str`` of 1 to 255 characters.
         """
         check_run_key(job.run_key)
-        if job.lazy:
-            return Attempt(self, job, None, owner=owner)
-        claimed = self.claim(job, owner)
-        return Attempt(self, job, claimed, owner=owner) if isinstance(claimed, Begun) else claimed
+        with job_log_fields(job.run_key, job.job_id, job.name):
+            observation = self._observe(job)
+            if job.lazy:
+                return Attempt(self, job, None, owner=owner, observation=observation)
+            trace = None if observation is None else observation.trace_context
+            claimed = self.claim(job, owner, trace_context=trace)
+            if isinstance(claimed, Begun):
+                return Attempt(self, job, claimed, owner=owner, observation=observation)
+            if observation is not None:
+                report_end(observation, claimed)
+            return claimed
 
-    def claim(self, job: JobInfo, owner: str | None = None) -> Begun | decisions.Decision:
-        """Claim ``job``'s run (C23): the claim, or the decision that ends the attempt without a body (C24–C28, C39)."""
+    def _observe(self, job: JobInfo) -> AttemptObservation | None:
+        """The attempt's observation (C53), or ``None`` when nothing is observed."""
+        if self.observer is None:
+            return None
+        return self.observer.attempt(
+            run_key=job.run_key, job_id=job.job_id, task=job.name, publish_trace=job.publish_trace
+        )
+
+    def claim(
+        self, job: JobInfo, owner: str | None = None, *, trace_context: str | None = None
+    ) -> Begun | decisions.Decision:
+        """Claim ``job``'s run (C23): the claim, or the decision that ends the attempt without a body (C24–C28, C39).
+
+        ``trace_context`` is the attempt's W3C ``traceparent``, stored with a run that has none (C53).
+        """
         dropped = self._started_meanwhile(job) if job.unstarted_only else None
-        return dropped if dropped is not None else self._claim(job, owner)
+        return dropped if dropped is not None else self._claim(job, owner, trace_context)
 
-    def _claim(self, job: JobInfo, owner: str | None) -> Begun | decisions.Decision:
+    def _claim(self, job: JobInfo, owner: str | None, trace_context: str | None = None) -> Begun | decisions.Decision:
+        traced = {} if trace_context is None else {"trace_context": trace_context}  # a store older than C53 works
         try:
             result = self.store.begin(
-                job.run_key, job.job_id, job.job_envelope, owner or default_owner(), self.config.lease_seconds
+                job.run_key, job.job_id, job.job_envelope, owner or default_owner(), self.config.lease_seconds, **traced
             )
             self._outage.ok()
         except StoreUnavailable as exc:
@@ -300,6 +326,8 @@ class AttemptDriver:
         broker whatever the cause, a [`StoreMisconfigured`][flexiq_plugins.errors.StoreMisconfigured] store included.
         """
         delay = self._outage.failed(exc)
+        if self.observer is not None:
+            self.observer.store_unavailable()
         return decisions.PutBack(decisions.PutBackReason.STORE_UNAVAILABLE, delay, str(exc))
 
     def _worker_lost(self, job: JobInfo, begun: Begun) -> decisions.Decision:

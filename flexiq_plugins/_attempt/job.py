@@ -45,6 +45,9 @@ class JobInfo:
         (C39): it runs only while the run has never started; once another
         delivery (the original, out of a backlog) has claimed it, the copy is
         acknowledged as a duplicate (or replays a finished run's outcome).
+      publish_trace (str | None): the W3C ``traceparent`` of the span that
+        published the job, when its message carries one (C53): the run's
+        first traced attempt links to it.
     """
 
     run_key: str
@@ -56,6 +59,7 @@ class JobInfo:
     lazy: bool = False
     task_name: str | None = None
     unstarted_only: bool = False
+    publish_trace: str | None = None
 
     @functools.cached_property
     def job_envelope(self) -> JobEnvelope:

@@ -48,6 +48,7 @@ from typing import Literal
 from .._attempt.store_health import StoreHealth, store_health
 from .._model.config import DurableConfig
 from .._model.records import JobEnvelope
+from .._observe import observer_for
 from .._store.attempt_side import AttemptStore
 from .._store.operator_side import OperatorStore
 from ..errors import FlexiqError, StoreMisconfigured, StoreUnavailable
@@ -224,6 +225,7 @@ def start_recovery(
         stale_after=config.recovery_stale_seconds,
         queued_after=config.recovery_queued_seconds,
         name=name,
+        observer=observer_for(config),
     )
     logger.info("%s: recovery runs every %g s (one sweep at a time across workers)", name, sweeper.interval)
     return sweeper.start()

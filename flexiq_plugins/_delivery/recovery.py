@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from .._attempt.store_health import store_health
 from .._model.durations import parse_duration
 from .._model.records import RunRecord, StepAttempt, StepRow
+from .._observe import Observer
 from .._store.operator_side import OperatorStore
 from ..errors import ConfigurationError, PublishFailed, StoreUnavailable
 from .publishing import publish
@@ -316,6 +317,7 @@ class Sweeper:
         intervals, renewed at every tick): a Dramatiq worker never holds up
         the recovery of Celery runs sharing the store.
       name (str): names this sweeper in log lines (e.g. ``"celery worker"``).
+      observer (Observer | None): counts each re-publish (``flexiq.recovery.republished``, C53).
 
     Raises:
       ConfigurationError: (a ``ValueError``) a duration cannot be parsed, or ``interval`` is zero.
@@ -332,8 +334,10 @@ class Sweeper:
         queued_after: str | float = DEFAULT_QUEUED_SECONDS,
         lease: bool = True,
         name: str = "sweeper",
+        observer: Observer | None = None,
     ) -> None:
         self.store = store
+        self.observer = observer
         self.publishers = dict(publishers)
         self.interval = parse_duration(interval)
         if self.interval <= 0:
@@ -369,13 +373,17 @@ class Sweeper:
 
     def sweep(self) -> RecoveryReport:
         """Run one recovery now, whether or not this sweeper holds the lease, and return its report."""
-        return recover(
+        report = recover(
             self.store,
             self.publishers,
             grace=self.grace,
             stale_after=self.stale_after,
             queued_after=self.queued_after,
         )
+        if self.observer is not None:
+            for stranded, _job_id in report.recovered:
+                self.observer.republished(stranded.why, stranded.run.task_name)
+        return report
 
     def tick(self) -> RecoveryReport | None:
         """One tick: take or renew the lease, then sweep; ``None`` when another process holds the lease.

@@ -43,7 +43,7 @@ _SECONDS = (
     "recovery_stale_seconds",
     "recovery_queued_seconds",
 )
-_FLAGS = ("keep_succeeded_steps", "record_at_publish", "recovery")
+_FLAGS = ("keep_succeeded_steps", "record_at_publish", "recovery", "tracing", "metrics", "trace_idempotency_keys")
 _OPTIONS_HELP = "docs/configuration.md, 'Integration options'"
 """Where every option is described, named by an unknown option's message."""
 _COUNTS = ("step_bytes", "run_bytes", "run_steps")
@@ -178,6 +178,26 @@ class DurableConfig:
         metadata=_doc(
             "how long a run recorded at publish may stay queued without a start before recovery re-publishes "
             "it, seconds; longer than the queue's usual backlog (default 600, C39)"
+        ),
+    )
+    tracing: bool = field(
+        default=True,
+        metadata=_doc(
+            "OpenTelemetry spans for each executed step, linked across a run's attempts, when the "
+            "opentelemetry-api package is installed and a tracer provider is configured (default True, C53)"
+        ),
+    )
+    metrics: bool = field(
+        default=True,
+        metadata=_doc(
+            "OpenTelemetry metrics of steps, runs, dead letters and recovery, when the opentelemetry-api "
+            "package is installed and a meter provider is configured (default True, C53)"
+        ),
+    )
+    trace_idempotency_keys: bool = field(
+        default=False,
+        metadata=_doc(
+            "put each step's idempotency key on its span as flexiq.step.idempotency_key (default False, C53)"
         ),
     )
 

@@ -332,6 +332,9 @@ class Begun:
       envelope (JobEnvelope): the run's stored envelope.
       created_at (float): when the run was created, epoch seconds (its duration cap, C34).
       cancel_reason (str | None): the run's requested cancellation, if any (C34).
+      trace_context (str | None): the W3C ``traceparent`` of the run's first
+        traced attempt, as stored before this claim (C53); ``None`` when no
+        attempt stored one yet (this claim may have stored its own).
     """
 
     claim: Claim
@@ -341,6 +344,7 @@ class Begun:
     envelope: JobEnvelope
     created_at: float = 0.0
     cancel_reason: str | None = None
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True)
@@ -417,7 +421,9 @@ class RunRecord:
     ``wait_key`` name the event a ``waiting`` run waits for (C33);
     ``cancel_reason`` is a ``cancelled`` run's reason, or a cancellation
     requested and not yet carried out (C34). ``outcome`` is a terminal run's
-    stored outcome (C37), opaque bytes (see `Finished`).
+    stored outcome (C37), opaque bytes (see `Finished`). ``trace_context`` is
+    the W3C ``traceparent`` of the run's first traced attempt (C53), ``None``
+    if no attempt was traced.
     """
 
     run_key: str
@@ -441,6 +447,7 @@ class RunRecord:
     wait_key: str | None = None
     cancel_reason: str | None = None
     outcome: bytes | None = None
+    trace_context: str | None = None
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,8 @@ class AttemptStore(StoreReads):
         envelope: JobEnvelope,
         owner: str,
         lease_seconds: float,
+        *,
+        trace_context: str | None = None,
     ) -> BeginResult:
         """Claim the run for a new attempt and read its snapshot (C23–C26).
 
@@ -75,7 +77,11 @@ class AttemptStore(StoreReads):
           every step row, the run's ``created_at`` and its requested
           cancellation (C34).
 
-        ``lease_seconds`` is in seconds.
+        ``lease_seconds`` is in seconds. A granted claim also stores
+        ``trace_context`` (the attempt's W3C ``traceparent``, C53) if the run
+        has none yet, in the same write; `Begun.trace_context` is the one
+        stored before. Callers pass it only when tracing, so a store written
+        before C53 keeps working untraced.
         """
 
     @abc.abstractmethod

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
@@ -105,7 +106,16 @@ class MemoryStepStore(StepStore):
             return sorted(self._steps.get(run_key, ()), key=lambda s: s.position)
 
     # ----------------------------------------------------------------- claims
-    def begin(self, run_key: str, job_id: str, envelope: JobEnvelope, owner: str, lease_seconds: float) -> BeginResult:
+    def begin(
+        self,
+        run_key: str,
+        job_id: str,
+        envelope: JobEnvelope,
+        owner: str,
+        lease_seconds: float,
+        *,
+        trace_context: str | None = None,
+    ) -> BeginResult:
         """See `StepStore.begin`."""
         with self._lock:
             now = self.now()
@@ -113,11 +123,16 @@ class MemoryStepStore(StepStore):
             decision = decide_claim(run, now=now, owner=owner, lease_seconds=lease_seconds)
             if not isinstance(decision, Granted):
                 return decision
-            run = dataclasses.replace(run, **decision.values(), job_id=job_id, updated_at=now)
+            stored_trace = run.trace_context
+            run = dataclasses.replace(
+                run, **decision.values(), job_id=job_id, updated_at=now, trace_context=stored_trace or trace_context
+            )
             self._runs[run_key] = run
             snapshot = tuple(self._steps.get(run_key, ()))
             claim = decision.claim(run_key)
-            return Begun(claim, snapshot, now, decision.takeovers, run.envelope, run.created_at, run.cancel_reason)
+            return Begun(
+                claim, snapshot, now, decision.takeovers, run.envelope, run.created_at, run.cancel_reason, stored_trace
+            )
 
     def _new_run(self, run_key: str, envelope: JobEnvelope, now: float) -> RunRecord:
         return RunRecord(
@@ -406,6 +421,12 @@ class MemoryStepStore(StepStore):
             ]
         runs.sort(key=lambda r: (r.updated_at, r.run_key), reverse=True)
         return runs[:limit]
+
+    def count_statuses(self, statuses: Collection[str]) -> dict[str, int]:
+        """See `OperatorStore.count_statuses`."""
+        with self._lock:
+            counted = Counter(r.status for r in self._runs.values())
+        return {status: counted[status] for status in statuses}
 
     def get_step_attempts(self, run_key: str) -> list[StepAttempt]:
         """See `StepStore.get_step_attempts`."""

@@ -15,7 +15,7 @@ its step rows) and [`StepStore`][flexiq_plugins.StepStore] is both.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 from .._model.listings import ListedEvent, RunCursor, RunFilter, RunGroup, RunOrder, SweepLease
@@ -23,6 +23,8 @@ from .._model.records import DeadLetterRecord, EventRecord, RunRecord, SentEvent
 from .reads import StoreReads
 
 __all__ = ["OperatorStore"]
+
+_COUNT_ALL = 2**31 - 1
 
 
 class OperatorStore(StoreReads):
@@ -44,6 +46,13 @@ class OperatorStore(StoreReads):
     def iter_runs(self, **filters: Any) -> Iterator[RunRecord]:
         """Iterate `list_runs` (convenience)."""
         yield from self.list_runs(**filters)
+
+    def count_statuses(self, statuses: Collection[str]) -> dict[str, int]:
+        """How many runs are in each of ``statuses`` (every one of them a key, 0 if none), e.g. for a gauge (C53).
+
+        This default lists them; the shipped stores count them in one query.
+        """
+        return {status: len(self.list_runs(status=status, limit=_COUNT_ALL)) for status in statuses}
 
     @abc.abstractmethod
     def get_step_attempts(self, run_key: str) -> list[StepAttempt]:

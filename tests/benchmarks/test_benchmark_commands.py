@@ -152,3 +152,18 @@ def test_python_m_benchmarks_judges_throughput_and_connections_per_worker_config
     assert by_target["celery -P prefork -c 2: 5-step ≥ 0.4× plain"].met is False
     assert by_target["celery -P prefork -c 2: 5-step ≥ 0.4× plain"].measured.startswith("0.30×")
     assert by_target["celery -P prefork -c 2: connections ≤ concurrency + 1"].met is False  # a child held 3
+
+
+@pytest.mark.timeout(300)
+def test_bench_observe_prints_each_variant_and_observes_only_with_an_sdk(capsys: pytest.CaptureFixture[str]) -> None:
+    """``bench_observe`` runs its four variants (no API, API without SDK, options off, SDK on) and prints each
+    one's time per step and ratio; only *SDK on* is observed (C53). Nothing is timed here."""
+    from benchmarks import bench_observe
+
+    medians = bench_observe.main(["--rounds", "1", "--steps", "20"])
+    out = capsys.readouterr().out
+    assert set(medians) == set(bench_observe.VARIANTS)
+    for variant in bench_observe.VARIANTS:
+        assert variant in out
+    observed = {v: bench_observe.observed(v) for v in bench_observe.VARIANTS}
+    assert observed == {"no API": False, "API, no SDK": False, "options off": False, "SDK on": True}

@@ -6,7 +6,7 @@
   module other than the package root and ``flexiq_plugins.integration``.
 - No import cycle inside or between the three packages (``TYPE_CHECKING``
   imports count: a cycle hidden there is still a cycle of concepts).
-- The core's layers import downward only: ``errors`` → ``_model`` → ``_store`` →
+- The core's layers import downward only: ``errors`` → ``_model`` → ``_observe`` → ``_store`` →
   ``_steps`` → ``_attempt`` → ``_delivery`` → the faces (the package root,
   ``integration``, ``operations``, ``testing``) → the dashboard over them →
   the surfaces that serve it or need nothing above the faces (``cli``,
@@ -39,6 +39,7 @@ ADAPTER_MAY_IMPORT = ("flexiq_plugins", "flexiq_plugins.integration")
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors",),
     ("_model",),
+    ("_observe",),  # the observer interface and OpenTelemetry's: records and options only; every layer reports to it
     ("_store",),
     ("_steps",),
     ("_attempt",),
@@ -171,14 +172,19 @@ def test_architecture_layers_import_downward_only():
 
 
 def test_architecture_the_top_level_holds_only_the_faces():
-    """``flexiq_plugins/`` holds at most 12 modules, all faces; every other module is in a private layer package."""
+    """``flexiq_plugins/`` holds at most 12 faces (modules and face packages); everything else is a private layer
+    package of ``LAYERS``."""
     core = ROOT / "flexiq_plugins"
     top = sorted(p.stem for p in core.glob("*.py") if p.stem != "__init__")
     packages = sorted(p.name for p in core.iterdir() if p.is_dir() and p.name != "__pycache__")
-    faces = {unit for layer in LAYERS[6:] for unit in layer} | {"errors"}
-    assert len(top) + len(packages) <= MAX_TOP_LEVEL_MODULES
-    assert [name for name in top + packages if name not in faces and not name.startswith("_")] == []
-    assert {unit for layer in LAYERS[1:6] for unit in layer} <= set(packages)
+    first_face = next(n for n, layer in enumerate(LAYERS) if "" in layer)
+    faces = {unit for layer in LAYERS[first_face:] for unit in layer} | {"errors"}
+    layer_packages = {unit for layer in LAYERS[1:first_face] for unit in layer}
+    public = [name for name in top + packages if not name.startswith("_")]
+    assert len(public) <= MAX_TOP_LEVEL_MODULES
+    assert [name for name in public if name not in faces] == []
+    assert [name for name in top + packages if name.startswith("_") and name not in layer_packages] == []
+    assert layer_packages <= set(packages)
 
 
 def test_architecture_every_core_folder_is_a_package():

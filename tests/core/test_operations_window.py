@@ -114,8 +114,8 @@ def test_c32_c33_c52_run_timeline_gathers_keys_undos_waits_events_and_the_outcom
     run.send_event("payment", "o-1", "paid")
     run.until_done()
 
-    done = operations.run_timeline(run.store, "run-1", values=True)
-    by_key = {s.row.step_key: s for s in done.steps}
+    timeline = operations.run_timeline(run.store, "run-1", values=True)
+    by_key = {s.row.step_key: s for s in timeline.steps}
 
     assert waiting.note == "event ('payment', 'o-1')"
     assert [s.awaits for s in waiting.steps if s.row.kind == "wait"] == [("payment", "o-1")]
@@ -127,11 +127,11 @@ def test_c32_c33_c52_run_timeline_gathers_keys_undos_waits_events_and_the_outcom
     assert by_key["event:payment#0"].value is not None
     assert by_key["event:payment#0"].value.value == "paid"
     assert log == ["refund"]
-    assert done.run.status == "compensated"
-    assert [d.reason for d in done.dead_letters] == ["non_retryable"]
-    assert done.outcome is not None
-    assert done.outcome.kind == "dead_letter"
-    assert done.arguments is not None
+    assert timeline.run.status == "compensated"
+    assert [d.reason for d in timeline.dead_letters] == ["non_retryable"]
+    assert timeline.outcome is not None
+    assert timeline.outcome.kind == "dead_letter"
+    assert timeline.arguments is not None
     assert waiting.arguments is None
 
 

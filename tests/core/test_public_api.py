@@ -37,6 +37,7 @@ EXPORTED = [
     "JobContext",
     "JobEnded",
     "JobEnvelope",
+    "JobLogFilter",
     "JsonSerializer",
     "Limits",
     "MemoryStepStore",

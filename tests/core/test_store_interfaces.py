@@ -37,6 +37,8 @@ ATTEMPT_SIDE = {
 }
 OPERATOR_SIDE = {
     "list_runs",
+    "count_runs",
+    "count_statuses",
     "iter_runs",
     "get_step_attempts",
     "list_dead_letters",
@@ -50,7 +52,6 @@ OPERATOR_SIDE = {
     "mark_recovered",
     "add_event",
     "next_event",
-    "count_runs",
     "find_runs",
     "find_dead_letters",
     "count_dead_letters",

@@ -1192,3 +1192,56 @@ def test_c34_settle_cancelled_is_a_compare_and_set_on_an_unheld_run(store: StepS
     assert store.settle_cancelled(lost, status="running", attempt=1) is True
     with pytest.raises(ClaimLost):
         store.commit_step(dead, run_row(0, "late#0"))  # the dead worker's writes are fenced out
+
+
+# ------------------------------------------------------------ tracing (C53)
+TRACE_A = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+TRACE_B = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+
+def test_c53_the_first_traced_claim_keeps_its_trace_context(store: StepStore) -> None:
+    """A new run keeps its first attempt's trace context; later claims read it and never replace it (C53)."""
+    key = new_key()
+    first = store.begin(key, "job-1", ENVELOPE, "worker-1", 30.0, trace_context=TRACE_A)
+    assert isinstance(first, Begun)
+    assert first.trace_context is None  # nothing was stored before this claim
+    assert store.get_run(key).trace_context == TRACE_A
+    store.finish(first.claim, "sleeping", wake_at=store.now())
+    second = store.begin(key, "job-1", ENVELOPE, "worker-2", 30.0, trace_context=TRACE_B)
+    assert isinstance(second, Begun)
+    assert (second.claim.attempt, second.trace_context) == (2, TRACE_A)
+    assert store.get_run(key).trace_context == TRACE_A
+
+
+def test_c53_a_queued_or_untraced_run_takes_the_trace_of_its_first_traced_claim(store: StepStore) -> None:
+    """A run recorded at publish, or claimed untraced first, stores the trace of its first traced claim (C53)."""
+    queued = new_key()
+    store.record_queued(queued, "job-1", ENVELOPE)
+    assert store.get_run(queued).trace_context is None
+    begun = store.begin(queued, "job-1", ENVELOPE, "worker-1", 30.0, trace_context=TRACE_A)
+    assert isinstance(begun, Begun)
+    assert begun.trace_context is None
+    assert store.get_run(queued).trace_context == TRACE_A
+    untraced = new_key()
+    store.finish(claim_run(store, untraced).claim, "sleeping", wake_at=store.now())
+    assert store.get_run(untraced).trace_context is None
+    traced = store.begin(untraced, "job-1", ENVELOPE, "worker-1", 30.0, trace_context=TRACE_B)
+    assert isinstance(traced, Begun)
+    assert traced.trace_context is None
+    store.finish(traced.claim, "sleeping", wake_at=store.now())
+    assert claim_run(store, untraced).trace_context == TRACE_B
+
+
+def test_c53_count_statuses_counts_each_status_asked_for(store: StepStore) -> None:
+    """``count_statuses`` gives every status asked for, 0 for none, counting only those runs (C53's gauge)."""
+    before = store.count_statuses(["sleeping", "waiting", "running"])
+    sleeping = [new_key() for _ in range(2)]
+    for key in sleeping:
+        store.finish(claim_run(store, key).claim, "sleeping", wake_at=store.now() + 60)
+    claim_run(store, new_key())
+    after = store.count_statuses(["sleeping", "waiting", "running"])
+    assert after == {
+        "sleeping": before["sleeping"] + 2,
+        "waiting": before["waiting"],
+        "running": before["running"] + 1,
+    }

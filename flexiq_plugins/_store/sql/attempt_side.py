@@ -75,13 +75,30 @@ class _StartArgs:
     envelope_json: str
     owner: str
     lease_seconds: float
+    trace_context: str | None = None
+
+    def claimed(self, decision: Granted, stored_trace: str | None) -> dict[str, Any]:
+        """The columns a granted claim writes: the claim's, the job id, and a first trace context (C53)."""
+        claimed = {**decision.values(), "job_id": self.job_id}
+        if stored_trace is None and self.trace_context is not None:
+            claimed["trace_context"] = self.trace_context
+        return claimed
 
 
 class SqlAttemptSide(SqlReads, AttemptStore):
     """The methods of `AttemptStore` on SQL."""
 
     # ---------------------------------------------------------------- claims
-    def begin(self, run_key: str, job_id: str, envelope: JobEnvelope, owner: str, lease_seconds: float) -> BeginResult:
+    def begin(
+        self,
+        run_key: str,
+        job_id: str,
+        envelope: JobEnvelope,
+        owner: str,
+        lease_seconds: float,
+        *,
+        trace_context: str | None = None,
+    ) -> BeginResult:
         """Claim the run for a new attempt and read its snapshot (C23–C26).
 
         Insert the run if absent, read it with the database clock, decide as
@@ -99,13 +116,15 @@ class SqlAttemptSide(SqlReads, AttemptStore):
           envelope (JobEnvelope): stored with a new run (C35); must be JSON-compatible.
           owner (str): the claiming worker's id.
           lease_seconds (float): the lease, in seconds.
+          trace_context (str | None): the attempt's W3C ``traceparent``, stored
+            with the claim if the run has none (C53).
 
         Raises:
           StoreUnavailable: the database cannot be reached (retryable, C28).
           StoreError: the envelope is not JSON-compatible, or another database error.
         """
         envelope_json = dump_envelope(envelope)
-        args = _StartArgs(run_key, job_id, envelope, envelope_json, owner, lease_seconds)
+        args = _StartArgs(run_key, job_id, envelope, envelope_json, owner, lease_seconds, trace_context)
         if self._folded.claims_optimistically:
             begun = self._begin_optimistic(args)
             if begun is not None:
@@ -129,7 +148,13 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         granted_new = claim_of_new_run(args.run_key, owner=args.owner, lease_seconds=args.lease_seconds)
         run = self._single_statement(
             lambda conn: self._folded.claim_new_or_read(
-                conn, args.run_key, args.envelope, args.envelope_json, job_id=args.job_id, granted=granted_new
+                conn,
+                args.run_key,
+                args.envelope,
+                args.envelope_json,
+                job_id=args.job_id,
+                granted=granted_new,
+                trace_context=args.trace_context,
             )
         )
         if run is None:
@@ -143,7 +168,7 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         decision = decide_claim(run, now=now, owner=args.owner, lease_seconds=args.lease_seconds)
         if not isinstance(decision, Granted):
             return decision
-        claimed = {**decision.values(), "job_id": args.job_id}
+        claimed = args.claimed(decision, run.trace_context)
         del claimed["lease_until"]
         written = self._single_statement(
             lambda conn: self._folded.claim_if_unchanged(
@@ -155,7 +180,8 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         lease_until, claimed_at, rows = written
         claim = dataclasses.replace(decision.claim(args.run_key), lease_until=lease_until)
         snapshot = tuple(step_row(r) for r in rows)
-        return Begun(claim, snapshot, claimed_at, decision.takeovers, stored, run.created_at, run.cancel_reason)
+        created, cancel, trace = run.created_at, run.cancel_reason, run.trace_context
+        return Begun(claim, snapshot, claimed_at, decision.takeovers, stored, created, cancel, trace)
 
     def _begin_in_three(self, conn: Connection, args: _StartArgs) -> BeginResult:
         """SQLite: `begin` in one write transaction of one statement for a new run, three otherwise.
@@ -166,7 +192,13 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         """
         granted_new = claim_of_new_run(args.run_key, owner=args.owner, lease_seconds=args.lease_seconds)
         row = self._folded.claim_new_run(
-            conn, args.run_key, args.envelope, args.envelope_json, job_id=args.job_id, granted=granted_new
+            conn,
+            args.run_key,
+            args.envelope,
+            args.envelope_json,
+            job_id=args.job_id,
+            granted=granted_new,
+            trace_context=args.trace_context,
         )
         if row is not None:
             claim = dataclasses.replace(granted_new.claim(args.run_key), lease_until=float(row.lease_until))
@@ -185,11 +217,12 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         decision = decide_claim(run, now=now, owner=args.owner, lease_seconds=args.lease_seconds)
         if not isinstance(decision, Granted):
             return decision
-        self._folded.write_claim(conn, args.run_key, {**decision.values(), "job_id": args.job_id, "updated_at": now})
+        self._folded.write_claim(conn, args.run_key, {**args.claimed(decision, run.trace_context), "updated_at": now})
         stored = load_envelope(run.envelope, task_name=run.task_name, framework=run.framework, queue=run.queue)
         snapshot = tuple(step_row(r) for r in rows)
+        claim = decision.claim(args.run_key)
         return Begun(
-            decision.claim(args.run_key), snapshot, now, decision.takeovers, stored, run.created_at, run.cancel_reason
+            claim, snapshot, now, decision.takeovers, stored, run.created_at, run.cancel_reason, run.trace_context
         )
 
     def _begin(self, conn: Connection, args: _StartArgs) -> BeginResult:
@@ -199,11 +232,13 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         decision = decide_claim(run, now=now, owner=args.owner, lease_seconds=args.lease_seconds)
         if not isinstance(decision, Granted):
             return decision
-        claimed = {**decision.values(), "job_id": args.job_id, "updated_at": now}
+        claimed = {**args.claimed(decision, run.trace_context), "updated_at": now}
         snapshot = tuple(step_row(r) for r in self._folded.claim_and_snapshot(conn, args.run_key, claimed))
         stored = load_envelope(run.envelope, task_name=run.task_name, framework=run.framework, queue=run.queue)
         claim = decision.claim(args.run_key)
-        return Begun(claim, snapshot, now, decision.takeovers, stored, run.created_at, run.cancel_reason)
+        return Begun(
+            claim, snapshot, now, decision.takeovers, stored, run.created_at, run.cancel_reason, run.trace_context
+        )
 
     def renew(self, claim: Claim, lease_seconds: float) -> Claim:
         """Extend the lease to the database's ``now + lease_seconds`` (C23), without waiting for a row lock.

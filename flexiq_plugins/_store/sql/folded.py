@@ -249,11 +249,13 @@ class Folded:
         *,
         job_id: str,
         granted: Granted,
+        trace_context: str | None = None,
     ) -> Any:
         """Insert the run already claimed by ``granted`` (see `claim_of_new_run`), if it does not exist.
 
         One statement. ``granted.lease_until`` is seconds from the database's
-        clock; ``created_at`` and ``updated_at`` are that clock.
+        clock; ``created_at`` and ``updated_at`` are that clock; the run keeps
+        ``trace_context``, the claiming attempt's (C53).
 
         Returns:
           Row | None: the new run's ``lease_until`` and ``created_at``; ``None``
@@ -261,14 +263,13 @@ class Folded:
         """
         if self._claim_new is None:
             self._claim_new = self._claim_new_statement()
-        return conn.execute(
-            self._claim_new, _claimed_run_params(run_key, envelope, envelope_json, job_id, granted)
-        ).first()
+        params = _claimed_run_params(run_key, envelope, envelope_json, job_id, granted, trace_context)
+        return conn.execute(self._claim_new, params).first()
 
     def _claim_new_statement(self, returning: tuple[sa.Column[Any], ...] = ()) -> Any:
         """``INSERT … SELECT`` from one read of the clock, so ``created_at``, ``updated_at`` and the lease agree."""
         runs = self._t.runs
-        given = ("run_key", "task_name", "framework", "queue", "envelope", "job_id")
+        given = ("run_key", "task_name", "framework", "queue", "envelope", "job_id", "trace_context")
         claimed = ("status", "owner", "attempt", "takeovers")
         clock = sa.select(self._clock.label("now")).subquery("clock")
         columns: dict[str, Any] = {name: _p(name, runs.c[name]) for name in given}
@@ -301,6 +302,7 @@ class Folded:
         *,
         job_id: str,
         granted: Granted,
+        trace_context: str | None = None,
     ) -> Any:
         """PostgreSQL: insert the run already claimed by ``granted`` if absent, else read it; one statement.
 
@@ -319,7 +321,7 @@ class Folded:
         key = ("claim-new-or-read",)
         if key not in self._statements:
             self._statements[key] = self._claim_new_or_read_statement()
-        params = _claimed_run_params(run_key, envelope, envelope_json, job_id, granted)
+        params = _claimed_run_params(run_key, envelope, envelope_json, job_id, granted, trace_context)
         return conn.execute(self._statements[key], params).first()
 
     def _claim_new_or_read_statement(self) -> sa.Executable:
@@ -627,13 +629,14 @@ class _StepColumns(_Prefixed):
         super().__init__(row, "s_")
 
 
-def _claimed_run_params(
-    run_key: str, envelope: JobEnvelope, envelope_json: str, job_id: str, granted: Granted
+def _claimed_run_params(  # noqa: PLR0917 - the statement's parameters, each given once
+    run_key: str, envelope: JobEnvelope, envelope_json: str, job_id: str, granted: Granted, trace_context: str | None
 ) -> dict[str, Any]:
-    """The parameters of an insert of a new run already claimed by ``granted``."""
+    """The parameters of an insert of a new run already claimed by ``granted``, keeping ``trace_context`` (C53)."""
     return {
         **_new_run_params(run_key, envelope, envelope_json),
         "p_job_id": job_id,
+        "p_trace_context": trace_context,
         **{f"v_{k}": v for k, v in granted.values().items()},
     }
 

@@ -149,6 +149,7 @@ def run_record(r: sa.Row[Any]) -> RunRecord:
         wait_key=r.wait_key,
         cancel_reason=r.cancel_reason,
         outcome=r.outcome,
+        trace_context=r.trace_context,
     )
 
 

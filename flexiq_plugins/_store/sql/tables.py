@@ -167,6 +167,7 @@ def _runs(metadata: sa.MetaData, p: str) -> sa.Table:
         sa.Column("wait_key", ExactKey(255), nullable=True),
         sa.Column("cancel_reason", _text(), nullable=True),
         sa.Column("outcome", _blob(), nullable=True),
+        sa.Column("trace_context", sa.String(255), nullable=True),  # the first traced attempt's (C53, migration 0010)
         # Each listing index ends with run_key: list_runs orders by (updated_at, run_key) (migration 0008).
         sa.Index(f"ix_{p}runs_status_updated_key", "status", "updated_at", "run_key"),
         sa.Index(f"ix_{p}runs_wait", "wait_topic", "wait_key"),
