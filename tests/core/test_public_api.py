@@ -81,6 +81,7 @@ EXPORTED = [
     "StepContext",
     "StepDivergence",
     "StepLimitExceeded",
+    "StepMapFailed",
     "StepRetryExhausted",
     "StepRetrySignal",
     "StepRow",
