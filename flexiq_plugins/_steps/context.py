@@ -212,9 +212,9 @@ class StepContext:
           InvalidStepName, InvalidStepKey, InvalidStepBody, InvalidStepOption:
             bad arguments, before any body runs (``fn`` returning an awaitable: use
             [`amap`][flexiq_plugins.StepContext.amap]).
-          ConcurrentStep, StepDivergence, StepLimitExceeded, EncodeError,
-            OpenTransaction: as for [`run`][flexiq_plugins.StepContext.run]; they stop the
-            whole call: no more items start, the running ones finish.
+          ConcurrentStep, StepDivergence, OpenTransaction: as for [`run`][flexiq_plugins.StepContext.run].
+          StepLimitExceeded, EncodeError: an item's value over a cap or not encodable
+            (C7, C22). These stop the whole call: no more items start, the running ones finish.
         """
         _check_body(name, fn)
         verb = StepRunVerb(retry_of(retry, self._journal), compensation_of(compensate))

@@ -24,11 +24,12 @@ a set:
   body, its failure recorded, its value encoded by the run's codec chain,
   C7, C31), and every store write is made there, fenced on the claim (C25).
 - **Commits.** An item's value is encoded as soon as its body returns, and
-  committed with every other item that returned meanwhile, in one fenced
-  transaction (`StepJournal.commit_rows`, under the caps of C22): a crash
-  loses at most the items in flight, and N fast items cost far fewer than N
-  commits. The map's own entry goes in its first commit (alone only when the
-  call ends without one).
+  committed with every other item that returned meanwhile or within the next
+  2 ms (`_GATHER_SECONDS`), in one fenced transaction
+  (`StepJournal.commit_rows`, under the caps of C22): a crash loses at most
+  the items in flight, and N fast items cost far fewer than N commits. The
+  map's own entry goes in its first commit (alone only when the call ends
+  without one).
 - **Failures.** An item whose body raises commits nothing; the others run on.
   The call then raises once, after every other item finished: a
   [`StepMapFailed`][flexiq_plugins.errors.StepMapFailed] holding the items' errors (marked
@@ -75,6 +76,14 @@ from .journal import Protocol_, Step, StepJournal, in_step
 from .run import StepRunVerb
 
 __all__ = ["StepMap", "plan_map"]
+
+_GATHER_SECONDS = 0.002
+"""How long a returned item's value waits for the items returning with it, to commit together, seconds.
+
+Bodies started together do not return at the same instant (each thread or
+task starts a little after the previous one); without this window each such
+wave would split into several commits, and the split would persist.
+"""
 
 _WAKE_SECONDS = 0.5
 """How often ``map``'s waiting thread wakes while no item finishes, so a time limit or shutdown raised in it lands."""
@@ -207,7 +216,9 @@ class StepMap:
                 self._start_more(queue, running, submit)
                 if not running:
                     break
-                done, _ = wait(running, timeout=_WAKE_SECONDS, return_when=FIRST_COMPLETED)
+                done, rest = wait(running, timeout=_WAKE_SECONDS, return_when=FIRST_COMPLETED)
+                if done and rest and self._fatal is None:  # the items returning with it commit with it
+                    done |= wait(rest, timeout=_GATHER_SECONDS)[0]
                 for future in sorted(done, key=lambda f: running[f].index):
                     item = running.pop(future)
                     error = future.exception()
@@ -233,7 +244,9 @@ class StepMap:
                 if self._fatal is not None:
                     for task in running:
                         task.cancel()
-                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                done, rest = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                if rest and self._fatal is None:  # the items returning with it commit with it
+                    done |= (await asyncio.wait(rest, timeout=_GATHER_SECONDS))[0]
                 for task in sorted(done, key=lambda t: running[t].index):
                     item = running.pop(task)
                     if task.cancelled():
