@@ -52,7 +52,7 @@ def decode_step_value(row: StepRow, codec: CodecChain | None = None) -> DecodedV
       codec (CodecChain | None): the chain the workers use, if known.
     """
     if row.value is None:
-        note = "no value (a sleep)" if row.kind == "sleep" else "no value stored (a corrupt row)"
+        note = _NO_VALUE.get(row.kind, "no value stored (a corrupt row)")
         return DecodedValue(False, note=note)
     chain = codec or _reader_for(row.value)
     if chain is None:
@@ -61,6 +61,10 @@ def decode_step_value(row: StepRow, codec: CodecChain | None = None) -> DecodedV
         return DecodedValue(True, chain.decode(row.value, step_key=row.step_key))
     except DecodeError as exc:
         return DecodedValue(False, note=str(exc))
+
+
+_NO_VALUE = {"sleep": "no value (a sleep)", "map": "no value (a step map's entry: its items hold the values)"}
+"""What a row of a kind that stores no value says instead."""
 
 
 def _chain_name(stored: bytes) -> str:
