@@ -417,44 +417,25 @@ class StepRetryExhausted(FlexiqError):
         self.last_error = last_error
 
 
-class _ExceptionGroupEquivalent(Exception):
-    """What `StepMapFailed` derives from on Python 3.10, which has no ``ExceptionGroup``.
-
-    The same ``message`` and ``exceptions``, and the same ``str()``. There is
-    no ``except*`` on 3.10: catch the error by its class and look at its
-    ``exceptions``. On Python 3.11 and later this class is not used.
-
-    Parameters:
-      message (str): what failed.
-      exceptions (Sequence[Exception]): the errors, at least one.
-    """
-
-    def __init__(self, message: str, exceptions: Sequence[Exception]) -> None:
-        super().__init__(message, list(exceptions))
-        self.message = message
-        self.exceptions = tuple(exceptions)
-
-    def __str__(self) -> str:
-        count = len(self.exceptions)
-        return f"{self.message} ({count} sub-exception{'' if count == 1 else 's'})"
-
-
+_GROUP: tuple[type[Exception], ...]
+"""``(ExceptionGroup,)`` where Python has it (3.11 on), else nothing: the base `StepMapFailed` adds."""
 if sys.version_info >= (3, 11):
-    _Grouped = ExceptionGroup  # noqa: F821 - a builtin from Python 3.11 on (ruff targets 3.10)
+    _GROUP = (ExceptionGroup,)  # noqa: F821 - a builtin from Python 3.11 on (ruff targets 3.10)
 else:
-    _Grouped = _ExceptionGroupEquivalent
+    _GROUP = ()
 
 
-class StepMapFailed(_Grouped, FlexiqError):  # type: ignore[valid-type,misc]
+class StepMapFailed(*_GROUP, FlexiqError):  # type: ignore[misc]
     """Items of a step map failed: ``step.map`` raises it once, after every other item finished (C51).
 
     An ``ExceptionGroup`` on Python 3.11 and later, so ``except* ValueError``
     picks the items that failed with a ``ValueError``. Python 3.10 has no
     ``ExceptionGroup`` and no ``except*``: there it is a plain ``Exception``
     with the same ``message`` and ``exceptions`` attributes and the same
-    ``str()``; catch it by its class and look at ``exceptions``. Either way it is an ``Exception``, so
-    a task's retry policy sees it like any error of its body, and the items
-    that succeeded are committed: the retry runs only the failed ones.
+    ``str()``; catch it by its class and look at ``exceptions``. Either way it
+    is an ``Exception``, so a task's retry policy sees it like any error of its
+    body, and the items that succeeded are committed: the retry runs only the
+    failed ones.
 
     When one of the items failed for good (a
     [`NonRetryableError`][flexiq_plugins.errors.NonRetryableError], a spent
@@ -468,18 +449,28 @@ class StepMapFailed(_Grouped, FlexiqError):  # type: ignore[valid-type,misc]
       step_keys (Sequence[str]): the step key of each error's item (``name:key``), in the same order.
 
     Attributes:
+      message (str): as the parameter.
+      exceptions (tuple[Exception, ...]): as the parameter.
       step_keys (tuple[str, ...]): as the parameter.
     """
 
+    message: str
+    exceptions: tuple[Exception, ...]
     step_keys: tuple[str, ...]
 
     def __new__(cls, message: str, exceptions: Sequence[Exception], step_keys: Sequence[str] = ()) -> StepMapFailed:
         made = super().__new__(cls, message, list(exceptions))
+        if not _GROUP:  # an ExceptionGroup has them already
+            made.message, made.exceptions = message, tuple(exceptions)
         made.step_keys = tuple(step_keys)
-        return made  # type: ignore[no-any-return]
+        return made
 
     def __init__(self, message: str, exceptions: Sequence[Exception], step_keys: Sequence[str] = ()) -> None:
         super().__init__(message, list(exceptions))
+
+    def __str__(self) -> str:
+        count = len(self.exceptions)
+        return f"{self.message} ({count} sub-exception{'' if count == 1 else 's'})"
 
 
 class NonRetryableError(FlexiqError):

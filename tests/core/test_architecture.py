@@ -208,17 +208,11 @@ def test_architecture_the_checks_see_real_imports():
 
 
 def test_architecture_every_error_is_exported_from_the_root():
-    """Each public exception class defined in ``flexiq_plugins.errors`` is importable from ``flexiq_plugins``.
-
-    A private one (``_ExceptionGroupEquivalent``, the base of ``StepMapFailed`` on Python 3.10) is not.
-    """
+    """Each exception class defined in ``flexiq_plugins.errors`` is importable from ``flexiq_plugins``."""
     defined = {
         name
         for name, obj in vars(errors).items()
-        if inspect.isclass(obj)
-        and issubclass(obj, BaseException)
-        and obj.__module__ == errors.__name__
-        and not name.startswith("_")
+        if inspect.isclass(obj) and issubclass(obj, BaseException) and obj.__module__ == errors.__name__
     }
     assert defined
     assert defined - set(flexiq_plugins.__all__) == set()
