@@ -1,6 +1,6 @@
 """The benchmarks in one command: the stores, the workers, then each performance target against its measurement.
 
-    python -m benchmarks [--quick] [--no-dbos] [--no-throughput] [--store all] [--rounds 7]
+    python -m benchmarks [--quick] [--no-dbos] [--no-throughput] [--no-map] [--store all] [--rounds 7]
         [--jobs 500] [--throughput-rounds 3]
 
 It runs, one after the other in this process run:
@@ -15,6 +15,9 @@ It runs, one after the other in this process run:
    (Celery prefork ``-c <CPUs>``, Dramatiq ``<CPUs> × 8``): a plain task and
    durable tasks of 3 and 5 steps, interleaved rounds, jobs/s, store
    connections per process, CPU per job and the CPU ceiling;
+3. :mod:`benchmarks.bench_map` on each store: 100 items of a 20 ms I/O
+   body as sequential ``step.run`` calls and as one ``step.map`` (wall time,
+   commits per item);
 
 then prints one table: every performance target, what was measured, and ``met``
 or ``NOT MET``. Each report is printed in full above the table. Ratios are
@@ -37,7 +40,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from benchmarks import bench_store, bench_throughput
+from benchmarks import bench_map, bench_store, bench_throughput
 
 PG_STEP_X_FLOOR = 1.5
 SQLITE_STEP_MS = 0.2
@@ -124,6 +127,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=7, help="bench_store's rounds")
     parser.add_argument("--no-dbos", action="store_true", help="skip the DBOS comparison")
     parser.add_argument("--no-throughput", action="store_true", help="skip the Celery and Dramatiq workers")
+    parser.add_argument("--no-map", action="store_true", help="skip the step map benchmark")
     parser.add_argument("--jobs", type=int, default=500, help="jobs a throughput round")
     parser.add_argument("--throughput-rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="2 rounds, 10 steps, 100 jobs: a smoke run")
@@ -142,6 +146,10 @@ def main(argv: list[str] | None = None) -> list[Verdict]:
         jobs, rounds = (100, 1) if args.quick else (args.jobs, args.throughput_rounds)
         worker_args = bench_throughput.parser().parse_args(["--jobs", str(jobs), "--rounds", str(rounds)])
         verdicts += throughput_verdicts(*bench_throughput.run(worker_args))
+    if not args.no_map:
+        map_args = bench_map.parser().parse_args(["--store", args.store, "--rounds", "1" if args.quick else "3"])
+        targets = [t for result in bench_map.run(map_args) for t in bench_map.targets(result)]
+        verdicts += [Verdict(t.target, t.measured, t.met) for t in targets]
     print("\n== performance targets against this run" + (" (--quick: a smoke run, not a measurement)" * args.quick))
     print(f"{'target':<58} {'measured':<44} verdict")
     for verdict in verdicts:

@@ -50,6 +50,7 @@ from .errors import (
     OutcomeNotKept,
     ReplayedError,
     StepDivergence,
+    StepMapFailed,
     StepRetryExhausted,
     StoreError,
     StoreUnavailable,
@@ -100,9 +101,11 @@ __all__ = [
     "DeadLetterRecord",
     "JobEnvelope",
     # The errors a task body raises or catches: NonRetryableError to say "never retry" (C31),
-    # StepRetryExhausted when a step's budget is spent (C31), NoCurrentJob outside a job.
+    # StepRetryExhausted when a step's budget is spent (C31), StepMapFailed when items of a
+    # step.map failed (C51), NoCurrentJob outside a job.
     "NonRetryableError",
     "StepRetryExhausted",
+    "StepMapFailed",
     "NoCurrentJob",
     # The errors a job's caller meets in its result (C30, C34, C37, C45): a dead letter on any adapter,
     # a cancelled run, a run the framework ended itself (a time or age limit), a finished run's error

@@ -40,6 +40,7 @@ into a retry or, worse, a success (C20). Everything else is an ordinary
         │   ├── EncodeError
         │   └── DecodeError
         ├── StepRetryExhausted                a step's durable retry budget is spent (C31)
+        ├── StepMapFailed (ExceptionGroup)    items of a step map failed; on Python 3.10 an equivalent (C51)
         ├── NonRetryableError                 raise it (or subclass it) for an error that will never succeed (C31)
         │   └── ReplayedError                 a finished run's stored error whose class cannot be rebuilt (C37)
         ├── CompensationFailed                an undo failed for good; the run is dead-lettered (C32)
@@ -80,6 +81,8 @@ from __future__ import annotations
 
 import enum
 import math
+import sys
+from collections.abc import Sequence
 from datetime import datetime
 
 __all__ = [
@@ -126,6 +129,7 @@ __all__ = [
     "SleepSignal",
     "StepDivergence",
     "StepLimitExceeded",
+    "StepMapFailed",
     "StepRetryExhausted",
     "StepRetrySignal",
     "StepSignal",
@@ -425,6 +429,62 @@ class StepRetryExhausted(FlexiqError):
         self.step_key = step_key
         self.attempts = attempts
         self.last_error = last_error
+
+
+_GROUP: tuple[type[Exception], ...]
+"""``(ExceptionGroup,)`` where Python has it (3.11 on), else nothing: the base `StepMapFailed` adds."""
+if sys.version_info >= (3, 11):
+    _GROUP = (ExceptionGroup,)  # noqa: F821 - a builtin from Python 3.11 on (ruff targets 3.10)
+else:
+    _GROUP = ()
+
+
+class StepMapFailed(FlexiqError, *_GROUP):  # type: ignore[misc]
+    """Items of a step map failed: ``step.map`` raises it once, after every other item finished (C51).
+
+    An ``ExceptionGroup`` on Python 3.11 and later, so ``except* ValueError``
+    picks the items that failed with a ``ValueError``. Python 3.10 has no
+    ``ExceptionGroup`` and no ``except*``: there it is a plain ``Exception``
+    with the same ``message`` and ``exceptions`` attributes and the same
+    ``str()``; catch it by its class and look at ``exceptions``. Either way it
+    is an ``Exception``, so a task's retry policy sees it like any error of its
+    body, and the items that succeeded are committed: the retry runs only the
+    failed ones.
+
+    When one of the items failed for good (a
+    [`NonRetryableError`][flexiq_plugins.errors.NonRetryableError], a spent
+    budget, an error its policy does not retry), the group is marked final
+    with that item's reason (`mark_final`): a replay would raise it again, so
+    the run fails for good and its compensations run (C31, C32).
+
+    Parameters:
+      message (str): what failed, naming the map and its failed items.
+      exceptions (Sequence[Exception]): the items' errors, in the order of the items.
+      step_keys (Sequence[str]): the step key of each error's item (``name:key``), in the same order.
+
+    Attributes:
+      message (str): as the parameter.
+      exceptions (tuple[Exception, ...]): as the parameter.
+      step_keys (tuple[str, ...]): as the parameter.
+    """
+
+    message: str
+    exceptions: tuple[Exception, ...]
+    step_keys: tuple[str, ...]
+
+    def __new__(cls, message: str, exceptions: Sequence[Exception], step_keys: Sequence[str] = ()) -> StepMapFailed:
+        made = super().__new__(cls, message, list(exceptions))
+        if not _GROUP:  # an ExceptionGroup has them already
+            made.message, made.exceptions = message, tuple(exceptions)
+        made.step_keys = tuple(step_keys)
+        return made
+
+    def __init__(self, message: str, exceptions: Sequence[Exception], step_keys: Sequence[str] = ()) -> None:
+        super().__init__(message, list(exceptions))
+
+    def __str__(self) -> str:
+        count = len(self.exceptions)
+        return f"{self.message} ({count} sub-exception{'' if count == 1 else 's'})"
 
 
 class NonRetryableError(FlexiqError):

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 import traceback
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 from typing_extensions import assert_never
@@ -228,6 +228,10 @@ class Attempt:
     def commit_step(self, row: StepRow) -> StepRow:
         """Commit one step row, fenced on this attempt's claim (C9, C25)."""
         return self._store.commit_step(self._held(), row)
+
+    def commit_steps(self, rows: Sequence[StepRow]) -> tuple[StepRow, ...]:
+        """Commit several step rows in one transaction, fenced on this attempt's claim (C9, C25, C51)."""
+        return self._store.commit_steps(self._held(), rows)
 
     def begin_step_attempt(self, step_key: str, max_attempts: int) -> StepAttemptBegin:
         """Journal a step attempt before its body runs, fenced on this attempt's claim (C25, C31)."""

@@ -90,11 +90,13 @@ CLEANABLE_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelle
 purged (C27)."""
 
 
-StepKind = Literal["run", "sleep", "compensation", "wait", "event"]
-"""``run`` (``step.run``, and each undo ``compensate:<step key>``), ``sleep``,
-``compensation``: the row that records why a run is being compensated (C32),
-``wait``: the start of ``step.wait_for_event`` (its deadline), and ``event``:
-what the wait received, ``event:<wait step key>`` (C33)."""
+StepKind = Literal["run", "sleep", "compensation", "wait", "event", "map"]
+"""``run`` (``step.run``, each undo ``compensate:<step key>``, and each item
+``name:key`` of a step map), ``sleep``, ``compensation``: the row that records
+why a run is being compensated (C32), ``wait``: the start of
+``step.wait_for_event`` (its deadline), ``event``: what the wait received,
+``event:<wait step key>`` (C33), and ``map``: the entry ``name#n`` of a step
+map in the sequence, with no value (C51)."""
 
 
 StepAttemptEnd = Literal["lost", "failed", "exhausted", "non_retryable"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from contextvars import ContextVar, Token
 from datetime import datetime, timedelta
 from typing import Any, Literal, TypeVar
@@ -24,6 +24,7 @@ from .._model.policies import Compensation, RetryPolicy
 from .._store.caller import caller_transaction
 from ..errors import InvalidStepBody, InvalidStepName, InvalidWakeTime, NoCurrentJob, NotInStep
 from .journal import StepJournal, adrive, back_in_steps, current_step_key, drive, leave_steps, outside_steps
+from .map import plan_map
 from .run import StepRunVerb, compensation_of, retry_of
 from .sleep import SleepVerb
 from .transaction import TransactionVerb
@@ -32,6 +33,7 @@ from .wait import EventVerb, WaitVerb, event_step, validate_event_field
 __all__ = ["JobContext", "StepContext", "current_job", "no_current_job"]
 
 T = TypeVar("T")
+I = TypeVar("I")  # noqa: E741 - the item type of a step map
 
 _job: ContextVar[JobContext | None] = ContextVar("flexiq_current_job", default=None)
 _called_directly: ContextVar[str | None] = ContextVar("flexiq_called_directly", default=None)
@@ -155,6 +157,90 @@ class StepContext:
             compensation_of(compensate),
             allow_open_transaction=allow_open_transaction,
         )
+
+    # ------------------------------------------------------------- map
+    def map(
+        self,
+        name: str,
+        fn: Callable[[I], T],
+        items: Iterable[I],
+        *,
+        key: Callable[[I], str | int],
+        max_concurrency: int = 8,
+        retry: RetryPolicy | Literal[False] | None = None,
+        compensate: Callable[[T], object] | Compensation | None = None,
+    ) -> list[T]:
+        """Run ``fn(item)`` for every item concurrently, each once per run; return the values in the order of ``items``.
+
+        Each item is the keyed step ``name:key(item)``, run in a thread pool
+        and committed as soon as its body returns (batched with the items that
+        returned meanwhile, so many fast items cost far fewer commits than
+        items). The map itself is one entry of the step sequence (``name#n``):
+        starting another step while it runs, inside an item's body too, fails
+        the attempt with ``ConcurrentStep`` (C8). On replay every committed
+        item is a memo hit and only the others run; a crash loses at most the
+        items in flight. Inside an item's body
+        [`idempotency_key`][flexiq_plugins.StepContext.idempotency_key] is
+        ``"<run key>:<name>:<key>"`` (C10, C51).
+
+        Parameters:
+          name (str): the map's name (C2), also the name of its items' steps.
+          fn (Callable[[I], T]): the body, called with one item, in a pool thread.
+          items (Iterable[I]): the items; read once, before anything runs.
+          key (Callable[[I], str | int]): gives each item its key (C2); the
+            keys must differ. Required: it is what lets the items run in any
+            order and still be found on replay (see Parallel steps).
+          max_concurrency (int): how many bodies run at once, at most (default 8).
+          retry (RetryPolicy | False | None): each item's durable budget, as
+            for [`run`][flexiq_plugins.StepContext.run] (C31): an item that fails with
+            attempts left comes back after its backoff, alone.
+          compensate (Callable[[T], object] | Compensation | None): each item's
+            undo, called with its value if the run fails for good (C32).
+
+        Returns the items' values decoded from their stored bytes (C7), in
+        the order of ``items``.
+
+        Raises:
+          StepMapFailed: items failed (an ``ExceptionGroup`` on Python 3.11+),
+            raised once after every other item finished; the items that
+            succeeded are committed, a retry runs only the failed ones. Marked
+            final when an item failed for good.
+          StepRetrySignal: items failed with attempts left: the attempt ends
+            and comes back when the first of them is due; not an error (C31).
+          DuplicateStepKey: two items with one key, or a key used earlier in
+            this attempt (C3), before any body runs.
+          InvalidStepName, InvalidStepKey, InvalidStepBody, InvalidStepOption:
+            bad arguments, before any body runs (``fn`` returning an awaitable: use
+            [`amap`][flexiq_plugins.StepContext.amap]).
+          ConcurrentStep, StepDivergence, OpenTransaction: as for [`run`][flexiq_plugins.StepContext.run].
+          StepLimitExceeded, EncodeError: an item's value over a cap or not encodable
+            (C7, C22). These stop the whole call: no more items start, the running ones finish.
+        """
+        _check_body(name, fn)
+        verb = StepRunVerb(retry_of(retry, self._journal), compensation_of(compensate))
+        return plan_map(self._journal, verb, name, fn, items, key=key, max_concurrency=max_concurrency).run()
+
+    async def amap(
+        self,
+        name: str,
+        fn: Callable[[I], Awaitable[T] | T],
+        items: Iterable[I],
+        *,
+        key: Callable[[I], str | int],
+        max_concurrency: int = 8,
+        retry: RetryPolicy | Literal[False] | None = None,
+        compensate: Callable[[T], object] | Compensation | None = None,
+    ) -> list[T]:
+        """Async form of [`map`][flexiq_plugins.StepContext.map]: each ``fn(item)`` runs as an asyncio task.
+
+        Same parameters, return value and errors as [`map`][flexiq_plugins.StepContext.map]; ``fn`` may
+        return an awaitable, which is awaited (a body that blocks the event loop
+        runs the items one after the other: give ``map`` such bodies). An error
+        that stops the whole call cancels the items still running.
+        """
+        _check_body(name, fn)
+        verb = StepRunVerb(retry_of(retry, self._journal), compensation_of(compensate))
+        return await plan_map(self._journal, verb, name, fn, items, key=key, max_concurrency=max_concurrency).arun()
 
     def transaction(self, name: str, fn: Callable[[], T], *, using: object, key: str | int | None = None) -> T:
         """Run ``fn()`` and commit its memo in one database transaction with ``fn``'s writes (C42).

@@ -25,6 +25,14 @@ and knows when its run is being compensated (`StepJournal.replay_only`):
 the body is then replayed only to register them, and stops at the first step
 that never ran ([`ReplayStopped`][flexiq_plugins.errors.ReplayStopped]).
 
+A step map (``step.map``, C51) is one entry of the sequence whose items are
+keyed steps: `StepJournal.map_entry` admits it and enters its entry and its
+items at once (the same guard, identity and divergence check), and
+`StepJournal.commit_rows` commits the items that finished together in one
+fenced transaction, each under the same caps. The concurrency of the items'
+bodies is the verb's (`flexiq_plugins._steps.map`); the journal only sees its
+commits, all from the thread that called the map.
+
 A cancelled run (C34, `StepJournal.cancellation`) is replayed the same
 way and stops with [`RunCancelled`][flexiq_plugins.errors.RunCancelled] instead. A
 cancellation requested while the attempt runs reaches the journal as a notice
@@ -55,6 +63,7 @@ from ..errors import (
     ConcurrentStep,
     CorruptRecord,
     DecodeError,
+    DuplicateStepKey,
     EncodeError,
     InvalidStepBody,
     InvalidTransaction,
@@ -75,6 +84,7 @@ __all__ = [
     "adrive",
     "current_step_key",
     "drive",
+    "in_step",
     "outside_steps",
 ]
 
@@ -118,7 +128,8 @@ def back_in_steps(token: Token[str | None]) -> None:
 
 
 @contextlib.contextmanager
-def _in_step(step_key: str) -> Iterator[None]:
+def in_step(step_key: str) -> Iterator[None]:
+    """Run the ``with`` block as the body of the step ``step_key``: what `current_step_key` reads there (C10)."""
     token = _step_key.set(step_key)
     try:
         yield
@@ -131,6 +142,9 @@ class StepWriter(Protocol):
 
     def commit_step(self, row: StepRow) -> StepRow:
         """Commit one step row in one transaction; return it as stored."""
+
+    def commit_steps(self, rows: list[StepRow]) -> tuple[StepRow, ...]:
+        """Commit several step rows in one transaction; return them as stored (C51)."""
 
     def begin_step_attempt(self, step_key: str, max_attempts: int) -> StepAttemptBegin:
         """Journal a new attempt of a step with a budget before its body runs (C31)."""
@@ -266,14 +280,19 @@ class StepJournal:
     def _replay_or_execute(self, verb: Verb, step: Step) -> Protocol_:
         if step.memo is not None:
             return verb.replay(self, step)
-        with self._body_of(step), _in_step(step.id.step_key):
+        with self._body_of(step), in_step(step.id.step_key):
             produced = yield from verb.execute(self, step)
         value = verb.commit(self, step, produced)
-        if self._cancel_noticed and not self.ignore_cancel:  # the commit found the run's cancellation requested (C34)
+        self.stop_if_cancelled()
+        return value
+
+    def stop_if_cancelled(self) -> None:
+        """Raise the run's [`RunCancelled`][flexiq_plugins.errors.RunCancelled] (latched) if the last commit found
+        its cancellation requested (C34); the committed step's undo is registered by then."""
+        if self._cancel_noticed and not self.ignore_cancel:
             self._cancel_noticed = False
             assert self.cancellation is not None
             self.refuse(self.cancellation)
-        return value
 
     def check_new_step(self, step: Step) -> None:
         """Let a step that never ran start, unless the run is being compensated or is cancelled (C32, C34).
@@ -293,6 +312,12 @@ class StepJournal:
         if self.latched is None:
             self.latched = exc
         raise exc
+
+    def unlatch(self, signal: BaseException) -> None:
+        """Forget ``signal`` if it is the latched one: a step map caught it from one item, and raises at its end
+        what the whole call comes to (C21, C51)."""
+        if self.latched is signal:
+            self.latched = None
 
     def _admit(self) -> None:
         """Admit one step at a time (C8); re-raise a latched signal (C21).
@@ -325,6 +350,75 @@ class StepJournal:
         except BaseException as exc:
             self.refuse(exc)
         return Step(step_id, memo)
+
+    # ------------------------------------------------------ a step map (C51)
+    @contextlib.contextmanager
+    def map_entry(self, name: object, keys: list[object]) -> Iterator[tuple[Step, list[Step]]]:
+        """Admit a step map and enter it: its own entry ``name#n`` (kind ``map``) and its items ``name:key`` (C51).
+
+        The map is admitted as one step (C8): while the ``with`` block runs,
+        every other step of the attempt, one started in an item's body
+        included, is refused with ``ConcurrentStep``; the map's own items
+        commit through `commit_rows`. The entry is matched by position among
+        the unkeyed steps and the items by key (C12), so a map at the place of
+        a recorded ``run`` (or the reverse) diverges, and items missing from
+        the recorded ones are new.
+
+        Yields:
+          tuple[Step, list[Step]]: the entry and the items in the order of
+          ``keys``, each with its memo if it is committed.
+
+        Raises (latched, before any body runs):
+          InvalidStepName, InvalidStepKey: a bad name or key (C2).
+          DuplicateStepKey: two items with one key, or a key used earlier in this attempt (C3).
+          StepDivergence: the recorded sequence has another step here (C12).
+        """
+        self._admit()
+        try:
+            yield self._enter_map(name, keys)
+        finally:
+            self._active = None
+
+    def _enter_map(self, name: object, keys: list[object]) -> tuple[Step, list[Step]]:
+        try:
+            entry = self.sequence.derive(name, None, "map")
+            self._active = entry.step_key
+            items = [self.sequence.derive(entry.name, key, "run") for key in keys]
+            _refuse_repeated(entry, items, self.job_label)
+            marker = Step(entry, self.sequence.enter(entry))
+            return marker, [Step(item, self.sequence.enter(item)) for item in items]
+        except BaseException as exc:
+            self.refuse(exc)
+
+    def commit_rows(self, pending: list[tuple[Step, bytes | None, str | None]]) -> None:
+        """Check the caps of each row, then commit them all in one fenced transaction (C9, C22, C25, C51).
+
+        ``pending`` holds ``(step, encoded value, undo name)`` per row, in
+        the order they take their positions. A row over a cap refuses the
+        whole batch before anything is written
+        ([`StepLimitExceeded`][flexiq_plugins.errors.StepLimitExceeded], latched); a requested
+        cancellation is noticed as by one commit (`stop_if_cancelled`).
+        """
+        if not pending:
+            return
+        rows: list[StepRow] = []
+        added = 0
+        for step, encoded, compensate in pending:
+            row = StepRow(self.sequence.next_position + len(rows), step.id.step_key, step.id.kind, encoded)
+            row = dataclasses.replace(row, compensate=compensate)
+            self._check_limits(row.step_key, row.size, earlier_bytes=added, earlier_steps=len(rows))
+            rows.append(row)
+            added += row.size
+        self._refuse_while_joined(pending[0][0])
+        try:
+            stored = self._writer.commit_steps(rows)
+        except CancelRequested as notice:
+            self._notice(notice)
+            stored = notice.row  # type: ignore[assignment]
+        if not isinstance(stored, tuple):
+            raise TypeError("a batch commit's cancellation notice must carry the committed rows")
+        for row in stored:
+            self.record(row)
 
     @contextlib.contextmanager
     def _body_of(self, step: Step) -> Iterator[None]:
@@ -365,7 +459,7 @@ class StepJournal:
             self.refuse(
                 InvalidStepBody(
                     f"the body of step {step.id.step_key!r} returned an awaitable ({type(value).__name__}), "
-                    "which step.run does not await; use: await step.arun(...)"
+                    "which step.run and step.map do not await; use: await step.arun(...) or await step.amap(...)"
                 )
             )
 
@@ -542,15 +636,28 @@ class StepJournal:
             self.refuse(ReplayStopped(f"the compensation replay of {self.job_label} stopped at {step.id.step_key!r}"))
         self.refuse(self.cancellation)
 
-    def _check_limits(self, step_key: str, size: int) -> None:
+    def _check_limits(self, step_key: str, size: int, *, earlier_bytes: int = 0, earlier_steps: int = 0) -> None:
+        """Refuse a row over a cap; ``earlier_*``: the rows before it in the same batch (C22)."""
         checks = [
             ("step bytes", size, self._limits.step_bytes),
-            ("run bytes", self._run_bytes + size, self._limits.run_bytes),
-            ("run step count", self.sequence.next_position + 1, self._limits.run_steps),
+            ("run bytes", self._run_bytes + earlier_bytes + size, self._limits.run_bytes),
+            ("run step count", self.sequence.next_position + earlier_steps + 1, self._limits.run_steps),
         ]
         for what, value, limit in checks:
             if value > limit:
                 self.refuse(StepLimitExceeded(f"step {step_key!r} exceeds the {what} limit: {value} > {limit}"))
+
+
+def _refuse_repeated(entry: StepId, items: list[StepId], job_label: str) -> None:
+    """Refuse two items of one step map that derive the same key (C3, C51), before any body runs."""
+    seen: set[str] = set()
+    for item in items:
+        if item.step_key in seen:
+            raise DuplicateStepKey(
+                f"two items of step map {entry.step_key!r} of {job_label} derive the key {item.step_key!r}; "
+                "the key function must give each item its own key (an id, not a value two items share)"
+            )
+        seen.add(item.step_key)
 
 
 # ----------------------------------------------------------------- drivers

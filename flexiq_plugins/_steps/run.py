@@ -169,7 +169,7 @@ class StepRunVerb(RunVerb):
             assert isinstance(failure, StepFailure)
             raise replay_error(failure, step.id.step_key)
         value = journal.decode(step)
-        self._register(journal, step)
+        self.register(journal, step)
         return value
 
     # --------------------------------------------------------------- execute
@@ -196,16 +196,37 @@ class StepRunVerb(RunVerb):
     # ---------------------------------------------------------------- commit
     def commit(self, journal: StepJournal, step: Step, produced: Any) -> Any:
         """Commit the value (with the undo's name), or settle the failure `execute` produced."""
+        self.settle_failure(journal, step, produced)
+        encoded, decoded = journal.encode(step, produced)
+        journal.commit(step, encoded, None, compensate=self.undo_label)
+        self.register(journal, step)
+        return decoded
+
+    @staticmethod
+    def failed(produced: Any) -> bool:
+        """Whether what `execute` produced is a failure for `settle_failure`, not a value to commit."""
+        return isinstance(produced, (_Spent, _Failed))
+
+    def settle_failure(self, journal: StepJournal, step: Step, produced: Any) -> None:
+        """If `execute` produced a failure, record it and raise what follows; else return (C31).
+
+        Raises:
+          StepRetrySignal: attempts are left (latched); the step comes back after the backoff.
+          StepRetryExhausted: the budget is spent; the step is committed as failed for good.
+          Exception: the body's error marked final (`mark_final`), the step committed as failed for good.
+        """
         if isinstance(produced, _Spent):
             self._spent(journal, step, produced.previous)
         if isinstance(produced, _Failed):
             self._failed(journal, step, produced)
-        encoded, decoded = journal.encode(step, produced)
-        journal.commit(step, encoded, None, compensate=self.compensate.label if self.compensate else None)
-        self._register(journal, step)
-        return decoded
 
-    def _register(self, journal: StepJournal, step: Step) -> None:
+    @property
+    def undo_label(self) -> str | None:
+        """The name of the step's undo that its row records, if it has one (C32)."""
+        return self.compensate.label if self.compensate else None
+
+    def register(self, journal: StepJournal, step: Step) -> None:
+        """Register the step's undo in the attempt's journal, on its commit and on every replay (C32)."""
         if self.compensate is not None:
             journal.compensations[step.id.step_key] = self.compensate
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import abc
 import contextlib
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from .._model.records import (
@@ -128,6 +128,28 @@ class AttemptStore(StoreReads):
         [`CancelRequested`][flexiq_plugins.errors.CancelRequested] is raised after the
         transaction, carrying the stored row (C34): the attempt sees the
         cancellation at this step boundary with no extra statement.
+        """
+
+    @abc.abstractmethod
+    def commit_steps(self, claim: Claim, rows: Sequence[StepRow]) -> tuple[StepRow, ...]:
+        """Insert several step rows together: the items of a step map that finished together (C9, C51).
+
+        One transaction, fenced like `commit_step`: all the rows are inserted
+        while the run's ``(owner, attempt)`` are the claim's, or none is
+        ([`ClaimLost`][flexiq_plugins.errors.ClaimLost]), and none if one of
+        their keys is already committed or repeated among them (``ClaimLost``
+        too). The run's step count and byte total grow by all of them in the
+        same transaction. Returns the rows in the order given, each with the
+        same ``committed_at`` and the claim's attempt.
+
+        A requested cancellation is reported as by `commit_step`: the rows
+        are committed all the same and
+        [`CancelRequested`][flexiq_plugins.errors.CancelRequested] carries them
+        as a tuple in its ``row`` (C34).
+
+        Parameters:
+          claim (Claim): the attempt's claim.
+          rows (Sequence[StepRow]): at least one row, positions as the journal gave them.
         """
 
     def commit_step_on(self, connection: CallerConnection, claim: Claim, row: StepRow) -> StepRow:

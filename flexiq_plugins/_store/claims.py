@@ -26,6 +26,7 @@ now`` has expired.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -46,6 +47,7 @@ __all__ = [
     "may_recover",
     "may_settle_cancelled",
     "may_take_sweep_lease",
+    "one_already_committed",
 ]
 
 
@@ -222,6 +224,12 @@ def claim_lost(claim: Claim) -> ClaimLost:
 def already_committed(claim: Claim, step_key: str) -> ClaimLost:
     """Return the error for a step whose key another attempt already committed (C25)."""
     return ClaimLost(f"step {step_key!r} of run {claim.run_key!r} is already committed")
+
+
+def one_already_committed(claim: Claim, step_keys: Sequence[str]) -> ClaimLost:
+    """Return the error for steps committed together, one of whose keys is already committed or repeated (C25, C51)."""
+    shown = ", ".join(repr(k) for k in step_keys[:5]) + (", …" if len(step_keys) > 5 else "")
+    return ClaimLost(f"one of the steps {shown} of run {claim.run_key!r} is already committed (or given twice)")
 
 
 def may_recover(run: RunState, *, status: str, updated_at: float, now: float) -> bool:

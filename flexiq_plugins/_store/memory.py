@@ -187,6 +187,27 @@ class MemoryStepStore(StepStore):
             raise CancelRequested(run.cancel_reason, stored)
         return stored
 
+    def commit_steps(self, claim: Claim, rows: Sequence[StepRow]) -> tuple[StepRow, ...]:
+        """See `StepStore.commit_steps`."""
+        with self._lock:
+            run = self._fenced(claim)
+            committed = {s.step_key for s in self._steps.get(claim.run_key, ())}
+            for i, row in enumerate(rows):
+                if row.step_key in committed or any(r.step_key == row.step_key for r in rows[:i]):
+                    raise already_committed(claim, row.step_key)
+            now = self.now()
+            stored = tuple(dataclasses.replace(row, committed_at=now, attempt=claim.attempt) for row in rows)
+            self._steps.setdefault(claim.run_key, []).extend(stored)
+            self._runs[claim.run_key] = dataclasses.replace(
+                run,
+                step_count=run.step_count + len(stored),
+                step_bytes=run.step_bytes + sum(row.size for row in stored),
+                updated_at=now,
+            )
+        if run.cancel_reason is not None:
+            raise CancelRequested(run.cancel_reason, stored)
+        return stored
+
     def _insert_step(self, run: RunRecord, claim: Claim, row: StepRow, now: float) -> StepRow:
         steps = self._steps.setdefault(claim.run_key, [])
         if any(s.step_key == row.step_key for s in steps):

@@ -58,7 +58,7 @@ def decode_step_value(row: StepRow, codec: CodecChain | None = None) -> DecodedV
       codec (CodecChain | None): the chain the workers use, if known.
     """
     if row.value is None:
-        note = "no value (a sleep)" if row.kind == "sleep" else "no value stored (a corrupt row)"
+        note = _NO_VALUE.get(row.kind, "no value stored (a corrupt row)")
         return DecodedValue(False, note=note)
     return decode_value(row.value, codec, what=row.step_key)
 
@@ -85,6 +85,10 @@ def decode_value(stored: bytes, codec: CodecChain | None = None, *, what: str = 
         return DecodedValue(True, chain.decode(stored, step_key=what))
     except DecodeError as exc:
         return DecodedValue(False, note=str(exc))
+
+
+_NO_VALUE = {"sleep": "no value (a sleep)", "map": "no value (a step map's entry: its items hold the values)"}
+"""What a row of a kind that stores no value says instead."""
 
 
 def _chain_name(stored: bytes) -> str:

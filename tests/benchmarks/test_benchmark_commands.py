@@ -1,5 +1,7 @@
 """The benchmark options run, with tiny sizes (benchmarks are not tests: nothing here is timed).
 
+- ``bench_map`` prints each body's row and the step map's targets;
+
 - ``bench_store --history N`` fills exactly N finished runs of 5 steps with
   its set-based SQL on each database, and prints every operation's ratio;
 - ``bench_store --cleanup-check N`` leaves the tables where they started;
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_store
+from benchmarks import bench_map, bench_store
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = [
@@ -167,3 +169,18 @@ def test_bench_observe_prints_each_variant_and_observes_only_with_an_sdk(capsys:
         assert variant in out
     observed = {v: bench_observe.observed(v) for v in bench_observe.VARIANTS}
     assert observed == {"no API": False, "API, no SDK": False, "options off": False, "SDK on": True}
+
+
+def test_bench_map_prints_each_body_and_the_step_map_targets(capsys: pytest.CaptureFixture[str]) -> None:
+    """``bench_map`` on the memory store with 8 items of a 1 ms body: a row per body (sequential run, map, amap)
+    and both targets, each marked met or NOT MET (nothing is timed here)."""
+    targets = bench_map.main(["--store", "memory", "--items", "8", "--body-ms", "1", "--rounds", "1"])
+    out = capsys.readouterr().out
+
+    for body in ("sequential run", "map", "amap"):
+        assert re.search(rf"^{body}\s+[\d.]+\s+[\d.]+×\s+[\d.]+$", out, re.MULTILINE), body
+    assert [t.target for t in targets] == [
+        "memory: map ≥ 5× faster than sequential steps",
+        "memory: map ≤ 0.5 commits per item",
+    ]
+    assert all(re.search(rf"^{re.escape(t.target)}\s.*\s(met|NOT MET)$", out, re.MULTILINE) for t in targets)

@@ -124,6 +124,23 @@ def test_runs_show_values_decodes_on_request(runs: Runs, flexiq: Callable[..., R
     assert {k for s in plain["steps"] for k in s} == STEP_KEYS
 
 
+def test_c51_runs_show_lists_a_step_maps_entry_and_its_items(runs: Runs, flexiq: Callable[..., Result]) -> None:
+    """A step map shows as its entry ``price#0`` (kind ``map``, no value: a note says its items hold the values)
+    followed by one ``run`` row per item, each with its decoded value (C51)."""
+    runs.attempt("run-m", lambda: current_job.step.map("price", lambda sku: {"sku": sku}, ["a", "b"], key=str))
+    table = flexiq("runs", "show", "run-m", "--values").stdout
+    assert line_of(table, "price#0")[:4] == ["0", "price#0", "map", "0"]
+    assert "{'sku': 'a'}" in " ".join(line_of(table, "price:a"))
+    data = json.loads(flexiq("runs", "show", "run-m", "--values", "--json").stdout)
+    entry, *items = data["steps"]
+    assert (entry["kind"], entry["value"]) == ("map", None)
+    assert entry["value_note"] == "no value (a step map's entry: its items hold the values)"
+    assert sorted((s["step_key"], s["kind"], s["value"]["sku"]) for s in items) == [
+        ("price:a", "run", "a"),
+        ("price:b", "run", "b"),
+    ]
+
+
 def test_c7_a_framework_serialized_value_decodes_or_gets_a_note(
     runs: Runs, store: SqlStepStore, flexiq: Callable[..., Result]
 ) -> None:

@@ -432,3 +432,35 @@ def charge_hold_ship(ledger: Ledger) -> str:
     ledger.note("after work")
     step.run("ship", lambda: ledger.call("ship"))
     return "shipped"
+
+
+# ------------------------------------------------------------ step maps (C51)
+@scenario()
+def fan_out(ledger: Ledger, items: list[str], max_concurrency: int, hang: list[str], fail_once: list[str]) -> list[str]:
+    """``price`` maps over ``items`` (each body noted as ``price <item>``), then ``total``.
+
+    The first call of an item in ``hang`` hangs until its process is killed;
+    the first call of an item in ``fail_once`` raises (a task-level retry).
+    """
+    step = current_job.step
+
+    def price(item: str) -> str:
+        what = f"price {item}"
+        n = ledger.call(what)
+        if item in hang:
+            ledger.hang_first(what)
+        if item in fail_once and n == 1:
+            raise ConnectionError(f"the price service is down for {item}")
+        return item.upper()
+
+    values = step.map("price", price, items, key=str, max_concurrency=max_concurrency)
+    step.run("total", lambda: ledger.call("total"))
+    return values
+
+
+@scenario()
+def fan_out_many(ledger: Ledger, count: int) -> int:
+    """``double`` maps over ``range(count)``; the sum of the values is noted as ``total``."""
+    values = current_job.step.map("double", lambda n: n * 2, range(count), key=int)
+    ledger.note("total", total=sum(values))
+    return len(values)

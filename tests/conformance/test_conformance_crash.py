@@ -1,4 +1,4 @@
-"""A worker process killed with SIGKILL inside step bodies, before and after a commit (C5, C6, C25, C26, C33).
+"""A worker process killed with SIGKILL inside step bodies, before and after a commit (C5, C6, C25, C26, C33, C51).
 
 These tests run real worker processes (a prefork ``celery worker``, a
 ``dramatiq`` CLI) instead of the module's in-thread worker, with a short claim
@@ -76,3 +76,44 @@ def test_c33_a_replay_after_sigkill_returns_the_same_payload_without_waiting(har
     assert notes[0]["attempt"] < notes[1]["attempt"]
     events = [r for r in harness.steps(job.run_key) if r.kind == "event"]
     assert [r.event_id for r in events] == [sent.event.id]
+
+
+def test_c51_c6_a_sigkill_while_map_items_are_in_flight_reruns_only_the_uncommitted_items(harness: Harness) -> None:
+    """C51, C5, C6, C25: a map of six items, three at a time; ``d`` and ``e`` hang in flight while ``a``, ``b``,
+    ``c`` and ``f`` are committed, and the process is killed. The redelivered job takes the claim over and runs
+    only ``d`` and ``e`` again, under their same idempotency keys; the committed items never run again."""
+    with harness.worker_processes() as workers:
+        job = harness.publish("fan_out", list("abcdef"), 3, ["d", "e"], [])
+        hung = [_hung(harness, job.run_key, f"price {item}") for item in "de"]
+        wait_for(lambda: _committed(harness, job.run_key) >= set("abcf"), 60, "a, b, c and f to commit")
+        assert set(hung) == {hung[0]}, "one worker process runs the whole map"
+        workers.kill(hung[0])
+        workers.revive()
+        run = harness.wait_status(job.run_key, "succeeded", timeout=60)
+
+    ledger = harness.ledger
+    assert [ledger.count(job.run_key, f"price {item}") for item in "abcdef"] == [1, 1, 1, 2, 2, 1]
+    assert ledger.keys(job.run_key, "price d") == [f"{job.run_key}:price:d"] * 2
+    assert (run.attempt, run.takeovers) == (2, 1)
+
+
+def test_c51_c25_a_crash_loop_inside_a_map_converges_without_running_a_committed_item_twice(harness: Harness) -> None:
+    """C51, C25: the process running a map is killed three times in a row, each time inside a later item (one
+    item at a time: ``c``, then ``f``, then ``i``). Each new attempt runs only the items with no row, and the
+    fourth finishes: no loop, and only the three killed items ran twice."""
+    items = list("abcdefghij")
+    with harness.worker_processes() as workers:
+        job = harness.publish("fan_out", items, 1, ["c", "f", "i"], [])
+        for item in "cfi":
+            workers.kill(_hung(harness, job.run_key, f"price {item}"))
+            workers.revive()
+        run = harness.wait_status(job.run_key, "succeeded", timeout=60)
+
+    counts = [harness.ledger.count(job.run_key, f"price {item}") for item in items]
+    assert counts == [1, 1, 2, 1, 1, 2, 1, 1, 2, 1]
+    assert (run.attempt, run.takeovers) == (4, 3)
+
+
+def _committed(harness: Harness, run_key: str) -> set[str]:
+    """The items of the ``price`` map of ``run_key`` committed so far."""
+    return {r.step_key.removeprefix("price:") for r in harness.steps(run_key) if r.step_key.startswith("price:")}

@@ -185,3 +185,36 @@ def test_c36_a_job_published_without_a_run_key_keeps_one_run_key_across_outage_b
 def _delayed(harness: Harness, run_key: str, *, busy: bool) -> bool:
     """Whether the run's messages include a put-back besides the first (the outage's)."""
     return len([p for p in harness.published(run_key) if p.delay is not None]) >= (2 if busy else 1)
+
+
+# ------------------------------------------------------------ step maps (C51)
+def test_c51_a_step_map_runs_each_item_once_and_a_task_retry_runs_only_the_failed_item(harness: Harness) -> None:
+    """C51, C5, C6, C28: item ``c`` of a map raises on its first call; the framework retries the job, whose map
+    replays the committed items and runs only ``c`` again, under the same idempotency key; the run succeeds with
+    the values in the order of the items."""
+    job = harness.publish("fan_out", ["a", "b", "c", "d"], 4, [], ["c"])
+    run = harness.wait_status(job.run_key, "succeeded")
+
+    ledger = harness.ledger
+    assert [ledger.count(job.run_key, f"price {item}") for item in "abcd"] == [1, 1, 2, 1]
+    assert ledger.keys(job.run_key, "price c") == [f"{job.run_key}:price:c"] * 2
+    assert ledger.count(job.run_key, "total") == 1
+    assert [a["retries"] for a in ledger.attempts(job.run_key)] == [0, 1]
+    assert run.attempt == 2
+    rows = harness.steps(job.run_key)
+    assert (rows[0].step_key, rows[0].kind) == ("price#0", "map")
+    assert sorted(r.step_key for r in rows[1:]) == ["price:a", "price:b", "price:c", "price:d", "total#0"]
+
+
+@pytest.mark.timeout(180)
+def test_c51_a_1000_item_map_commits_every_item_and_succeeds(harness: Harness) -> None:
+    """C51: a map of 1,000 items in one job: every value comes back (their sum is right), one row per item and
+    the map's entry are stored, and the run succeeds at its first attempt."""
+    job = harness.publish("fan_out_many", 1000)
+    run = harness.wait_status(job.run_key, "succeeded", timeout=150)
+
+    assert [n["total"] for n in harness.ledger.entries(job.run_key, "total")] == [sum(2 * n for n in range(1000))]
+    rows = harness.steps(job.run_key)
+    assert len(rows) == 1001
+    assert {r.step_key for r in rows} == {"double#0", *(f"double:{n}" for n in range(1000))}
+    assert run.attempt == 1

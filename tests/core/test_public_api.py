@@ -52,6 +52,7 @@ EXPORTED = [
     "StepAttempt",
     "StepContext",
     "StepDivergence",
+    "StepMapFailed",
     "StepRetryExhausted",
     "StepRow",
     "StepStore",

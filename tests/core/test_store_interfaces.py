@@ -21,6 +21,7 @@ ATTEMPT_SIDE = {
     "renew",
     "record_queued",
     "commit_step",
+    "commit_steps",
     "commit_step_on",
     "begin_step_attempt",
     "fail_step_attempt",

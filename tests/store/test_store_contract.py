@@ -293,6 +293,78 @@ def test_c3_commit_of_an_already_committed_key_is_refused(store: StepStore) -> N
     assert (run.step_count, run.step_bytes) == (1, 5)
 
 
+def test_c51_commit_steps_stores_every_row_at_once_and_counts_them_all(store: StepStore) -> None:
+    """``commit_steps`` stores a step map's rows (its entry and its items) as given, each stamped with the same
+    ``committed_at`` and the attempt, and adds them all to the run's totals (C9, C51)."""
+    key = new_key()
+    claim = claim_run(store, key).claim
+    store.commit_step(claim, run_row(0, "charge#0", b"12"))
+    before = store.now()
+    rows = [
+        StepRow(position=1, step_key="price#0", kind="map"),
+        run_row(2, "price:a", b"345"),
+        dataclasses.replace(run_row(3, "price:b", b"6789"), compensate="refund"),
+    ]
+    stored = store.commit_steps(claim, rows)
+    after = store.now()
+
+    assert [(r.position, r.step_key, r.kind, r.value, r.compensate) for r in stored] == [
+        (1, "price#0", "map", None, None),
+        (2, "price:a", "run", b"345", None),
+        (3, "price:b", "run", b"6789", "refund"),
+    ]
+    assert len({r.committed_at for r in stored}) == 1
+    assert stored[0].committed_at is not None
+    assert before <= stored[0].committed_at <= after
+    assert {r.attempt for r in stored} == {1}
+    assert store.get_steps(key)[1:] == list(stored)
+    run = store.get_run(key)
+    assert (run.step_count, run.step_bytes) == (4, 9)
+
+
+@pytest.mark.parametrize("repeated", ["charge#0", "price:a"])
+def test_c3_c51_commit_steps_with_a_key_committed_or_repeated_writes_none_of_them(
+    store: StepStore, repeated: str
+) -> None:
+    """One key of the batch already committed, or given twice in it: ``ClaimLost`` and none of the rows is
+    written, the totals unchanged (C3, C51)."""
+    key = new_key()
+    claim = claim_run(store, key).claim
+    store.commit_step(claim, run_row(0, "charge#0", b"12"))
+    with pytest.raises(ClaimLost):
+        store.commit_steps(claim, [run_row(1, "price:a"), run_row(2, "price:b"), run_row(3, repeated)])
+    assert [r.step_key for r in store.get_steps(key)] == ["charge#0"]
+    run = store.get_run(key)
+    assert (run.step_count, run.step_bytes) == (1, 2)
+
+
+def test_c25_commit_steps_of_a_taken_over_claim_writes_nothing(store: StepStore) -> None:
+    """After a takeover the old claim's ``commit_steps`` raises ``ClaimLost`` and writes none of its rows (C25)."""
+    key = new_key()
+    old = claim_run(store, key, lease=SHORT_LEASE).claim
+    wait_past(store, old.lease_until)
+    claim_run(store, key, owner="worker-2")
+    before = store.get_run(key)
+    with pytest.raises(ClaimLost):
+        store.commit_steps(old, [StepRow(position=0, step_key="price#0", kind="map"), run_row(1, "price:a")])
+    assert store.get_steps(key) == []
+    assert store.get_run(key) == before
+
+
+def test_c34_commit_steps_reports_a_requested_cancellation_with_the_committed_rows(store: StepStore) -> None:
+    """After ``request_cancel``, ``commit_steps`` still commits its rows and raises ``CancelRequested`` carrying
+    them as a tuple (C34, C51)."""
+    key = new_key()
+    claim = claim_run(store, key).claim
+    store.request_cancel(key, "customer asked")
+    with pytest.raises(CancelRequested) as raised:
+        store.commit_steps(claim, [StepRow(position=0, step_key="price#0", kind="map"), run_row(1, "price:a")])
+    assert raised.value.reason == "customer asked"
+    assert isinstance(raised.value.row, tuple)
+    assert [r.step_key for r in raised.value.row] == ["price#0", "price:a"]
+    assert [r.step_key for r in store.get_steps(key)] == ["price#0", "price:a"]
+
+
 def test_c15_sleep_step_keeps_its_wake_time(store: StepStore) -> None:
     """A sleep row stores its wake time and no value; it adds no bytes (C15, C17)."""
     key = new_key()

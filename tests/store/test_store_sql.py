@@ -168,6 +168,27 @@ def test_c9_begin_and_commit_step_are_one_transaction_each(
     assert (log.begins, log.commits) == (1, 1)
 
 
+@pytest.mark.parametrize("backend", SQL_BACKENDS)
+@pytest.mark.parametrize("rows", [1, 12])
+def test_c9_c51_commit_steps_is_one_transaction_of_a_single_steps_statements(
+    backend: str, rows: int, request: pytest.FixtureRequest, make_sql_store: Callable[..., SqlStepStore]
+) -> None:
+    """``commit_steps`` of one row or of twelve (a step map's entry and items) is one committed transaction of
+    the statements of one ``commit_step``: one on PostgreSQL, two on SQLite, three on MariaDB (C9, C51)."""
+    store = make_sql_store(request.getfixturevalue(f"{backend}_url"))
+    store.now()
+    begun = claim(store, "run-c51")
+    log = TransactionLog(store.engine)
+    batch = [StepRow(0, "price#0", "map")] + [StepRow(i, f"price:{i}", "run", b"v") for i in range(1, rows)]
+
+    log.reset()
+    store.commit_steps(begun.claim, batch)
+
+    assert (log.begins, log.commits, log.rollbacks) == (1, 1, 0)
+    assert len(log.work_statements()) == FOLDED_STATEMENTS[backend][1], log.statements
+    assert store.get_run("run-c51").step_count == rows
+
+
 # How an attempt starts, by what is stored (issue 14): its round trips (SQLite: statements) and
 # its transactions. A new run is inserted already claimed; a run recorded at publish (C39),
 # a retried, a sleeping and a taken-over run are read, decided on, then claimed.

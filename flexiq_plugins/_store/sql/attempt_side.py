@@ -10,7 +10,7 @@ what each decision is, in `flexiq_plugins._store.claims`.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -395,6 +395,32 @@ class SqlAttemptSide(SqlReads, AttemptStore):
 
         written = self._single_statement(lambda conn: self._folded.commit_step(conn, claim, row))
         stored = dataclasses.replace(row, committed_at=written.now, attempt=claim.attempt)
+        if written.cancel_reason is not None:
+            raise CancelRequested(written.cancel_reason, stored)
+        return stored
+
+    def commit_steps(self, claim: Claim, rows: Sequence[StepRow]) -> tuple[StepRow, ...]:
+        """Insert several step rows and update the run's step totals once (C9, C51); see `StepStore.commit_steps`.
+
+        One transaction, fenced on the claim, in the statements of one
+        `commit_step` (one on PostgreSQL: `folded`), whatever the number of rows.
+
+        Parameters:
+          claim (Claim): the attempt's claim.
+          rows (Sequence[StepRow]): the steps to store, at least one.
+
+        Returns:
+          tuple[StepRow, ...]: the stored rows, ``committed_at`` on the database's clock.
+
+        Raises:
+          ClaimLost: another attempt holds the run, or one of the keys is
+            already committed (C25); nothing was written.
+          CancelRequested: the run's cancellation was requested; the rows *are*
+            committed and travel with it as a tuple (C34).
+          StoreUnavailable: the database cannot be reached.
+        """
+        written = self._single_statement(lambda conn: self._folded.commit_steps(conn, claim, rows))
+        stored = tuple(dataclasses.replace(row, committed_at=written.now, attempt=claim.attempt) for row in rows)
         if written.cancel_reason is not None:
             raise CancelRequested(written.cancel_reason, stored)
         return stored

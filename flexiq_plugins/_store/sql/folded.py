@@ -14,6 +14,10 @@ writes nothing (C25). Only how many statements carry them changes:
   ``UPDATE … RETURNING`` and the ``INSERT``; MySQL/MariaDB (no ``UPDATE …
   RETURNING``) three: the fenced ``UPDATE``, a read of what it stamped, the
   ``INSERT``.
+- **Several new steps** (a step map's items that finished together, C51)
+  cost what one does: the fenced ``UPDATE`` counts them all, and their rows
+  go in one multi-row ``INSERT`` (PostgreSQL: the same ``WITH``, its ``INSERT
+  … SELECT`` unnesting one array parameter per column).
 - **An attempt start** is decided in Python by
   `decide_claim` on the run as stored;
   only how it is read and written differs.
@@ -72,7 +76,7 @@ from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection
 
 from ..._model.records import Claim, JobEnvelope, NewDeadLetter, StepRow
-from ..claims import Granted, already_committed, claim_lost, fence, fence_columns
+from ..claims import Granted, already_committed, claim_lost, fence, fence_columns, one_already_committed
 from .driver import DriverStatement, runs_on_driver
 from .mapping import step_values
 from .tables import StoreTables
@@ -80,6 +84,8 @@ from .tables import StoreTables
 __all__ = ["Folded", "StepWritten"]
 
 _SQLITE_RETURNING = sqlite3.sqlite_version_info >= (3, 35)
+_ROWS_PER_INSERT = 50
+"""Rows of one multi-row ``INSERT`` of `Folded.commit_steps` (eleven parameters each: below every driver's limit)."""
 
 
 @dataclass(frozen=True)
@@ -233,6 +239,92 @@ class Folded:
         now = float(stamped.updated_at)
         conn.execute(self._insert_step, self._step_columns(claim, row, now))
         return StepWritten(now, stamped.cancel_reason)
+
+    # ------------------------------------------------------ several new steps
+    def commit_steps(self, conn: Connection, claim: Claim, rows: Sequence[StepRow]) -> StepWritten:
+        """Insert ``rows`` and count them all in the run, fenced on ``claim``, in the caller's transaction (C9, C51).
+
+        The statements of `commit_step` for any number of rows: one on
+        PostgreSQL, two on SQLite, three on MySQL/MariaDB (one more
+        ``INSERT`` per 50 rows beyond the first 50).
+
+        Raises:
+          ClaimLost: the claim no longer holds the run, or one of the keys is
+            already committed or repeated; nothing was written.
+        """
+        size = sum(row.size for row in rows)
+        try:
+            if self._dialect == "postgresql":
+                written = self._steps_postgresql(conn, claim, rows, size)
+            else:
+                written = self._counted_rows(conn, claim, len(rows), size)
+                if written is not None:
+                    for start in range(0, len(rows), _ROWS_PER_INSERT):
+                        chunk = rows[start : start + _ROWS_PER_INSERT]
+                        values = [self._step_columns(claim, row, written.now) for row in chunk]
+                        conn.execute(sa.insert(self._t.steps).values(values))
+        except sa_exc.IntegrityError as exc:
+            raise one_already_committed(claim, [row.step_key for row in rows]) from exc
+        if written is None:
+            raise claim_lost(claim)
+        return written
+
+    def _counted_rows(self, conn: Connection, claim: Claim, count: int, size: int) -> StepWritten | None:
+        """The fenced ``UPDATE`` counting ``count`` new rows of ``size`` bytes, and the clock it stamped."""
+        counted = self._counting_many()
+        params = self._params(claim, size=size, count=count)
+        if self._returning:
+            found = conn.execute(counted.returning(self._t.runs.c.updated_at, self._t.runs.c.cancel_reason), params)
+            result = found.first()
+            return None if result is None else StepWritten(float(result.updated_at), result.cancel_reason)
+        if conn.execute(counted, params).rowcount != 1:
+            return None
+        stamped = conn.execute(self._stamp, {"p_run_key": claim.run_key}).one()
+        return StepWritten(float(stamped.updated_at), stamped.cancel_reason)
+
+    def _counting_many(self) -> sa.Update:
+        runs = self._t.runs
+        return (
+            sa.update(runs)
+            .where(*self._fence)
+            .values(
+                step_count=runs.c.step_count + _p("count", runs.c.step_count),
+                step_bytes=runs.c.step_bytes + _p("size", runs.c.step_bytes),
+                updated_at=self._clock,
+            )
+        )
+
+    def _steps_postgresql(
+        self, conn: Connection, claim: Claim, rows: Sequence[StepRow], size: int
+    ) -> StepWritten | None:
+        key = ("steps-pg",)
+        if key not in self._statements:
+            self._statements[key] = self._steps_statement_postgresql()
+        columns = [step_values(row) for row in rows]
+        arrays = {f"p_a_{name}": [c[name] for c in columns] for name in self._unnested_names()}
+        params = {**self._params(claim, size=size, count=len(rows)), **arrays}
+        result = conn.execute(self._statements[key], params).first()
+        return None if result is None else StepWritten(float(result.updated_at), result.cancel_reason)
+
+    def _unnested_names(self) -> list[str]:
+        return [c.name for c in self._t.steps.c if c.name not in ("run_key", "attempt", "committed_at")]
+
+    def _steps_statement_postgresql(self) -> sa.Select[Any]:
+        """``WITH held AS (fenced UPDATE … RETURNING), wrote AS (INSERT … SELECT … FROM held, unnest(…))``."""
+        steps = self._t.steps
+        runs = self._t.runs
+        held = self._counting_many().returning(runs.c.updated_at, runs.c.cancel_reason).cte("held")
+        names = self._unnested_names()
+        arrays = [sa.cast(_p(f"a_{name}"), postgresql.ARRAY(steps.c[name].type)) for name in names]
+        given = sa.func.unnest(*arrays).table_valued(*names).render_derived(name="given")
+        source = sa.select(
+            _p("run_key", steps.c.run_key),
+            _p("attempt", steps.c.attempt),
+            held.c.updated_at,
+            *(given.c[name] for name in names),
+        ).select_from(held.join(given, sa.true()))
+        wrote = sa.insert(steps).from_select(["run_key", "attempt", "committed_at", *names], source).cte("wrote")
+        return sa.select(held.c.updated_at, held.c.cancel_reason).add_cte(wrote)
 
     # ------------------------------------------------------ an attempt's start
     @property
