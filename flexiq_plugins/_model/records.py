@@ -90,11 +90,12 @@ CLEANABLE_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelle
 purged (C27)."""
 
 
-StepKind = Literal["run", "sleep", "compensation", "wait", "event"]
+StepKind = Literal["run", "sleep", "compensation", "wait", "event", "patch"]
 """``run`` (``step.run``, and each undo ``compensate:<step key>``), ``sleep``,
 ``compensation``: the row that records why a run is being compensated (C32),
-``wait``: the start of ``step.wait_for_event`` (its deadline), and ``event``:
-what the wait received, ``event:<wait step key>`` (C33)."""
+``wait``: the start of ``step.wait_for_event`` (its deadline), ``event``:
+what the wait received, ``event:<wait step key>`` (C33), and ``patch``: the
+marker ``patch:<id>`` of a run that took the new branch of ``step.patched(id)`` (C49)."""
 
 
 StepAttemptOutcome = Literal["lost", "failed", "exhausted", "non_retryable"]
@@ -177,7 +178,7 @@ class StepRow:
     Parameters:
       position (int): 0-based index in the run's recorded sequence.
       step_key (str): ``name#n`` or ``name:key`` (C1).
-      kind (str): ``"run"`` or ``"sleep"``.
+      kind (str): ``"run"``, ``"sleep"``, ``"wait"``, ``"event"``, ``"compensation"`` or ``"patch"``.
       value (bytes | None): the encoded value of a ``run`` step.
       wake_at (float | None): a ``sleep`` step's wake time, epoch seconds.
       committed_at (float | None): commit time, epoch seconds, store clock

@@ -70,6 +70,35 @@ class OperatorStore(StoreReads):
         whole budget again. Returns the dead letter (with ``retried_at`` set).
         """
 
+    # ---------------------------------------------------------------- forks
+    @abc.abstractmethod
+    def fork_run(self, run_key: str, from_step: str, new_run_key: str) -> RunRecord:
+        """Make a new run from the steps ``run_key`` recorded before ``from_step`` (C50).
+
+        One transaction: the run ``new_run_key`` is inserted ``queued`` (due
+        now, no job id yet, the old run's envelope), with a copy of every step
+        row of ``run_key`` at a position before ``from_step``'s (same
+        positions, keys, kinds, values, wake and commit times); its step count
+        and byte total are theirs. Step attempts are not copied. The old run is
+        not changed. ``from_step`` must be a ``run``, ``sleep`` or ``wait`` step
+        of the body, recorded before any compensation (`flexiq_plugins._store.forks`).
+        Nothing is written when it raises.
+
+        Parameters:
+          run_key (str): the run to fork.
+          from_step (str): the first step the new run runs again.
+          new_run_key (str): the new run's key; no run may have it.
+
+        Returns:
+          RunRecord: the new run.
+
+        Raises:
+          UnknownRun: no run has ``run_key``.
+          UnknownStep: it has no step ``from_step`` (the message lists the valid ones).
+          InvalidForkStep: ``from_step`` is a step of another kind (the message lists the valid ones).
+          InvalidRunKey: a run has ``new_run_key`` already.
+        """
+
     @abc.abstractmethod
     def purge_dead_letters(self, ids: Sequence[int] | None = None) -> int:
         """Delete the given dead letters (all when ``ids`` is ``None``); return how many."""

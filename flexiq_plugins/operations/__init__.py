@@ -14,15 +14,21 @@ an admin page can call them directly with any [`StepStore`][flexiq_plugins.StepS
 - events and cancellation: [`send_event`][flexiq_plugins.send_event], [`wake_run`][flexiq_plugins.operations.wake_run],
   [`cleanup_events`][flexiq_plugins.operations.cleanup_events] (C33), [`cancel_run`][flexiq_plugins.cancel_run] (C34);
 - publishers: [`publishers_for`][flexiq_plugins.operations.publishers_for] (an app or a broker, through the
-  installed adapters) and [`load_object`][flexiq_plugins.operations.load_object] (``module:attribute``).
+  installed adapters) and [`load_object`][flexiq_plugins.operations.load_object] (``module:attribute``);
+- deploys: [`check_runs`][flexiq_plugins.operations.check_runs] (new code against the runs in flight, C48),
+  [`export_runs`][flexiq_plugins.operations.export_runs] (their records, for a check in CI) and
+  [`fork_run`][flexiq_plugins.operations.fork_run] (run a job again from a step, C50).
 
 Re-publishing goes through the job's own framework adapter, found in
 `flexiq_plugins._delivery.registry`: a new job id carrying the old run key (C11,
 C36), so the run replays its committed steps and keeps its idempotency keys.
 """
 
+from .._attempt.check import RunCheck
 from .._delivery.cancel import DEFAULT_CANCEL_REASON, CancelResult, cancel_run
+from .._delivery.deploys import CheckReport, DivergenceGroup, PatchUse, TaskReport, check_runs, export_runs
 from .._delivery.events import EventSent, cleanup_events, send_event, wake_run
+from .._delivery.forking import Forked, fork_run
 from .._delivery.publishing import DEFAULT_TARGET_ATTRS, load_object, publishers_for
 from .._delivery.recovery import (
     DEFAULT_GRACE_SECONDS,
@@ -50,22 +56,31 @@ __all__ = [
     "DEFAULT_TARGET_ATTRS",
     "AlreadyRetried",
     "CancelResult",
+    "CheckReport",
     "DecodedValue",
+    "DivergenceGroup",
     "EventSent",
+    "Forked",
     "NoPublisher",
     "OperationError",
+    "PatchUse",
     "PublishFailed",
     "Publisher",
     "RecoveryReport",
     "Retried",
+    "RunCheck",
     "RunDetails",
     "Stranded",
     "Sweeper",
+    "TaskReport",
     "cancel_run",
+    "check_runs",
     "cleanup",
     "cleanup_events",
     "decode_step_value",
+    "export_runs",
     "find_stranded",
+    "fork_run",
     "list_runs",
     "load_object",
     "publishers_for",

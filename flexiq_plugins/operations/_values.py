@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .._delivery.registry import ValueReader, value_reader
-from .._model.codec import CodecChain, FunctionSerializer, JsonSerializer, ZlibCodec
+from .._delivery.readers import chain_name, reader_chain
+from .._model.codec import CodecChain
 from .._model.records import StepRow
 from ..errors import DecodeError
 
@@ -35,9 +35,6 @@ class DecodedValue:
     note: str = ""
 
 
-_CORE_READERS: dict[str, ValueReader] = {"json": JsonSerializer().loads}
-
-
 def decode_step_value(row: StepRow, codec: CodecChain | None = None) -> DecodedValue:
     """Decode a step's stored value for display (C7); never raises for bad or foreign bytes.
 
@@ -54,27 +51,10 @@ def decode_step_value(row: StepRow, codec: CodecChain | None = None) -> DecodedV
     if row.value is None:
         note = "no value (a sleep)" if row.kind == "sleep" else "no value stored (a corrupt row)"
         return DecodedValue(False, note=note)
-    chain = codec or _reader_for(row.value)
+    chain = codec or reader_chain(row.value)
     if chain is None:
-        return DecodedValue(False, note=f"stored by {_chain_name(row.value)!r}; pass --codec to decode it")
+        return DecodedValue(False, note=f"stored by {chain_name(row.value)!r}; pass --codec to decode it")
     try:
         return DecodedValue(True, chain.decode(row.value, step_key=row.step_key))
     except DecodeError as exc:
         return DecodedValue(False, note=str(exc))
-
-
-def _chain_name(stored: bytes) -> str:
-    header = stored.partition(b"\n")[0].decode(errors="replace")
-    return header.partition("|")[2] if header.startswith("FQ1|") else "unknown"
-
-
-def _reader_for(stored: bytes) -> CodecChain | None:
-    serializer, *codecs = _chain_name(stored).split("|")
-    loads = _CORE_READERS.get(serializer) or value_reader(serializer)
-    if loads is None or any(c != "zlib" for c in codecs):
-        return None
-    return CodecChain(FunctionSerializer(serializer, _no_dump, loads), [ZlibCodec() for _ in codecs])
-
-
-def _no_dump(value: Any) -> bytes:
-    raise TypeError("a display reader does not encode")

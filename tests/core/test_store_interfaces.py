@@ -42,6 +42,7 @@ OPERATOR_SIDE = {
     "list_dead_letters",
     "get_dead_letter",
     "prepare_retry",
+    "fork_run",
     "purge_dead_letters",
     "cleanup",
     "cleanup_events",
