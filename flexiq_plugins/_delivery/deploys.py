@@ -148,12 +148,16 @@ class CheckReport:
         return [c for c in self.checks if not c.ok]
 
     def by_task(self) -> list[TaskReport]:
-        """The checks grouped by task (sorted by name), divergences grouped by their first divergent position."""
+        """The checks grouped by task (sorted by name), divergences grouped by their first divergent position.
+
+        Within a task, runs are listed by run key.
+        """
         names = sorted({c.task_name for c in self.checks})
         return [_task_report(name, [c for c in self.checks if c.task_name == name]) for name in names]
 
 
 def _task_report(name: str, checks: list[RunCheck]) -> TaskReport:
+    checks = sorted(checks, key=lambda c: c.run_key)
     report = TaskReport(name)
     groups: dict[tuple[int | None, str | None, str | None], list[RunCheck]] = {}
     for check in checks:

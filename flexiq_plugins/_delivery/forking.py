@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .._model.identity import check_run_key, new_run_key
+from .._store.forks import fork_position
 from .._store.operator_side import OperatorStore
 from ..errors import PublishFailed
 from .publishing import publish, require_publisher, require_readable
@@ -92,6 +93,7 @@ def fork_run(
     check_run_key(run_key)
     key = check_run_key(new_key) if new_key is not None else new_run_key()
     run = store.get_run(run_key)
+    fork_position(store.get_steps(run_key), from_step, run_key)  # a bad step is named before anything else
     require_readable(run.envelope, run_key)
     publisher = require_publisher(run.envelope, publishers)
     forked = store.fork_run(run_key, from_step, key)

@@ -12,7 +12,7 @@ from ._dlq import publisher_options
 from ._state import EXIT_USAGE, CliState, console, emit_json, fail, pass_state
 from ._types import DURATION
 
-__all__ = ["runs"]
+__all__ = ["codec_option", "runs"]
 
 STATUSES = list(RunStatus.__args__)  # type: ignore[attr-defined]
 
@@ -56,7 +56,7 @@ def show_command(
 ) -> None:
     """Show one run: state, attempts, claim, its step sequence and its step attempts."""
     details = show_run(state.store, run_key)
-    codec = _codec(codec_ref) if values else None
+    codec = codec_option(codec_ref) if values else None
     decoded = [decode_step_value(s, codec) for s in details.steps] if values else None
     if as_json:
         _emit_details(details, decoded, errors=errors)
@@ -133,7 +133,8 @@ def _print_tracebacks(details: RunDetails) -> None:
             out.print(a.traceback.rstrip(), markup=False, highlight=False)
 
 
-def _codec(ref: str | None) -> CodecChain | None:
+def codec_option(ref: str | None) -> CodecChain | None:
+    """The ``--codec MODULE:CHAIN`` given: a ``CodecChain``, or a function returning one; ``None`` without."""
     if ref is None:
         return None
     chain = load_object(ref)
