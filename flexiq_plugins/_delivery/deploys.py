@@ -292,12 +292,14 @@ def _arguments(envelope: JobEnvelope, chain: CodecChain) -> tuple[list[Any], dic
 def _read_store(
     store: OperatorStore, task_name: str | None, framework: str | None
 ) -> list[tuple[RecordedRun, JobEnvelope]]:
-    found = []
-    for status in CHECKED_STATUSES:
-        for run in store.list_runs(status=status, task_name=task_name, limit=_ALL):
-            if run.step_count > 0 and (framework is None or run.framework == framework):
-                found.append(_recorded(run, store.get_steps(run.run_key)))
-    return found
+    runs = [
+        run
+        for status in CHECKED_STATUSES
+        for run in store.list_runs(status=status, task_name=task_name, limit=_ALL)
+        if run.step_count > 0 and (framework is None or run.framework == framework)
+    ]
+    steps = store.get_steps_of([run.run_key for run in runs])
+    return [_recorded(run, steps[run.run_key]) for run in runs]
 
 
 def _recorded(run: RunRecord, steps: Sequence[StepRow]) -> tuple[RecordedRun, JobEnvelope]:
@@ -355,11 +357,8 @@ def export_runs(
             for r in store.list_runs(status=status, task_name=task_name, limit=_ALL)
             if r.step_count > 0
         ]
-    data = {
-        "format": EXPORT_FORMAT,
-        "exported_at": store.now(),
-        "runs": [_run_dict(run, store.get_steps(run.run_key)) for run in runs],
-    }
+    steps = store.get_steps_of([run.run_key for run in runs])
+    data = {"format": EXPORT_FORMAT, "exported_at": store.now(), "runs": [_run_dict(r, steps[r.run_key]) for r in runs]}
     text = json.dumps(data, indent=1)
     if isinstance(out, (str, os.PathLike)):
         Path(out).write_text(text + "\n")

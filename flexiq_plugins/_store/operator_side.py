@@ -16,7 +16,7 @@ import abc
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from .._model.records import DeadLetterRecord, EventRecord, RunRecord, SentEvent, StepAttempt
+from .._model.records import DeadLetterRecord, EventRecord, RunRecord, SentEvent, StepAttempt, StepRow
 from .reads import StoreReads
 
 __all__ = ["OperatorStore"]
@@ -41,6 +41,14 @@ class OperatorStore(StoreReads):
     def iter_runs(self, **filters: Any) -> Iterator[RunRecord]:
         """Iterate `list_runs` (convenience)."""
         yield from self.list_runs(**filters)
+
+    def get_steps_of(self, run_keys: Sequence[str]) -> dict[str, list[StepRow]]:
+        """Return the step rows of each of ``run_keys``, by position; a run without steps maps to ``[]``.
+
+        What a check of new code over many runs reads (C48). This default asks
+        `get_steps` once per run; the SQL store reads them in a few queries.
+        """
+        return {key: self.get_steps(key) for key in run_keys}
 
     @abc.abstractmethod
     def get_step_attempts(self, run_key: str) -> list[StepAttempt]:

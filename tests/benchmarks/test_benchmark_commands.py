@@ -4,6 +4,7 @@
   its set-based SQL on each database, and prints every operation's ratio;
 - ``bench_store --cleanup-check N`` leaves the tables where they started;
 - ``bench_cpu`` prints the client's and the server's CPU per operation;
+- ``bench_check`` fills N runs in flight and prints what the check found;
 - ``bench_throughput`` runs a Celery prefork and a Dramatiq worker and sees
   each worker process's store connections (named by pid) within the
   process's concurrency + 1.
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_store
+from benchmarks import bench_check, bench_store
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = [
@@ -152,3 +153,18 @@ def test_python_m_benchmarks_judges_throughput_and_connections_per_worker_config
     assert by_target["celery -P prefork -c 2: 5-step ≥ 0.4× plain"].met is False
     assert by_target["celery -P prefork -c 2: 5-step ≥ 0.4× plain"].measured.startswith("0.30×")
     assert by_target["celery -P prefork -c 2: connections ≤ concurrency + 1"].met is False  # a child held 3
+
+
+@pytest.mark.parametrize("store", BACKENDS[:2])
+def test_bench_check_fills_the_runs_in_flight_and_prints_what_the_check_found(
+    store: str, require_service: Callable[[str, str, int], None], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``bench_check`` writes N sleeping runs (one in 20 by an older version) and the check finds exactly those
+    divergent; its tables are dropped afterwards."""
+    if store in SERVICES:
+        require_service(*SERVICES[store])
+    bench_check.main(["--store", store, "--runs", "40", "--rounds", "1"])
+    out = capsys.readouterr().out
+    assert f"{store}: 40 runs in flight, 1 rounds (median)" in out
+    assert "found: 38 compatible, 2 divergent, 0 errors" in out
+    assert re.search(r"check \(flexiq check\)\s+[\d.]+ s\s+[\d,]+ runs/s", out)

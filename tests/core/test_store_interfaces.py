@@ -38,6 +38,7 @@ ATTEMPT_SIDE = {
 OPERATOR_SIDE = {
     "list_runs",
     "iter_runs",
+    "get_steps_of",
     "get_step_attempts",
     "list_dead_letters",
     "get_dead_letter",

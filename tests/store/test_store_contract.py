@@ -807,6 +807,21 @@ def test_c30_prepare_retry_reset_from_an_unknown_step_changes_nothing(store: Ste
     assert store.get_dead_letter(dead_id).retried_at is None
 
 
+def test_c48_get_steps_of_reads_the_steps_of_many_runs_at_once(store: StepStore) -> None:
+    """``get_steps_of`` gives each run's step rows by position, as ``get_steps`` does, ``[]`` for a run without
+    steps or an unknown key, across more runs than one query reads (C48)."""
+    keys = [new_key() for _ in range(3)]
+    for count, key in enumerate(keys):
+        commit_rows(store, claim_run(store, key).claim, count)
+    many = [*keys, "nobody", *(new_key() for _ in range(600))]
+    found = store.get_steps_of(many)
+    assert set(found) == set(many)
+    for key in keys:
+        assert found[key] == store.get_steps(key)
+    assert [len(found[k]) for k in keys] == [0, 1, 2]
+    assert found["nobody"] == []
+
+
 # ----------------------------------------------------------------- forks
 def _run_to_fork(store: StepStore) -> tuple[str, list[StepRow]]:
     """A sleeping run with ``step#0``, a wait and what it received, a patch marker, ``step#4`` and a sleep."""

@@ -22,6 +22,7 @@ from ..._model.records import (
     RunRecord,
     SentEvent,
     StepAttempt,
+    StepRow,
 )
 from ...errors import InvalidRunKey, UnknownDeadLetter, UnknownRun
 from ..claims import may_recover, may_take_sweep_lease
@@ -29,10 +30,13 @@ from ..events import WAITER_STATUSES
 from ..forks import fork_position
 from ..operator_side import OperatorStore
 from ..step_attempts import retry_cut_position
-from .mapping import dead_letter_record, run_record, step_attempt, step_values
+from .mapping import dead_letter_record, run_record, step_attempt, step_row, step_values
 from .reads import SqlReads
 
 __all__ = ["SqlOperatorSide"]
+
+_KEYS_PER_QUERY = 500
+"""Run keys in one ``IN (...)`` of `SqlOperatorSide.get_steps_of` (well under every database's parameter limit)."""
 
 
 class SqlOperatorSide(SqlReads, OperatorStore):
@@ -73,6 +77,26 @@ class SqlOperatorSide(SqlReads, OperatorStore):
             query = query.where(runs.c.job_id == job_id)
         rows = self._read(lambda conn: conn.execute(query).all())
         return [run_record(r) for r in rows]
+
+    def get_steps_of(self, run_keys: Sequence[str]) -> dict[str, list[StepRow]]:
+        """Return the step rows of each of ``run_keys`` by position, reading up to 500 runs a query (C48).
+
+        Raises:
+          StoreUnavailable: the database cannot be reached.
+        """
+        steps = self._t.steps
+        keys = list(dict.fromkeys(run_keys))
+        found: dict[str, list[StepRow]] = {key: [] for key in keys}
+
+        def read(conn: Connection) -> None:
+            for start in range(0, len(keys), _KEYS_PER_QUERY):
+                chunk = keys[start : start + _KEYS_PER_QUERY]
+                query = sa.select(steps).where(steps.c.run_key.in_(chunk)).order_by(steps.c.run_key, steps.c.position)
+                for row in conn.execute(query):
+                    found[row.run_key].append(step_row(row))
+
+        self._read(read)
+        return found
 
     def get_step_attempts(self, run_key: str) -> list[StepAttempt]:
         """Return the run's step attempts, ordered by ``started_at``, step key and number (C31).
