@@ -13,6 +13,8 @@ identity rules and the divergence check are exactly a worker's (C1–C3, C12):
   so does a sleep or wait that has not ended yet;
 - a step whose key differs from the record is a *divergence*, with the
   report a worker would raise ([`StepDivergence`][flexiq_plugins.errors.StepDivergence]);
+- the failure of a step that failed for good replays as it would in a
+  worker: the record's own, not the new code's (a run being compensated);
 - anything else the body raises is an *error* the new code would meet.
 
 No step body runs, nothing is written (the journal's writer here refuses
@@ -35,7 +37,7 @@ from .._model.records import EventPoll, StepAttemptBegin, StepAttemptFailed, Ste
 from .._steps.context import JobContext
 from .._steps.journal import StepJournal, current_step_key
 from .._store.caller import CallerConnection
-from ..errors import CheckStopped, StepDivergence, StepSignal
+from ..errors import CheckStopped, StepDivergence, StepRetryExhausted, StepSignal, final_reason
 
 __all__ = ["CheckVerdict", "RecordedRun", "RunCheck", "check_run"]
 
@@ -223,7 +225,15 @@ def _verdict(run: RecordedRun, journal: StepJournal, writer: CheckWriter, error:
     problem = latched if latched is not None and not isinstance(latched, StepSignal) else error
     if problem is None:
         return replace(base, unused=unused)
-    return replace(base, verdict="error", message=f"{type(problem).__name__}: {problem}")
+    text = f"{type(problem).__name__}: {problem}"
+    if _replayed_failure(problem):  # the record's own failure, met by the old code too: not the deploy's doing
+        return replace(base, message=f"replays the step that failed for good: {text}")
+    return replace(base, verdict="error", message=text)
+
+
+def _replayed_failure(error: BaseException) -> bool:
+    """Whether ``error`` is a recorded step failure replayed (C31): in a check no step body runs, so it is one."""
+    return isinstance(error, StepRetryExhausted) or final_reason(error) is not None
 
 
 def _await(awaitable: Awaitable[Any]) -> Any:

@@ -11,12 +11,16 @@ what the workers then do.
 
 from __future__ import annotations
 
+import importlib
+import json
 import time
 from collections.abc import Iterable
 
 import pytest
+from click.testing import CliRunner, Result
 
 import flexiq_plugins
+from flexiq_plugins.cli import cli
 from flexiq_plugins.operations import CheckReport, check_runs, fork_run
 from tests.conformance.harness import Harness, Job
 from tests.polling import wait_for
@@ -50,6 +54,26 @@ def _report(harness: Harness, scenario: str) -> CheckReport:
     return check_runs(harness.store, harness.tasks, task_name=harness.task_name(scenario))
 
 
+def _flexiq_check(harness: Harness, scenario: str) -> Result:
+    """``flexiq check --app|--broker <the harness's app or broker> --task <scenario> --json`` on the harness's store.
+
+    The app or broker is reached through the conformance app module's attribute, as a project's ``proj.celery:app``.
+    """
+    celery = harness.framework == "celery"
+    module_name, attr = (
+        ("tests.conformance.celery_app", "app") if celery else ("tests.conformance.dramatiq_app", "broker")
+    )
+    module = importlib.import_module(module_name)
+    before = getattr(module, attr, None)
+    setattr(module, attr, harness.tasks)
+    try:
+        option = "--app" if celery else "--broker"
+        args = ["--store", harness.config.store_url, "check", option, f"{module_name}:{attr}"]
+        return CliRunner().invoke(cli, [*args, "--task", harness.task_name(scenario), "--json"])
+    finally:
+        setattr(module, attr, before)
+
+
 def _send(harness: Harness, topic: str, job: Job, order: str) -> None:
     flexiq_plugins.send_event(topic, order, None, run_key=job.run_key, store=harness.store)
 
@@ -79,6 +103,10 @@ def test_c48_a_deploy_that_reorders_steps_is_flagged_for_exactly_the_runs_it_bre
         jobs["late"].run_key: ("divergent", None),
     }
     [predicted] = [c for c in _report(harness, "deploy_reorder").checks if c.run_key == jobs["late"].run_key]
+    result = _flexiq_check(harness, "deploy_reorder")
+    assert result.exit_code == 1, result.output
+    flagged = {r["run_key"] for r in json.loads(result.stdout)["runs"] if r["verdict"] != "compatible"}
+    assert flagged & {j.run_key for j in jobs.values()} == {jobs["late"].run_key}
 
     for name in ("early-1", "early-2"):
         _send(harness, "go", jobs[name], orders[name])

@@ -278,3 +278,26 @@ def test_c48_tasks_must_be_an_app_a_broker_or_a_mapping(store):
     """C48: anything else given as the new code is refused with a message saying what is accepted."""
     with pytest.raises(ConfigurationError, match="mapping of task names to tasks"):
         check_runs(store, object())
+
+
+def test_c48_a_step_that_failed_for_good_replays_its_failure_without_blaming_the_new_code(store, clock):
+    """C48, C31: a record whose step failed for good (as a run being compensated keeps it) replays that failure
+    in a check as a worker would: the run is compatible, the message says what was replayed."""
+    from flexiq_plugins import DurableConfig, NonRetryableError
+    from flexiq_plugins._attempt.check import RecordedRun, check_run
+
+    def receipt_fails(order: str) -> None:
+        step = current_job.step
+        step.run("charge", lambda: _call("charge"))
+
+        def receipt() -> None:
+            raise NonRetryableError("mail server refused")
+
+        step.run("receipt", receipt)
+
+    run = DurableRun(receipt_fails, "o", run_key="failed", store=store, clock=clock)
+    run.attempt()
+    record = RecordedRun("failed", "checkout", "pending", tuple(run.steps), ["o"], {}, "job-1", 1)
+    check = check_run(record, receipt_fails, codec=run.driver.codec, limits=DurableConfig().limits, now=clock())
+    assert check.verdict == "compatible"
+    assert check.message == "replays the step that failed for good: NonRetryableError: mail server refused"
