@@ -81,6 +81,11 @@ class CeleryAdapter:
 
         return task.run if isinstance(task, Task) else None  # type: ignore[no-any-return]
 
+    def tasks(self, target: object) -> Mapping[str, object]:
+        """The app's tasks by name (Celery's own ``celery.*`` tasks left out)."""
+        registry = target.tasks  # type: ignore[attr-defined]  # a Celery app: owns() said so
+        return {name: task for name, task in registry.items() if not name.startswith("celery.")}
+
 
 adapter = CeleryAdapter()
 """The registered adapter instance."""

@@ -91,6 +91,11 @@ class DramatiqAdapter:
             return None
         return Body(unwrap_durable(task.fn)).target
 
+    def tasks(self, target: object) -> Mapping[str, object]:
+        """The broker's declared actors by name."""
+        broker: Any = target  # a Dramatiq broker: owns() said so
+        return {name: broker.get_actor(name) for name in sorted(broker.get_declared_actors())}
+
 
 adapter = DramatiqAdapter()
 """The registered adapter instance."""

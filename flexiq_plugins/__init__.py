@@ -42,6 +42,7 @@ from .errors import (
     DeadLettered,
     FlexiqError,
     InvalidEvent,
+    InvalidForkStep,
     InvalidRunKey,
     JobCancelled,
     JobEnded,
@@ -55,6 +56,7 @@ from .errors import (
     StoreError,
     StoreUnavailable,
     UnknownRun,
+    UnknownStep,
     UnsupportedInEagerMode,
 )
 
@@ -118,8 +120,8 @@ __all__ = [
     "OutcomeNotKept",
     "UnsupportedInEagerMode",
     # The errors a producer or an operator catches: configuration (C41), the store (C28), a run
-    # key, an event or a run that cannot be used (C33, C34), a divergence a check reports (C12),
-    # and the root of them all. Every other error is in flexiq_plugins.errors.
+    # key, an event or a run that cannot be used (C33, C34), a step a fork cannot start from (C50),
+    # a divergence a check reports (C12), and the root of them all. Every other error is in flexiq_plugins.errors.
     "FlexiqError",
     "ConfigurationError",
     "StoreError",
@@ -127,6 +129,8 @@ __all__ = [
     "InvalidRunKey",
     "InvalidEvent",
     "UnknownRun",
+    "UnknownStep",
+    "InvalidForkStep",
     "StepDivergence",
     "__version__",
 ]

@@ -14,6 +14,7 @@ into a retry or, worse, a success (C20). Everything else is an ordinary
     │   ├── RunCancelled                the run is cancelled: on request or over a run cap (C34)
     │   ├── ClaimRefused                a lazy claim at the first step was refused: the attempt ends (C23–C28)
     │   ├── ReplayStopped               a compensation replay reached a step that never ran (C32)
+    │   │   └── CheckStopped            a check of new code reached the first step past the record (C48)
     │   └── StepDivergence              recorded and running step sequences differ (C12)
     └── WorkerInterrupted               the worker shut down mid-attempt: the job goes back (C38)
     Exception
@@ -57,12 +58,14 @@ into a retry or, worse, a success (C20). Everything else is an ordinary
         │   ├── CancelRequested               a notice from the store: the run's cancellation was requested (C34)
         │   ├── CorruptRecord                 a stored row that cannot be read: dead-lettered at once
         │   ├── UnknownRun (LookupError)      no run has that run key
-        │   └── UnknownDeadLetter (LookupError)  no dead letter has that id
+        │   ├── UnknownDeadLetter (LookupError)  no dead letter has that id
+        │   └── UnknownStep (LookupError)     no step of the run has that key
         └── OperationError                    an operator action failed (``flexiq`` exits 1)
             ├── NoPublisher                   no integration to re-publish a framework's jobs
             ├── PublishFailed                 the broker refused a re-publish
             ├── AlreadyRetried                the dead letter's run has moved on
-            └── RunCompensated                the dead letter's run was compensated: retry it only from a step
+            ├── RunCompensated                the dead letter's run was compensated: retry it only from a step
+            └── InvalidForkStep (ValueError)  a run cannot be forked from that step (C50)
 
 The tree is exact: each error defined here appears once, under its first
 base, with its other bases in parentheses (a test checks it against the
@@ -88,6 +91,7 @@ from datetime import datetime
 __all__ = [
     "AlreadyRetried",
     "CancelRequested",
+    "CheckStopped",
     "ClaimLost",
     "ClaimRefused",
     "CodecError",
@@ -104,6 +108,7 @@ __all__ = [
     "FlexiqError",
     "InvalidDuration",
     "InvalidEvent",
+    "InvalidForkStep",
     "InvalidRunKey",
     "InvalidStepBody",
     "InvalidStepKey",
@@ -140,6 +145,7 @@ __all__ = [
     "SwallowedStepSignal",
     "UnknownDeadLetter",
     "UnknownRun",
+    "UnknownStep",
     "UnsupportedInEagerMode",
     "WorkerInterrupted",
     "classify",
@@ -256,12 +262,42 @@ class ReplayStopped(StepSignal):
     """
 
 
+class CheckStopped(ReplayStopped):
+    """A check of new code against a run's record reached the first step past the record (C48).
+
+    In check mode every recorded step is a memo hit and nothing is written: a
+    step that never ran ends the check there, and the run is compatible with
+    the code up to that point. Never an error.
+
+    Parameters:
+      step_key (str): the first step past the record, e.g. ``"receipt#0"``.
+    """
+
+    def __init__(self, step_key: str, job_label: str = "the run") -> None:
+        super().__init__(f"the check of {job_label} stopped at {step_key!r}, the first step past its record")
+        self.step_key = step_key
+
+
 class StepDivergence(StepSignal):
     """The running step sequence differs from the recorded one (C12).
 
     Never retried: the job is dead-lettered (C13). The message names the job,
     the position, both sequences and the step that changed.
+
+    Parameters:
+      message (str): the message.
+      position (int | None): the recorded position where the sequences part.
+      recorded (str | None): the step recorded there.
+      running (str | None): the step the running code asked for there.
     """
+
+    def __init__(
+        self, message: str, *, position: int | None = None, recorded: str | None = None, running: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.position = position
+        self.recorded = recorded
+        self.running = running
 
 
 class WorkerInterrupted(BaseException):
@@ -640,6 +676,10 @@ class UnknownDeadLetter(StoreError, LookupError):
     """No dead letter has the given id."""
 
 
+class UnknownStep(StoreError, LookupError):
+    """The run has no step with the given key; the message lists the keys it accepts (C50)."""
+
+
 class OperationError(FlexiqError):
     """An operator action could not be carried out (the ``flexiq`` CLI exits 1)."""
 
@@ -661,6 +701,15 @@ class RunCompensated(OperationError):
 
     Retrying it would only replay the compensation; retry it from a step
     (``--reset-from``) to run the job again.
+    """
+
+
+class InvalidForkStep(OperationError, ValueError):
+    """A run cannot be forked from that step: it is not a step of the body that runs again (C50).
+
+    Only ``run``, ``sleep`` and ``wait`` steps of the body qualify, not what a
+    wait received (``event:…``), a patch marker or a compensation's rows. The
+    message lists the keys that do. Nothing is written.
     """
 
 

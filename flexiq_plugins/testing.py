@@ -33,6 +33,15 @@ is [`AttemptResult.waiting`][flexiq_plugins.testing.AttemptResult.waiting];
 [`DurableRun.cancel`][flexiq_plugins.testing.DurableRun.cancel] cancels the run as ``flexiq runs cancel`` does (the next
 attempt then runs the undos).
 
+Before a deploy, [`check_runs`][flexiq_plugins.testing.check_runs] checks new code against the runs in
+flight (C48), from the store or from a file ``flexiq runs export`` wrote; a CI test:
+
+    from flexiq_plugins.testing import check_runs
+
+    def test_new_code_replays_the_runs_in_flight():
+        report = check_runs("tests/data/runs.json", app)   # or a store; app: a Celery app or Dramatiq broker
+        assert report.ok, [c.message for c in report.failed]
+
 The pytest plugin ([`flexiq_plugins.pytest_plugin`][flexiq_plugins.pytest_plugin], loaded through the
 ``pytest11`` entry point) gives the fixtures ``flexiq_clock``,
 ``flexiq_store`` and ``durable_run``. Nothing here imports a framework: a
@@ -42,7 +51,6 @@ installed adapter ([`task_body`][flexiq_plugins.integration.Adapter.task_body]).
 
 from __future__ import annotations
 
-import inspect
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,11 +59,13 @@ from typing import Any
 from ._attempt import decisions
 from ._attempt.attempt import Attempt
 from ._attempt.cancellation import CancelResult
+from ._attempt.check import RunCheck
 from ._attempt.driver import AttemptDriver
 from ._attempt.job import JobInfo
 from ._delivery.cancel import cancel_run
+from ._delivery.deploys import CheckReport, check_runs
 from ._delivery.events import EventSent, send_event
-from ._delivery.registry import all_adapters
+from ._delivery.tasks import task_body
 from ._model.config import DurableConfig
 from ._model.durations import parse_duration
 from ._model.policies import CancellationPolicy, RetryPolicy, cancellation_option, retry_policy_option
@@ -63,7 +73,17 @@ from ._model.records import DeadLetterRecord, JobEnvelope, RunRecord, StepAttemp
 from ._store.base import StepStore
 from ._store.memory import MemoryStepStore
 
-__all__ = ["START", "AttemptResult", "DurableRun", "FakeClock", "SimulatedCrash", "task_body"]
+__all__ = [
+    "START",
+    "AttemptResult",
+    "CheckReport",
+    "DurableRun",
+    "FakeClock",
+    "RunCheck",
+    "SimulatedCrash",
+    "check_runs",
+    "task_body",
+]
 
 START = 1_700_000_000.0
 """Where a [`FakeClock`][flexiq_plugins.testing.FakeClock] starts, epoch seconds (2023-11-14 22:13:20 UTC)."""
@@ -166,21 +186,6 @@ class AttemptResult:
         if isinstance(self.decision, (decisions.Failure, decisions.DeadLetter)):
             return self.decision.error
         return None
-
-
-def task_body(task: Callable[..., Any]) -> Callable[..., Any]:
-    """The plain function of ``task``: a Celery task's ``run``, a Dramatiq actor's own function.
-
-    A plain function is returned as it is. Other objects are offered to the
-    installed adapters.
-    """
-    if inspect.isfunction(task) or inspect.ismethod(task):
-        return task
-    for adapter in all_adapters():
-        body = adapter.task_body(task)
-        if body is not None:
-            return body
-    return task
 
 
 def _option_of(task: object, name: str) -> object:

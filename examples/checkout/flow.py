@@ -12,6 +12,10 @@ is refunded, once, with an idempotency key of its own.
 In the ``--wait-payment`` variant the checkout waits, after the charge, for
 the bank's "payment confirmed" event (C33): the attempt ends and frees the
 worker; the demo's driver sends the event, which wakes the run at once.
+
+``flexiq check --app examples.checkout.celery_app:app`` checks new code of
+this task against the runs in flight (C48); the journal lines written between
+steps are skipped then (``current_job.checking``). See ``docs/deploying.md``.
 """
 
 from __future__ import annotations
@@ -44,11 +48,11 @@ journal = Journal()
 def checkout(order_id: str, amount_cents: int) -> str:
     """Charge the card once, wait, then send the receipt; return the charge id."""
     step = current_job.step
-    journal.write(f"attempt {current_job.attempt} started (job id {current_job.job_id}, pid {os.getpid()})")
+    _note(f"attempt {current_job.attempt} started (job id {current_job.job_id}, pid {os.getpid()})")
 
     def charge() -> dict[str, Any]:
         key = step.idempotency_key
-        journal.write(f"  charge: calling the payment API with idempotency key {key}")
+        _note(f"  charge: calling the payment API with idempotency key {key}")
         return Payments().charge(order_id, amount_cents, idempotency_key=key)
 
     result = _tracked("charge", charge, compensate=Compensation(refund, name="refund"))
@@ -60,16 +64,26 @@ def checkout(order_id: str, amount_cents: int) -> str:
     try:
         _tracked("ship", lambda: Carrier().ship(order_id)[1], retry=SHIP_RETRY)
     except StepRetryExhausted as exc:
-        journal.write(f"  ship: budget spent after {exc.attempts} tries; the run fails for good, refunding")
+        _note(f"  ship: budget spent after {exc.attempts} tries; the run fails for good, refunding")
         raise
-    journal.write(f"attempt {current_job.attempt} finished: order {order_id} charged as {result['id']}")
+    _note(f"attempt {current_job.attempt} finished: order {order_id} charged as {result['id']}")
     return str(result["id"])
+
+
+def _note(line: str) -> None:
+    """Write ``line`` to the demo's journal, unless a check of new code runs the body (``flexiq check``, C48).
+
+    A check replays the recorded steps and runs the code between them: the
+    journal is a side effect the check must not have.
+    """
+    if not current_job.checking:
+        journal.write(line)
 
 
 def refund(charge: dict[str, Any]) -> str:
     """The charge's compensation: refund it, with the undo's own idempotency key (C32)."""
     key = current_job.step.idempotency_key
-    journal.write(f"  refund: undoing charge {charge['id']} with idempotency key {key}")
+    _note(f"  refund: undoing charge {charge['id']} with idempotency key {key}")
     return Payments().refund(str(charge["id"]), idempotency_key=key)
 
 
@@ -83,11 +97,11 @@ def _tracked(name: str, fn: Callable[[], T], **options: Any) -> T:
             return fn()
         except Exception as exc:
             retry = "the step's retry budget decides" if "retry" in options else "the task will retry"
-            journal.write(f"  {name}: failed ({exc}); nothing committed, {retry}")
+            _note(f"  {name}: failed ({exc}); nothing committed, {retry}")
             raise
 
     value: T = current_job.step.run(name, body, **options)
-    journal.write(f"  {name}: {'ran and committed' if ran else 'memo hit, body not called'}")
+    _note(f"  {name}: {'ran and committed' if ran else 'memo hit, body not called'}")
     return value
 
 
@@ -96,9 +110,9 @@ def _tracked_sleep(seconds: float) -> None:
         current_job.step.sleep(seconds, name="cool_off")
     except SleepSignal as signal:
         wait = signal.wake_at - time.time()
-        journal.write(f"  cool_off: sleeping {wait:.1f}s; the attempt ends and the worker is free")
+        _note(f"  cool_off: sleeping {wait:.1f}s; the attempt ends and the worker is free")
         raise
-    journal.write("  cool_off: wake time reached, carrying on")
+    _note("  cool_off: wake time reached, carrying on")
 
 
 def _await_confirmation(order_id: str) -> None:
@@ -106,15 +120,15 @@ def _await_confirmation(order_id: str) -> None:
     try:
         confirmed = current_job.step.wait_for_event(PAYMENT_CONFIRMED, key=order_id, timeout="10m")
     except EventWaitSignal:
-        journal.write(f"  {WAITING_LINE}; the attempt ends and the worker is free")
+        _note(f"  {WAITING_LINE}; the attempt ends and the worker is free")
         raise
-    journal.write(f"  payment: confirmed by the bank ({confirmed})")
+    _note(f"  payment: confirmed by the bank ({confirmed})")
 
 
 def _crash_point() -> None:
     """In ``--crash`` mode, stop here (after the charge commit) so the demo can SIGKILL the worker."""
     flag = os.environ.get("FLEXIQ_DEMO_DIR", ".") + "/crash-armed"
-    if os.path.exists(flag):
+    if os.path.exists(flag) and not current_job.checking:
         os.remove(flag)
-        journal.write(f"  CRASH POINT: charge committed; waiting to be killed (pid {os.getpid()})")
+        _note(f"  CRASH POINT: charge committed; waiting to be killed (pid {os.getpid()})")
         time.sleep(120)

@@ -141,6 +141,13 @@ class Adapter(Protocol):
         Used by [`flexiq_plugins.testing`][flexiq_plugins.testing] to run a body without a worker.
         """
 
+    def tasks(self, target: object) -> Mapping[str, object]:
+        """The tasks (or actors) of ``target``, an app or broker this adapter owns, by the name runs record.
+
+        Used by the deploy check ([`check_runs`][flexiq_plugins.operations.check_runs]) to find the new
+        body of each run's task (C48); each is then turned into its plain function with `task_body`.
+        """
+
 
 _lock = threading.Lock()
 _registered: dict[str, Adapter] = {}

@@ -21,6 +21,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import NoReturn
 
 from ..errors import DuplicateStepKey, InvalidRunKey, InvalidStepKey, InvalidStepName, StepDivergence
 from .records import StepKind, StepRow
@@ -120,7 +121,7 @@ class StepId:
       name (str): the validated name.
       key (str | None): the validated explicit key, if any.
       step_key (str): ``name#n`` or ``name:key``.
-      kind (str): ``"run"`` or ``"sleep"``.
+      kind (str): the step's kind (`StepKind`).
     """
 
     name: str
@@ -210,7 +211,49 @@ class Sequence:
             f"  step {row.position} was {was!r}, now {now!r}\n"
             "A memoized result would answer a different question than the step asking for it. "
             "Drain or dead-letter this task's in-flight jobs before deploying a change to its "
-            "step sequence."
+            "step sequence, or keep the old sequence for them behind step.patched(...).",
+            position=row.position,
+            recorded=was,
+            running=now,
+        )
+
+    def entered(self, step_key: str) -> bool:
+        """Whether this attempt has already entered the step ``step_key``."""
+        return step_key in self._seen
+
+    def first_unreached(self) -> StepRow | None:
+        """The first recorded row this attempt has not reached yet, or ``None`` once it is past its record.
+
+        Patch markers and the compensation row are not steps of the body's
+        path and are left aside (C32, C49): a run with such a row left is
+        still past its record. ``step.patched`` reads this: a run that has
+        recorded steps still ahead of the point where it asks passed that
+        point before the patch existed.
+        """
+        for row in self.recorded:
+            if row.kind not in _OFF_PATH and row.step_key not in self._seen:
+                return row
+        return None
+
+    def diverge_from_patch(self, patch_id: str, row: StepRow) -> NoReturn:
+        """Raise [`StepDivergence`][flexiq_plugins.errors.StepDivergence]: the run took the old branch of patch
+        ``patch_id``, which ``step.deprecate_patch`` says is gone (C49).
+
+        Parameters:
+          patch_id (str): the patch.
+          row (StepRow): the first recorded row past the patch point (`first_unreached`).
+        """
+        raise StepDivergence(
+            f"step sequence changed for {self._job} at position {row.position}\n"
+            f"  recorded: {', '.join(r.step_key for r in self.recorded)}\n"
+            f"  running:  {', '.join([*self.running, f'patch:{patch_id}'])}\n"
+            f"  the run passed this point on the old branch of patch {patch_id!r} (step {row.position} is "
+            f"{row.step_key!r}, recorded before the patch), and step.deprecate_patch({patch_id!r}) says that "
+            "branch is gone. Keep step.patched(...) with its old branch until `flexiq check` reports no run "
+            "on it.",
+            position=row.position,
+            recorded=row.step_key,
+            running=f"patch:{patch_id}",
         )
 
     def abandon(self, step: StepId) -> None:
@@ -243,6 +286,10 @@ class Sequence:
 
 def _is_keyed(step_key: str) -> bool:
     return ":" in step_key
+
+
+_OFF_PATH = frozenset({"patch", "compensation"})
+"""Kinds of rows that mark the run rather than record a step of the body's path."""
 
 
 MAX_RUN_KEY_LENGTH = 255

@@ -90,13 +90,14 @@ CLEANABLE_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelle
 purged (C27)."""
 
 
-StepKind = Literal["run", "sleep", "compensation", "wait", "event", "map"]
+StepKind = Literal["run", "sleep", "compensation", "wait", "event", "map", "patch"]
 """``run`` (``step.run``, each undo ``compensate:<step key>``, and each item
 ``name:key`` of a step map), ``sleep``, ``compensation``: the row that records
 why a run is being compensated (C32), ``wait``: the start of
 ``step.wait_for_event`` (its deadline), ``event``: what the wait received,
-``event:<wait step key>`` (C33), and ``map``: the entry ``name#n`` of a step
-map in the sequence, with no value (C51)."""
+``event:<wait step key>`` (C33), ``map``: the entry ``name#n`` of a step
+map in the sequence, with no value (C51), and ``patch``: the marker
+``patch:<id>`` of a run that took the new branch of ``step.patched(id)`` (C49)."""
 
 
 StepAttemptEnd = Literal["lost", "failed", "exhausted", "non_retryable"]
@@ -179,7 +180,7 @@ class StepRow:
     Parameters:
       position (int): 0-based index in the run's recorded sequence.
       step_key (str): ``name#n`` or ``name:key`` (C1).
-      kind (str): ``"run"`` or ``"sleep"``.
+      kind (str): ``"run"``, ``"sleep"``, ``"wait"``, ``"event"``, ``"compensation"`` or ``"patch"``.
       value (bytes | None): the encoded value of a ``run`` step.
       wake_at (float | None): a ``sleep`` step's wake time, epoch seconds.
       committed_at (float | None): commit time, epoch seconds, store clock

@@ -25,6 +25,7 @@ from .._store.caller import caller_transaction
 from ..errors import InvalidStepBody, InvalidStepName, InvalidWakeTime, NoCurrentJob, NotInStep
 from .journal import StepJournal, adrive, back_in_steps, current_step_key, drive, leave_steps, outside_steps
 from .map import plan_map
+from .patch import deprecate_patch, patched
 from .run import StepRunVerb, compensation_of, retry_of
 from .sleep import SleepVerb
 from .transaction import TransactionVerb
@@ -374,6 +375,54 @@ class StepContext:
                 raise InvalidStepName(f"{exc}; the wait's step name defaults to its topic: pass name=...") from None
         return WaitVerb(seconds), name
 
+    # ----------------------------------------------------------- patches
+    def patched(self, patch_id: str) -> bool:
+        """Whether this run takes the new branch of a change to the step sequence (C49).
+
+        Write a change that would break runs already in flight as
+        ``if step.patched("audit-v2"): <new steps> else: <old steps>``. A run
+        that reaches this point for the first time gets ``True``, and a
+        marker step ``patch:audit-v2`` is recorded here, so its replays get
+        ``True`` too. A run whose record already goes past this point (it
+        passed it before the patch was deployed) gets ``False``: nothing is
+        recorded, and it replays its old steps without a divergence. The keys
+        of every other step are unchanged (C1). Works the same in sync and
+        async bodies.
+
+        Parameters:
+          patch_id (str): names the change: a non-empty str of at most 256 bytes, no control characters.
+
+        Returns:
+          bool: ``True`` for the new branch, ``False`` for the old one; the same
+          answer when asked again in one attempt.
+
+        Raises:
+          InvalidStepKey: a bad ``patch_id``, before anything runs.
+          DuplicateStepKey: a step of this attempt already took the key ``patch:<patch_id>``.
+          ConcurrentStep: called while another step of this attempt is uncommitted (C8).
+          StepDivergence: the record holds a step of another kind under ``patch:<patch_id>`` (C12).
+        """
+        return patched(self._journal, patch_id)
+
+    def deprecate_patch(self, patch_id: str) -> None:
+        """Say the old branch of ``step.patched(patch_id)`` is gone: only the new code remains (C49).
+
+        Replace ``if step.patched(id): <new> else: <old>`` by
+        ``step.deprecate_patch(id)`` followed by ``<new>`` once no run is on the
+        old branch (``flexiq check`` says when). A run that recorded the marker
+        replays it; a new run records nothing; a run still on the old branch
+        diverges (C12) rather than run new steps against old records. After
+        every run that recorded the marker has finished, the call can go too.
+
+        Parameters:
+          patch_id (str): the id given to ``step.patched``.
+
+        Raises:
+          InvalidStepKey: a bad ``patch_id``.
+          StepDivergence: this run passed this point on the old branch (dead-lettered, C13).
+        """
+        deprecate_patch(self._journal, patch_id)
+
     # ----------------------------------------------------- idempotency
     @property
     def idempotency_key(self) -> str:
@@ -403,6 +452,9 @@ class JobContext:
       attempt (int): this attempt's number, 1 for the first.
       task_name (str): the task or actor name.
       step (StepContext): the step API.
+      checking (bool): the body runs in check mode against the run's record
+        (``flexiq check``, C48): recorded steps replay, no step body runs and
+        nothing is written.
 
     Parameters:
       run_key (str): as the attributes.
@@ -413,6 +465,7 @@ class JobContext:
       claim (Callable[[], None] | None): claims the run, called at the first read of
         [`step`][flexiq_plugins.JobContext.step] or [`attempt`][flexiq_plugins.JobContext.attempt] while there is no
         journal (a lazy claim); it calls `bind`, or raises [`ClaimRefused`][flexiq_plugins.errors.ClaimRefused].
+      checking (bool): as the attributes.
     """
 
     def __init__(
@@ -424,10 +477,12 @@ class JobContext:
         journal: StepJournal | None,
         *,
         claim: Callable[[], None] | None = None,
+        checking: bool = False,
     ) -> None:
         self.run_key = run_key
         self.job_id = job_id
         self.task_name = task_name
+        self.checking = checking
         self._claim = claim
         self._attempt = attempt
         self._step = None if journal is None else StepContext(journal, run_key)
@@ -531,6 +586,16 @@ class _CurrentJob:
     def task_name(self) -> str:
         """The task or actor name."""
         return self._require().task_name
+
+    @property
+    def checking(self) -> bool:
+        """Whether the body runs in check mode (``flexiq check``, C48): steps replay, nothing is written.
+
+        Code between steps does run in a check. Keep it free of side effects;
+        the rare body that cannot (it sends a message between two steps) skips
+        them with ``if not current_job.checking: ...``.
+        """
+        return self._require().checking
 
     def __bool__(self) -> bool:
         return _job.get() is not None

@@ -33,6 +33,12 @@ fenced transaction, each under the same caps. The concurrency of the items'
 bodies is the verb's (`flexiq_plugins._steps.map`); the journal only sees its
 commits, all from the thread that called the map.
 
+A check of new code against a run's record (C48, `StepJournal.checking`)
+is replayed the same way too, over a writer that refuses every write: it
+stops at the first step past the record with
+[`CheckStopped`][flexiq_plugins.errors.CheckStopped], and a step that differs
+from the record raises the divergence a worker would.
+
 A cancelled run (C34, `StepJournal.cancellation`) is replayed the same
 way and stops with [`RunCancelled`][flexiq_plugins.errors.RunCancelled] instead. A
 cancellation requested while the attempt runs reaches the journal as a notice
@@ -60,6 +66,7 @@ from .._model.records import EventPoll, StepAttemptBegin, StepAttemptFailed, Ste
 from .._store.caller import CallerConnection, CallerTransaction, open_transactions
 from ..errors import (
     CancelRequested,
+    CheckStopped,
     ConcurrentStep,
     CorruptRecord,
     DecodeError,
@@ -208,6 +215,11 @@ class StepJournal:
         duration cap (epoch seconds) and the reason to cancel it then (C34).
       ignore_cancel (bool): the undos are running: a cancellation requested
         meanwhile does not stop them.
+      checking (bool): the body is checked against the run's record (C48):
+        recorded steps replay, the first step that never ran stops the body
+        with [`CheckStopped`][flexiq_plugins.errors.CheckStopped], and nothing is written.
+      patches (dict[str, bool]): what each ``step.patched(id)`` of this
+        attempt answered, by patch id (C49).
     """
 
     def __init__(
@@ -228,6 +240,8 @@ class StepJournal:
         self.cancellation: RunCancelled | None = None
         self.run_deadline: tuple[float, str] | None = None
         self.ignore_cancel = False
+        self.checking = False
+        self.patches: dict[str, bool] = {}
         self._cancel_noticed = False
         self._writer = writer
         self._codec = codec
@@ -295,13 +309,14 @@ class StepJournal:
             self.refuse(self.cancellation)
 
     def check_new_step(self, step: Step) -> None:
-        """Let a step that never ran start, unless the run is being compensated or is cancelled (C32, C34).
+        """Let a step that never ran start, unless the run is being checked, compensated or is cancelled.
 
-        Raises [`ReplayStopped`][flexiq_plugins.errors.ReplayStopped] during a compensation replay, the
+        Raises [`CheckStopped`][flexiq_plugins.errors.CheckStopped] in check mode (C48),
+        [`ReplayStopped`][flexiq_plugins.errors.ReplayStopped] during a compensation replay (C32), the
         run's [`RunCancelled`][flexiq_plugins.errors.RunCancelled] once it is cancelled or past its duration
-        cap; both latched.
+        cap (C34); all latched.
         """
-        if self.replay_only or self.cancellation is not None:
+        if self.replay_only or self.checking or self.cancellation is not None:
             self._stop_replay(step)
         if self.run_deadline is not None and self.now() >= self.run_deadline[0]:
             self.cancellation = RunCancelled(self.run_deadline[1])
@@ -624,14 +639,16 @@ class StepJournal:
         store's clock (C15, C17).
 
         During a compensation replay a sleep that is not due stops the body
-        instead (C32), and so it does in a cancelled run (C34).
+        instead (C32), and so it does in a cancelled run (C34) and in check mode (C48).
         """
         if wake_at > self.now():
-            if self.replay_only or self.cancellation is not None:
+            if self.replay_only or self.checking or self.cancellation is not None:
                 self._stop_replay(step)
             self.refuse(SleepSignal(step.id.step_key, wake_at))
 
     def _stop_replay(self, step: Step) -> NoReturn:
+        if self.checking:
+            self.refuse(CheckStopped(step.id.step_key, self.job_label))
         if self.replay_only or self.cancellation is None:
             self.refuse(ReplayStopped(f"the compensation replay of {self.job_label} stopped at {step.id.step_key!r}"))
         self.refuse(self.cancellation)

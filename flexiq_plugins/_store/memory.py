@@ -37,7 +37,7 @@ from .._model.records import (
     StepAttemptFailure,
     StepRow,
 )
-from ..errors import CancelRequested, UnknownDeadLetter, UnknownRun
+from ..errors import CancelRequested, InvalidRunKey, UnknownDeadLetter, UnknownRun
 from .base import StepStore
 from .claims import (
     Granted,
@@ -50,6 +50,7 @@ from .claims import (
     may_take_sweep_lease,
 )
 from .events import consumed_event_ids, first_receivable, poll_result, wakes
+from .forks import fork_position
 from .step_attempts import close_lost, decide_step_attempt, failed_attempt, retry_cut_position
 
 if TYPE_CHECKING:
@@ -501,6 +502,27 @@ class MemoryStepStore(StepStore):
             dead = dataclasses.replace(dead, retried_at=now)
             self._dead[dead.id] = dead
             return dead
+
+    def fork_run(self, run_key: str, from_step: str, new_run_key: str) -> RunRecord:
+        """See `OperatorStore.fork_run`."""
+        with self._lock:
+            run = self.get_run(run_key)
+            if new_run_key in self._runs:
+                raise InvalidRunKey(f"a run with the key {new_run_key!r} exists already; a fork needs a new one")
+            steps = self.get_steps(run_key)
+            cut = fork_position(steps, from_step, run_key)
+            copied = [s for s in steps if s.position < cut]
+            now = self.now()
+            forked = dataclasses.replace(
+                self._new_run(new_run_key, run.envelope, now),
+                status="queued",
+                wake_at=now,
+                step_count=len(copied),
+                step_bytes=sum(s.size for s in copied),
+            )
+            self._runs[new_run_key] = forked
+            self._steps[new_run_key] = copied
+            return forked
 
     def purge_dead_letters(self, ids: Sequence[int] | None = None) -> int:
         """See `StepStore.purge_dead_letters`."""

@@ -19,7 +19,7 @@ from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 from .._model.listings import ListedEvent, RunCursor, RunFilter, RunGroup, RunOrder, SweepLease
-from .._model.records import DeadLetterRecord, EventRecord, RunRecord, SentEvent, StepAttempt
+from .._model.records import DeadLetterRecord, EventRecord, RunRecord, SentEvent, StepAttempt, StepRow
 from .reads import StoreReads
 
 __all__ = ["OperatorStore"]
@@ -54,6 +54,14 @@ class OperatorStore(StoreReads):
         """
         return {status: len(self.list_runs(status=status, limit=_COUNT_ALL)) for status in statuses}
 
+    def get_steps_of(self, run_keys: Sequence[str]) -> dict[str, list[StepRow]]:
+        """Return the step rows of each of ``run_keys``, by position; a run without steps maps to ``[]``.
+
+        What a check of new code over many runs reads (C48). This default asks
+        `get_steps` once per run; the SQL store reads them in a few queries.
+        """
+        return {key: self.get_steps(key) for key in run_keys}
+
     @abc.abstractmethod
     def get_step_attempts(self, run_key: str) -> list[StepAttempt]:
         """Return the run's step attempts, ordered by ``started_at`` then number (empty if none)."""
@@ -80,6 +88,35 @@ class OperatorStore(StoreReads):
         run, C31) and every later position are deleted, if there is one. The
         step attempts of deleted steps go with them, so a retried step has its
         whole budget again. Returns the dead letter (with ``retried_at`` set).
+        """
+
+    # ---------------------------------------------------------------- forks
+    @abc.abstractmethod
+    def fork_run(self, run_key: str, from_step: str, new_run_key: str) -> RunRecord:
+        """Make a new run from the steps ``run_key`` recorded before ``from_step`` (C50).
+
+        One transaction: the run ``new_run_key`` is inserted ``queued`` (due
+        now, no job id yet, the old run's envelope), with a copy of every step
+        row of ``run_key`` at a position before ``from_step``'s (same
+        positions, keys, kinds, values, wake and commit times); its step count
+        and byte total are theirs. Step attempts are not copied. The old run is
+        not changed. ``from_step`` must be a ``run``, ``sleep`` or ``wait`` step
+        of the body, recorded before any compensation (`flexiq_plugins._store.forks`).
+        Nothing is written when it raises.
+
+        Parameters:
+          run_key (str): the run to fork.
+          from_step (str): the first step the new run runs again.
+          new_run_key (str): the new run's key; no run may have it.
+
+        Returns:
+          RunRecord: the new run.
+
+        Raises:
+          UnknownRun: no run has ``run_key``.
+          UnknownStep: it has no step ``from_step`` (the message lists the valid ones).
+          InvalidForkStep: ``from_step`` is a step of another kind (the message lists the valid ones).
+          InvalidRunKey: a run has ``new_run_key`` already.
         """
 
     @abc.abstractmethod

@@ -1,7 +1,7 @@
 """The ``flexiq`` root command: global options, and expected errors turned into exit codes.
 
 Every expected error ends the command with one line on stderr and a
-documented exit code, never a traceback: an unknown run key or dead-letter id
+documented exit code, never a traceback: an unknown run key, step key or dead-letter id
 exits 3, a usage mistake 2, a store or broker failure 1 (a store that refuses
 its configuration, ``StoreMisconfigured``, included: the command line was fine). Anything else is a
 bug and keeps its traceback.
@@ -21,11 +21,14 @@ from ..errors import (
     StoreUnavailable,
     UnknownDeadLetter,
     UnknownRun,
+    UnknownStep,
 )
 from ..operations import NoPublisher, OperationError
+from ._check import check_command, export_command
 from ._dashboard import dashboard_command
 from ._dlq import dlq
 from ._events import events
+from ._fork import fork_command
 from ._recover import recover_command
 from ._runs import runs
 from ._state import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_USAGE, CliState, failure, store_env_help
@@ -36,6 +39,7 @@ __all__ = ["cli", "main"]
 _EXIT_CODES: tuple[tuple[type[Exception], int], ...] = (
     (UnknownRun, EXIT_NOT_FOUND),
     (UnknownDeadLetter, EXIT_NOT_FOUND),
+    (UnknownStep, EXIT_NOT_FOUND),
     (NoPublisher, EXIT_USAGE),
     (StoreMisconfigured, EXIT_FAILED),  # a ConfigurationError too, but of the store, not of the command line
     (ConfigurationError, EXIT_USAGE),
@@ -71,17 +75,21 @@ class _Flexiq(click.Group):
 @click.version_option(version=__version__, prog_name="flexiq")
 @click.pass_context
 def cli(ctx: click.Context, store_url: str | None, app_ref: str | None, broker_ref: str | None) -> None:
-    """Operate durable runs: inspect and cancel runs, send events, retry dead letters, recover jobs, maintain the
-    store, serve the dashboard.
+    """Operate durable runs: inspect, cancel and fork runs, send events, retry dead letters, recover jobs, check
+    new code against the runs in flight, maintain the store, serve the dashboard.
 
-    Exit codes: 0 ok, 1 operation failed, 2 usage error, 3 not found.
+    Exit codes: 0 ok, 1 operation failed (or: flexiq check found runs the new code would break), 2 usage error,
+    3 not found.
     """
     state = ctx.ensure_object(CliState)
     state.store_url, state.app_ref, state.broker_ref = store_url, app_ref, broker_ref
     ctx.call_on_close(state.close)
 
 
+runs.add_command(export_command)
+runs.add_command(fork_command)
 cli.add_command(runs)
+cli.add_command(check_command)
 cli.add_command(dlq)
 cli.add_command(events)
 cli.add_command(recover_command)

@@ -25,14 +25,20 @@ an admin page can call them directly with any [`StepStore`][flexiq_plugins.StepS
   [`bulk_cancel`][flexiq_plugins.operations.bulk_cancel]), and the words both surfaces use
   ([`run_note`][flexiq_plugins.operations.run_note], [`steps_note`][flexiq_plugins.operations.steps_note],
   [`retried_note`][flexiq_plugins.operations.retried_note], [`human_time`][flexiq_plugins.operations.human_time]).
+- deploys: [`check_runs`][flexiq_plugins.operations.check_runs] (new code against the runs in flight, C48),
+  [`export_runs`][flexiq_plugins.operations.export_runs] (their records, for a check in CI) and
+  [`fork_run`][flexiq_plugins.operations.fork_run] (run a job again from a step, C50).
 
 Re-publishing goes through the job's own framework adapter, found in
 `flexiq_plugins._delivery.registry`: a new job id carrying the old run key (C11,
 C36), so the run replays its committed steps and keeps its idempotency keys.
 """
 
+from .._attempt.check import RunCheck
 from .._delivery.cancel import DEFAULT_CANCEL_REASON, CancelResult, cancel_run
+from .._delivery.deploys import CheckReport, DivergenceGroup, PatchUse, TaskReport, check_runs, export_runs
 from .._delivery.events import EventSent, cleanup_events, send_event, wake_run
+from .._delivery.forking import Forked, fork_run
 from .._delivery.publishing import DEFAULT_TARGET_ATTRS, load_object, publishers_for
 from .._delivery.recovery import (
     DEFAULT_GRACE_SECONDS,
@@ -80,20 +86,25 @@ __all__ = [
     "BulkPlan",
     "BulkResult",
     "CancelResult",
+    "CheckReport",
     "DeadLetterPage",
     "DecodedValue",
     "Divergence",
+    "DivergenceGroup",
     "DivergenceLine",
     "EventPage",
     "EventSent",
+    "Forked",
     "ListedEvent",
     "NoPublisher",
     "OperationError",
     "Overview",
+    "PatchUse",
     "PublishFailed",
     "Publisher",
     "RecoveryReport",
     "Retried",
+    "RunCheck",
     "RunCursor",
     "RunDetails",
     "RunFilter",
@@ -101,8 +112,9 @@ __all__ = [
     "RunPage",
     "RunTimeline",
     "Stranded",
-    "Sweeper",
     "SweepLease",
+    "Sweeper",
+    "TaskReport",
     "TimelineStep",
     "browse_dead_letters",
     "browse_events",
@@ -110,12 +122,15 @@ __all__ = [
     "bulk_cancel",
     "bulk_retry",
     "cancel_run",
+    "check_runs",
     "cleanup",
     "cleanup_events",
     "decode_step_value",
     "decode_value",
     "divergence_of",
+    "export_runs",
     "find_stranded",
+    "fork_run",
     "human_time",
     "list_runs",
     "load_object",

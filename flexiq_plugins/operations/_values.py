@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .._delivery.registry import ValueReader, value_reader
-from .._model.codec import CodecChain, FunctionSerializer, JsonSerializer, ZlibCodec
+from .._delivery.readers import chain_name, reader_chain
+from .._model.codec import CodecChain
 from .._model.records import StepRow
 from ..errors import DecodeError
 
@@ -39,9 +39,6 @@ class DecodedValue:
     value: Any = None
     note: str = ""
     encrypted: bool = False
-
-
-_CORE_READERS: dict[str, ValueReader] = {"json": JsonSerializer().loads}
 
 
 def decode_step_value(row: StepRow, codec: CodecChain | None = None) -> DecodedValue:
@@ -75,9 +72,9 @@ def decode_value(stored: bytes, codec: CodecChain | None = None, *, what: str = 
       codec (CodecChain | None): the chain the workers use, if known.
       what (str): names the value in a decoding error (a step key).
     """
-    chain = codec or _reader_for(stored)
+    chain = codec or reader_chain(stored)
     if chain is None:
-        name = _chain_name(stored)
+        name = chain_name(stored)
         if any(c != "zlib" for c in name.split("|")[1:]):
             return DecodedValue(False, note=f"encrypted by {name!r}; pass --codec to decode it", encrypted=True)
         return DecodedValue(False, note=f"stored by {name!r}; pass --codec to decode it")
@@ -89,20 +86,3 @@ def decode_value(stored: bytes, codec: CodecChain | None = None, *, what: str = 
 
 _NO_VALUE = {"sleep": "no value (a sleep)", "map": "no value (a step map's entry: its items hold the values)"}
 """What a row of a kind that stores no value says instead."""
-
-
-def _chain_name(stored: bytes) -> str:
-    header = stored.partition(b"\n")[0].decode(errors="replace")
-    return header.partition("|")[2] if header.startswith("FQ1|") else "unknown"
-
-
-def _reader_for(stored: bytes) -> CodecChain | None:
-    serializer, *codecs = _chain_name(stored).split("|")
-    loads = _CORE_READERS.get(serializer) or value_reader(serializer)
-    if loads is None or any(c != "zlib" for c in codecs):
-        return None
-    return CodecChain(FunctionSerializer(serializer, _no_dump, loads), [ZlibCodec() for _ in codecs])
-
-
-def _no_dump(value: Any) -> bytes:
-    raise TypeError("a display reader does not encode")

@@ -6,6 +6,7 @@
   its set-based SQL on each database, and prints every operation's ratio;
 - ``bench_store --cleanup-check N`` leaves the tables where they started;
 - ``bench_cpu`` prints the client's and the server's CPU per operation;
+- ``bench_check`` fills N runs in flight and prints what the check found;
 - ``bench_throughput`` runs a Celery prefork and a Dramatiq worker and sees
   each worker process's store connections (named by pid) within the
   process's concurrency + 1.
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import bench_map, bench_store
+from benchmarks import bench_check, bench_map, bench_store
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = [
@@ -184,3 +185,18 @@ def test_bench_map_prints_each_body_and_the_step_map_targets(capsys: pytest.Capt
         "memory: map ≤ 0.5 commits per item",
     ]
     assert all(re.search(rf"^{re.escape(t.target)}\s.*\s(met|NOT MET)$", out, re.MULTILINE) for t in targets)
+
+
+@pytest.mark.parametrize("store", BACKENDS[:2])
+def test_bench_check_fills_the_runs_in_flight_and_prints_what_the_check_found(
+    store: str, require_service: Callable[[str, str, int], None], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``bench_check`` writes N sleeping runs (one in 20 by an older version) and the check finds exactly those
+    divergent; its tables are dropped afterwards."""
+    if store in SERVICES:
+        require_service(*SERVICES[store])
+    bench_check.main(["--store", store, "--runs", "40", "--rounds", "1"])
+    out = capsys.readouterr().out
+    assert f"{store}: 40 runs in flight, 1 rounds (median)" in out
+    assert "found: 38 compatible, 2 divergent, 0 errors" in out
+    assert re.search(r"check \(flexiq check\)\s+[\d.]+ s\s+[\d,]+ runs/s", out)

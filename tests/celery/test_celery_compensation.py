@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import in_process_worker, wait_for
+from celery_support import in_process_worker, wait_for
 from flexiq_celery_testapp import call_order, count_calls
 
 from celery_ext import RUN_KEY_HEADER

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import redis
 from celery import Celery, signals
-from conftest import in_process_worker, wait_for
+from celery_support import in_process_worker, wait_for
 from flexiq_celery_testapp import VERSION, count_calls
 from kombu import Exchange, Queue
 

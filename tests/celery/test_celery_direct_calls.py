@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from conftest import in_process_worker
+from celery_support import in_process_worker
 
 import celery_ext
 from flexiq_plugins import MemoryStepStore, NoCurrentJob, current_job

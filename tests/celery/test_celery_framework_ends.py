@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from celery import states
-from conftest import in_process_worker, wait_for
+from celery_support import in_process_worker, wait_for
 from flexiq_celery_testapp import count_calls
 
 from celery_ext import RUN_KEY_HEADER

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from celery import Celery, chain, chord, group
-from conftest import in_process_worker, wait_for
+from celery_support import in_process_worker, wait_for
 
 from flexiq_plugins import current_job
 from flexiq_plugins._model.records import TERMINAL_STATUSES

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from conftest import in_process_worker, wait_for
+from celery_support import in_process_worker, wait_for
 
 from flexiq_plugins import current_job
 

@@ -9,7 +9,7 @@ from typing import Any
 from uuid import uuid4
 
 from celery import Celery
-from conftest import in_process_worker, wait_for
+from celery_support import in_process_worker, wait_for
 
 from celery_ext import RUN_KEY_HEADER
 from celery_ext._options import RESUME_HEADER

@@ -23,7 +23,7 @@ from uuid import uuid4
 
 import pytest
 from celery import chord, signals, states
-from conftest import delete_queues, in_process_worker, wait_for, worker_process
+from celery_support import delete_queues, in_process_worker, wait_for, worker_process
 from flexiq_celery_testapp import count_calls, make_app
 
 from celery_ext import RUN_KEY_HEADER

@@ -19,7 +19,7 @@ from uuid import uuid4
 import pytest
 import redis
 from celery import Celery
-from conftest import REDIS_BROKER, delete_queues, require, wait_for, worker_process
+from celery_support import REDIS_BROKER, delete_queues, require, wait_for, worker_process
 from flexiq_celery_testapp import call_order, count_calls, make_app
 
 from celery_ext import RUN_KEY_HEADER

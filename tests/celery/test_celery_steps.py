@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from celery import Celery
-from conftest import in_process_worker
+from celery_support import in_process_worker
 from flexiq_celery_testapp import call_keys, count_calls, shared_double
 
 import celery_ext

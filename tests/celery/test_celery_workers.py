@@ -11,7 +11,7 @@ from uuid import uuid4
 
 import pytest
 from celery.result import ResultSet
-from conftest import POSTGRES_URL, delete_queues, drop_tables, require, wait_for, worker_process
+from celery_support import POSTGRES_URL, delete_queues, drop_tables, require, wait_for, worker_process
 from flexiq_celery_testapp import make_app
 
 from flexiq_plugins import SqlStepStore

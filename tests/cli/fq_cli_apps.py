@@ -29,6 +29,8 @@ VERSION = {"value": 1}
 
 celery_app: Any = None
 dramatiq_broker: Any = None
+check_app: Any = None
+"""The app ``flexiq check --app fq_cli_apps:check_app`` checks (set by ``test_cli_deploys.py``)."""
 
 
 def record(calls: str, what: str, key: str) -> None:

@@ -10,8 +10,8 @@ from collections.abc import Callable
 
 import pytest
 import sqlalchemy as sa
+from cli_support import Runs
 from click.testing import CliRunner, Result
-from conftest import Runs
 
 from flexiq_plugins._store.sql import SqlStepStore
 from flexiq_plugins.cli import cli

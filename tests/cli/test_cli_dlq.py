@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 
 import fq_cli_apps
 import pytest
+from cli_support import Runs
 from click.testing import Result
-from conftest import Runs
 from dramatiq import Message
 from dramatiq.brokers.redis import RedisBroker
 from dramatiq.brokers.stub import StubBroker

@@ -11,8 +11,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from cli_support import Runs
 from click.testing import Result
-from conftest import Runs
 
 from flexiq_plugins import current_job
 from flexiq_plugins._store.sql import SqlStepStore

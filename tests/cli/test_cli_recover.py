@@ -18,8 +18,8 @@ import fq_cli_apps
 import pytest
 import redis
 from celery.contrib.testing.worker import start_worker
+from cli_support import Runs
 from click.testing import Result
-from conftest import Runs
 from dramatiq import Message
 from dramatiq.brokers.stub import StubBroker
 

@@ -7,8 +7,8 @@ import time
 from collections.abc import Callable
 
 import pytest
+from cli_support import Runs
 from click.testing import CliRunner, Result
-from conftest import Runs
 
 from flexiq_plugins import current_job
 from flexiq_plugins._store.sql import SqlStepStore

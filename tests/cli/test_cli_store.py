@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from cli_support import Runs
 from click.testing import CliRunner, Result
-from conftest import Runs
 
 from flexiq_plugins import JobEnvelope
 from flexiq_plugins._store.sql import SqlStepStore

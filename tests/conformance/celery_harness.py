@@ -87,6 +87,11 @@ class CeleryHarness(Harness):
         return WorkerExit(done.returncode, (done.stdout + done.stderr).decode(errors="replace"))
 
     # ------------------------------------------------------------- publishing
+    @property
+    def tasks(self) -> object:
+        """The app: its tasks are the scenarios."""
+        return self.app
+
     def task_name(self, scenario: str) -> str:
         """``<app name>.<scenario>``."""
         return f"{self.app.main}.{scenario}"

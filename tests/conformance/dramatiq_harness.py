@@ -90,6 +90,11 @@ class DramatiqHarness(Harness):
         return WorkerExit(done.returncode, (done.stdout + done.stderr).decode(errors="replace"))
 
     # ------------------------------------------------------------- publishing
+    @property
+    def tasks(self) -> object:
+        """The broker: its actors are the scenarios."""
+        return self.broker
+
     def task_name(self, scenario: str) -> str:
         """The actor name: the scenario's own."""
         return scenario

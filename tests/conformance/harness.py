@@ -310,6 +310,11 @@ class Harness(abc.ABC):
     def adapter_store(self) -> StepStore:
         """The store object the adapter's in-thread worker uses in this process."""
 
+    @property
+    @abc.abstractmethod
+    def tasks(self) -> object:
+        """The app (Celery) or broker (Dramatiq) whose tasks are the scenarios: what a deploy check runs."""
+
     @abc.abstractmethod
     def task_name(self, scenario: str) -> str:
         """The task or actor name ``scenario`` is registered under (what envelopes and dead letters record)."""

@@ -72,6 +72,15 @@ class Ledger:
             self._append("hang", step=what)
             time.sleep(120)
 
+    def deployed(self) -> int:
+        """The version of the task bodies deployed now (``1`` until a test deploys another, :meth:`deploy`)."""
+        path = self.directory / "deployed"
+        return int(path.read_text()) if path.exists() else 1
+
+    def deploy(self, version: int) -> None:
+        """Deploy version ``version`` of the task bodies: every attempt and check from now on runs it."""
+        (self.directory / "deployed").write_text(str(version))
+
     def flag(self, name: str) -> bool:
         """Whether the test raised the flag ``name`` for the current run."""
         return self._flag_path(current_job.run_key, name).exists()
@@ -121,6 +130,8 @@ class Ledger:
     def _append(self, what: str, **data: Any) -> None:
         job = current_job.get()
         assert job is not None, "the ledger is written from inside a durable job"
+        if job.checking:  # a check of new code (flexiq check) runs the code between steps: no side effects
+            return
         entry = {
             "run": job.run_key,
             "what": what,
@@ -464,3 +475,49 @@ def fan_out_many(ledger: Ledger, count: int) -> int:
     values = current_job.step.map("double", lambda n: n * 2, range(count), key=int)
     ledger.note("total", total=sum(values))
     return len(values)
+
+
+# ------------------------------------------------------------ deploys (C48-C50)
+@scenario()
+def deploy_reorder(ledger: Ledger, order: str) -> str:
+    """``charge``, wait for ``("go", order)``, ``reserve`` and ``notify``, wait for ``("ship", order)``, ``dispatch``.
+
+    Version 2 (:meth:`Ledger.deploy`) runs ``notify`` before ``reserve``: it breaks exactly the runs that
+    recorded those two steps.
+    """
+    step = current_job.step
+    step.run("charge", lambda: ledger.call("charge"))
+    step.wait_for_event("go", key=order)
+    for what in ("reserve", "notify") if ledger.deployed() == 1 else ("notify", "reserve"):
+        step.run(what, lambda what=what: ledger.call(what))
+    step.wait_for_event("ship", key=order)
+    step.run("dispatch", lambda: ledger.call("dispatch"))
+    return "dispatched"
+
+
+@scenario()
+def deploy_patch(ledger: Ledger, order: str) -> str:
+    """``charge``, wait for ``("go", order)``, ``dispatch``.
+
+    Version 2 audits after the charge behind ``step.patched("audit-v2")``; version 3 audits without the patch
+    (what breaks the runs waiting under version 1).
+    """
+    step = current_job.step
+    step.run("charge", lambda: ledger.call("charge"))
+    version = ledger.deployed()
+    if version == 3 or (version == 2 and step.patched("audit-v2")):
+        step.run("audit", lambda: ledger.call("audit"))
+    step.wait_for_event("go", key=order)
+    step.run("dispatch", lambda: ledger.call("dispatch"))
+    return "dispatched"
+
+
+@scenario()
+def deploy_fork(ledger: Ledger, order: str) -> str:
+    """``charge``, ``receipt``, wait for ``("go", order)``, ``dispatch``: forked from ``receipt#0`` to send it again."""
+    step = current_job.step
+    step.run("charge", lambda: ledger.call("charge"))
+    step.run("receipt", lambda: ledger.call("receipt"))
+    step.wait_for_event("go", key=order)
+    step.run("dispatch", lambda: ledger.call("dispatch"))
+    return "dispatched"

@@ -30,7 +30,16 @@ from flexiq_plugins._model.records import (
     StepRow,
 )
 from flexiq_plugins._store.base import StepStore
-from flexiq_plugins.errors import CancelRequested, ClaimLost, StoreError, UnknownDeadLetter, UnknownRun
+from flexiq_plugins.errors import (
+    CancelRequested,
+    ClaimLost,
+    InvalidForkStep,
+    InvalidRunKey,
+    StoreError,
+    UnknownDeadLetter,
+    UnknownRun,
+    UnknownStep,
+)
 
 ENVELOPE = JobEnvelope(
     task_name="shop.checkout",
@@ -868,6 +877,105 @@ def test_c30_prepare_retry_reset_from_an_unknown_step_changes_nothing(store: Ste
     assert store.get_run(key).status == "dead"
     assert len(store.get_steps(key)) == 2
     assert store.get_dead_letter(dead_id).retried_at is None
+
+
+def test_c48_get_steps_of_reads_the_steps_of_many_runs_at_once(store: StepStore) -> None:
+    """``get_steps_of`` gives each run's step rows by position, as ``get_steps`` does, ``[]`` for a run without
+    steps or an unknown key, across more runs than one query reads (C48)."""
+    keys = [new_key() for _ in range(3)]
+    for count, key in enumerate(keys):
+        commit_rows(store, claim_run(store, key).claim, count)
+    many = [*keys, "nobody", *(new_key() for _ in range(600))]
+    found = store.get_steps_of(many)
+    assert set(found) == set(many)
+    for key in keys:
+        assert found[key] == store.get_steps(key)
+    assert [len(found[k]) for k in keys] == [0, 1, 2]
+    assert found["nobody"] == []
+
+
+# ----------------------------------------------------------------- forks
+def _run_to_fork(store: StepStore) -> tuple[str, list[StepRow]]:
+    """A sleeping run with ``step#0``, a wait and what it received, a patch marker, ``step#4`` and a sleep."""
+    key = new_key()
+    claim = claim_run(store, key).claim
+    rows = [
+        run_row(0, "step#0", b"first"),
+        StepRow(1, "payment#0", "wait", wake_at=store.now() + 60),
+        StepRow(2, "event:payment#0", "event", value=b"paid", event_id=7),
+        StepRow(3, "patch:audit-v2", "patch"),
+        run_row(4, "step#4", b"fifth"),
+        StepRow(5, "sleep#0", "sleep", wake_at=store.now() + 3600),
+    ]
+    committed = [store.commit_step(claim, row) for row in rows]
+    store.finish(claim, "sleeping", wake_at=committed[-1].wake_at)
+    return key, committed
+
+
+def test_c50_fork_run_copies_the_steps_before_the_step_into_a_new_queued_run(store: StepStore) -> None:
+    """``fork_run`` makes a new run, ``queued`` and due now with the old envelope, holding exact copies of the steps
+    before ``from_step`` (positions, keys, kinds, values, wake and commit times, event ids); the old run and its
+    steps are unchanged (C50)."""
+    key, committed = _run_to_fork(store)
+    old_run = store.get_run(key)
+    fresh = new_key()
+    forked = store.fork_run(key, "step#4", fresh)
+    assert (forked.run_key, forked.status, forked.attempt, forked.job_id, forked.owner) == (
+        fresh,
+        "queued",
+        0,
+        None,
+        None,
+    )
+    assert forked.envelope.to_dict() == ENVELOPE.to_dict()
+    assert (forked.task_name, forked.framework, forked.queue) == ("shop.checkout", "test", "default")
+    assert forked.wake_at is not None
+    assert abs(forked.wake_at - store.now()) < 5
+    assert store.get_steps(fresh) == committed[:4]
+    assert (forked.step_count, forked.step_bytes) == (4, sum(r.size for r in committed[:4]))
+    assert store.get_run(fresh) == forked
+    assert store.get_run(key) == old_run
+    assert store.get_steps(key) == committed
+    begun = claim_run(store, fresh, job_id="job-fork")
+    assert begun.snapshot == tuple(committed[:4])
+
+
+def test_c50_fork_run_from_the_first_step_copies_nothing(store: StepStore) -> None:
+    """Forked from its first step, the new run has no step rows: it runs the whole body again (C50)."""
+    key, _ = _run_to_fork(store)
+    fresh = new_key()
+    assert store.fork_run(key, "step#0", fresh).step_count == 0
+    assert store.get_steps(fresh) == []
+
+
+def test_c50_fork_run_refuses_bad_input_and_writes_nothing(store: StepStore) -> None:
+    """An unknown run, an unknown step, a step of another kind (what a wait received, a patch marker) or a new key
+    that names a run is refused, the valid steps listed; no run is created (C50)."""
+    key, _ = _run_to_fork(store)
+    fresh = new_key()
+    with pytest.raises(UnknownRun):
+        store.fork_run(new_key(), "step#0", fresh)
+    with pytest.raises(UnknownStep, match="step#0, payment#0, step#4, sleep#0"):
+        store.fork_run(key, "nope#0", fresh)
+    for other_kind in ("event:payment#0", "patch:audit-v2"):
+        with pytest.raises(InvalidForkStep, match="fork it from one of: step#0, payment#0, step#4, sleep#0"):
+            store.fork_run(key, other_kind, fresh)
+    with pytest.raises(InvalidRunKey, match="exists already"):
+        store.fork_run(key, "step#4", key)
+    with pytest.raises(UnknownRun):
+        store.get_run(fresh)
+    assert store.get_steps(fresh) == []
+
+
+def test_c50_fork_run_refuses_the_undos_of_a_compensation(store: StepStore) -> None:
+    """A step recorded after a compensation began (an undo) is not a place to fork from (C32, C50)."""
+    key = new_key()
+    claim = claim_run(store, key).claim
+    store.commit_step(claim, run_row(0, "step#0"))
+    store.commit_step(claim, StepRow(1, "compensation:start", "compensation", failure="{}"))
+    store.commit_step(claim, run_row(2, "compensate:step#0"))
+    with pytest.raises(InvalidForkStep, match=r"fork it from one of: step#0$"):
+        store.fork_run(key, "compensate:step#0", new_key())
 
 
 def test_c30_purge_dead_letters(store: StepStore) -> None:

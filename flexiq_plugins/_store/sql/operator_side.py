@@ -23,16 +23,21 @@ from ..._model.records import (
     RunRecord,
     SentEvent,
     StepAttempt,
+    StepRow,
 )
-from ...errors import UnknownDeadLetter, UnknownRun
+from ...errors import InvalidRunKey, UnknownDeadLetter, UnknownRun
 from ..claims import may_recover, may_take_sweep_lease
 from ..events import WAITER_STATUSES
+from ..forks import fork_position
 from ..operator_side import OperatorStore
 from ..step_attempts import retry_cut_position
 from .listings import SqlListings
-from .mapping import dead_letter_record, run_record, step_attempt
+from .mapping import dead_letter_record, run_record, step_attempt, step_row, step_values
 
 __all__ = ["SqlOperatorSide"]
+
+_KEYS_PER_QUERY = 500
+"""Run keys in one ``IN (...)`` of `SqlOperatorSide.get_steps_of` (well under every database's parameter limit)."""
 
 
 class SqlOperatorSide(SqlListings, OperatorStore):
@@ -86,6 +91,26 @@ class SqlOperatorSide(SqlListings, OperatorStore):
         rows = self._read(lambda conn: conn.execute(query).all())
         counted = {str(status): int(count) for status, count in rows}
         return {status: counted.get(status, 0) for status in statuses}
+
+    def get_steps_of(self, run_keys: Sequence[str]) -> dict[str, list[StepRow]]:
+        """Return the step rows of each of ``run_keys`` by position, reading up to 500 runs a query (C48).
+
+        Raises:
+          StoreUnavailable: the database cannot be reached.
+        """
+        steps = self._t.steps
+        keys = list(dict.fromkeys(run_keys))
+        found: dict[str, list[StepRow]] = {key: [] for key in keys}
+
+        def read(conn: Connection) -> None:
+            for start in range(0, len(keys), _KEYS_PER_QUERY):
+                chunk = keys[start : start + _KEYS_PER_QUERY]
+                query = sa.select(steps).where(steps.c.run_key.in_(chunk)).order_by(steps.c.run_key, steps.c.position)
+                for row in conn.execute(query):
+                    found[row.run_key].append(step_row(row))
+
+        self._read(read)
+        return found
 
     def get_step_attempts(self, run_key: str) -> list[StepAttempt]:
         """Return the run's step attempts, ordered by ``started_at``, step key and number (C31).
@@ -200,6 +225,56 @@ class SqlOperatorSide(SqlListings, OperatorStore):
         if dropped:
             conn.execute(sa.delete(attempts).where(attempts.c.run_key == run_key, attempts.c.step_key.in_(dropped)))
         return [r for r in rows if r.position < cut]
+
+    # ----------------------------------------------------------------- forks
+    def fork_run(self, run_key: str, from_step: str, new_run_key: str) -> RunRecord:
+        """Make a new ``queued`` run from the steps ``run_key`` recorded before ``from_step`` (C50).
+
+        One transaction: read the run and its steps, decide the cut with
+        `fork_position`, insert the new run (the old one's envelope text,
+        due now) and the copied step rows. See `OperatorStore.fork_run`.
+
+        Raises:
+          UnknownRun: no run has ``run_key``.
+          UnknownStep: it has no step ``from_step``.
+          InvalidForkStep: ``from_step`` is a step of another kind.
+          InvalidRunKey: a run has ``new_run_key`` already.
+          StoreUnavailable: the database cannot be reached.
+        """
+        return self._write(lambda conn: self._fork(conn, run_key, from_step, new_run_key))
+
+    def _fork(self, conn: Connection, run_key: str, from_step: str, new_run_key: str) -> RunRecord:
+        runs, steps = self._t.runs, self._t.steps
+        old = conn.execute(sa.select(runs).where(runs.c.run_key == run_key)).first()
+        if old is None:
+            raise UnknownRun(f"no run has the run key {run_key!r}")
+        if conn.execute(sa.select(runs.c.run_key).where(runs.c.run_key == new_run_key)).first() is not None:
+            raise InvalidRunKey(f"a run with the key {new_run_key!r} exists already; a fork needs a new one")
+        rows = self._steps_of(conn, run_key)
+        cut = fork_position(rows, from_step, run_key)
+        copied = [r for r in rows if r.position < cut]
+        now = self._now(conn)
+        values = {
+            "run_key": new_run_key,
+            "task_name": old.task_name,
+            "framework": old.framework,
+            "queue": old.queue,
+            "status": "queued",
+            "job_id": None,
+            "wake_at": now,
+            "attempt": 0,
+            "takeovers": 0,
+            "envelope": old.envelope,
+            "step_count": len(copied),
+            "step_bytes": sum(r.size for r in copied),
+            "created_at": now,
+            "updated_at": now,
+        }
+        conn.execute(sa.insert(runs).values(**values))
+        if copied:
+            conn.execute(sa.insert(steps), [{"run_key": new_run_key, **step_values(r)} for r in copied])
+        forked = conn.execute(sa.select(runs).where(runs.c.run_key == new_run_key)).one()
+        return run_record(forked)
 
     def purge_dead_letters(self, ids: Sequence[int] | None = None) -> int:
         """Delete the given dead letters, all when ``ids`` is ``None`` (C30).
