@@ -46,6 +46,7 @@ from .claims import (
     may_recover,
     may_settle_cancelled,
     may_take_sweep_lease,
+    reported_status,
 )
 from .events import consumed_event_ids, first_receivable, poll_result, wakes
 from .step_attempts import close_lost, decide_step_attempt, failed_attempt, retry_cut_position
@@ -510,6 +511,17 @@ class MemoryStepStore(StepStore):
                 return False
             self._runs[run_key] = dataclasses.replace(run, updated_at=now, recovered_at=now)
             return True
+
+    def unmark_recovered(self, run_key: str, *, recovered_at: float | None) -> None:
+        """See :meth:`StepStore.unmark_recovered`."""
+        with self._lock:
+            run = self._runs.get(run_key)
+            if run is not None:
+                self._runs[run_key] = dataclasses.replace(run, recovered_at=recovered_at)
+
+    def settle_reported(self, run_key: str, status: str) -> bool:
+        """See :meth:`StepStore.settle_reported`."""
+        return self.release_run(run_key, reported_status(status), while_status={"queued"})
 
     # ----------------------------------------------------------------- events
     def add_event(self, topic: str, key: str, payload: bytes | None, *, run_key: str | None = None) -> SentEvent:

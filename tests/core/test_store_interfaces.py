@@ -48,6 +48,8 @@ OPERATOR_SIDE = {
     "acquire_sweep_lease",
     "release_sweep_lease",
     "mark_recovered",
+    "unmark_recovered",
+    "settle_reported",
     "add_event",
     "next_event",
 }
