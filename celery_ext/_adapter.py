@@ -11,27 +11,46 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from flexiq_plugins.integration import JobEnvelope, Publisher, ValueReader
+from flexiq_plugins.integration import JobEnvelope, Publisher, ReportedState, ValueReader
 
 from ._envelope import republish
+from ._results import reported_state
 
-__all__ = ["CeleryAdapter", "adapter", "publisher"]
+__all__ = ["CeleryAdapter", "CeleryPublisher", "adapter", "publisher"]
 
 
-def publisher(app: Any) -> Publisher:
-    """A publisher that re-publishes Celery jobs with ``app``, carrying the run key (C11, C30, C36).
+class CeleryPublisher:
+    """Re-publishes Celery jobs with one app, carrying the run key (C11, C30, C36), and reads their state (C47).
 
-    Given a ``job_id`` it reuses that task id, so a result waiter of a run
-    woken by an event (C33) gets the run's outcome under its first task id.
+    Given a ``job_id`` it reuses that task id, so the result waiter of a run
+    woken by an event (C33) or recovered (C39) gets the run's outcome under
+    its first task id.
 
     Parameters:
       app(celery.Celery): the application whose broker receives the job.
     """
 
-    def publish(envelope: JobEnvelope, run_key: str, *, job_id: str | None = None, unstarted_only: bool = False) -> str:
-        return str(republish(app, envelope, run_key, task_id=job_id, unstarted_only=unstarted_only).id)
+    def __init__(self, app: Any) -> None:
+        self.app = app
 
-    return publish
+    def __call__(
+        self, envelope: JobEnvelope, run_key: str, *, job_id: str | None = None, unstarted_only: bool = False
+    ) -> str:
+        """Publish ``envelope`` again carrying ``run_key``; return the task id (``job_id`` when given)."""
+        return str(republish(self.app, envelope, run_key, task_id=job_id, unstarted_only=unstarted_only).id)
+
+    def job_state(self, job_id: str, envelope: JobEnvelope) -> ReportedState | None:
+        """What the app's result backend holds for ``job_id`` (see :func:`celery_ext._results.reported_state`)."""
+        return reported_state(self.app, job_id)
+
+
+def publisher(app: Any) -> Publisher:
+    """A :class:`CeleryPublisher` on ``app``.
+
+    Parameters:
+      app(celery.Celery): the application whose broker receives the job.
+    """
+    return CeleryPublisher(app)
 
 
 class CeleryAdapter:

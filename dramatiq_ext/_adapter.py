@@ -12,27 +12,50 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from flexiq_plugins.integration import JobEnvelope, Publisher, ValueReader
+from flexiq_plugins.integration import JobEnvelope, Publisher, ReportedState, ValueReader
 
 from ._actor import Body, unwrap_durable
 from ._envelope import republish
+from ._results import reported_state
 
-__all__ = ["DramatiqAdapter", "adapter", "publisher"]
+__all__ = ["DramatiqAdapter", "DramatiqPublisher", "adapter", "publisher"]
 
 
-def publisher(broker: Any) -> Publisher:
-    """A publisher that re-publishes Dramatiq jobs on ``broker``, carrying the run key (C11, C30, C36).
+class DramatiqPublisher:
+    """Re-publishes Dramatiq jobs on one broker, carrying the run key (C11, C30, C36), and reads their state (C47).
+
+    Given a ``job_id`` it reuses that message id, so a ``Results`` waiter
+    (``message.get_result()``) of a run woken by an event (C33) or recovered
+    (C39) gets the run's outcome. Two messages of one id in the broker are
+    harmless: the Redis broker gives each enqueue its own ``redis_message_id``,
+    and the run's claim lets one delivery run the body.
 
     Parameters:
       broker(dramatiq.Broker): the broker to enqueue on.
     """
 
-    def publish(envelope: JobEnvelope, run_key: str, *, job_id: str | None = None, unstarted_only: bool = False) -> str:
-        # always a new message id: a delayed copy of the job may still be in the broker, and two
-        # messages of one id would share one entry of the Redis broker's message table
-        return str(republish(broker, envelope, run_key, unstarted_only=unstarted_only).message_id)
+    def __init__(self, broker: Any) -> None:
+        self.broker = broker
 
-    return publish
+    def __call__(
+        self, envelope: JobEnvelope, run_key: str, *, job_id: str | None = None, unstarted_only: bool = False
+    ) -> str:
+        """Enqueue ``envelope`` again carrying ``run_key``; return the message id (``job_id`` when given)."""
+        message = republish(self.broker, envelope, run_key, message_id=job_id, unstarted_only=unstarted_only)
+        return str(message.message_id)
+
+    def job_state(self, job_id: str, envelope: JobEnvelope) -> ReportedState | None:
+        """What the broker's ``Results`` backend holds for ``job_id`` (:func:`dramatiq_ext._results.reported_state`)."""
+        return reported_state(self.broker, job_id, envelope)
+
+
+def publisher(broker: Any) -> Publisher:
+    """A :class:`DramatiqPublisher` on ``broker``.
+
+    Parameters:
+      broker(dramatiq.Broker): the broker to enqueue on.
+    """
+    return DramatiqPublisher(broker)
 
 
 def _read_json(data: bytes) -> Any:

@@ -84,7 +84,16 @@ from ._delivery.recording import (
     wants_record,
 )
 from ._delivery.recovery import Sweeper
-from ._delivery.registry import UNSTARTED_ONLY, Adapter, Publisher, ValueReader, register_adapter, register_installation
+from ._delivery.registry import (
+    UNSTARTED_ONLY,
+    Adapter,
+    JobStates,
+    Publisher,
+    ReportedState,
+    ValueReader,
+    register_adapter,
+    register_installation,
+)
 from ._delivery.unregistered import UNREGISTERED_REASON, dead_letter_unregistered
 from ._delivery.worker import (
     EXIT_CONFIGURATION,
@@ -136,7 +145,9 @@ __all__ = [
     "Outcome",
     "PAYLOAD_OPTION",
     "PerProcess",
+    "JobStates",
     "Publisher",
+    "ReportedState",
     "PutBack",
     "PutBackReason",
     "RECORDED_FLAG",

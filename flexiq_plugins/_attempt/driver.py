@@ -45,6 +45,7 @@ from .._model.records import (
     LIVE_STATUSES,
     Begun,
     Busy,
+    Claim,
     Finished,
     NewDeadLetter,
     RunRecord,
@@ -63,6 +64,7 @@ from ..errors import (
 from . import cancellation, compensation, outcomes
 from .attempt import Attempt
 from .job import JobInfo
+from .late_release import LateReleases
 from .store_health import StoreHealth, store_health
 
 __all__ = ["AttemptDriver", "default_owner"]
@@ -165,6 +167,7 @@ class AttemptDriver:
         self._outage = _Outage(
             self.config.store_retry_seconds, self.config.store_retry_max_seconds, store_health(store)
         )
+        self.late_releases = LateReleases(store, self.config.lease_seconds)
         watch_sqlalchemy()  # a plain step inside a SQLAlchemy transaction that has written is refused (C42)
 
     # ------------------------------------------------------------ one call
@@ -299,6 +302,10 @@ class AttemptDriver:
         replayed = replays.load_outcome(finished.outcome, self.codec)
         logger.info("job %s: run %s is already %s; its outcome is replayed", job.job_id, job.run_key, finished.status)
         return outcomes.Replay(finished.status, replayed.value, replayed.error)
+
+    def release_later(self, claim: Claim) -> None:
+        """Release ``claim``, held through a store outage, as soon as the store answers (C28, :mod:`.late_release`)."""
+        self.late_releases.add(claim)
 
     def store_outage(self, exc: StoreUnavailable) -> outcomes.PutBack:
         """The outcome of a store outage: put back, no retry counted (C28, C41).
