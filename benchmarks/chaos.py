@@ -153,7 +153,8 @@ def make_celery(config: ChaosConfig) -> Any:
         task_default_queue=config.queue,
         broker_connection_retry_on_startup=True,
         worker_prefetch_multiplier=1,
-        broker_transport_options={"visibility_timeout": 15},
+        # short, so a killed worker's jobs also come back through Redis (with --defaults: Celery's own, 1 h)
+        broker_transport_options={} if config.defaults else {"visibility_timeout": 15},
         worker_hijack_root_logger=False,
     )
     celery_ext.install(app, **_options(config))
@@ -176,10 +177,10 @@ def make_dramatiq(config: ChaosConfig) -> Any:
 
     broker: Any
     if config.broker == "redis":
-        broker = RedisBroker(
-            url=BROKERS["redis"], namespace=f"chaos-{config.queue}", heartbeat_timeout=5000, dead_message_ttl=600_000
-        )
-        broker.maintenance_chance = 10_000  # of 100_000 fetches: requeue dead workers' messages soon
+        quick = {} if config.defaults else {"heartbeat_timeout": 5000}  # with --defaults: Dramatiq's own (60 s)
+        broker = RedisBroker(url=BROKERS["redis"], namespace=f"chaos-{config.queue}", dead_message_ttl=600_000, **quick)
+        if not config.defaults:
+            broker.maintenance_chance = 10_000  # of 100_000 fetches: requeue dead workers' messages soon
     else:
         broker = RabbitmqBroker(host="127.0.0.1", port=5672, heartbeat=0)
     broker.add_middleware(Results(backend=_results_backend(config)))
@@ -505,6 +506,7 @@ def _report(
             reruns += 1
             if any(at >= earlier["t"] for at in killed_at.get(earlier["pid"], [])):
                 inside += 1
+    back = _back_after_kills([e for e in ledger if e["run"] in ours], killed_at)
     dead = [d for d in store.list_dead_letters(include_retried=True) if d.run_key in ours]
     statuses = Counter(r.status for r in runs)
     return {
@@ -522,7 +524,33 @@ def _report(
         "takeovers": sum(r.takeovers for r in runs),
         "bodies_re_run": reruns,
         "re_runs_inside_commit_window": inside,
+        "runs_killed_in_a_body": len(back),
+        "back_after_kill_s_median": round(sorted(back)[len(back) // 2], 1) if back else None,
+        "back_after_kill_s_max": round(max(back), 1) if back else None,
     }
+
+
+def _back_after_kills(ledger: list[dict[str, Any]], killed_at: dict[int, list[float]]) -> list[float]:
+    """Seconds from each kill that interrupted a step body to that run's next step body starting elsewhere.
+
+    A body started by a process that was killed before it returned: the
+    run's next ledger entry after the kill is the run coming back (through
+    the broker's redelivery, or the workers' recovery once the lease ran out).
+    """
+    by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for entry in sorted(ledger, key=lambda e: e["t"]):
+        by_run[entry["run"]].append(entry)
+    gaps = []
+    for entries in by_run.values():
+        for i, entry in enumerate(entries):
+            if entry["phase"] != "start":
+                continue
+            returned = any(e["phase"] == "return" and e["pid"] == entry["pid"] for e in entries[i + 1 : i + 2])
+            kill = next((k for k in sorted(killed_at.get(entry["pid"], [])) if k >= entry["t"]), None)
+            later = [e for e in entries[i + 1 :] if kill is not None and e["t"] > kill]
+            if not returned and kill is not None and later:
+                gaps.append(later[0]["t"] - kill)
+    return gaps
 
 
 def _drop_tables(store: Any) -> None:

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
-from conftest import in_process_worker, wait_for
+from conftest import delete_queues, in_process_worker, wait_for
 
 from celery_ext import RUN_KEY_HEADER
 from flexiq_plugins import SqlStepStore, UnknownRun, operations
@@ -136,3 +136,92 @@ def test_c39_an_embedded_worker_stops_its_sweeper_when_it_stops(
     with in_process_worker(app):
         assert sweepers() == before + 1
     wait_for(lambda: sweepers() == before, 10, "the sweeper to stop with its worker")
+
+
+def test_c47_a_job_a_worker_without_the_integration_failed_is_settled_not_re_published(
+    redis_broker: str, sqlite_store: SqlStepStore, make_celery_app: Callable[..., Celery]
+) -> None:
+    """C47, C39: the producer has the integration and records the run; the worker that takes the job has
+    no ``celery_ext.install`` (forgotten), runs the body, which fails, and Celery stores FAILURE. Recovery reads
+    that from the result backend and settles the run ``failed``: the body is not run again under a new task."""
+    from celery import Celery as PlainCelery
+
+    app = make_celery_app(redis_broker, sqlite_store, recovery=False)
+    ran: list[str] = []
+
+    @app.task(name=f"{app.main}.declines", shared=False)
+    def declines(order: str) -> None:
+        raise AssertionError("the producer never runs it")
+
+    bare = PlainCelery(f"{app.main}-bare", broker=redis_broker, backend=app.conf.result_backend, set_as_current=False)
+    bare.conf.update(task_default_queue=app.main, worker_hijack_root_logger=False)
+
+    @bare.task(name=f"{app.main}.declines", shared=False)
+    def bare_declines(order: str) -> None:
+        ran.append(order)
+        raise ValueError("card declined")
+
+    sent = declines.delay("o-1")
+    with in_process_worker(bare):
+        wait_for(lambda: app.AsyncResult(sent.id).state == "FAILURE", 30, "the bare worker to fail the job")
+    run_key = sqlite_store.list_runs(task_name=f"{app.main}.declines")[0].run_key
+    assert sqlite_store.get_run(run_key).status == "queued"  # nothing told the store
+    report = operations.recover(sqlite_store, operations.publishers_for(app), grace=0, queued_after=0)
+    assert [(s.run.run_key, status) for s, status in report.settled] == [(run_key, "failed")]
+    assert report.recovered == []
+    assert sqlite_store.get_run(run_key).status == "failed"
+    with in_process_worker(bare):  # nothing was re-published for a worker to run
+        assert operations.recover(sqlite_store, operations.publishers_for(app), queued_after=0).recovered == []
+    assert ran == ["o-1"]
+
+
+def test_c39_a_lost_message_is_re_published_under_its_task_id_and_its_waiter_gets_the_result(
+    redis_broker: str, sqlite_store: SqlStepStore, make_celery_app: Callable[..., Celery]
+) -> None:
+    """C39, C47: the queue is deleted before any worker takes the job; recovery re-publishes the run under its
+    original task id, so the ``AsyncResult`` the producer holds gets the value; the body ran once."""
+    app = make_celery_app(redis_broker, sqlite_store, recovery=False)
+    ran: list[str] = []
+
+    @app.task(name=f"{app.main}.ship")
+    def ship(order: str) -> str:
+        ran.append(order)
+        return f"shipped {order}"
+
+    sent = ship.delay("A-1")
+    delete_queues(app, [app.main])
+    report = operations.recover(sqlite_store, operations.publishers_for(app), grace=0, queued_after=0)
+    assert [job_id for _, job_id in report.recovered] == [sent.id]
+    with in_process_worker(app):
+        assert sent.get(timeout=30) == "shipped A-1"
+    assert ran == ["A-1"]
+
+
+def test_c39_a_copy_under_the_same_task_id_is_deduplicated_by_the_runs_claim(
+    redis_broker: str, sqlite_store: SqlStepStore, make_celery_app: Callable[..., Celery]
+) -> None:
+    """C39, C24, C37: the original message was only late; recovery's copy carries the same task id. Both reach
+    the worker: one runs the body, the other finds the run started or finished and does not run it again; the
+    original waiter gets the value."""
+    app = make_celery_app(redis_broker, sqlite_store, recovery=False)
+    ran: list[str] = []
+
+    @app.task(name=f"{app.main}.ship")
+    def ship(order: str) -> str:
+        ran.append(order)
+        return f"shipped {order}"
+
+    sent = ship.delay("B-2")
+    report = operations.recover(sqlite_store, operations.publishers_for(app), grace=0, queued_after=0)
+    assert [job_id for _, job_id in report.recovered] == [sent.id]
+    with in_process_worker(app):
+        assert sent.get(timeout=30) == "shipped B-2"
+        run_key = sqlite_store.list_runs(task_name=f"{app.main}.ship")[0].run_key
+        wait_for(lambda: _queue_length(app) == 0, 30, "both messages to be taken")
+    assert sqlite_store.get_run(run_key).status == "succeeded"
+    assert ran == ["B-2"]
+
+
+def _queue_length(app: Celery) -> int:
+    with app.connection_for_write() as conn:
+        return int(conn.default_channel.client.llen(app.main))

@@ -56,13 +56,13 @@ def test_c35_dry_run_lists_each_kind_of_stranded_run(
     result = flexiq("recover", "--dry-run", "--grace", "0s", "--stale-after", "0s", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert set(data) == {"dry_run", "recovered", "skipped", "failed"}
+    assert set(data) == {"dry_run", "recovered", "skipped", "failed", "settled"}
     assert data["dry_run"] is True
     found = {r["run_key"]: r["why"] for r in data["recovered"]}
     assert found == {"overdue": "sleep_overdue", "worker-died": "lease_expired", "publish-failed": "stale"}
     assert set(data["recovered"][0]) == {"run_key", "task_name", "framework", "status", "why", "due_at", "job_id"}
     assert {r.run_key: r.updated_at for r in store.list_runs()} == before
-    quiet = flexiq("recover", "--dry-run", "--json")  # default grace 60s, stale-after 1h
+    quiet = flexiq("recover", "--dry-run", "--grace", "60s", "--json")  # and the default stale-after, 1h
     assert json.loads(quiet.stdout)["recovered"] == []
 
 
