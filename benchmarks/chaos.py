@@ -56,6 +56,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -566,7 +567,7 @@ def _drop_tables(store: Any) -> None:
     store.close()
 
 
-def _cleanup(config: ChaosConfig, handles: list[Any]) -> None:
+def _cleanup(config: ChaosConfig, handles: Sequence[Any] = ()) -> None:
     try:
         if config.broker == "redis" or handles:
             import redis

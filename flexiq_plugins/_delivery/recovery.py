@@ -72,7 +72,7 @@ __all__ = [
 logger = logging.getLogger("flexiq_plugins.operations")
 
 DEFAULT_GRACE_SECONDS = 10.0
-"""How long past its wake time or lease a run may be before :func:`recover` takes it, seconds.
+"""How long past its wake time or deadline a run may be before :func:`recover` takes it, seconds.
 
 Short: a wake-up re-published while the original was only late is a
 duplicate the run's claim makes harmless (C24, C37)."""
@@ -154,7 +154,8 @@ def find_stranded(
       by more than ``grace``; ``waiting`` past its deadline by more than ``grace``;
     - ``waiting`` for an event that has arrived (C33), at once;
     - not held by a live attempt, with a cancellation requested (C34), at once;
-    - ``running`` whose claim lease expired more than ``grace`` ago (its worker died);
+    - ``running`` whose claim lease has expired (its worker died), at once: the
+      lease, renewed every third of it, is its own grace;
     - ``pending`` or ``retrying`` not updated for more than ``stale_after``
       (at least ``grace``).
 
@@ -189,7 +190,7 @@ def find_stranded(
         *_never_started(runs["queued"], queued_before, stale),
         *_overdue_sleepers(store, runs["sleeping"], due, stale),
         *_waiters(store, runs["waiting"], due, stale),
-        *_lost_claims(runs["running"], due, stale),
+        *_lost_claims(runs["running"], now, stale),
         *_cancel_requested([r for status in _SCANNED for r in runs[status]], now, stale),
     ]
     for status in _STALE_STATUSES:

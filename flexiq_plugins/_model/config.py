@@ -159,8 +159,9 @@ class DurableConfig:
     recovery_grace_seconds: float = field(
         default=10.0,
         metadata=_doc(
-            "how long past its wake time, deadline or lease a run may be before recovery re-publishes it, "
-            "seconds; a copy of a wake-up that was only late is a no-op (default 10, C35)"
+            "how long past its wake time or deadline a run may be before recovery re-publishes it, seconds; "
+            "a copy of a wake-up that was only late is a no-op; a run whose claim lease expired (its worker "
+            "died) is re-published at once (default 10, C35)"
         ),
     )
     recovery_stale_seconds: float = field(

@@ -20,7 +20,7 @@ __all__ = ["recover_command"]
     type=DURATION,
     default=DEFAULT_GRACE_SECONDS,
     show_default="10s",
-    help="How far past its wake time or lease a run must be.",
+    help="How far past its wake time or deadline a run must be (an expired lease: at once).",
 )
 @click.option(
     "--stale-after",
