@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
-from conftest import delete_queues, in_process_worker, wait_for
+from conftest import in_process_worker, wait_for
 
 from celery_ext import RUN_KEY_HEADER
 from flexiq_plugins import SqlStepStore, UnknownRun, operations
@@ -189,7 +189,7 @@ def test_c39_a_lost_message_is_re_published_under_its_task_id_and_its_waiter_get
         return f"shipped {order}"
 
     sent = ship.delay("A-1")
-    delete_queues(app, [app.main])
+    _lose_queue(app)
     report = operations.recover(sqlite_store, operations.publishers_for(app), grace=0, queued_after=0)
     assert [job_id for _, job_id in report.recovered] == [sent.id]
     with in_process_worker(app):
@@ -225,3 +225,33 @@ def test_c39_a_copy_under_the_same_task_id_is_deduplicated_by_the_runs_claim(
 def _queue_length(app: Celery) -> int:
     with app.connection_for_write() as conn:
         return int(conn.default_channel.client.llen(app.main))
+
+
+def _lose_queue(app: Celery) -> None:
+    """Delete the app's queue from Redis, as a broker restarted without persistence would have lost it."""
+    with app.connection_for_write() as conn:
+        conn.default_channel.client.delete(app.main)
+    assert _queue_length(app) == 0
+
+
+def test_c39_a_worker_sweeps_as_its_consumer_connects_to_the_broker(
+    redis_broker: str, sqlite_store: SqlStepStore, make_celery_app: Callable[..., Celery]
+) -> None:
+    """C39: the consumer's connection (at start, and again after a lost broker connection) wakes the worker's
+    sweeper, so a job the broker lost is re-published without waiting a whole ``recovery_interval_seconds``
+    (an hour here) and finishes."""
+    app = make_celery_app(redis_broker, sqlite_store, recovery_interval_seconds=3600, recovery_queued_seconds=0.001)
+    ran: list[str] = []
+
+    @app.task(name=f"{app.main}.ship")
+    def ship(order: str) -> str:
+        ran.append(order)
+        return f"shipped {order}"
+
+    sent = ship.delay("C-3")
+    _lose_queue(app)
+    with in_process_worker(app):
+        assert sent.get(timeout=30) == "shipped C-3"
+    run = sqlite_store.list_runs(task_name=f"{app.main}.ship")[0]
+    assert (run.status, run.recovered_at is not None) == ("succeeded", True)
+    assert ran == ["C-3"]

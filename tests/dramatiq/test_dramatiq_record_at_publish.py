@@ -205,6 +205,7 @@ def test_c39_a_re_published_message_keeps_its_id_so_its_waiter_gets_the_result_a
     sent = ship.send("A-1")
     if lost:
         producer.flush(queue)
+        assert list(producer.client.scan_iter(f"{namespace}:{queue}*")) == []  # the message is gone
     report = operations.recover(sqlite_store, operations.publishers_for(producer), grace=0, queued_after=0)
     assert [job_id for _, job_id in report.recovered] == [sent.message_id]
     worker = dramatiq.Worker(producer, worker_threads=2, worker_timeout=100)
