@@ -81,6 +81,7 @@ class ChaosConfig:
     queued_after: float = 120.0
     grace: float = 30.0
     defaults: bool = False
+    body_seconds: float = 0.05
 
     @property
     def table_prefix(self) -> str:
@@ -113,7 +114,7 @@ def five_steps(config: ChaosConfig, n: int) -> int:
     def body(step: str) -> Any:
         def run() -> str:
             _ledger(config, step, "start")
-            time.sleep(0.05)  # a little work, so kills land inside bodies too
+            time.sleep(config.body_seconds)  # a little work, so kills land inside bodies too
             _ledger(config, step, "return")
             return step
 
@@ -352,6 +353,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         queued_after=args.queued_after,
         grace=args.grace,
         defaults=args.defaults,
+        body_seconds=args.body_seconds,
     )
     store = config.open_store()
     store.now()
@@ -622,6 +624,12 @@ def main() -> None:
         "--defaults",
         action="store_true",
         help="the workers use the library's own lease and recovery limits (--queued-after and --grace unused)",
+    )
+    parser.add_argument(
+        "--body-seconds",
+        type=float,
+        default=0.05,
+        help="how long each step body works: long ones make a kill land inside a body (see back_after_kill)",
     )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--directory", default=None)

@@ -36,7 +36,7 @@ sweep stops publishing and leaves the rest to the next one.
 default; each tick it asks the store for the one recovery lease
 (:meth:`OperatorStore.acquire_sweep_lease`, on the database's clock) and sweeps
 only while it holds it. The holder renews it at every tick; when it dies, the
-lease expires after three intervals and another worker takes over.
+lease expires after two intervals and another worker takes over.
 """
 
 from __future__ import annotations
@@ -391,7 +391,7 @@ class Sweeper:
       stale_after(str | float): see :func:`find_stranded`.
       queued_after(str | float): see :func:`find_stranded`.
       lease(bool): sweep only while holding the store's recovery lease of
-        these publishers' frameworks (``recovery:celery``, held for three
+        these publishers' frameworks (``recovery:celery``, held for two
         intervals, renewed at every tick): a Dramatiq worker never holds up
         the recovery of Celery runs sharing the store.
       name(str): names this sweeper in log lines (e.g. ``"celery worker"``).
@@ -472,7 +472,7 @@ class Sweeper:
         Raises:
           StoreUnavailable: the store cannot be reached.
         """
-        if self.lease and not self.store.acquire_sweep_lease(self.owner, 3 * self.interval, name=self.lease_name):
+        if self.lease and not self.store.acquire_sweep_lease(self.owner, 2 * self.interval, name=self.lease_name):
             return None
         return self.sweep()
 
