@@ -14,7 +14,7 @@ from typing import Any
 from flexiq_plugins.integration import JobEnvelope, Publisher, ReportedState, ValueReader
 
 from ._envelope import republish
-from ._results import reported_state
+from ._job_state import reported_state
 
 __all__ = ["CeleryAdapter", "CeleryPublisher", "adapter", "publisher"]
 
@@ -40,7 +40,7 @@ class CeleryPublisher:
         return str(republish(self.app, envelope, run_key, task_id=job_id, unstarted_only=unstarted_only).id)
 
     def job_state(self, job_id: str, envelope: JobEnvelope) -> ReportedState | None:
-        """What the app's result backend holds for ``job_id`` (see :func:`celery_ext._results.reported_state`)."""
+        """What the app's result backend holds for ``job_id`` (see :func:`celery_ext._job_state.reported_state`)."""
         return reported_state(self.app, job_id)
 
 

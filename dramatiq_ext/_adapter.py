@@ -16,7 +16,7 @@ from flexiq_plugins.integration import JobEnvelope, Publisher, ReportedState, Va
 
 from ._actor import Body, unwrap_durable
 from ._envelope import republish
-from ._results import reported_state
+from ._job_state import reported_state
 
 __all__ = ["DramatiqAdapter", "DramatiqPublisher", "adapter", "publisher"]
 
@@ -45,7 +45,7 @@ class DramatiqPublisher:
         return str(message.message_id)
 
     def job_state(self, job_id: str, envelope: JobEnvelope) -> ReportedState | None:
-        """What the broker's ``Results`` backend holds for ``job_id`` (:func:`dramatiq_ext._results.reported_state`)."""
+        """What the broker's ``Results`` backend holds for ``job_id`` (:func:`dramatiq_ext._job_state.reported_state`)."""
         return reported_state(self.broker, job_id, envelope)
 
 
