@@ -45,7 +45,7 @@ class DramatiqPublisher:
         return str(message.message_id)
 
     def job_state(self, job_id: str, envelope: JobEnvelope) -> ReportedState | None:
-        """What the broker's ``Results`` backend holds for ``job_id`` (:func:`dramatiq_ext._job_state.reported_state`)."""
+        """What the broker's ``Results`` backend holds for ``job_id`` (see ``_job_state.reported_state``)."""
         return reported_state(self.broker, job_id, envelope)
 
 
