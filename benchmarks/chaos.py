@@ -8,8 +8,8 @@ It publishes ``--jobs`` jobs of a five-step task (``s1``, ``s2``, a 1 s
 file when it starts and just before it returns), runs ``--workers`` worker
 processes (Celery prefork, or the ``dramatiq`` CLI, each with two children),
 and for ``--duration`` seconds SIGKILLs, every ``--kill-every`` seconds on
-average, either a whole worker (its process group) or one pool child,
-restarting workers that died. Then it drains: it waits until every run has
+average from the first step body on, either a whole worker (its process
+group) or one pool child, restarting workers that died. Then it drains: it waits until every run has
 ended or ``--drain`` seconds pass, and prints
 
 - finished: runs that succeeded;
@@ -19,7 +19,11 @@ ended or ``--drain`` seconds pass, and prints
   (the first start was killed inside the body, before it returned: C6);
 - re-run bodies: step bodies that returned more than once for one run;
 - of those, inside the commit window: the earlier return's process was
-  killed after the body returned (before its commit could land).
+  killed after the body returned (before its commit could land);
+- back after a kill (median, max): for each kill that interrupted a step
+  body, the seconds until that run's next step body started (its queue's
+  backlog included); ``--body-seconds`` makes bodies long enough for kills
+  to land in them.
 
 **Losing the broker** (``--lose-broker-at SECONDS``, Redis only): that many
 seconds after the jobs are published, every key of the run's queue is
@@ -391,10 +395,13 @@ def _publish_kill_drain(
     published = time.time()
     lose_at = published + args.lose_broker_at if args.lose_broker_at is not None else None
     kills = 0
-    next_kill = published + rng.uniform(0.5, 1.5) * args.kill_every if args.duration > 0 else None
+    ledger = Path(config.directory) / "ledger.jsonl"
+    next_kill: float | None = None
     while time.time() - published < max(args.duration, args.lose_broker_at or 0):
         time.sleep(0.1)
         now = time.time()
+        if next_kill is None and args.duration > 0 and ledger.exists():  # kills begin once a body has run
+            next_kill = now + rng.uniform(0.5, 1.5) * args.kill_every
         if lose_at is not None and loss.at is None and now >= lose_at:
             loss.keys = _lose_broker(config)
             loss.at = time.time()
