@@ -6,9 +6,11 @@ with ``app.Worker`` or ``celery.contrib.testing.worker.start_worker`` alike,
 and stops with the worker, giving the recovery lease up.
 
 A step of the consumer's blueprint after its ``Connection`` step is started
-each time the consumer (re)connects to the broker (Celery restarts that
-blueprint after a connection loss): it makes the sweeper tick at once, so
-what a restarted broker lost is found without waiting for the next interval.
+each time the consumer connects to the broker: Celery's ``Consumer.start``
+counts each start in ``restart_count`` and, after a lost connection, restarts
+the same blueprint. On a reconnection (not the first connection, when the
+worker is only starting) it makes the sweeper tick at once, so what a
+restarted broker lost is found without waiting for the next interval.
 """
 
 from __future__ import annotations
@@ -59,7 +61,9 @@ class ReconnectSweep(bootsteps.StartStopStep):  # type: ignore[misc]
     requires = ("celery.worker.consumer.connection:Connection",)
 
     def start(self, parent: Any) -> None:
-        """Wake the sweeper of the consumer's app, if it runs one."""
+        """Wake the sweeper of the consumer's app, if it runs one and this is a reconnection."""
+        if getattr(parent, "restart_count", 1) <= 1:
+            return  # the worker's first connection: its sweeper has just started
         runtime = runtime_of(parent.app)
         sweeper = runtime.sweeper if runtime is not None else None
         if sweeper is not None:

@@ -152,8 +152,8 @@ class DurableConfig:
     recovery_interval_seconds: float = field(
         default=10.0,
         metadata=_doc(
-            "time between two recovery ticks of a worker, seconds; a worker also sweeps when it reconnects to "
-            "its broker (default 10, C39)"
+            "time between two recovery ticks of a worker, seconds; a Celery worker also sweeps when its "
+            "consumer reconnects to the broker (default 10, C39)"
         ),
     )
     recovery_grace_seconds: float = field(
