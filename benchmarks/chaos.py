@@ -8,8 +8,8 @@ It publishes ``--jobs`` jobs of a five-step task (``s1``, ``s2``, a 1 s
 file when it starts and just before it returns), runs ``--workers`` worker
 processes (Celery prefork, or the ``dramatiq`` CLI, each with two children),
 and for ``--duration`` seconds SIGKILLs, every ``--kill-every`` seconds on
-average, either a whole worker (its process group) or one pool child,
-restarting workers that died. Then it drains: it waits until every run has
+average from the first step body on, either a whole worker (its process
+group) or one pool child, restarting workers that died. Then it drains: it waits until every run has
 ended or ``--drain`` seconds pass, and prints
 
 - finished: runs that succeeded;
@@ -19,7 +19,25 @@ ended or ``--drain`` seconds pass, and prints
   (the first start was killed inside the body, before it returned: C6);
 - re-run bodies: step bodies that returned more than once for one run;
 - of those, inside the commit window: the earlier return's process was
-  killed after the body returned (before its commit could land).
+  killed after the body returned (before its commit could land);
+- back after a kill (median, max): for each kill that interrupted a step
+  body, the seconds until that run's next step body started (its queue's
+  backlog included); ``--body-seconds`` makes bodies long enough for kills
+  to land in them.
+
+**Losing the broker** (``--lose-broker-at SECONDS``, Redis only): that many
+seconds after the jobs are published, every key of the run's queue is
+deleted from Redis (its list, its delayed messages, the messages workers
+had taken without acknowledging them): what a broker restarted without
+persistence loses. The report then adds the seconds from the loss until the
+last run ended, and how many of the original result waiters (Celery
+``AsyncResult``, Dramatiq ``Results``: both configured on Redis) got their
+job's result. With ``--defaults`` the workers use the library's own recovery
+limits and lease instead of the short ones below; ``--duration 0`` kills
+nothing::
+
+    .venv/bin/python benchmarks/chaos.py --framework dramatiq --broker redis \
+        --store postgresql://localhost/test --jobs 200 --duration 0 --lose-broker-at 10 --defaults
 
 Workers recover by themselves (C39: recovery in the workers, runs recorded
 at publish), with short limits for a one-minute run; ``recovered_by_workers``
@@ -42,6 +60,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -65,6 +84,8 @@ class ChaosConfig:
     lease_seconds: float = 5.0
     queued_after: float = 120.0
     grace: float = 30.0
+    defaults: bool = False
+    body_seconds: float = 0.05
 
     @property
     def table_prefix(self) -> str:
@@ -97,7 +118,7 @@ def five_steps(config: ChaosConfig, n: int) -> int:
     def body(step: str) -> Any:
         def run() -> str:
             _ledger(config, step, "start")
-            time.sleep(0.05)  # a little work, so kills land inside bodies too
+            time.sleep(config.body_seconds)  # a little work, so kills land inside bodies too
             _ledger(config, step, "return")
             return step
 
@@ -113,6 +134,8 @@ def five_steps(config: ChaosConfig, n: int) -> int:
 
 
 def _options(config: ChaosConfig) -> dict[str, Any]:
+    if config.defaults:  # the library's own lease and recovery limits
+        return {"store": config.open_store(), "keep_succeeded_steps": True, "max_hop_seconds": 5.0}
     return {
         "store": config.open_store(),
         "lease_seconds": config.lease_seconds,
@@ -131,12 +154,13 @@ def make_celery(config: ChaosConfig) -> Any:
 
     import celery_ext
 
-    app = Celery(f"chaos{config.queue}", broker=BROKERS[config.broker], set_as_current=False)
+    app = Celery(f"chaos{config.queue}", broker=BROKERS[config.broker], backend=BROKERS["redis"], set_as_current=False)
     app.conf.update(
         task_default_queue=config.queue,
         broker_connection_retry_on_startup=True,
         worker_prefetch_multiplier=1,
-        broker_transport_options={"visibility_timeout": 15},
+        # short, so a killed worker's jobs also come back through Redis (with --defaults: Celery's own, 1 h)
+        broker_transport_options={} if config.defaults else {"visibility_timeout": 15},
         worker_hijack_root_logger=False,
     )
     celery_ext.install(app, **_options(config))
@@ -153,25 +177,36 @@ def make_dramatiq(config: ChaosConfig) -> Any:
     import dramatiq
     from dramatiq.brokers.rabbitmq import RabbitmqBroker
     from dramatiq.brokers.redis import RedisBroker
+    from dramatiq.results import Results
 
     from dramatiq_ext import DurableSteps
 
     broker: Any
     if config.broker == "redis":
-        broker = RedisBroker(
-            url=BROKERS["redis"], namespace=f"chaos-{config.queue}", heartbeat_timeout=5000, dead_message_ttl=600_000
-        )
-        broker.maintenance_chance = 10_000  # of 100_000 fetches: requeue dead workers' messages soon
+        quick = {} if config.defaults else {"heartbeat_timeout": 5000}  # with --defaults: Dramatiq's own (60 s)
+        broker = RedisBroker(url=BROKERS["redis"], namespace=f"chaos-{config.queue}", dead_message_ttl=600_000, **quick)
+        if not config.defaults:
+            broker.maintenance_chance = 10_000  # of 100_000 fetches: requeue dead workers' messages soon
     else:
         broker = RabbitmqBroker(host="127.0.0.1", port=5672, heartbeat=0)
+    broker.add_middleware(Results(backend=_results_backend(config)))
     broker.add_middleware(DurableSteps(**_options(config)))
     dramatiq.set_broker(broker)
 
-    @dramatiq.actor(actor_name="five_steps", queue_name=config.queue, max_retries=20, min_backoff=200)
-    def actor(n: int) -> None:
-        five_steps(config, n)
+    @dramatiq.actor(
+        actor_name="five_steps", queue_name=config.queue, max_retries=20, min_backoff=200, store_results=True
+    )
+    def actor(n: int) -> int:
+        return five_steps(config, n)
 
     return broker
+
+
+def _results_backend(config: ChaosConfig) -> Any:
+    """The Dramatiq ``Results`` backend of the run (Redis, its own namespace)."""
+    from dramatiq.results.backends import RedisBackend
+
+    return RedisBackend(url=BROKERS["redis"], namespace=f"chaos-results-{config.queue}")
 
 
 _CONFIG = ChaosConfig(**json.loads(os.environ[CONFIG_ENV])) if os.environ.get(CONFIG_ENV) else None
@@ -282,66 +317,171 @@ def _group(pgid: int) -> list[int]:
     return [p for p in _all_pids() if (st := _proc_stat(p)) is not None and st[1] == pgid]
 
 
-def publish(config: ChaosConfig, jobs: int) -> None:
-    """Publish the jobs from this process (the integration records each run at publish)."""
+def publish(config: ChaosConfig, jobs: int) -> list[Any]:
+    """Publish the jobs from this process (the integration records each run at publish); return their handles.
+
+    A Celery job's handle is its task id, a Dramatiq job's its message: what a result waiter holds.
+    """
     if config.framework == "celery":
         celery_app = make_celery(config)
-        for n in range(jobs):
-            celery_app.send_task("chaos.five_steps", args=[n])
+        ids = [celery_app.send_task("chaos.five_steps", args=[n]).id for n in range(jobs)]
         celery_app.close()
-    else:
-        dramatiq_broker = make_dramatiq(config)
-        actor = dramatiq_broker.get_actor("five_steps")
-        for n in range(jobs):
-            actor.send(n)
-        dramatiq_broker.close()
+        return ids
+    dramatiq_broker = make_dramatiq(config)
+    actor = dramatiq_broker.get_actor("five_steps")
+    messages = [actor.send(n) for n in range(jobs)]
+    dramatiq_broker.close()
+    return messages
+
+
+@dataclass
+class Loss:
+    """When the broker lost the run's messages, what the waiters got, and when the runs had all ended."""
+
+    at: float | None = None
+    keys: int = 0
+    drained_at: float | None = None
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    """Publish, kill for ``args.duration`` seconds, drain; return the counts."""
+    """Publish, kill for ``args.duration`` seconds (losing the broker's keys on the way), drain; return the counts."""
     directory = args.directory or tempfile.mkdtemp(prefix="flexiq-chaos-")
     store_url = args.store or f"sqlite:///{Path(directory) / 'steps.db'}"
     queue = f"chaos{uuid4().hex[:8]}"
     config = ChaosConfig(
-        args.framework, args.broker, store_url, queue, directory, queued_after=args.queued_after, grace=args.grace
+        args.framework,
+        args.broker,
+        store_url,
+        queue,
+        directory,
+        queued_after=args.queued_after,
+        grace=args.grace,
+        defaults=args.defaults,
+        body_seconds=args.body_seconds,
     )
     store = config.open_store()
     store.now()
     rng = random.Random(args.seed)
     workers = Workers(config, args.workers)
     started = time.time()
+    loss = Loss()
+    handles: list[Any] = []
     try:
-        runs, kills = _publish_kill_drain(args, config, store, workers, rng)
+        runs, kills = _publish_kill_drain(args, config, store, workers, rng, loss=loss, handles=handles)
     finally:
         workers.stop()
     drained_s = time.time() - started
     result = _report(store, runs, config, args.jobs, workers.kills)
     result.update(kills=kills, seconds=round(drained_s, 1), directory=directory, workers_started=workers.started)
-    _cleanup(config)
+    if loss.at is not None:
+        result.update(_loss_report(config, loss, handles))
+    _cleanup(config, handles)
     _drop_tables(store)
     return result
 
 
 def _publish_kill_drain(
-    args: argparse.Namespace, config: ChaosConfig, store: Any, workers: Workers, rng: random.Random
+    args: argparse.Namespace,
+    config: ChaosConfig,
+    store: Any,
+    workers: Workers,
+    rng: random.Random,
+    *,
+    loss: Loss,
+    handles: list[Any],
 ) -> tuple[list[Any], int]:
-    started = time.time()
     workers.fill()
-    publish(config, args.jobs)
+    handles.extend(publish(config, args.jobs))
+    published = time.time()
+    lose_at = published + args.lose_broker_at if args.lose_broker_at is not None else None
     kills = 0
-    while time.time() - started < args.duration:
-        time.sleep(rng.uniform(0.5, 1.5) * args.kill_every)
-        workers.kill_one(rng)
-        kills += 1
-        time.sleep(0.3)
-        workers.fill()
+    ledger = Path(config.directory) / "ledger.jsonl"
+    next_kill: float | None = None
+    while time.time() - published < max(args.duration, args.lose_broker_at or 0):
+        time.sleep(0.1)
+        now = time.time()
+        if next_kill is None and args.duration > 0 and ledger.exists():  # kills begin once a body has run
+            next_kill = now + rng.uniform(0.5, 1.5) * args.kill_every
+        if lose_at is not None and loss.at is None and now >= lose_at:
+            loss.keys = _lose_broker(config)
+            loss.at = time.time()
+        if next_kill is not None and now >= next_kill and now - published < args.duration:
+            workers.kill_one(rng)
+            kills += 1
+            time.sleep(0.3)
+            workers.fill()
+            next_kill = time.time() + rng.uniform(0.5, 1.5) * args.kill_every
     deadline = time.time() + args.drain
     runs = _runs(store, config)
     while time.time() < deadline and (len(runs) < args.jobs or any(not _ended(r.status) for r in runs)):
         workers.fill()
         time.sleep(1.0)
         runs = _runs(store, config)
+    if len(runs) >= args.jobs and all(_ended(r.status) for r in runs):
+        loss.drained_at = time.time()
     return runs, kills
+
+
+def _lose_broker(config: ChaosConfig) -> int:
+    """Delete every Redis key of the run's queue, and its messages workers hold unacknowledged; return the count.
+
+    What a Redis restarted without persistence loses of this run: the queue's
+    list (Celery) or lists and message tables (Dramatiq, delayed queue
+    included), and Celery's record of the messages its workers took but did
+    not acknowledge (else its visibility timeout would give them back).
+    """
+    import redis
+
+    if config.broker != "redis":
+        raise SystemExit("--lose-broker-at needs --broker redis")
+    client = redis.Redis.from_url(BROKERS["redis"])
+    keys = [k for k in client.scan_iter(f"*{config.queue}*") if b"results" not in k]
+    lost = client.delete(*keys) if keys else 0
+    for tag, raw in client.hgetall("unacked").items():  # Celery: [message, exchange, routing key]
+        with contextlib.suppress(ValueError, TypeError, IndexError):
+            if json.loads(raw)[2] == config.queue:
+                client.hdel("unacked", tag)
+                client.zrem("unacked_index", tag)
+                lost += 1
+    return int(lost)
+
+
+def _loss_report(config: ChaosConfig, loss: Loss, handles: list[Any]) -> dict[str, Any]:
+    """Seconds from the loss until every run ended, and how many original result waiters got their result."""
+    assert loss.at is not None
+    drained = round(loss.drained_at - loss.at, 1) if loss.drained_at is not None else None
+    return {
+        "broker_keys_lost": loss.keys,
+        "drained_after_loss_s": drained,
+        "original_waiters_with_result": sum(1 for handle in handles if _has_result(config, handle)),
+    }
+
+
+def _has_result(config: ChaosConfig, handle: Any) -> bool:
+    """Whether the original waiter of a job (its task id, its message) gets its result now, without waiting."""
+    if config.framework == "celery":
+        return bool(make_celery_results(config).AsyncResult(handle).state == "SUCCESS")
+    from dramatiq.results import ResultMissing
+
+    try:
+        _results_backend(config).get_result(handle, block=False)
+    except ResultMissing:
+        return False
+    return True
+
+
+_RESULTS_APP: dict[str, Any] = {}
+
+
+def make_celery_results(config: ChaosConfig) -> Any:
+    """A Celery app that reads the run's result backend (one per run)."""
+    from celery import Celery
+
+    if config.queue not in _RESULTS_APP:
+        _RESULTS_APP[config.queue] = Celery(
+            f"chaos-results-{config.queue}", broker=BROKERS[config.broker], backend=BROKERS["redis"]
+        )
+    return _RESULTS_APP[config.queue]
 
 
 def _ended(status: str) -> bool:
@@ -376,6 +516,7 @@ def _report(
             reruns += 1
             if any(at >= earlier["t"] for at in killed_at.get(earlier["pid"], [])):
                 inside += 1
+    back = _back_after_kills([e for e in ledger if e["run"] in ours], killed_at)
     dead = [d for d in store.list_dead_letters(include_retried=True) if d.run_key in ours]
     statuses = Counter(r.status for r in runs)
     return {
@@ -393,7 +534,33 @@ def _report(
         "takeovers": sum(r.takeovers for r in runs),
         "bodies_re_run": reruns,
         "re_runs_inside_commit_window": inside,
+        "runs_killed_in_a_body": len(back),
+        "back_after_kill_s_median": round(sorted(back)[len(back) // 2], 1) if back else None,
+        "back_after_kill_s_max": round(max(back), 1) if back else None,
     }
+
+
+def _back_after_kills(ledger: list[dict[str, Any]], killed_at: dict[int, list[float]]) -> list[float]:
+    """Seconds from each kill that interrupted a step body to that run's next step body starting elsewhere.
+
+    A body started by a process that was killed before it returned: the
+    run's next ledger entry after the kill is the run coming back (through
+    the broker's redelivery, or the workers' recovery once the lease ran out).
+    """
+    by_run: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for entry in sorted(ledger, key=lambda e: e["t"]):
+        by_run[entry["run"]].append(entry)
+    gaps = []
+    for entries in by_run.values():
+        for i, entry in enumerate(entries):
+            if entry["phase"] != "start":
+                continue
+            returned = any(e["phase"] == "return" and e["pid"] == entry["pid"] for e in entries[i + 1 : i + 2])
+            kill = next((k for k in sorted(killed_at.get(entry["pid"], [])) if k >= entry["t"]), None)
+            later = [e for e in entries[i + 1 :] if kill is not None and e["t"] > kill]
+            if not returned and kill is not None and later:
+                gaps.append(later[0]["t"] - kill)
+    return gaps
 
 
 def _drop_tables(store: Any) -> None:
@@ -409,16 +576,18 @@ def _drop_tables(store: Any) -> None:
     store.close()
 
 
-def _cleanup(config: ChaosConfig) -> None:
+def _cleanup(config: ChaosConfig, handles: Sequence[Any] = ()) -> None:
     try:
-        if config.broker == "redis":
+        if config.broker == "redis" or handles:
             import redis
 
             client = redis.Redis.from_url(BROKERS["redis"])
             keys = list(client.scan_iter(f"*{config.queue}*"))
+            if config.framework == "celery":
+                keys += [f"celery-task-meta-{task_id}" for task_id in handles]
             if keys:
                 client.delete(*keys)
-        else:
+        if config.broker == "rabbitmq":
             from kombu import Connection
 
             with Connection(BROKERS["rabbitmq"]) as conn:  # type: ignore[no-untyped-call]
@@ -436,7 +605,7 @@ def main() -> None:
     parser.add_argument("--broker", choices=("redis", "rabbitmq"), default="redis")
     parser.add_argument("--store", default=None, help="SQLAlchemy URL; default: a SQLite file in --directory")
     parser.add_argument("--jobs", type=int, default=200)
-    parser.add_argument("--duration", type=float, default=60.0, help="seconds of killing")
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of killing (0: no kills)")
     parser.add_argument("--kill-every", type=float, default=3.0, help="mean seconds between kills")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--drain", type=float, default=240.0, help="most seconds to wait for the runs to end")
@@ -451,6 +620,23 @@ def main() -> None:
         type=float,
         default=30.0,
         help="the workers' recovery_grace_seconds: how late a wake-up may be before it is re-published",
+    )
+    parser.add_argument(
+        "--lose-broker-at",
+        type=float,
+        default=None,
+        help="seconds after publishing: delete the run's queue keys from Redis (a restart without persistence)",
+    )
+    parser.add_argument(
+        "--defaults",
+        action="store_true",
+        help="the workers use the library's own lease and recovery limits (--queued-after and --grace unused)",
+    )
+    parser.add_argument(
+        "--body-seconds",
+        type=float,
+        default=0.05,
+        help="how long each step body works: long ones make a kill land inside a body (see back_after_kill)",
     )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--directory", default=None)

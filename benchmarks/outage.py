@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     proxy: Proxy | BlackHole = BlackHole(upstream) if args.mode == "blackhole" else Proxy(upstream)
     url = f"postgresql://postgres@{proxy.host}:{proxy.port}/test" + (f"?{args.url_query}" if args.url_query else "")
     directory = tempfile.mkdtemp(prefix="flexiq-outage-")
-    config = chaos.ChaosConfig(args.framework, args.broker, url, f"outage{uuid4().hex[:8]}", directory)
+    queue = f"outage{uuid4().hex[:8]}"
+    config = chaos.ChaosConfig(args.framework, args.broker, url, queue, directory, defaults=args.defaults)
     direct = SqlStepStore("postgresql://postgres@127.0.0.1:5432/test", table_prefix=config.table_prefix)
     workers = chaos.Workers(config, 2)
     try:
@@ -96,6 +97,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "broker": args.broker,
         "jobs": args.jobs,
         "outage_s": args.outage,
+        "library_defaults": args.defaults,
         "finished": finished,
         "lost": args.jobs - sum(1 for r in runs if chaos._ended(r.status)),
         "drain_after_return_s": round(drain, 1),
@@ -118,6 +120,11 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=100)
     parser.add_argument("--outage", type=float, default=10.0, help="seconds the store is cut")
     parser.add_argument("--drain", type=float, default=300.0)
+    parser.add_argument(
+        "--defaults",
+        action="store_true",
+        help="the workers use the library's own lease and recovery limits (else chaos.py's short ones)",
+    )
     parser.add_argument(
         "--url-query",
         default="",

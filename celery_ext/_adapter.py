@@ -11,20 +11,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from flexiq_plugins.integration import JobEnvelope, Publisher, ValueReader
+from flexiq_plugins.integration import JobEnvelope, Publisher, ReportedState, ValueReader
 
 from ._envelope import republish
+from ._job_state import reported_state
 from ._results import tell_waiter
 
 __all__ = ["CeleryAdapter", "CeleryPublisher", "adapter", "publisher"]
 
 
 def publisher(app: Any) -> CeleryPublisher:
-    """A publisher that re-publishes Celery jobs with ``app``, carrying the run key (C11, C30, C36).
-
-    Given a ``job_id`` it reuses that task id, so a result waiter of a run
-    woken by an event (C33) gets the run's outcome under its first task id.
-    It also tells a job's result waiter how a run ended outside Celery (C45).
+    """A `CeleryPublisher` on ``app``.
 
     Parameters:
       app (celery.Celery): the application whose broker receives the job.
@@ -33,7 +30,13 @@ def publisher(app: Any) -> CeleryPublisher:
 
 
 class CeleryPublisher:
-    """[`Publisher`][flexiq_plugins.integration.Publisher] and ``ResultReporter`` through one Celery app.
+    """Re-publishes Celery jobs with one app (C11, C30, C36), answers their waiters (C45) and reads their state (C47).
+
+    Given a ``job_id`` it reuses that task id, so the result waiter of a run
+    woken by an event (C33) or recovered (C39) gets the run's outcome under
+    its first task id. It also tells a job's result waiter how a run ended
+    outside Celery (C45), and reads what the app's result backend holds for a
+    job before recovery re-publishes it (C47).
 
     Parameters:
       app (celery.Celery): the application.
@@ -45,12 +48,16 @@ class CeleryPublisher:
     def __call__(
         self, envelope: JobEnvelope, run_key: str, *, job_id: str | None = None, unstarted_only: bool = False
     ) -> str:
-        """Publish ``envelope`` again carrying ``run_key``; return the task id (``job_id`` if given)."""
+        """Publish ``envelope`` again carrying ``run_key``; return the task id (``job_id`` when given)."""
         return str(republish(self.app, envelope, run_key, task_id=job_id, unstarted_only=unstarted_only).id)
 
     def report_ended(self, envelope: JobEnvelope, job_id: str, error: BaseException) -> bool:
         """Store ``error`` as the FAILURE of task id ``job_id`` unless its backend holds a ready state (C45)."""
         return tell_waiter(self.app.tasks.get(envelope.task_name), job_id, error)
+
+    def job_state(self, job_id: str, envelope: JobEnvelope) -> ReportedState | None:
+        """What the app's result backend holds for ``job_id`` (see `celery_ext._job_state.reported_state`)."""
+        return reported_state(self.app, job_id)
 
 
 class CeleryAdapter:

@@ -10,7 +10,7 @@ from flexiq_plugins.integration import StoreSpec, check_store_spec, register_ins
 from ._options import CeleryConfig
 from ._prepare import prepare_app
 from ._publish import note_publishing_app
-from ._recovery import RecoveryStep
+from ._recovery import ReconnectSweep, RecoveryStep
 from ._runtime import Runtime, runtime_of
 from ._signals import connect_signals, on_app_finalized
 from ._task import DurableTask
@@ -62,6 +62,7 @@ def install(app: Any, store: StoreSpec = None, **options: Any) -> None:
     connect_signals()
     note_publishing_app(app)
     app.steps["worker"].add(RecoveryStep)
+    app.steps["consumer"].add(ReconnectSweep)
     install_quiet_ignored_filter()
     app.on_after_finalize.connect(on_app_finalized, weak=False)
     if app.finalized:

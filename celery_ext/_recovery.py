@@ -4,6 +4,13 @@ A bootstep of the worker's blueprint starts in the worker's main process
 (never in a prefork child) for ``celery worker`` and for workers embedded
 with ``app.Worker`` or ``celery.contrib.testing.worker.start_worker`` alike,
 and stops with the worker, giving the recovery lease up.
+
+A step of the consumer's blueprint after its ``Connection`` step is started
+each time the consumer connects to the broker: Celery's ``Consumer.start``
+counts each start in ``restart_count`` and, after a lost connection, restarts
+the same blueprint. On a reconnection (not the first connection, when the
+worker is only starting) it makes the sweeper tick at once, so what a
+restarted broker lost is found without waiting for the next interval.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from flexiq_plugins.integration import start_recovery
 from ._adapter import publisher
 from ._runtime import runtime_of
 
-__all__ = ["RecoveryStep"]
+__all__ = ["ReconnectSweep", "RecoveryStep"]
 
 
 class RecoveryStep(bootsteps.StartStopStep):  # type: ignore[misc]
@@ -45,3 +52,19 @@ class RecoveryStep(bootsteps.StartStopStep):  # type: ignore[misc]
 
     shutdown = stop
     terminate = stop  # an embedded worker (celery.contrib.testing) and a cold shutdown end through terminate
+
+
+class ReconnectSweep(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Makes the worker's sweeper tick when its consumer (re)connects to the broker (C39)."""
+
+    label = "flexiq sweep on connect"
+    requires = ("celery.worker.consumer.connection:Connection",)
+
+    def start(self, parent: Any) -> None:
+        """Wake the sweeper of the consumer's app, if it runs one and this is a reconnection."""
+        if getattr(parent, "restart_count", 1) <= 1:
+            return  # the worker's first connection: its sweeper has just started
+        runtime = runtime_of(parent.app)
+        sweeper = runtime.sweeper if runtime is not None else None
+        if sweeper is not None:
+            sweeper.wake()

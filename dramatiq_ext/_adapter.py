@@ -12,19 +12,18 @@ import json
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from flexiq_plugins.integration import JobEnvelope, Publisher, ValueReader
+from flexiq_plugins.integration import JobEnvelope, Publisher, ReportedState, ValueReader
 
 from ._actor import Body, unwrap_durable
 from ._envelope import republish
+from ._job_state import reported_state
 from ._results import ResultKey, tell_waiter
 
 __all__ = ["DramatiqAdapter", "DramatiqPublisher", "adapter", "publisher"]
 
 
 def publisher(broker: Any) -> DramatiqPublisher:
-    """A publisher that re-publishes Dramatiq jobs on ``broker``, carrying the run key (C11, C30, C36).
-
-    It also tells a job's result waiter how a run ended outside Dramatiq (C45).
+    """A `DramatiqPublisher` on ``broker``.
 
     Parameters:
       broker (dramatiq.Broker): the broker to enqueue on.
@@ -33,7 +32,14 @@ def publisher(broker: Any) -> DramatiqPublisher:
 
 
 class DramatiqPublisher:
-    """[`Publisher`][flexiq_plugins.integration.Publisher] and ``ResultReporter`` on one Dramatiq broker.
+    """Re-publishes Dramatiq jobs on one broker (C11, C30, C36), answers their waiters (C45), reads their state (C47).
+
+    Given a ``job_id`` it reuses that message id, so a ``Results`` waiter
+    (``message.get_result()``) of a run woken by an event (C33) or recovered
+    (C39) gets the run's outcome. Two messages of one id in the broker are
+    harmless: the Redis broker gives each enqueue its own ``redis_message_id``,
+    and the run's claim lets one delivery run the body. It also tells a job's
+    result waiter how a run ended outside Dramatiq (C45).
 
     Parameters:
       broker (dramatiq.Broker): the broker.
@@ -45,18 +51,18 @@ class DramatiqPublisher:
     def __call__(
         self, envelope: JobEnvelope, run_key: str, *, job_id: str | None = None, unstarted_only: bool = False
     ) -> str:
-        """Publish ``envelope`` again carrying ``run_key``; return the new message id.
-
-        Always a new message id: a delayed copy of the job may still be in the
-        broker, and two messages of one id would share one entry of the Redis
-        broker's message table.
-        """
-        return str(republish(self.broker, envelope, run_key, unstarted_only=unstarted_only).message_id)
+        """Enqueue ``envelope`` again carrying ``run_key``; return the message id (``job_id`` when given)."""
+        message = republish(self.broker, envelope, run_key, message_id=job_id, unstarted_only=unstarted_only)
+        return str(message.message_id)
 
     def report_ended(self, envelope: JobEnvelope, job_id: str, error: BaseException) -> bool:
         """Store ``error`` for message ``job_id`` in the broker's ``Results`` backend, if it stores results (C45)."""
         key = ResultKey(envelope.queue or "default", envelope.task_name, job_id, dict(envelope.options))
         return tell_waiter(self.broker, key, error if isinstance(error, Exception) else Exception(str(error)))
+
+    def job_state(self, job_id: str, envelope: JobEnvelope) -> ReportedState | None:
+        """What the broker's ``Results`` backend holds for ``job_id`` (see `dramatiq_ext._job_state.reported_state`)."""
+        return reported_state(self.broker, job_id, envelope)
 
 
 def _read_json(data: bytes) -> Any:

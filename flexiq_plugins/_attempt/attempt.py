@@ -96,6 +96,9 @@ class AttemptHost(Protocol):
     def store_outage(self, exc: StoreUnavailable) -> decisions.PutBack:
         """The decision for a store outage: put back, no retry counted (C28)."""
 
+    def release_later(self, claim: Claim) -> None:
+        """Release ``claim``, held through a store outage, as soon as the store answers (C28)."""
+
 
 class Attempt:
     """One execution of a task body for a run, holding its claim.
@@ -338,7 +341,8 @@ class Attempt:
         except ClaimLost as exc:
             logger.warning("attempt %s of run %s dropped: %s", self.number, self.run_key, exc)
             return decisions.Ack(decisions.AckReason.DROPPED, str(exc))
-        except StoreUnavailable as exc:
+        except StoreUnavailable as exc:  # the claim could not be released: as soon as the store answers, then
+            self._driver.release_later(self._held())
             return self._driver.store_outage(exc)
 
     def _effective_error(self, error: BaseException | None) -> BaseException | None:

@@ -47,6 +47,7 @@ from .._model.identity import check_run_key
 from .._model.records import (
     Begun,
     Busy,
+    Claim,
     Finished,
     NewDeadLetter,
 )
@@ -65,6 +66,7 @@ from ..errors import (
 from . import decisions, endings
 from .attempt import Attempt, report_end
 from .job import JobInfo
+from .late_release import LateReleases
 from .store_health import StoreHealth, store_health
 
 __all__ = ["AttemptDriver", "default_owner"]
@@ -158,6 +160,7 @@ class AttemptDriver:
         self.observer = observer_for(self.config)  # what its attempts report to (C53); None: nothing is observed
         if self.observer is not None:
             self.observer.watch(store.count_statuses)
+        self.late_releases = LateReleases(store, self.config.lease_seconds)
         watch_sqlalchemy()  # a plain step inside a SQLAlchemy transaction that has written is refused (C42)
 
     # ------------------------------------------------------------ one call
@@ -317,6 +320,10 @@ class AttemptDriver:
         replayed = replays.load_outcome(finished.outcome, self.codec)
         logger.info("job %s: run %s is already %s; its outcome is replayed", job.job_id, job.run_key, finished.status)
         return decisions.Replay(finished.status, replayed.value, replayed.error)
+
+    def release_later(self, claim: Claim) -> None:
+        """Release ``claim``, held through a store outage, as soon as the store answers (C28, `late_release`)."""
+        self.late_releases.add(claim)
 
     def store_outage(self, exc: StoreUnavailable) -> decisions.PutBack:
         """The decision for a store outage: put back, no retry counted (C28, C41).

@@ -5,7 +5,7 @@ published: a run that polls from then on receives it, and a run that waits
 already is found by the store (`OperatorStore.add_event`) and re-published
 through the publisher of its framework (an app or broker of this process,
 `flexiq_plugins._delivery.registry`). Without one the run is left to recovery
-(``flexiq recover``, the [`Sweeper`][flexiq_plugins.operations.Sweeper]), which
+(``flexiq recover``, the `Sweeper`), which
 re-publishes a waiting run whose event has arrived: the event is never lost,
 only later.
 

@@ -87,7 +87,7 @@ def fork_run(
       NoPublisher: no publisher for the job's framework (nothing written).
       CorruptRecord: the stored job envelope cannot be read (nothing written).
       PublishFailed: the broker refused; the new run stays ``queued``, and
-        [`recover`][flexiq_plugins.operations.recover] publishes it.
+        `recover` publishes it.
       StoreUnavailable: the store cannot be reached.
     """
     check_run_key(run_key)

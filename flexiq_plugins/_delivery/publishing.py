@@ -1,8 +1,9 @@
 """Re-publishing a stored job through its framework's adapter, and loading apps and brokers by reference.
 
-A dead-letter retry or a recovery publishes the stored
+A dead-letter retry publishes the stored
 [`JobEnvelope`][flexiq_plugins.JobEnvelope] again with a *new* job id that carries
-the *old* run key (C11, C36), through a [`Publisher`][flexiq_plugins.integration.Publisher]
+the *old* run key (C11, C36); a recovery or an event's wake-up keeps the
+run's job id where the framework allows it, through a [`Publisher`][flexiq_plugins.integration.Publisher]
 per framework. Publishers come from the adapters (``flexiq_plugins._delivery.registry``):
 the core never imports a framework.
 """
@@ -91,7 +92,8 @@ def publish(
     """Re-publish ``envelope`` carrying ``run_key``; return the new job id (C11, C36).
 
     ``job_id`` asks to reuse that job id where the framework allows it (a run
-    woken by an event keeps its task id on Celery, C33). ``unstarted_only``
+    woken by an event or recovered keeps its job id, so its result waiter
+    gets its outcome: C33, C39). ``unstarted_only``
     marks a copy that runs only while its run never started (C39).
 
     Raises:
@@ -99,10 +101,13 @@ def publish(
       PublishFailed: the broker refused or could not be reached.
     """
     require_readable(envelope, run_key)
+    options: dict[str, Any] = {}  # only what is asked: a publisher may be a plain function of fewer keywords
+    if job_id is not None:
+        options["job_id"] = job_id
+    if unstarted_only:
+        options["unstarted_only"] = True
     try:
-        if unstarted_only:
-            return publisher(envelope, run_key, unstarted_only=True)
-        return publisher(envelope, run_key) if job_id is None else publisher(envelope, run_key, job_id=job_id)
+        return publisher(envelope, run_key, **options)
     except Exception as exc:
         raise PublishFailed(
             f"could not re-publish {envelope.task_name!r} (run {run_key}): {type(exc).__name__}: {exc}"

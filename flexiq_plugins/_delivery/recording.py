@@ -33,7 +33,7 @@ delivery claims the run before the body runs, even if the body takes no step
 task the worker runs with ``durable=False`` never claims; it is ended with
 [`settle_unclaimed_run`][flexiq_plugins.integration.settle_unclaimed_run].
 
-Every worker runs the recovery [`Sweeper`][flexiq_plugins.operations.Sweeper]
+Every worker runs the recovery `Sweeper`
 by default ([`start_recovery`][flexiq_plugins.integration.start_recovery]); the store's recovery lease lets one
 sweep run at a time across all of them.
 """

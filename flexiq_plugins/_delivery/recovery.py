@@ -15,11 +15,28 @@ recovered again until ``stale_after`` has passed without it starting. A
 duplicate would still be harmless (the core's claim lets one delivery run the
 body), but it is avoided.
 
+**What the framework already ended stays ended (C47).** Before a run that
+never started is re-published, its framework's result store is read for the
+job's id (`reported_state`: Celery's
+result backend, Dramatiq's ``Results``). A job the framework reports finished
+(a worker without the integration ran it) settles the run to match instead:
+the body is never run a second time.
+
+**The original job id.** A run is re-published under the job id it has
+(its Celery task id, its Dramatiq message id), so whoever waits on the
+original ``AsyncResult`` or ``message.get_result()`` gets the outcome; the
+run's claim still lets one delivery run the body (C24, C37). A cancelled
+run's undos go out under a new id (its old one may be revoked).
+
+**A publish that fails** (the broker is down) undoes the run's recovery
+mark, so the next sweep tries it again; after three failures in a row a
+sweep stops publishing and leaves the rest to the next one.
+
 **One sweep at a time (C39).** Every worker runs a [`Sweeper`][flexiq_plugins.integration.Sweeper] by
 default; each tick it asks the store for the one recovery lease
 (`OperatorStore.acquire_sweep_lease`, on the database's clock) and sweeps
 only while it holds it. The holder renews it at every tick; when it dies, the
-lease expires after three intervals and another worker takes over.
+lease expires after two intervals and another worker takes over.
 """
 
 from __future__ import annotations
@@ -39,7 +56,7 @@ from .._observe import Observer
 from .._store.operator_side import OperatorStore
 from ..errors import ConfigurationError, PublishFailed, StoreUnavailable
 from .publishing import publish
-from .registry import Publisher
+from .registry import Publisher, reported_state
 
 __all__ = [
     "DEFAULT_GRACE_SECONDS",
@@ -55,26 +72,34 @@ __all__ = [
 
 logger = logging.getLogger("flexiq_plugins.operations")
 
-DEFAULT_GRACE_SECONDS = 60.0
-"""How long past its wake time or lease a run may be before [`recover`][flexiq_plugins.operations.recover] takes it,
-seconds."""
+DEFAULT_GRACE_SECONDS = 10.0
+"""How long past its wake time or deadline a run may be before [`recover`][flexiq_plugins.operations.recover] takes it,
+seconds.
+
+Short: a wake-up re-published while the original was only late is a
+duplicate the run's claim makes harmless (C24, C37)."""
 
 DEFAULT_STALE_SECONDS = 3600.0
 """How long a ``pending`` or ``retrying`` run may go without an update before
 [`recover`][flexiq_plugins.operations.recover] takes it, seconds."""
 
-DEFAULT_QUEUED_SECONDS = 600.0
+DEFAULT_QUEUED_SECONDS = 30.0
 """How long a run recorded at publish may stay ``queued`` without a start before
 [`recover`][flexiq_plugins.operations.recover] takes it, seconds.
 
-Longer than [`DEFAULT_GRACE_SECONDS`][flexiq_plugins.operations.DEFAULT_GRACE_SECONDS]: a queue's backlog delays a start
-without anything being lost, and every copy re-published for it is work the
-claim then throws away (C39)."""
+A job waiting in a backlog longer than this gets one copy (marked to run
+only while its run never started, C39): the claim makes it a no-op, so a
+short wait costs a little work, and a lost queue is run again within about
+this long plus one interval."""
 
-DEFAULT_INTERVAL_SECONDS = 60.0
+DEFAULT_INTERVAL_SECONDS = 10.0
 """Time between two ticks of a [`Sweeper`][flexiq_plugins.integration.Sweeper], seconds."""
 
 _SCAN_LIMIT = 100_000
+_FAILURES_BEFORE_PAUSE = 3
+"""Publishes failing in a row after which a sweep leaves the rest to the next one (the broker is down)."""
+_NEW_JOB_ID = frozenset({"cancel_requested"})
+"""Why a run is re-published under a new job id: its undos' job must not meet a revoke of its old id."""
 _STALE_STATUSES = ("pending", "retrying")
 _SCANNED = ("queued", "pending", "running", "sleeping", "waiting", "retrying")
 
@@ -103,15 +128,18 @@ class RecoveryReport:
 
     Parameters:
       dry_run (bool): nothing was changed or published.
-      recovered (list[tuple[Stranded, str]]): re-published runs with the new job id ('' in a dry run).
+      recovered (list[tuple[Stranded, str]]): re-published runs with their job id ('' in a dry run).
       skipped (list[tuple[Stranded, str]]): runs left alone, with why.
       failed (list[tuple[Stranded, str]]): runs whose publish failed, with the error.
+      settled (list[tuple[Stranded, str]]): runs never started whose job the framework reported
+        finished, with the status they were settled with (C47; in a dry run, the status they would get).
     """
 
     dry_run: bool
     recovered: list[tuple[Stranded, str]] = field(default_factory=list)
     skipped: list[tuple[Stranded, str]] = field(default_factory=list)
     failed: list[tuple[Stranded, str]] = field(default_factory=list)
+    settled: list[tuple[Stranded, str]] = field(default_factory=list)
 
 
 def find_stranded(
@@ -130,7 +158,8 @@ def find_stranded(
       by more than ``grace``; ``waiting`` past its deadline by more than ``grace``;
     - ``waiting`` for an event that has arrived (C33), at once;
     - not held by a live attempt, with a cancellation requested (C34), at once;
-    - ``running`` whose claim lease expired more than ``grace`` ago (its worker died);
+    - ``running`` whose claim lease has expired (its worker died), at once: the
+      lease, renewed every third of it, is its own grace;
     - ``pending`` or ``retrying`` not updated for more than ``stale_after``
       (at least ``grace``).
 
@@ -165,7 +194,7 @@ def find_stranded(
         *_never_started(runs["queued"], queued_before, stale),
         *_overdue_sleepers(store, runs["sleeping"], due, stale),
         *_waiters(store, runs["waiting"], due, stale),
-        *_lost_claims(runs["running"], due, stale),
+        *_lost_claims(runs["running"], now, stale),
         *_cancel_requested([r for status in _SCANNED for r in runs[status]], now, stale),
     ]
     for status in _STALE_STATUSES:
@@ -244,11 +273,18 @@ def recover(
     queued_after: str | float = DEFAULT_QUEUED_SECONDS,
     dry_run: bool = False,
 ) -> RecoveryReport:
-    """Re-publish stranded runs, each exactly once even with several recoverers at once (C35, C39).
+    """Re-publish stranded runs, each exactly once even with several recoverers at once (C35, C39, C47).
 
     Each candidate of [`find_stranded`][flexiq_plugins.operations.find_stranded] is won with
-    `OperatorStore.mark_recovered`, then re-published through its framework's
-    publisher with a new job id carrying its run key.
+    [`OperatorStore.mark_recovered`][flexiq_plugins.OperatorStore.mark_recovered], then re-published through its
+    framework's publisher under the job id it has (a cancelled run's undos:
+    a new one), carrying its run key. A run that never started is first
+    looked up in its framework's result store: one its framework reports
+    finished is settled to match ([`OperatorStore.settle_reported`][flexiq_plugins.OperatorStore.settle_reported]),
+    never re-published (C47); one whose result store cannot be read now is
+    skipped until the next sweep. A failed publish undoes the run's mark
+    ([`OperatorStore.unmark_recovered`][flexiq_plugins.OperatorStore.unmark_recovered]); after three in a row the rest
+    are skipped (the broker is down).
 
     Parameters:
       store (OperatorStore): the store.
@@ -257,15 +293,21 @@ def recover(
       grace (str | float): see [`find_stranded`][flexiq_plugins.operations.find_stranded].
       stale_after (str | float): see [`find_stranded`][flexiq_plugins.operations.find_stranded].
       queued_after (str | float): see [`find_stranded`][flexiq_plugins.operations.find_stranded].
-      dry_run (bool): only report what would be re-published.
+      dry_run (bool): only report what would be re-published or settled.
 
     Raises:
       ValueError: a duration cannot be parsed.
       StoreUnavailable: the store cannot be reached.
     """
     report = RecoveryReport(dry_run=dry_run)
+    failures = 0
     for stranded in find_stranded(store, grace=grace, stale_after=stale_after, queued_after=queued_after):
+        if failures >= _FAILURES_BEFORE_PAUSE:
+            report.skipped.append((stranded, "the broker refused the last publishes: left to the next sweep"))
+            continue
+        before = len(report.failed)
         _recover_one(store, publishers, stranded, report)
+        failures = failures + 1 if len(report.failed) > before else 0
     return report
 
 
@@ -278,19 +320,59 @@ def _recover_one(
         report.skipped.append((stranded, f"no publisher for {run.framework!r} jobs"))
     elif run.envelope.corrupt:
         report.skipped.append((stranded, run.envelope.corrupt))
+    elif _settled_by_framework(store, publisher, stranded, report):
+        return
     elif report.dry_run:
         report.recovered.append((stranded, ""))
     elif not store.mark_recovered(run.run_key, status=run.status, updated_at=run.updated_at):
         report.skipped.append((stranded, "changed meanwhile, or recovered by another process"))
     else:
+        _publish_recovered(store, publisher, stranded, report)
+
+
+def _settled_by_framework(
+    store: OperatorStore, publisher: Publisher, stranded: Stranded, report: RecoveryReport
+) -> bool:
+    """Settle a never-started run whose job the framework reports finished; whether the run is dealt with (C47).
+
+    Only a run that never started: its job id is the one it was published
+    with, so what the result store holds for it is that job's end. (A run
+    that started may have handed its job id on, e.g. to a compensation
+    re-published under the failed job's id, C32.)
+    """
+    run = stranded.run
+    if stranded.why != "never_started" or not run.job_id:
+        return False
+    try:
+        state = reported_state(publisher, run.job_id, run.envelope)
+    except Exception as exc:  # the result store cannot be read now: never re-publish blind (C47)
+        report.skipped.append((stranded, f"its job's state cannot be read ({type(exc).__name__}: {exc}); left"))
+        return True
+    if state is None:
+        return False
+    if report.dry_run or store.settle_reported(run.run_key, state):
+        logger.info("run %s: its job %s was reported %s by its framework; settled", run.run_key, run.job_id, state)
+        report.settled.append((stranded, state))
+    else:
+        report.skipped.append((stranded, "changed meanwhile"))
+    return True
+
+
+def _publish_recovered(store: OperatorStore, publisher: Publisher, stranded: Stranded, report: RecoveryReport) -> None:
+    run = stranded.run
+    job_id = None if stranded.why in _NEW_JOB_ID else run.job_id
+    try:
+        unstarted_only = stranded.why == "never_started"  # the original may still be in a backlog (C39)
+        published = publish(publisher, run.envelope, run.run_key, job_id=job_id, unstarted_only=unstarted_only)
+    except PublishFailed as exc:
+        report.failed.append((stranded, str(exc)))
         try:
-            unstarted_only = stranded.why == "never_started"  # the original may still be in a backlog (C39)
-            job_id = publish(publisher, run.envelope, run.run_key, unstarted_only=unstarted_only)
-        except PublishFailed as exc:
-            report.failed.append((stranded, str(exc)))
-            return
-        logger.info("recovered run %s (%s) as job %s", run.run_key, stranded.why, job_id)
-        report.recovered.append((stranded, job_id))
+            store.unmark_recovered(run.run_key, recovered_at=run.recovered_at)
+        except StoreUnavailable as unreachable:  # stays marked: recovered again after stale_after
+            logger.debug("run %s: could not undo its recovery mark: %s", run.run_key, unreachable)
+        return
+    logger.info("recovered run %s (%s) as job %s", run.run_key, stranded.why, published)
+    report.recovered.append((stranded, published))
 
 
 class Sweeper:
@@ -313,7 +395,7 @@ class Sweeper:
       stale_after (str | float): see [`find_stranded`][flexiq_plugins.operations.find_stranded].
       queued_after (str | float): see [`find_stranded`][flexiq_plugins.operations.find_stranded].
       lease (bool): sweep only while holding the store's recovery lease of
-        these publishers' frameworks (``recovery:celery``, held for three
+        these publishers' frameworks (``recovery:celery``, held for two
         intervals, renewed at every tick): a Dramatiq worker never holds up
         the recovery of Celery runs sharing the store.
       name (str): names this sweeper in log lines (e.g. ``"celery worker"``).
@@ -350,6 +432,7 @@ class Sweeper:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.lease_name = "recovery:" + "+".join(sorted(self.publishers))
         self._stop = threading.Event()
+        self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._unreachable = False
 
@@ -360,9 +443,18 @@ class Sweeper:
             self._thread.start()
         return self
 
+    def wake(self) -> None:
+        """Tick now instead of at the end of the interval (a worker just reconnected to its broker, C39).
+
+        The tick still takes the lease first: a sweeper that does not hold
+        it does nothing. Thread-safe; a no-op before [`start`][flexiq_plugins.integration.Sweeper.start].
+        """
+        self._wake.set()
+
     def stop(self, timeout: float | None = None) -> None:
         """Ask the thread to stop, wait for it up to ``timeout`` seconds, and give the lease up."""
         self._stop.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
         if self.lease:
@@ -391,12 +483,16 @@ class Sweeper:
         Raises:
           StoreUnavailable: the store cannot be reached.
         """
-        if self.lease and not self.store.acquire_sweep_lease(self.owner, 3 * self.interval, name=self.lease_name):
+        if self.lease and not self.store.acquire_sweep_lease(self.owner, 2 * self.interval, name=self.lease_name):
             return None
         return self.sweep()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
+        while True:
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             since = store_health(self.store).generation
             try:
                 report = self.tick()
@@ -407,12 +503,13 @@ class Sweeper:
                 logger.exception("%s: recovery sweep failed; the next one runs in %s s", self.name, self.interval)
                 continue
             self._note_reachable()
-            if report is not None and (report.recovered or report.failed):
+            if report is not None and (report.recovered or report.failed or report.settled):
                 logger.info(
-                    "%s: recovery sweep: %d re-published, %d failed",
+                    "%s: recovery sweep: %d re-published, %d failed, %d settled as their framework reported",
                     self.name,
                     len(report.recovered),
                     len(report.failed),
+                    len(report.settled),
                 )
 
     def _note_unreachable(self, exc: StoreUnavailable, since: int) -> None:

@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from .._attempt.driver import AttemptDriver
 from .._model.records import JobEnvelope
@@ -37,8 +37,10 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "Adapter",
     "Installation",
+    "JobStates",
     "Publisher",
     "ResultReporter",
+    "ReportedState",
     "ValueReader",
     "adapter_for",
     "all_adapters",
@@ -46,6 +48,7 @@ __all__ = [
     "publisher_for_target",
     "register_adapter",
     "register_installation",
+    "reported_state",
     "value_reader",
 ]
 
@@ -98,6 +101,40 @@ class ResultReporter(Protocol):
         Raises:
           Exception: whatever the result store raises (the caller logs it).
         """
+
+
+ReportedState = Literal["succeeded", "failed", "cancelled"]
+"""A terminal state a framework reports for a job: the run status recovery settles it with (C47)."""
+
+
+@runtime_checkable
+class JobStates(Protocol):
+    """A publisher that can also read what its framework's result store says of a job (C47).
+
+    The adapters' publishers implement it; a publisher without it (a plain
+    function) makes `reported_state` answer ``None``.
+    """
+
+    def job_state(self, job_id: str, envelope: JobEnvelope) -> ReportedState | None:
+        """The terminal state the framework's result store holds for job ``job_id`` of ``envelope``.
+
+        One read that never waits for a result. ``None``: no result store is
+        configured, or it holds nothing terminal for that job (pending,
+        started, retrying, expired).
+
+        Raises:
+          Exception: the result store could not be read now.
+        """
+
+
+def reported_state(publisher: object, job_id: str, envelope: JobEnvelope) -> ReportedState | None:
+    """What ``publisher``'s framework reported for job ``job_id`` ([`JobStates`][flexiq_plugins.integration.JobStates]),
+    else ``None`` (C47).
+
+    Raises:
+      Exception: the result store could not be read now.
+    """
+    return publisher.job_state(job_id, envelope) if isinstance(publisher, JobStates) else None
 
 
 UNSTARTED_ONLY = "flexiq_unstarted_only"

@@ -157,13 +157,18 @@ class DurableConfig:
         metadata=_doc("run recovery in every worker, one sweep at a time across them all (default True, C39)"),
     )
     recovery_interval_seconds: float = field(
-        default=60.0, metadata=_doc("time between two recovery ticks of a worker, seconds (default 60, C39)")
+        default=10.0,
+        metadata=_doc(
+            "time between two recovery ticks of a worker, seconds; a Celery worker also sweeps when its "
+            "consumer reconnects to the broker (default 10, C39)"
+        ),
     )
     recovery_grace_seconds: float = field(
-        default=60.0,
+        default=10.0,
         metadata=_doc(
-            "how long past its wake time, deadline or lease a run may be before recovery re-publishes it, "
-            "seconds (default 60, C35)"
+            "how long past its wake time or deadline a run may be before recovery re-publishes it, seconds; "
+            "a copy of a wake-up that was only late is a no-op; a run whose claim lease expired (its worker "
+            "died) is re-published at once (default 10, C35)"
         ),
     )
     recovery_stale_seconds: float = field(
@@ -174,10 +179,11 @@ class DurableConfig:
         ),
     )
     recovery_queued_seconds: float = field(
-        default=600.0,
+        default=30.0,
         metadata=_doc(
             "how long a run recorded at publish may stay queued without a start before recovery re-publishes "
-            "it, seconds; longer than the queue's usual backlog (default 600, C39)"
+            "it, seconds; a job waiting in a longer backlog gets one copy, which its run's claim makes a no-op "
+            "(default 30, C39)"
         ),
     )
     tracing: bool = field(

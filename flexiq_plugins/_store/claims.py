@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._model.records import TERMINAL_STATUSES, Busy, Claim, Finished
+from .._model.records import TERMINAL_STATUSES, Busy, Claim, Finished, RunStatus
 from ..errors import ClaimLost
 
 __all__ = [
@@ -48,6 +48,7 @@ __all__ = [
     "may_settle_cancelled",
     "may_take_sweep_lease",
     "one_already_committed",
+    "reported_status",
 ]
 
 
@@ -268,3 +269,18 @@ def may_settle_cancelled(run: RunState, *, status: str, attempt: int, now: float
     if run.status != status or run.attempt != attempt:
         return False
     return run.owner is None or lease_remaining(run.lease_until, now) is None
+
+
+_REPORTED: dict[str, RunStatus] = {"succeeded": "succeeded", "failed": "failed", "cancelled": "cancelled"}
+
+
+def reported_status(status: str) -> RunStatus:
+    """``status`` as the terminal status a framework may report for a job that never started its run (C47).
+
+    Raises:
+      ValueError: ``status`` is not ``succeeded``, ``failed`` or ``cancelled``.
+    """
+    try:
+        return _REPORTED[status]
+    except KeyError:
+        raise ValueError(f"a framework reports a job succeeded, failed or cancelled, not {status!r}") from None

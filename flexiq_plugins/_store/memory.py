@@ -48,6 +48,7 @@ from .claims import (
     may_recover,
     may_settle_cancelled,
     may_take_sweep_lease,
+    reported_status,
 )
 from .events import consumed_event_ids, first_receivable, poll_result, wakes
 from .forks import fork_position
@@ -577,6 +578,17 @@ class MemoryStepStore(StepStore):
                 return False
             self._runs[run_key] = dataclasses.replace(run, updated_at=now, recovered_at=now)
             return True
+
+    def unmark_recovered(self, run_key: str, *, recovered_at: float | None) -> None:
+        """See [`StepStore.unmark_recovered`][flexiq_plugins.OperatorStore.unmark_recovered]."""
+        with self._lock:
+            run = self._runs.get(run_key)
+            if run is not None:
+                self._runs[run_key] = dataclasses.replace(run, recovered_at=recovered_at)
+
+    def settle_reported(self, run_key: str, status: str) -> bool:
+        """See [`StepStore.settle_reported`][flexiq_plugins.OperatorStore.settle_reported]."""
+        return self.release_run(run_key, reported_status(status), while_status={"queued"})
 
     # ----------------------------------------------------------------- events
     def add_event(self, topic: str, key: str, payload: bytes | None, *, run_key: str | None = None) -> SentEvent:

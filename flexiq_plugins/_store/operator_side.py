@@ -183,6 +183,38 @@ class OperatorStore(StoreReads):
           bool: whether this caller won the run.
         """
 
+    @abc.abstractmethod
+    def unmark_recovered(self, run_key: str, *, recovered_at: float | None) -> None:
+        """Undo [`mark_recovered`][flexiq_plugins.OperatorStore.mark_recovered] after the re-publish it allowed failed
+        (C35).
+
+        Sets the run's ``recovered_at`` back to ``recovered_at`` (what it was
+        before), so the run is a candidate again at the next sweep instead of
+        waiting ``stale_after`` for a copy that never left.
+
+        Parameters:
+          run_key (str): the run.
+          recovered_at (float | None): the ``recovered_at`` read before
+            [`mark_recovered`][flexiq_plugins.OperatorStore.mark_recovered].
+        """
+
+    @abc.abstractmethod
+    def settle_reported(self, run_key: str, status: str) -> bool:
+        """End a run that never started whose job the framework reported finished (C47).
+
+        One conditional update: a ``queued`` run becomes ``status``
+        (``succeeded``, ``failed`` or ``cancelled``), with no claim, no wake
+        time and no stored outcome; a run in any other status (an attempt
+        started it meanwhile) is left alone.
+
+        Parameters:
+          run_key (str): the run.
+          status (str): ``succeeded``, ``failed`` or ``cancelled``.
+
+        Returns:
+          bool: whether the run was ``queued`` and is now ``status``.
+        """
+
     # --------------------------------------------------------------- events
     @abc.abstractmethod
     def add_event(self, topic: str, key: str, payload: bytes | None, *, run_key: str | None = None) -> SentEvent:

@@ -19,8 +19,8 @@ __all__ = ["recover_command"]
     "--grace",
     type=DURATION,
     default=DEFAULT_GRACE_SECONDS,
-    show_default="60s",
-    help="How far past its wake time or lease a run must be.",
+    show_default="10s",
+    help="How far past its wake time or deadline a run must be (an expired lease: at once).",
 )
 @click.option(
     "--stale-after",
@@ -33,7 +33,7 @@ __all__ = ["recover_command"]
     "--queued-after",
     type=DURATION,
     default=DEFAULT_QUEUED_SECONDS,
-    show_default="10m",
+    show_default="30s",
     help="How long a run recorded at publish may stay queued without a start (C39).",
 )
 @publisher_options
@@ -51,7 +51,7 @@ def recover_command(
     as_json: bool,
 ) -> None:
     """Re-publish runs whose message was lost before they started, sleeping runs past their wake time, runs
-    whose worker died, and stale pending runs.
+    whose worker died, and stale pending runs; settle a run whose job its framework reports finished (C47).
 
     Workers run this by themselves by default (C39); the command is for a
     worker set-up with ``recovery=False``, or to look with ``--dry-run``.
@@ -84,6 +84,7 @@ def _print(report: RecoveryReport, as_json: bool) -> None:
                 "recovered": [render.stranded_dict(s, job_id=job or None) for s, job in report.recovered],
                 "skipped": [render.stranded_dict(s, note=note) for s, note in report.skipped],
                 "failed": [render.stranded_dict(s, error=error) for s, error in report.failed],
+                "settled": [render.stranded_dict(s, settled=status) for s, status in report.settled],
             }
         )
         return
@@ -92,9 +93,13 @@ def _print(report: RecoveryReport, as_json: bool) -> None:
     for s, job in report.recovered:
         suffix = f" as job {job}" if job else ""
         out.print(f"{verb} run {s.run.run_key} ({s.run.task_name}, {s.why}){suffix}", markup=False)
+    settle = "would settle" if report.dry_run else "settled"
+    for s, status in report.settled:
+        line = f"{settle} run {s.run.run_key} ({s.run.task_name}) {status}: its framework reported its job finished"
+        out.print(line, markup=False)
     for s, note in report.skipped:
         out.print(f"skipped run {s.run.run_key} ({s.run.task_name}): {note}", markup=False)
     for s, error in report.failed:
         click.echo(f"Error: run {s.run.run_key}: {error}", err=True)
-    if not (report.recovered or report.skipped or report.failed):
+    if not (report.recovered or report.skipped or report.failed or report.settled):
         out.print("Nothing to recover.")

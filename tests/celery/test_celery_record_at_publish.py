@@ -163,3 +163,142 @@ def test_c39_an_embedded_worker_stops_its_sweeper_when_it_stops(
     with in_process_worker(app):
         assert sweepers() == before + 1
     wait_for(lambda: sweepers() == before, 10, "the sweeper to stop with its worker")
+
+
+def test_c47_a_job_a_worker_without_the_integration_failed_is_settled_not_re_published(
+    redis_broker: str, sqlite_store: SqlStepStore, make_celery_app: Callable[..., Celery]
+) -> None:
+    """C47, C39: the producer has the integration and records the run; the worker that takes the job has
+    no ``celery_ext.install`` (forgotten), runs the body, which fails, and Celery stores FAILURE. Recovery reads
+    that from the result backend and settles the run ``failed``: the body is not run again under a new task."""
+    from celery import Celery as PlainCelery
+
+    app = make_celery_app(redis_broker, sqlite_store, recovery=False)
+    ran: list[str] = []
+
+    @app.task(name=f"{app.main}.declines", shared=False)
+    def declines(order: str) -> None:
+        raise AssertionError("the producer never runs it")
+
+    bare = PlainCelery(f"{app.main}-bare", broker=redis_broker, backend=app.conf.result_backend, set_as_current=False)
+    bare.conf.update(task_default_queue=app.main, worker_hijack_root_logger=False)
+
+    @bare.task(name=f"{app.main}.declines", shared=False)
+    def bare_declines(order: str) -> None:
+        ran.append(order)
+        raise ValueError("card declined")
+
+    sent = declines.delay("o-1")
+    with in_process_worker(bare):
+        wait_for(lambda: app.AsyncResult(sent.id).state == "FAILURE", 30, "the bare worker to fail the job")
+    run_key = sqlite_store.list_runs(task_name=f"{app.main}.declines")[0].run_key
+    assert sqlite_store.get_run(run_key).status == "queued"  # nothing told the store
+    report = operations.recover(sqlite_store, operations.publishers_for(app), grace=0, queued_after=0)
+    assert [(s.run.run_key, status) for s, status in report.settled] == [(run_key, "failed")]
+    assert report.recovered == []
+    assert sqlite_store.get_run(run_key).status == "failed"
+    with in_process_worker(bare):  # nothing was re-published for a worker to run
+        assert operations.recover(sqlite_store, operations.publishers_for(app), queued_after=0).recovered == []
+    assert ran == ["o-1"]
+
+
+def test_c39_a_lost_message_is_re_published_under_its_task_id_and_its_waiter_gets_the_result(
+    redis_broker: str, sqlite_store: SqlStepStore, make_celery_app: Callable[..., Celery]
+) -> None:
+    """C39, C47: the queue is deleted before any worker takes the job; recovery re-publishes the run under its
+    original task id, so the ``AsyncResult`` the producer holds gets the value; the body ran once."""
+    app = make_celery_app(redis_broker, sqlite_store, recovery=False)
+    ran: list[str] = []
+
+    @app.task(name=f"{app.main}.ship")
+    def ship(order: str) -> str:
+        ran.append(order)
+        return f"shipped {order}"
+
+    sent = ship.delay("A-1")
+    _lose_queue(app)
+    report = operations.recover(sqlite_store, operations.publishers_for(app), grace=0, queued_after=0)
+    assert [job_id for _, job_id in report.recovered] == [sent.id]
+    with in_process_worker(app):
+        assert sent.get(timeout=30) == "shipped A-1"
+    assert ran == ["A-1"]
+
+
+def test_c39_a_copy_under_the_same_task_id_is_deduplicated_by_the_runs_claim(
+    redis_broker: str, sqlite_store: SqlStepStore, make_celery_app: Callable[..., Celery]
+) -> None:
+    """C39, C24, C37: the original message was only late; recovery's copy carries the same task id. Both reach
+    the worker: one runs the body, the other finds the run started or finished and does not run it again; the
+    original waiter gets the value."""
+    app = make_celery_app(redis_broker, sqlite_store, recovery=False)
+    ran: list[str] = []
+
+    @app.task(name=f"{app.main}.ship")
+    def ship(order: str) -> str:
+        ran.append(order)
+        return f"shipped {order}"
+
+    sent = ship.delay("B-2")
+    report = operations.recover(sqlite_store, operations.publishers_for(app), grace=0, queued_after=0)
+    assert [job_id for _, job_id in report.recovered] == [sent.id]
+    with in_process_worker(app):
+        assert sent.get(timeout=30) == "shipped B-2"
+        run_key = sqlite_store.list_runs(task_name=f"{app.main}.ship")[0].run_key
+        wait_for(lambda: _queue_length(app) == 0, 30, "both messages to be taken")
+    assert sqlite_store.get_run(run_key).status == "succeeded"
+    assert ran == ["B-2"]
+
+
+def _queue_length(app: Celery) -> int:
+    with app.connection_for_write() as conn:
+        return int(conn.default_channel.client.llen(app.main))
+
+
+def _lose_queue(app: Celery) -> None:
+    """Delete the app's queue from Redis, as a broker restarted without persistence would have lost it."""
+    with app.connection_for_write() as conn:
+        conn.default_channel.client.delete(app.main)
+    assert _queue_length(app) == 0
+
+
+def test_c39_a_worker_sweeps_when_its_consumer_reconnects_to_the_broker(
+    redis_broker: str, sqlite_store: SqlStepStore, make_celery_app: Callable[..., Celery]
+) -> None:
+    """C39: the integration adds a step to the consumer's blueprint, which Celery starts again after a lost
+    broker connection; that start (``restart_count`` past 1) wakes the worker's sweeper, so a job the restarted
+    broker lost is re-published without waiting a whole ``recovery_interval_seconds`` (an hour here). The first
+    connection, as the worker starts, does not. (The consumer is stood in for by its two attributes the step
+    reads; ``start_worker`` cannot lose its broker connection on purpose.)"""
+    from types import SimpleNamespace
+
+    from celery_ext._adapter import publisher
+    from celery_ext._recovery import ReconnectSweep
+    from celery_ext._runtime import runtime_of
+    from flexiq_plugins.operations import Sweeper
+
+    app = make_celery_app(redis_broker, sqlite_store, recovery=False)
+    assert ReconnectSweep in app.steps["consumer"]
+
+    @app.task(name=f"{app.main}.ship")
+    def ship(order: str) -> str:
+        return f"shipped {order}"
+
+    ship.delay("C-3")
+    _lose_queue(app)
+    [run] = sqlite_store.list_runs(task_name=f"{app.main}.ship")
+    wait_for(lambda: sqlite_store.now() > run.created_at, 5, "the store's clock to move on")
+    runtime = runtime_of(app)
+    assert runtime is not None
+    sweeper = runtime.sweeper = Sweeper(sqlite_store, {"celery": publisher(app)}, interval=3600, queued_after=0)
+    try:
+        step = ReconnectSweep(SimpleNamespace())
+        step.start(SimpleNamespace(app=app, restart_count=1))  # the first connection
+        assert not sweeper._wake.is_set()
+        step.start(SimpleNamespace(app=app, restart_count=2))  # a reconnection
+        assert sweeper._wake.is_set()
+        sweeper.start()  # its thread ticks at once, not in an hour
+        wait_for(lambda: _queue_length(app) == 1, 10, "the woken sweeper to re-publish the lost job")
+    finally:
+        runtime.sweeper.stop(timeout=5)
+        runtime.sweeper = None
+    assert sqlite_store.get_run(run.run_key).recovered_at is not None

@@ -43,7 +43,8 @@ def queued_run_keys(broker: StubBroker, queue: str = "orders") -> list[str]:
 def test_c35_dry_run_lists_each_kind_of_stranded_run(
     runs: Runs, store: SqlStepStore, flexiq: Callable[..., Result]
 ) -> None:
-    """Overdue sleepers, expired claims and stale pending runs are listed; live ones are not; nothing changes (C35)."""
+    """Overdue sleepers, expired claims and stale pending runs are listed; live ones are not; nothing changes (C35).
+    A sleeper is due ``--grace`` past its wake time; a run whose claim lease expired is due at once."""
     runs.sleeping("overdue", overdue=True)
     runs.sleeping("dozing")
     short = AttemptDriver(store, DurableConfig(lease_seconds=0.2))
@@ -57,14 +58,15 @@ def test_c35_dry_run_lists_each_kind_of_stranded_run(
     result = flexiq("recover", "--dry-run", "--grace", "0s", "--stale-after", "0s", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert set(data) == {"dry_run", "recovered", "skipped", "failed"}
+    assert set(data) == {"dry_run", "recovered", "skipped", "failed", "settled"}
     assert data["dry_run"] is True
     found = {r["run_key"]: r["why"] for r in data["recovered"]}
     assert found == {"overdue": "sleep_overdue", "worker-died": "lease_expired", "publish-failed": "stale"}
     assert set(data["recovered"][0]) == {"run_key", "task_name", "framework", "status", "why", "due_at", "job_id"}
     assert {r.run_key: r.updated_at for r in store.list_runs()} == before
-    quiet = flexiq("recover", "--dry-run", "--json")  # default grace 60s, stale-after 1h
-    assert json.loads(quiet.stdout)["recovered"] == []
+    quiet = flexiq("recover", "--dry-run", "--grace", "60s", "--json")  # and the default stale-after, 1h
+    # an expired lease is its own grace: the dead worker's run is due at once, the others are not yet
+    assert [r["run_key"] for r in json.loads(quiet.stdout)["recovered"]] == ["worker-died"]
 
 
 def test_c35_recover_needs_a_publisher(flexiq: Callable[..., Result], runs: Runs) -> None:

@@ -88,8 +88,9 @@ def test_c35_a_sleeping_run_whose_message_was_lost_is_recovered_with_the_adapter
 
     The run stays ``sleeping`` past its wake time with nothing in the broker to
     wake it. One recovery with the adapter's publisher finds it
-    (``sleep_overdue``) and publishes its stored envelope as a new job with the
-    same run key; that job replays ``before`` from the store and finishes.
+    (``sleep_overdue``) and publishes its stored envelope under the run's own
+    job id (C39: its result waiter gets the outcome) with the same run key;
+    that job replays ``before`` from the store and finishes.
     """
     run_key = new_run_key()
     lost = harness.lose_publishes(run_key)
@@ -104,10 +105,10 @@ def test_c35_a_sleeping_run_whose_message_was_lost_is_recovered_with_the_adapter
     report = operations.recover(harness.store, harness.publishers(), grace=0)
     harness.wait_status(run_key, "succeeded")
 
-    ((stranded, new_job_id),) = report.recovered
+    ((stranded, job_id),) = report.recovered
     assert (stranded.run.run_key, stranded.why) == (run_key, "sleep_overdue")
-    assert new_job_id != job.job_id
+    assert job_id == job.job_id
     ledger = harness.ledger
-    assert [a["job"] for a in ledger.attempts(run_key)] == [job.job_id, new_job_id]
+    assert [a["job"] for a in ledger.attempts(run_key)] == [job.job_id, job.job_id]
     assert ledger.keys(run_key, "before") == [f"{run_key}:before#0"]
     assert ledger.keys(run_key, "after") == [f"{run_key}:after#0"]

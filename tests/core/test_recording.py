@@ -23,7 +23,8 @@ from flexiq_plugins.integration import (
     start_recovery,
     wants_record,
 )
-from flexiq_plugins.operations import Sweeper, find_stranded
+from flexiq_plugins.operations import Sweeper, find_stranded, recover
+from tests.polling import wait_for
 
 ENVELOPE = JobEnvelope("shop.checkout", "test", "default", [1], {}, {})
 
@@ -138,3 +139,110 @@ def test_c39_sweepers_of_different_frameworks_hold_different_leases(store: StepS
     assert dramatiq.tick() is not None
     assert celery_a.tick() is not None
     assert celery_b.tick() is None
+
+
+def _recorded(store: StepStore, *jobs: str) -> list[str]:
+    """Record a queued run per job id; return their run keys once the store's clock has moved past them."""
+    keys = [uuid4().hex for _ in jobs]
+    for key, job in zip(keys, jobs, strict=True):
+        store.record_queued(key, job, ENVELOPE)
+    last = store.get_run(keys[-1]).created_at
+    wait_for(lambda: store.now() > last, 5, "the store's clock to move on")
+    return keys
+
+
+class _Framework:
+    """A publisher of the ``test`` framework that also reads job states (``JobStates``), recording its calls."""
+
+    def __init__(self, states: dict[str, str] | None = None, *, unreadable: bool = False, refuse: bool = False):
+        self.states = states or {}
+        self.unreadable = unreadable
+        self.refuse = refuse
+        self.published: list[tuple[str, str | None, bool]] = []
+
+    def __call__(
+        self, envelope: JobEnvelope, run_key: str, *, job_id: str | None = None, unstarted_only: bool = False
+    ) -> str:
+        if self.refuse:
+            raise ConnectionRefusedError("broker down")
+        self.published.append((run_key, job_id, unstarted_only))
+        return job_id or f"new-{len(self.published)}"
+
+    def job_state(self, job_id: str, envelope: JobEnvelope) -> str | None:
+        if self.unreadable:
+            raise ConnectionRefusedError("result backend down")
+        return self.states.get(job_id)
+
+
+def test_c47_recovery_settles_a_queued_run_its_framework_reported_finished(store: StepStore) -> None:
+    """C47: a run recorded at publish whose job a worker without the integration ran (its result store holds
+    FAILURE, SUCCESS or REVOKED) is settled to match, never re-published; one with no terminal state is
+    re-published under its own job id."""
+    failed, done, revoked, lost = _recorded(store, "j-failed", "j-done", "j-revoked", "j-lost")
+    framework = _Framework({"j-failed": "failed", "j-done": "succeeded", "j-revoked": "cancelled"})
+    report = recover(store, {"test": framework}, queued_after=0)
+    assert sorted((s.run.run_key, status) for s, status in report.settled) == sorted(
+        [(failed, "failed"), (done, "succeeded"), (revoked, "cancelled")]
+    )
+    assert [store.get_run(k).status for k in (failed, done, revoked, lost)] == [
+        "failed",
+        "succeeded",
+        "cancelled",
+        "queued",
+    ]
+    assert framework.published == [(lost, "j-lost", True)]
+    assert [(s.run.run_key, job) for s, job in report.recovered] == [(lost, "j-lost")]
+    assert find_stranded(store, queued_after=0) == []  # settled, or recovered a moment ago
+
+
+def test_c47_a_result_store_that_cannot_be_read_leaves_the_run_for_the_next_sweep(store: StepStore) -> None:
+    """C47: when the framework's result store cannot be read, recovery neither settles nor re-publishes the
+    never-started run (it might have run already); the next sweep that can read it decides."""
+    [key] = _recorded(store, "j1")
+    framework = _Framework(unreadable=True)
+    report = recover(store, {"test": framework}, queued_after=0)
+    assert (report.recovered, report.settled, framework.published) == ([], [], [])
+    [(skipped, why)] = report.skipped
+    assert skipped.run.run_key == key
+    assert "cannot be read" in why
+    assert store.get_run(key).status == "queued"
+    framework.unreadable = False
+    assert [job for _, job in recover(store, {"test": framework}, queued_after=0).recovered] == ["j1"]
+
+
+def test_c39_a_dry_run_reports_what_the_framework_reported_without_settling(store: StepStore) -> None:
+    """C47: ``recover(dry_run=True)`` lists a run it would settle, and changes nothing."""
+    [key] = _recorded(store, "j1")
+    report = recover(store, {"test": _Framework({"j1": "failed"})}, queued_after=0, dry_run=True)
+    assert [(s.run.run_key, status) for s, status in report.settled] == [(key, "failed")]
+    assert store.get_run(key).status == "queued"
+
+
+def test_c35_a_failed_publish_leaves_the_run_a_candidate_and_three_in_a_row_pause_the_sweep(
+    store: StepStore,
+) -> None:
+    """C35: a publish the broker refuses undoes the run's recovery mark, so the next sweep tries it again
+    instead of waiting ``stale_after``; after three failures in a row a sweep leaves the rest to the next."""
+    keys = _recorded(store, *(f"j{n}" for n in range(5)))
+    framework = _Framework(refuse=True)
+    report = recover(store, {"test": framework}, queued_after=0)
+    assert len(report.failed) == 3
+    assert len(report.skipped) == 2
+    assert all("left to the next sweep" in why for _, why in report.skipped)
+    assert all(store.get_run(key).recovered_at is None for key in keys)
+    framework.refuse = False
+    again = recover(store, {"test": framework}, queued_after=0)
+    assert sorted(job for _, job in again.recovered) == [f"j{n}" for n in range(5)]
+
+
+def test_c39_a_sweeper_woken_ticks_at_once(store: StepStore) -> None:
+    """C39: ``Sweeper.wake()`` (a worker reconnected to its broker) sweeps now, not at the end of the interval."""
+    [key] = _recorded(store, "j1")
+    framework = _Framework()
+    sweeper = Sweeper(store, {"test": framework}, interval=3600, queued_after=0).start()
+    try:
+        sweeper.wake()
+        wait_for(lambda: framework.published != [], 10, "the woken sweeper to re-publish the run")
+    finally:
+        sweeper.stop(timeout=5)
+    assert framework.published == [(key, "j1", True)]

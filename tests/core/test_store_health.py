@@ -29,6 +29,7 @@ from flexiq_plugins._model.records import JobEnvelope
 from flexiq_plugins.errors import StoreMisconfigured
 from flexiq_plugins.operations import Sweeper
 from tests.conftest import POSTGRES, require_service
+from tests.polling import wait_for
 
 ENVELOPE = JobEnvelope(task_name="tasks.t", framework="celery", queue="q", args=[], kwargs={}, options={})
 
@@ -69,6 +70,14 @@ class SwitchedStore(MemoryStepStore):
     def acquire_sweep_lease(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         self._check()
         return super().acquire_sweep_lease(*args, **kwargs)
+
+    def commit_step(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self._check()
+        return super().commit_step(*args, **kwargs)
+
+    def finish(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        self._check()
+        return super().finish(*args, **kwargs)
 
 
 def _job() -> JobInfo:
@@ -268,3 +277,30 @@ def test_c41_a_failure_begun_before_the_store_came_back_belongs_to_the_old_outag
     sweeper._note_unreachable(StoreUnavailable("connection refused"), health.generation)
     assert len(_store_lines(caplog, logging.WARNING)) == 1, caplog.records
     assert health.down
+
+
+def test_c28_a_claim_held_through_an_outage_is_released_when_the_store_answers() -> None:
+    """C28, C23: a step meets the outage and so does the release of the attempt's claim; the job is put back.
+    The claim is released as soon as the store answers again, so the put-back's delivery claims the run at
+    once (no busy put-backs until the lease expires, no takeover counted as for a dead worker)."""
+    from flexiq_plugins import current_job
+
+    store = SwitchedStore()
+    driver = AttemptDriver(store, DurableConfig(lease_seconds=60))
+    job = _job()
+
+    def body() -> None:
+        store.down = True  # the outage begins after the claim, as the first step commits
+        current_job.step.run("charge", lambda: 1)
+
+    decision = driver.run_job(job, body)
+    assert isinstance(decision, decisions.PutBack)
+    assert decision.reason is decisions.PutBackReason.STORE_UNAVAILABLE
+    store.down = False
+    wait_for(lambda: store.get_run(job.run_key).owner is None, 10, "the held claim to be released")
+    run = store.get_run(job.run_key)
+    assert (run.status, run.lease_until) == ("retrying", None)
+    again = driver.run_job(job, lambda: current_job.step.run("charge", lambda: 1))
+    assert isinstance(again, decisions.Completed)
+    assert store.get_run(job.run_key).takeovers == 0
+    assert driver.late_releases.pending == 0

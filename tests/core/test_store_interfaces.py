@@ -53,6 +53,8 @@ OPERATOR_SIDE = {
     "acquire_sweep_lease",
     "release_sweep_lease",
     "mark_recovered",
+    "unmark_recovered",
+    "settle_reported",
     "add_event",
     "next_event",
     "find_runs",

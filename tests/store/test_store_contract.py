@@ -1171,6 +1171,43 @@ def test_c35_mark_recovered_is_a_compare_and_set(store: StepStore) -> None:
     assert store.mark_recovered(new_key(), status="sleeping", updated_at=after.updated_at) is False
 
 
+def test_c35_unmark_recovered_makes_a_run_whose_copy_never_left_a_candidate_again(store: StepStore) -> None:
+    """``unmark_recovered`` puts back the ``recovered_at`` read before ``mark_recovered``, and only that (C35).
+
+    A sweep whose publish failed (the broker down) must not leave the run
+    marked recovered for ``stale_after``: nothing was re-published.
+    """
+    key = terminal_run(store, "sleeping", steps=1)
+    seen = store.get_run(key)
+    tick(store)
+    assert store.mark_recovered(key, status="sleeping", updated_at=seen.updated_at) is True
+    store.unmark_recovered(key, recovered_at=seen.recovered_at)
+    after = store.get_run(key)
+    assert after.recovered_at is None
+    assert (after.status, after.attempt, after.step_count) == ("sleeping", 1, 1)
+    store.unmark_recovered(new_key(), recovered_at=None)  # an unknown run: nothing to do
+
+
+def test_c47_settle_reported_ends_only_a_queued_run(store: StepStore) -> None:
+    """``settle_reported`` ends a ``queued`` run with the status the framework reported; a run an attempt
+    started is left alone; a status a framework cannot report is refused (C47)."""
+    queued = new_key()
+    store.record_queued(queued, "job-q", ENVELOPE)
+    assert store.settle_reported(queued, "failed") is True
+    run = store.get_run(queued)
+    assert (run.status, run.owner, run.wake_at, run.outcome) == ("failed", None, None, None)
+    assert store.settle_reported(queued, "succeeded") is False
+    assert store.get_run(queued).status == "failed"
+    started = new_key()
+    store.record_queued(started, "job-s", ENVELOPE)
+    claim_run(store, started)
+    assert store.settle_reported(started, "succeeded") is False
+    assert store.get_run(started).status == "running"
+    assert store.settle_reported(new_key(), "cancelled") is False
+    with pytest.raises(ValueError, match="succeeded, failed or cancelled"):
+        store.settle_reported(queued, "dead")
+
+
 def test_c35_finish_records_a_sleeping_runs_wake_time(store: StepStore) -> None:
     """``finish(..., wake_at=)`` records the wake time on the run; a later finish without one clears it (C35)."""
     key = new_key()

@@ -26,7 +26,7 @@ from ..._model.records import (
     StepRow,
 )
 from ...errors import InvalidRunKey, UnknownDeadLetter, UnknownRun
-from ..claims import may_recover, may_take_sweep_lease
+from ..claims import may_recover, may_take_sweep_lease, reported_status
 from ..events import WAITER_STATUSES
 from ..forks import fork_position
 from ..operator_side import OperatorStore
@@ -393,6 +393,33 @@ class SqlOperatorSide(SqlListings, OperatorStore):
                 return False
             conn.execute(sa.update(runs).where(runs.c.run_key == run_key).values(updated_at=now, recovered_at=now))
             return True
+
+        return self._write(work)
+
+    def unmark_recovered(self, run_key: str, *, recovered_at: float | None) -> None:
+        """Set the run's ``recovered_at`` back after a failed re-publish (C35); see `StepStore.unmark_recovered`.
+
+        Raises:
+          StoreUnavailable: the database cannot be reached.
+        """
+        runs = self._t.runs
+        statement = sa.update(runs).where(runs.c.run_key == run_key).values(recovered_at=recovered_at)
+        self._write(lambda conn: conn.execute(statement))
+
+    def settle_reported(self, run_key: str, status: str) -> bool:
+        """End a ``queued`` run whose job the framework reported finished (C47); see `StepStore.settle_reported`.
+
+        Raises:
+          ValueError: ``status`` is not ``succeeded``, ``failed`` or ``cancelled``.
+          StoreUnavailable: the database cannot be reached.
+        """
+        settled = reported_status(status)
+        runs = self._t.runs
+
+        def work(conn: Connection) -> bool:
+            cleared = {"owner": None, "lease_until": None, "wake_at": None, "outcome": None}
+            statement = sa.update(runs).where(runs.c.run_key == run_key, runs.c.status == "queued")
+            return conn.execute(statement.values(status=settled, updated_at=self._now(conn), **cleared)).rowcount == 1
 
         return self._write(work)
 
