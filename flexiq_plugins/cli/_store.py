@@ -46,7 +46,7 @@ def upgrade_command(state: CliState, *, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_state
 def cleanup_command(state: CliState, *, older_than: float, events_older_than: float | None, as_json: bool) -> None:
-    """Delete finished runs not updated for --older-than (dead-lettered runs stay), and older events."""
+    """Delete finished runs not updated for --older-than (dead letters' runs stay until purged), and older events."""
     opened = state.store
     now = opened.now()
     cutoff, events_cutoff = now - older_than, now - (older_than if events_older_than is None else events_older_than)
