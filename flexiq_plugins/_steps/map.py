@@ -171,7 +171,7 @@ class StepMap:
         self._entry: Step | None = None
         self._steps: list[Step] = []
         self._entry_committed = False
-        self._started: list[_Item] = []
+        self._observed: list[_Item] = []
 
     # ----------------------------------------------------------------- calls
     def run(self) -> list[Any]:
@@ -287,7 +287,8 @@ class StepMap:
     def _start(self, item: _Item) -> bool:
         """Take the item's verb to its body (its attempt journaled, with a budget, C31); ``False``: it will not run."""
         item.observed = self._journal.observe_item(item.step)
-        self._started.append(item)
+        if item.observed is not None:
+            self._observed.append(item)
         item.protocol = self._verb.execute(self._journal, item.step)
         try:
             next(item.protocol)
@@ -342,7 +343,7 @@ class StepMap:
 
     def _end_observed(self, error: BaseException) -> None:
         """End the observation of every item still observed when the whole call raised ``error``."""
-        for item in self._started:
+        for item in self._observed:
             self._ended(item, error)
 
     def _failed(self, index: int, exc: BaseException) -> None:
