@@ -86,8 +86,9 @@ since its retry (`StepStore.dead_letter_unstarted`)."""
 
 
 CLEANABLE_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "cancelled", "compensated"})
-"""Terminal states that `StepStore.cleanup` may drop; ``dead`` runs stay until
-purged (C27)."""
+"""Terminal states that `StepStore.cleanup` may drop; a ``dead`` run stays
+while a dead letter names it, and is dropped once its dead letters were purged
+(C27, C30)."""
 
 
 StepKind = Literal["run", "sleep", "compensation", "wait", "event", "map", "patch"]

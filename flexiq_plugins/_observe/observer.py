@@ -17,6 +17,12 @@ C31), ``exhausted`` (its budget is spent), ``refused`` (the journal refused
 it: a cap, a concurrent step, an open transaction, a cancellation …) and
 ``suspended`` (a wait that found no event yet, C33). A memo hit is not an
 executed step: it is counted as ``replayed``.
+
+A step map (C51) is one executed step of kind ``map`` while any of its items
+runs, and each item that runs is an executed step of its own (kind ``run``),
+started without being made current in the calling thread: its body runs in a
+thread or task of its own, where `StepObservation.activate` makes it current.
+A patch marker (C49) a run commits is an executed step of kind ``patch``.
 """
 
 from __future__ import annotations
@@ -34,9 +40,10 @@ Attribute = str | bool | int | float
 StepOutcome = Literal["committed", "failed", "retry_scheduled", "exhausted", "refused", "suspended"]
 """How an executed step ended; see the module docstring."""
 
-StepKindName = Literal["run", "transaction", "sleep", "wait", "compensation"]
-"""The kind of a step as observers name it: ``step.run``, ``step.transaction``, ``step.sleep``,
-``step.wait_for_event`` (its start and what it received), and an undo (C32)."""
+StepKindName = Literal["run", "transaction", "sleep", "wait", "compensation", "map", "patch"]
+"""The kind of a step as observers name it: ``step.run`` (and each item of a step map), ``step.transaction``,
+``step.sleep``, ``step.wait_for_event`` (its start and what it received), an undo (C32), a step map as a whole
+(C51) and the marker of ``step.patched`` (C49)."""
 
 CountRuns = Callable[[Collection[str]], Mapping[str, int]]
 """How an observer reads the number of runs per status from a store (``StepStore.count_runs``)."""
@@ -47,6 +54,12 @@ class StepObservation(Protocol):
 
     def event(self, name: str, attributes: Mapping[str, Attribute]) -> None:
         """Note something that happened in the step (a sleep's wake time, a wait's topic and key)."""
+
+    def activate(self) -> object:
+        """Make the step current in the calling context (a step map item's body, in its own thread or task)."""
+
+    def deactivate(self, token: object) -> None:
+        """Undo `activate`, in the same context."""
 
     def end(self, outcome: StepOutcome, *, size: int = 0, error: BaseException | None = None) -> None:
         """The step ended with ``outcome``; ``size`` is its committed value in bytes, ``error`` what failed it."""
@@ -72,8 +85,12 @@ class AttemptObservation(Protocol):
     def claimed(self, attempt: int, first_trace: str | None) -> None:
         """The run is claimed as attempt ``attempt``; ``first_trace`` is its stored first trace context, if any."""
 
-    def step(self, step: StepId, kind: StepKindName, position: int) -> StepObservation:
-        """A new step starts executing at ``position`` (its body runs next, under it)."""
+    def step(self, step: StepId, kind: StepKindName, position: int, *, current: bool = True) -> StepObservation:
+        """A new step starts executing at ``position`` (its body runs next, under it).
+
+        With ``current=False`` (a step map's item, C51) it is not made current
+        in the calling context: its body makes it current where it runs.
+        """
 
     def replayed(self, step: StepId) -> None:
         """A step was answered from its memo (C9): no span, counted."""

@@ -17,7 +17,9 @@ opens its own, ``flexiq.attempt`` (kind ``CONSUMER``: it processes a
 message). Each executed step is a ``flexiq.step <name>`` span (kind
 ``INTERNAL``), a child of the span current when it starts, and current
 while its body runs, so the body's own spans nest under it. A memo hit makes
-no span; the attempt's span counts them (``flexiq.steps.replayed``).
+no span; the attempt's span counts them (``flexiq.steps.replayed``). A step
+map is a ``flexiq.step <name>`` span of kind ``map``, and each item that runs
+a child span of its own, current in the thread or task its body runs in.
 
 **Links.** The attempt's span carries a link to the run's first traced
 attempt (``flexiq.link = first_attempt``, read with the claim) or, on that
@@ -324,9 +326,9 @@ class OtelAttempt:
             _link(span, published, "publish")
 
     # ------------------------------------------------------------- steps
-    def step(self, step: StepId, kind: StepKindName, position: int) -> OtelStep:
-        """Start the step's span (current until it ends) and its clock."""
-        return OtelStep(self, step, kind, position)
+    def step(self, step: StepId, kind: StepKindName, position: int, *, current: bool = True) -> OtelStep:
+        """Start the step's span (current until it ends, unless ``current`` is false) and its clock."""
+        return OtelStep(self, step, kind, position, current=current)
 
     def replayed(self, step: StepId) -> None:
         """Count a memo hit."""
@@ -381,7 +383,9 @@ class OtelAttempt:
 class OtelStep:
     """`StepObservation`: one step's span and clock."""
 
-    def __init__(self, attempt: OtelAttempt, step: StepId, kind: StepKindName, position: int) -> None:
+    def __init__(
+        self, attempt: OtelAttempt, step: StepId, kind: StepKindName, position: int, *, current: bool = True
+    ) -> None:
         self._attempt = attempt
         self._name = step.name
         self._kind = kind
@@ -401,7 +405,19 @@ class OtelStep:
         if attempt.observer.idempotency_keys and kind in ("run", "transaction", "compensation"):
             attributes["flexiq.step.idempotency_key"] = f"{attempt.run_key}:{step.step_key}"
         self._span = tracer.start_span(f"flexiq.step {step.name}", kind=SpanKind.INTERNAL, attributes=attributes)
-        self._token = otel_context.attach(trace.set_span_in_context(self._span))
+        if current:
+            self._token = self.activate()
+
+    def activate(self) -> object:
+        """Make the step's span current in the calling context; return the token for `deactivate`."""
+        if self._span is None:
+            return None
+        return otel_context.attach(trace.set_span_in_context(self._span))
+
+    def deactivate(self, token: object) -> None:
+        """Undo `activate`."""
+        if token is not None:
+            otel_context.detach(token)  # type: ignore[arg-type]
 
     def event(self, name: str, attributes: Mapping[str, Attribute]) -> None:
         """Add an event to the step's span."""
@@ -418,7 +434,7 @@ class OtelStep:
         span = self._span
         if span is None:
             return
-        otel_context.detach(self._token)  # type: ignore[arg-type]
+        self.deactivate(self._token)
         span.set_attribute("flexiq.step.outcome", outcome)
         span.set_attribute("flexiq.step.bytes", size)
         failure = _failure_of(error)

@@ -84,6 +84,7 @@ from ..errors import (
 __all__ = [
     "CALL_BODY",
     "COMPENSATION_KEY",
+    "ItemObservation",
     "Step",
     "StepJournal",
     "StepWriter",
@@ -190,6 +191,22 @@ class Verb(Protocol):
 
     def commit(self, journal: StepJournal, step: Step, produced: Any) -> Any:
         """Commit what `execute` produced; return the step's value."""
+
+
+class ItemObservation(Protocol):
+    """What an observed attempt's journal makes of one item of a step map that runs (C51, C53)."""
+
+    def activate(self) -> object:
+        """Make the item current where its body runs (its thread or task); return a token for `deactivate`."""
+
+    def deactivate(self, token: object) -> None:
+        """Undo `activate`, in the same context."""
+
+    def committed(self, size: int) -> None:
+        """The item's value was committed (``size`` bytes)."""
+
+    def failed(self, error: BaseException) -> None:
+        """The item ended without a value: ``error`` is what its verb, its commit or the whole call raised."""
 
 
 # ----------------------------------------------------------------- journal
@@ -393,6 +410,13 @@ class StepJournal:
             yield self._enter_map(name, keys)
         finally:
             self._active = None
+
+    def observe_item(self, step: Step) -> ItemObservation | None:
+        """An observation of a step map's item that starts running now; ``None``: the attempt is not observed."""
+        return None
+
+    def item_replayed(self, step: Step) -> None:
+        """A step map's item was answered from its memo (C9): nothing to do unless the attempt is observed."""
 
     def _enter_map(self, name: object, keys: list[object]) -> tuple[Step, list[Step]]:
         try:

@@ -42,6 +42,10 @@ a set:
   (the claim is lost, the store is unreachable, the process is exiting);
   ``amap`` cancels them. A worker's time limit or shutdown reaching
   the calling thread while it waits leaves at once.
+- **Observed.** In an observed attempt (C53) the journal is told of each
+  committed item replayed (`StepJournal.item_replayed`) and of each item
+  that runs (`StepJournal.observe_item`), made current in the thread or task
+  its body runs in, and ended when its value is committed or it fails.
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ from ..errors import (
     mark_final,
     reason_of,
 )
-from .journal import Protocol_, Step, StepJournal, in_step
+from .journal import ItemObservation, Protocol_, Step, StepJournal, in_step
 from .run import StepRunVerb
 
 __all__ = ["StepMap", "plan_map"]
@@ -125,6 +129,7 @@ class _Item:
     value: Any
     step: Step
     protocol: Protocol_ | None = None
+    observed: ItemObservation | None = None
 
 
 class StepMap:
@@ -166,23 +171,32 @@ class StepMap:
         self._entry: Step | None = None
         self._steps: list[Step] = []
         self._entry_committed = False
+        self._observed: list[_Item] = []
 
     # ----------------------------------------------------------------- calls
     def run(self) -> list[Any]:
         """Run the map with a thread pool; return the values in the order of the items."""
         with self._journal.map_entry(self._name, self._keys) as (entry, steps):
-            new = self._replay(entry, steps)
-            if new and self._fatal is None:
-                self._run_threads(new)
-            return self._result()
+            try:
+                new = self._replay(entry, steps)
+                if new and self._fatal is None:
+                    self._run_threads(new)
+                return self._result()
+            except BaseException as exc:
+                self._end_observed(exc)
+                raise
 
     async def arun(self) -> list[Any]:
         """Run the map with asyncio tasks; return the values in the order of the items."""
         with self._journal.map_entry(self._name, self._keys) as (entry, steps):
-            new = self._replay(entry, steps)
-            if new and self._fatal is None:
-                await self._run_tasks(new)
-            return self._result()
+            try:
+                new = self._replay(entry, steps)
+                if new and self._fatal is None:
+                    await self._run_tasks(new)
+                return self._result()
+            except BaseException as exc:
+                self._end_observed(exc)
+                raise
 
     # ---------------------------------------------------------------- replay
     def _replay(self, entry: Step, steps: list[Step]) -> deque[_Item]:
@@ -194,6 +208,7 @@ class StepMap:
             if step.memo is None:
                 new.append(_Item(index, self._items[index], step))
                 continue
+            self._journal.item_replayed(step)
             try:
                 self._values[index] = self._verb.replay(self._journal, step)
             except BaseException as exc:  # a failure stored for good, raised again (C31); a corrupt row
@@ -209,7 +224,7 @@ class StepMap:
 
         def submit(item: _Item) -> Future[Any]:
             context = contextvars.copy_context()  # current_job goes along; the step key is set in the thread
-            return pool.submit(context.run, _call, self._fn, item.value, item.step.id.step_key)
+            return pool.submit(context.run, _call, self._fn, item.value, item.step.id.step_key, item.observed)
 
         try:
             while True:
@@ -234,7 +249,7 @@ class StepMap:
         running: dict[asyncio.Future[Any], _Item] = {}
 
         def submit(item: _Item) -> asyncio.Future[Any]:
-            return asyncio.ensure_future(_acall(self._fn, item.value, item.step.id.step_key))
+            return asyncio.ensure_future(_acall(self._fn, item.value, item.step.id.step_key, item.observed))
 
         try:
             while True:
@@ -251,6 +266,7 @@ class StepMap:
                     item = running.pop(task)
                     if task.cancelled():
                         _close(item)
+                        self._ended(item, self._fatal or asyncio.CancelledError())
                         continue
                     error = task.exception()
                     self._finished(item, None if error is not None else task.result(), error)
@@ -270,6 +286,9 @@ class StepMap:
 
     def _start(self, item: _Item) -> bool:
         """Take the item's verb to its body (its attempt journaled, with a budget, C31); ``False``: it will not run."""
+        item.observed = self._journal.observe_item(item.step)
+        if item.observed is not None:
+            self._observed.append(item)
         item.protocol = self._verb.execute(self._journal, item.step)
         try:
             next(item.protocol)
@@ -277,6 +296,7 @@ class StepMap:
             self._produced(item, stop.value)
             return False
         except BaseException as exc:
+            self._ended(item, exc)
             self._failed(item.index, exc)
             return False
         return True
@@ -292,6 +312,7 @@ class StepMap:
         except StopIteration as stop:
             self._produced(item, stop.value)
         except BaseException as exc:
+            self._ended(item, exc)
             self._failed(item.index, exc)
         latched = self._journal.latched
         if latched is not None:  # a step started in an item's body was refused, even if the body caught it (C8, C21)
@@ -305,9 +326,25 @@ class StepMap:
                 self._verb.settle_failure(self._journal, item.step, produced)
             encoded, decoded = self._journal.encode(item.step, produced)
         except BaseException as exc:
+            self._ended(item, exc)
             self._failed(item.index, exc)
             return
         self._batch.append((item, encoded, decoded))
+
+    def _ended(self, item: _Item, error: BaseException | None, size: int = 0) -> None:
+        """Tell the item's observation, if it has one, that the item committed (``error`` ``None``) or failed."""
+        observed, item.observed = item.observed, None
+        if observed is None:
+            return
+        if error is None:
+            observed.committed(size)
+        else:
+            observed.failed(error)
+
+    def _end_observed(self, error: BaseException) -> None:
+        """End the observation of every item still observed when the whole call raised ``error``."""
+        for item in self._observed:
+            self._ended(item, error)
 
     def _failed(self, index: int, exc: BaseException) -> None:
         """Sort an item's error: a step retry to come back for, an error that stops the call, or the item's failure."""
@@ -338,6 +375,9 @@ class StepMap:
             return
         batch, self._batch = self._batch, []
         if self._writes_stopped():
+            assert self._fatal is not None
+            for item, _, _ in batch:
+                self._ended(item, self._fatal)
             return
         assert self._entry is not None
         pending: list[tuple[Step, bytes | None, str | None]] = []
@@ -347,12 +387,15 @@ class StepMap:
         try:
             self._journal.commit_rows(pending)
         except BaseException as exc:
+            for item, _, _ in batch:
+                self._ended(item, exc)
             self._stop(exc)
             return
         self._entry_committed = True
-        for item, _, decoded in batch:
+        for item, encoded, decoded in batch:
             self._values[item.index] = decoded
             self._verb.register(self._journal, item.step)
+            self._ended(item, None, len(encoded))
         try:
             self._journal.stop_if_cancelled()  # the undos just registered run (C34)
         except BaseException as exc:
@@ -403,19 +446,32 @@ def _for_good(error: Exception) -> bool:
     return isinstance(error, (StepRetryExhausted, NonRetryableError)) or final_reason(error) is not None
 
 
-def _call(fn: Callable[[Any], Any], value: Any, step_key: str) -> Any:
-    """Run one item's body in a pool thread, as the step ``step_key`` (C10)."""
-    with in_step(step_key):
-        return fn(value)
+def _call(fn: Callable[[Any], Any], value: Any, step_key: str, observed: ItemObservation | None) -> Any:
+    """Run one item's body in a pool thread, as the step ``step_key`` (C10), its observation current (C53)."""
+    token = observed.activate() if observed is not None else None
+    try:
+        with in_step(step_key):
+            return fn(value)
+    finally:
+        if observed is not None:
+            observed.deactivate(token)
 
 
-async def _acall(fn: Callable[[Any], Awaitable[Any] | Any], value: Any, step_key: str) -> Any:
-    """Run one item's body as a task, as the step ``step_key`` (C10); an awaitable it returns is awaited."""
-    with in_step(step_key):
-        result = fn(value)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
+async def _acall(
+    fn: Callable[[Any], Awaitable[Any] | Any], value: Any, step_key: str, observed: ItemObservation | None
+) -> Any:
+    """Run one item's body as a task, as the step ``step_key`` (C10), its observation current (C53); an
+    awaitable it returns is awaited."""
+    token = observed.activate() if observed is not None else None
+    try:
+        with in_step(step_key):
+            result = fn(value)
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+    finally:
+        if observed is not None:
+            observed.deactivate(token)
 
 
 def _close(item: _Item) -> None:

@@ -11,13 +11,19 @@ decision of the protocol: it wraps the points where something happens.
 - a memo hit is counted, never observed as a step (a replay must not repeat
   the trace);
 - each commit is timed; a sleep not yet due, a wait that suspends, a
-  divergence and the start of a compensation are noted as events.
+  divergence and the start of a compensation are noted as events;
+- a step map (C51) is observed as one step of kind ``map`` while any of its
+  items runs, each item that runs as a step of its own (made current where
+  its body runs), each committed item as a memo hit;
+- ``step.patched`` (C49) is noted as a ``flexiq.patch`` event saying which
+  branch the run takes; a marker the run commits is a step of kind ``patch``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -26,7 +32,7 @@ from .._model.identity import StepId
 from .._model.records import StepKind, StepRow
 from .._observe.observer import AttemptObservation, Attribute, StepKindName, StepObservation, StepOutcome
 from ..errors import EventWaitSignal, StepDivergence, StepRetryExhausted, StepRetrySignal
-from .journal import Protocol_, Step, StepJournal, Verb
+from .journal import ItemObservation, Protocol_, Step, StepJournal, Verb
 from .transaction import TransactionVerb
 
 __all__ = ["ObservedJournal"]
@@ -49,6 +55,7 @@ class ObservedJournal(StepJournal):
         self.observation = observation
         self._current: StepObservation | None = None
         self._undoing = False
+        self._map_position: int | None = None
 
     def protocol_for(self, verb: Verb, step_id: StepId) -> Protocol_:
         """`StepJournal.protocol_for`, knowing an undo (C32) from what a wait received (C33)."""
@@ -59,6 +66,13 @@ class ObservedJournal(StepJournal):
             self._undoing = False
 
     def _replay_or_execute(self, verb: Verb, step: Step) -> Protocol_:
+        if verb.kind == "patch":
+            old_branch = step.memo is None and self.sequence.first_unreached() is not None
+            self._event(
+                "flexiq.patch", {"flexiq.patch.id": step.id.key or "", "flexiq.patch.new_branch": not old_branch}
+            )
+            if old_branch:  # nothing runs and nothing is written: the run keeps its recorded path (C49)
+                return (yield from super()._replay_or_execute(verb, step))
         if step.memo is not None:
             self.observation.replayed(step.id)
             return (yield from super()._replay_or_execute(verb, step))
@@ -77,8 +91,8 @@ class ObservedJournal(StepJournal):
         return value
 
     def _kind(self, verb: Verb, kind: StepKind) -> StepKindName:
-        if kind == "sleep":
-            return "sleep"
+        if kind in ("sleep", "patch"):
+            return kind
         if kind in ("wait", "event"):
             return "wait"
         if self._undoing:
@@ -112,6 +126,51 @@ class ObservedJournal(StepJournal):
         except StepDivergence as exc:
             self.observation.event("flexiq.divergence", {"flexiq.message": str(exc)[:2048]})
             raise
+
+    # ------------------------------------------------------ a step map (C51)
+    @contextlib.contextmanager
+    def map_entry(self, name: object, keys: list[object]) -> Iterator[tuple[Step, list[Step]]]:
+        """`StepJournal.map_entry`, observing the map as one step of kind ``map`` unless every item is a memo hit."""
+        with super().map_entry(name, keys) as (entry, steps):
+            if entry.memo is not None and all(s.memo is not None for s in steps):
+                yield entry, steps  # a replay: each item counts as a memo hit, the map makes no step
+                return
+            position = entry.memo.position if entry.memo is not None else self.sequence.next_position
+            observed = self.observation.step(entry.id, "map", position)
+            self._map_position = position
+            try:
+                yield entry, steps
+            except BaseException as exc:
+                observed.end(self.outcome_of(exc), error=exc)
+                raise
+            else:
+                observed.end("committed")
+            finally:
+                self._map_position = None
+
+    def observe_item(self, step: Step) -> ItemObservation:
+        """An item of the map that starts running: a step of its own, a child of the map's (C51, C53)."""
+        position = self._map_position if self._map_position is not None else self.sequence.next_position
+        return _ObservedItem(self, self.observation.step(step.id, "run", position, current=False))
+
+    def item_replayed(self, step: Step) -> None:
+        """Count a committed item of the map as a memo hit."""
+        self.observation.replayed(step.id)
+
+    def commit_rows(self, pending: list[tuple[Step, bytes | None, str | None]]) -> None:
+        """`StepJournal.commit_rows`, timing the batch's one commit."""
+        started = time.perf_counter()
+        super().commit_rows(pending)
+        if pending:
+            self.observation.committed(time.perf_counter() - started)
+
+    def outcome_of(self, error: BaseException) -> StepOutcome:
+        """How a step map or one of its items that raised ``error`` ended."""
+        if isinstance(error, StepRetrySignal):
+            return "retry_scheduled"
+        if isinstance(error, StepRetryExhausted):
+            return "exhausted"
+        return "refused" if error is self.latched else "failed"
 
     def _written(self, row: StepRow, write: Callable[[StepRow], StepRow]) -> StepRow:
         started = time.perf_counter()
@@ -149,6 +208,26 @@ class ObservedJournal(StepJournal):
             current.event(name, attributes)
         else:
             self.observation.event(name, attributes)
+
+
+class _ObservedItem:
+    """`ItemObservation`: one running item of a step map, as a step observation of its own."""
+
+    def __init__(self, journal: ObservedJournal, observed: StepObservation) -> None:
+        self._journal = journal
+        self._observed = observed
+
+    def activate(self) -> object:
+        return self._observed.activate()
+
+    def deactivate(self, token: object) -> None:
+        self._observed.deactivate(token)
+
+    def committed(self, size: int) -> None:
+        self._observed.end("committed", size=size)
+
+    def failed(self, error: BaseException) -> None:
+        self._observed.end(self._journal.outcome_of(error), error=error)
 
 
 def _wait_attributes(signal: EventWaitSignal) -> dict[str, Attribute]:

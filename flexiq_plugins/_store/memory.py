@@ -537,7 +537,13 @@ class MemoryStepStore(StepStore):
     def cleanup(self, *, older_than: float) -> int:
         """See `StepStore.cleanup`."""
         with self._lock:
-            doomed = [k for k, r in self._runs.items() if r.status in CLEANABLE_STATUSES and r.updated_at < older_than]
+            lettered = {d.run_key for d in self._dead.values()}
+            doomed = [
+                k
+                for k, r in self._runs.items()
+                if r.updated_at < older_than
+                and (r.status in CLEANABLE_STATUSES or (r.status == "dead" and k not in lettered))
+            ]
             for k in doomed:
                 del self._runs[k]
                 self._steps.pop(k, None)

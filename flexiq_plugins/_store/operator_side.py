@@ -126,9 +126,11 @@ class OperatorStore(StoreReads):
     # -------------------------------------------------------------- cleanup
     @abc.abstractmethod
     def cleanup(self, *, older_than: float) -> int:
-        """Delete terminal runs but dead ones, with their steps and step attempts, updated before ``older_than``.
+        """Delete finished runs, with their steps and step attempts, updated before ``older_than``.
 
-        Dead-lettered runs are kept: their rows let a retry replay (C27).
+        A dead-lettered run is kept while a dead letter names it: its rows let
+        a retry replay (C27). Once its dead letters were purged (C30) nothing
+        can retry it, and it goes like any finished run.
         Returns how many runs were deleted.
         """
 

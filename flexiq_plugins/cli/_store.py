@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .._store.sql import SqlStepStore, upgrade_store
+from ..operations import clean_store, upgrade_schema
 from . import _render as render
 from ._state import CliState, console, emit_json, pass_state
 from ._types import DURATION
@@ -22,15 +22,14 @@ def store() -> None:
 @pass_state
 def upgrade_command(state: CliState, *, as_json: bool) -> None:
     """Create or migrate the store's tables to the newest schema (idempotent)."""
-    opened = state.open_store(create=True)
-    if not isinstance(opened, SqlStepStore):
+    url = upgrade_schema(state.open_store(create=True))
+    if url is None:
         console().print("An in-memory store has no schema to upgrade.")
         return
-    upgrade_store(opened.engine, table_prefix=opened.table_prefix)
     if as_json:
-        emit_json({"upgraded": opened.url})
+        emit_json({"upgraded": url})
     else:
-        console().print(f"The store at {opened.url} is at the newest schema.", markup=False)
+        console().print(f"The store at {url} is at the newest schema.", markup=False)
 
 
 @store.command("cleanup")
@@ -46,19 +45,18 @@ def upgrade_command(state: CliState, *, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_state
 def cleanup_command(state: CliState, *, older_than: float, events_older_than: float | None, as_json: bool) -> None:
-    """Delete finished runs not updated for --older-than (dead-lettered runs stay), and older events."""
-    opened = state.store
-    now = opened.now()
-    cutoff, events_cutoff = now - older_than, now - (older_than if events_older_than is None else events_older_than)
+    """Delete finished runs not updated for --older-than (dead letters' runs stay until purged), and older events."""
     out = console()
     if as_json:
-        deleted = opened.cleanup(older_than=cutoff)
-        events = opened.cleanup_events(older_than=events_cutoff)
-        emit_json({"deleted": deleted, "older_than": render.iso_time(cutoff), "events_deleted": events})
+        cleaned = clean_store(state.store, older_than, events_older_than=events_older_than)
+        cutoff = render.iso_time(cleaned.older_than)
+        emit_json({"deleted": cleaned.runs, "older_than": cutoff, "events_deleted": cleaned.events})
         return
     with out.status("Deleting finished runs and old events…"):
-        deleted = opened.cleanup(older_than=cutoff)
-        events = opened.cleanup_events(older_than=events_cutoff)
+        cleaned = clean_store(state.store, older_than, events_older_than=events_older_than)
+    deleted, events = cleaned.runs, cleaned.events
     plural = "s" if deleted != 1 else ""
-    out.print(f"deleted {deleted} finished run{plural} last updated before {render.human_time(cutoff)}")
-    out.print(f"deleted {events} event{'s' if events != 1 else ''} sent before {render.human_time(events_cutoff)}")
+    out.print(f"deleted {deleted} finished run{plural} last updated before {render.human_time(cleaned.older_than)}")
+    out.print(
+        f"deleted {events} event{'s' if events != 1 else ''} sent before {render.human_time(cleaned.events_older_than)}"
+    )

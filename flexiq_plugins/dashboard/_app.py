@@ -80,7 +80,7 @@ def create_app(
         (retry, recover, a cancel's undos, an event's wake-ups); ``None``: none.
       read_only (bool): show no action and refuse every ``POST`` (the default).
       authorize (Callable[[Request, str], bool] | None): the host application's
-        decision for each action (``retry``, ``purge``, ``cancel``, ``send_event``,
+        decision for each action (``retry``, ``purge``, ``cancel``, ``fork``, ``send_event``,
         ``recover``, ``bulk_retry``, ``bulk_cancel``); used instead of the token.
       token (str | None): the secret an operator signs in with (or sends as
         ``Authorization: Bearer``) to act.

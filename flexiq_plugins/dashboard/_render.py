@@ -23,7 +23,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 
 from .. import CodecChain, ConfigurationError, StepStore
-from ..errors import InvalidRunKey, StoreError, StoreUnavailable, UnknownDeadLetter, UnknownRun
+from ..errors import InvalidRunKey, StoreError, StoreUnavailable, UnknownDeadLetter, UnknownRun, UnknownStep
 from ..operations import (
     DEFAULT_COUNT_CAP,
     NoPublisher,
@@ -148,6 +148,7 @@ Handler = Callable[[Request], Awaitable[Response]]
 _EXPECTED: tuple[tuple[type[Exception], int, str], ...] = (
     (UnknownRun, 404, "Not found"),
     (UnknownDeadLetter, 404, "Not found"),
+    (UnknownStep, 404, "Not found"),
     (InvalidRunKey, 404, "Not found"),
     (NoPublisher, 409, "No publisher"),
     (ConfigurationError, 400, "Cannot do that"),

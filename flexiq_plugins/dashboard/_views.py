@@ -28,6 +28,7 @@ from ..operations import (
     bulk_retry,
     cancel_run,
     divergence_of,
+    fork_run,
     overview,
     parse_moment,
     plan_bulk,
@@ -314,6 +315,21 @@ async def cancel_action(request: Request) -> Response:
 
 
 @page
+async def fork_action(request: Request) -> Response:
+    """Fork a run from a step (``runs fork``): a new run with the steps before it copied, published (C50)."""
+    form = await _checked(request, "fork")
+    if isinstance(form, Response):
+        return form
+    board = _board(request)
+    from_step = form.get("from_step", "")
+    done = fork_run(board.store, request.path_params["run_key"], from_step, board.publishers)
+    copied = f"{done.copied} step row{'s' if done.copied != 1 else ''} copied"
+    line = f"forked run {done.run_key} from {done.from_step}: new run {done.new_run_key} ({copied})"
+    line += f" -> {done.framework} job {done.job_id}"
+    return _done(request, "Forked", [line], f"/runs/{_segment(done.new_run_key)}")
+
+
+@page
 async def send_event_action(request: Request) -> Response:
     """Send an event (``events send``): stored first, then the runs waiting on it are woken."""
     form = await _checked(request, "send_event")
@@ -395,6 +411,7 @@ def routes() -> list[Route]:
         Route("/actions/retry/{dead_letter_id:int}", retry_action, methods=["POST"], name="retry"),
         Route("/actions/purge/{dead_letter_id:int}", purge_action, methods=["POST"], name="purge"),
         Route("/actions/cancel/{run_key:path}", cancel_action, methods=["POST"], name="cancel"),
+        Route("/actions/fork/{run_key:path}", fork_action, methods=["POST"], name="fork"),
         Route("/actions/send-event", send_event_action, methods=["POST"], name="send_event"),
         Route("/actions/recover", recover_action, methods=["POST"], name="recover"),
         Route("/actions/bulk/{action:str}", bulk_action, methods=["POST"], name="bulk_action"),

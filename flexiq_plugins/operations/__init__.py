@@ -5,6 +5,8 @@ an admin page can call them directly with any [`StepStore`][flexiq_plugins.StepS
 
 - runs: [`list_runs`][flexiq_plugins.operations.list_runs], [`show_run`][flexiq_plugins.operations.show_run],
 [`cleanup`][flexiq_plugins.operations.cleanup];
+- the store's upkeep (``flexiq store``): [`clean_store`][flexiq_plugins.operations.clean_store] (finished runs
+  and old events at once) and [`upgrade_schema`][flexiq_plugins.operations.upgrade_schema];
 - step values for display: [`decode_step_value`][flexiq_plugins.operations.decode_step_value];
 - dead letters: [`retry_dead_letter`][flexiq_plugins.operations.retry_dead_letter],
   [`retry_dead_letters`][flexiq_plugins.operations.retry_dead_letters],
@@ -67,6 +69,7 @@ from ._browse import (
 from ._bulk import DEFAULT_BULK_CAP, BulkPlan, BulkResult, bulk_cancel, bulk_retry, plan_bulk
 from ._dead_letters import Retried, purge_dead_letters, retry_dead_letter, retry_dead_letters
 from ._divergence import Divergence, DivergenceLine, divergence_of
+from ._maintenance import StoreCleaned, clean_store, upgrade_schema
 from ._overview import DEFAULT_COUNT_CAP, Overview, overview
 from ._runs import RunDetails, cleanup, list_runs, show_run
 from ._timeline import RunOutcome, RunTimeline, TimelineStep, run_timeline
@@ -111,6 +114,7 @@ __all__ = [
     "RunOutcome",
     "RunPage",
     "RunTimeline",
+    "StoreCleaned",
     "Stranded",
     "SweepLease",
     "Sweeper",
@@ -123,6 +127,7 @@ __all__ = [
     "bulk_retry",
     "cancel_run",
     "check_runs",
+    "clean_store",
     "cleanup",
     "cleanup_events",
     "decode_step_value",
@@ -149,5 +154,6 @@ __all__ = [
     "send_event",
     "show_run",
     "steps_note",
+    "upgrade_schema",
     "wake_run",
 ]

@@ -99,9 +99,12 @@ def _run_of_job(store: OperatorStore, job_id: str) -> RunRecord:
 
 
 def cleanup(store: OperatorStore, older_than: str | float) -> int:
-    """Delete succeeded, failed and cancelled runs last updated more than ``older_than`` ago (C27).
+    """Delete finished runs last updated more than ``older_than`` ago, with their steps (C27).
 
-    Dead-lettered, sleeping, running and pending runs are kept.
+    Succeeded, failed, cancelled and compensated runs are deleted, and so is a
+    dead-lettered run whose dead letters were purged (C30). A run a dead
+    letter still names is kept so a retry can replay it; live runs (queued,
+    pending, running, sleeping, waiting, retrying) are kept.
 
     Parameters:
       store (OperatorStore): the store.

@@ -21,6 +21,7 @@ from .._model.failures import RunFailure, StepFailure, load_failure
 from .._model.records import DeadLetterRecord, EventRecord, RunRecord, StepAttempt, StepRow
 from .._model.replays import read_outcome
 from .._steps.wait import EVENT_PREFIX
+from .._store.forks import forkable_steps
 from .._store.operator_side import OperatorStore
 from ._runs import RunDetails, show_run
 from ._values import DecodedValue, decode_step_value, decode_value
@@ -88,6 +89,8 @@ class RunTimeline:
       steps_note (str): why it has no step rows ('' when it has some).
       arguments (DecodedValue | None): the job's ``args``, ``kwargs`` and
         ``options`` as a dict, when values were asked for.
+      forkable (list[str]): the keys of the steps the run can be forked from
+        ([`fork_run`][flexiq_plugins.operations.fork_run], C50), in order.
     """
 
     details: RunDetails
@@ -97,6 +100,7 @@ class RunTimeline:
     note: str
     steps_note: str
     arguments: DecodedValue | None = None
+    forkable: list[str] = field(default_factory=list)
 
     @property
     def run(self) -> RunRecord:
@@ -138,6 +142,7 @@ def run_timeline(
         note=run_note(run),
         steps_note="" if details.steps else steps_note(run),
         arguments=_arguments(run) if values else None,
+        forkable=[row.step_key for row in forkable_steps(details.steps)],
     )
 
 

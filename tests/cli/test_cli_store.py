@@ -1,4 +1,4 @@
-"""``flexiq store upgrade`` and ``flexiq store cleanup`` (C27)."""
+"""``flexiq store upgrade`` and ``flexiq store cleanup`` (C27, C30)."""
 
 from __future__ import annotations
 
@@ -63,6 +63,25 @@ def test_c27_cleanup_drops_what_retention_allows_and_nothing_else(
     assert len(store.list_dead_letters()) == 1
     human = flexiq("store", "cleanup", "--older-than", "1s")
     assert human.stdout.strip().startswith("deleted 0 finished runs last updated before ")
+
+
+def test_c27_c30_cleanup_removes_the_run_of_a_purged_dead_letter(
+    runs: Runs, store: SqlStepStore, flexiq: Callable[..., Result]
+) -> None:
+    """After ``dlq purge``, the next ``store cleanup`` deletes the dead run and its steps; another stays (C27, C30)."""
+    runs.dead("purged-dead")
+    runs.dead("lettered-dead")
+    (purged,) = [d.id for d in store.list_dead_letters() if d.run_key == "purged-dead"]
+    assert json.loads(flexiq("store", "cleanup", "--older-than", "0s", "--json").stdout)["deleted"] == 0
+    assert flexiq("dlq", "purge", str(purged)).exit_code == 0
+    result = flexiq("store", "cleanup", "--older-than", "0s", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["deleted"] == 1
+    with pytest.raises(UnknownRun):
+        store.get_run("purged-dead")
+    assert store.get_steps("purged-dead") == []
+    assert store.get_run("lettered-dead").status == "dead"
+    assert len(store.get_steps("lettered-dead")) == 2
 
 
 def test_cleanup_needs_a_valid_retention(flexiq: Callable[..., Result], runs: Runs) -> None:

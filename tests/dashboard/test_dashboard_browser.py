@@ -191,6 +191,34 @@ def test_c34_c52_cancel_ends_a_sleeping_run(page: Any, server: DashboardServer, 
     assert run.cancel_reason == "customer left"
 
 
+def test_c50_c52_fork_from_a_step_makes_a_new_run_that_replays_the_steps_before_it(
+    page: Any, server: DashboardServer, harness: Harness
+) -> None:
+    """C50, C52: a sleeping run forked from ``sleep#0`` on its page: a real worker runs the new run, whose
+    copied ``before`` step is a memo hit (its body not called) and which sleeps again; the old run is unchanged."""
+    job = harness.publish("nap", 3600.0)
+    harness.wait_status(job.run_key, "sleeping")
+    before = harness.store.get_steps(job.run_key)
+
+    page.goto(f"{server.url}/runs/{job.run_key}")
+    page.select_option("#fork-from", "sleep#0")
+    page.click("#fork-run")
+    result = page.inner_text("#result")
+    assert f"forked run {job.run_key} from sleep#0: new run " in result
+    assert "(1 step row copied)" in result
+    new_key = result.split("new run ", 1)[1].split(" ", 1)[0]
+
+    harness.wait_status(new_key, "sleeping", timeout=60)
+    assert [s.step_key for s in harness.store.get_steps(new_key)] == ["before#0", "sleep#0"]
+    assert harness.ledger.count(new_key, "before") == 0
+    assert harness.ledger.count(job.run_key, "before") == 1
+    assert harness.status(job.run_key) == "sleeping"
+    assert harness.store.get_steps(job.run_key) == before
+    page.click("#back")  # the result links to the new run
+    assert page.inner_text("#run-key") == new_key
+    assert page.inner_text("#status") == "sleeping"
+
+
 def test_c52_a_script_in_a_value_is_text_and_an_event_sent_from_the_page_wakes_the_run(
     page: Any, server: DashboardServer, harness: Harness
 ) -> None:

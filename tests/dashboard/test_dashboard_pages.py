@@ -106,6 +106,36 @@ def test_c52_pages_show_the_words_flexiq_prints(runs: Runs, store: SqlStepStore)
     assert operations.retried_note(store.get_dead_letter(dead_id)) in c.get("/dead-letters").text
 
 
+def test_c49_c51_c52_the_timeline_shows_a_step_maps_entry_and_items_and_a_patch_marker(
+    runs: Runs, store: SqlStepStore
+) -> None:
+    """C49, C51, C52: a run with a step map and a patch marker: its page lists the map's entry (kind ``map``),
+    each item with its idempotency key and (on request) its value, and the marker (kind ``patch``)."""
+
+    def body() -> None:
+        step = current_job.step
+        if step.patched("audit-v2"):
+            step.run("audit", lambda: "audited")
+        step.map("price", lambda sku: f"price of {sku}", ["a", "b"], key=lambda sku: sku)
+        step.sleep("1h")
+
+    runs.attempt("run-map", body)
+    page = client(store).get("/runs/run-map?values=1").text
+    timeline = page.split('id="steps"')[1].split("</table>")[0]
+
+    rows = re.findall(r'<tr class="kind-(\w+)">\s*<td>(\d+)</td>\s*<td><span class="key">([^<]+)</span>', timeline)
+    assert [(kind, key) for kind, _, key in rows] == [
+        ("patch", "patch:audit-v2"),
+        ("run", "audit#0"),
+        ("map", "price#0"),
+        ("run", "price:a"),
+        ("run", "price:b"),
+        ("sleep", "sleep#0"),
+    ]
+    assert "run-map:price:a" in timeline
+    assert "price of b" in timeline
+
+
 def test_c52_stored_values_keys_names_and_errors_are_escaped(runs: Runs, store: SqlStepStore) -> None:
     """C52: a run key, task name, argument, step value and error holding markup are shown as text, never as markup."""
     key = f"run-{SCRIPT}"

@@ -30,6 +30,7 @@ ACTIONS = [
     "/actions/retry/1",
     "/actions/purge/1",
     "/actions/cancel/run-nap",
+    "/actions/fork/run-nap",
     "/actions/send-event",
     "/actions/recover",
     "/actions/bulk/cancel",
@@ -120,6 +121,29 @@ def test_c52_the_host_application_authorizes_each_action(store: SqlStepStore) ->
     assert store.get_dead_letter(1) is not None
     assert cancelled.status_code == 200
     assert store.get_run("run-nap").status == "cancelled"
+
+
+def test_c50_c52_fork_offers_the_forkable_steps_and_refuses_a_bad_step_or_a_missing_publisher(
+    store: SqlStepStore,
+) -> None:
+    """C50, C52: the run page's fork form lists the steps a run can be forked from; an unknown step is 404
+    naming them, a fork without a publisher for the run's framework is 409; neither writes a run."""
+    c = TestClient(create_app(store, read_only=False, token="tok"), headers={"Authorization": "Bearer tok"})
+    page = c.get("/runs/run-nap").text
+    csrf = _csrf(c, "/runs/run-nap")
+
+    unknown = c.post("/actions/fork/run-nap", data={"csrf_token": csrf, "from_step": "refund#0"})
+    unpublished = c.post("/actions/fork/run-nap", data={"csrf_token": csrf, "from_step": "sleep#0"})
+
+    assert re.findall(r'<option value="([^"]+)">', page.split('id="fork-from"')[1].split("</select>")[0]) == [
+        "charge#0",
+        "sleep#0",
+    ]
+    assert unknown.status_code == 404
+    assert "fork it from one of: charge#0, sleep#0" in unknown.text
+    assert unpublished.status_code == 409
+    assert "No publisher" in unpublished.text
+    assert sorted(run.run_key for run in store.list_runs(limit=10)) == ["run-dead", "run-nap"]
 
 
 def test_c52_actions_without_any_authorization_are_refused_at_construction(store: SqlStepStore) -> None:

@@ -993,7 +993,7 @@ def test_c30_purge_dead_letters(store: StepStore) -> None:
 def test_c27_cleanup_drops_only_old_succeeded_failed_and_cancelled_runs(store: StepStore) -> None:
     """``cleanup`` deletes old succeeded, failed, cancelled, compensated runs and their steps; others stay (C27)."""
     doomed = [terminal_run(store, status, steps=1) for status in ("succeeded", "failed", "cancelled", "compensated")]
-    dead = terminal_run(store, "dead", steps=2)
+    dead, _ = dead_letter(store, steps=2)
     sleeping = terminal_run(store, "sleeping", steps=1)
     running = new_key()
     claim_run(store, running)
@@ -1008,6 +1008,33 @@ def test_c27_cleanup_drops_only_old_succeeded_failed_and_cancelled_runs(store: S
     for key in (dead, sleeping, running, recent):
         store.get_run(key)
     assert len(store.get_steps(dead)) == 2
+    assert store.cleanup(older_than=cutoff) == 0
+
+
+def test_c27_c30_cleanup_drops_a_dead_run_once_its_dead_letters_are_purged(store: StepStore) -> None:
+    """A purged dead letter's run, steps and step attempts go at the next cleanup; a lettered run stays (C27, C30)."""
+    purged = new_key()
+    claim = claim_run(store, purged, job_id="job-dead").claim
+    commit_rows(store, claim, 2)
+    assert store.begin_step_attempt(claim, "step#2", 3) == AttemptStarted(1, ())
+    store.finish(claim, "dead", dead_letter=NewDeadLetter("job-dead", "divergence", "step changed", "Traceback ..."))
+    (purged_id,) = [d.id for d in store.list_dead_letters() if d.run_key == purged]
+    kept, kept_id = dead_letter(store, steps=2)
+    retried, retried_id = dead_letter(store, steps=1)
+    store.prepare_retry(retried_id)
+    store.finish(claim_run(store, retried).claim, "dead")  # died again; its retried dead letter still names it
+    cutoff = tick(store)
+    assert store.cleanup(older_than=cutoff) == 0
+    assert store.purge_dead_letters([purged_id]) == 1
+    assert store.get_run(purged).status == "dead"  # a purge deletes the dead letter only
+    assert store.cleanup(older_than=cutoff) == 1
+    with pytest.raises(UnknownRun):
+        store.get_run(purged)
+    assert store.get_steps(purged) == []
+    assert store.get_step_attempts(purged) == []
+    assert len(store.get_steps(kept)) == 2
+    assert store.get_dead_letter(kept_id).run_key == kept
+    assert store.get_run(retried).status == "dead"
     assert store.cleanup(older_than=cutoff) == 0
 
 

@@ -295,9 +295,11 @@ class SqlOperatorSide(SqlListings, OperatorStore):
 
     # --------------------------------------------------------------- cleanup
     def cleanup(self, *, older_than: float) -> int:
-        """Delete succeeded, failed, cancelled and compensated runs (and their steps) updated before ``older_than``.
+        """Delete finished runs (and their steps and step attempts) updated before ``older_than``.
 
-        Dead-lettered runs are kept so a retry can replay them (C27).
+        Succeeded, failed, cancelled and compensated runs go; a dead-lettered
+        run is kept while a dead letter names it, so a retry can replay it
+        (C27), and goes once its dead letters were purged (C30).
 
         Parameters:
           older_than (float): epoch seconds, database clock.
@@ -308,8 +310,9 @@ class SqlOperatorSide(SqlListings, OperatorStore):
         Raises:
           StoreUnavailable: the database cannot be reached.
         """
-        runs, steps, attempts = self._t.runs, self._t.steps, self._t.attempts
-        doomed = sa.and_(runs.c.status.in_(sorted(CLEANABLE_STATUSES)), runs.c.updated_at < older_than)
+        runs, steps, attempts, dead = self._t.runs, self._t.steps, self._t.attempts, self._t.dead
+        purged = sa.and_(runs.c.status == "dead", ~sa.exists().where(dead.c.run_key == runs.c.run_key))
+        doomed = sa.and_(sa.or_(runs.c.status.in_(sorted(CLEANABLE_STATUSES)), purged), runs.c.updated_at < older_than)
 
         def work(conn: Connection) -> int:
             for table in (steps, attempts):
