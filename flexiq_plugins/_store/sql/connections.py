@@ -402,7 +402,7 @@ class SqlConnections:
         return float(conn.execute(sa.select(self._clock)).scalar_one())
 
     def _insert_if_absent(self, table: sa.Table, values: dict[str, Any], key: str | tuple[str, ...]) -> sa.Insert:
-        """An insert of ``values`` into ``table`` that does nothing when the primary key ``key`` (its columns) exists."""
+        """An insert of ``values`` into ``table`` that does nothing when the primary key ``key`` exists."""
         keys = [key] if isinstance(key, str) else list(key)
         if self._dialect == "postgresql":
             return postgresql.insert(table).values(values).on_conflict_do_nothing(index_elements=keys)
