@@ -66,6 +66,7 @@ from flexiq_plugins.integration import (
     check_store_spec,
     dead_letter_unregistered,
     driver_or_put_back,
+    durable_at_publish,
     first_publish,
     job_log_fields,
     log_worker_start,
@@ -280,24 +281,28 @@ class DurableSteps(Middleware):
         message.options[RESUME_OPTION] = mark
         if first:
             _dispatch.stamp_group_callbacks(message.options)
-            self._record(broker, message, delay)
+            self._record(broker, message, delay, run_key_given=given)
         failure = self._failing.pop(message.message_id, None)
         if failure is not None and failure.claimed:
             message.options[RESUME_OPTION] = True  # the retry continues a run: it claims first (C23)
 
-    def _record(self, broker: dramatiq.Broker, message: Any, delay: int | None) -> None:
-        """Record a new message's run ``queued`` unless its actor or the message opts out (C39)."""
+    def _record(self, broker: dramatiq.Broker, message: Any, delay: int | None, *, run_key_given: bool) -> None:
+        """Record a new message's run ``queued`` if its actor is known to take steps, unless it opts out (C39, C43)."""
         try:
             options = broker.get_actor(message.actor_name).options
-        except ActorNotFound:  # a producer that does not declare the actor: durable by default
+        except ActorNotFound:  # a producer that does not declare the actor: known if it has taken steps
             options = {}
-        if options.get("durable", True) is False:
-            return
         opted = wants_record(
             self.config, task_option=options.get(RECORD_TASK_OPTION), call_option=message.options.get(RECORD_OPTION)
         )
-        if not opted:
-            return
+        if not opted or not durable_at_publish(
+            lambda: self.driver.known_tasks,
+            "dramatiq",
+            message.actor_name,
+            declared=options.get("durable"),
+            run_key_given=run_key_given,
+        ):
+            return  # an actor not known to take steps is not touched: no store statement (C43)
         message.options[RECORDED_FLAG] = True  # in the envelope: re-publishes of the run carry the flag too
         try:
             job = job_info(message)
