@@ -60,7 +60,7 @@ def run_key_in(headers: Mapping[str, Any], job_id: str) -> str | None:
 
 def driver_for(task: Any) -> AttemptDriver | None:
     """The driver of a durable task's app in this process; ``None`` for a task that is not durable, or no store."""
-    runtime = runtime_of(task.app) if getattr(task, "durable", False) else None
+    runtime = runtime_of(task.app) if getattr(task, "durable", False) is not False else None
     if runtime is None:
         return None
     try:
