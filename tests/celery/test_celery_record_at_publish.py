@@ -132,7 +132,9 @@ def test_c39_a_recovery_copy_does_not_run_a_job_its_original_handed_to_a_retry(
     app = make_celery_app(redis_broker, sqlite_store, recovery=False)
     ran: list[str] = []
 
-    @app.task(durable=True, name=f"{app.main}.declines", autoretry_for=(ValueError,), max_retries=1, default_retry_delay=0.5)
+    @app.task(
+        durable=True, name=f"{app.main}.declines", autoretry_for=(ValueError,), max_retries=1, default_retry_delay=0.5
+    )
     def declines(order: str) -> None:
         ran.append(order)
         raise ValueError("card declined")

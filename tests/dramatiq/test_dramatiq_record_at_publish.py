@@ -1,7 +1,7 @@
 """Dramatiq: a new message's run is recorded ``queued`` at enqueue, unless the actor or the message opts out
 (C39), whether the middleware minted its run key or the producer chose it (C46). A ``StubBroker`` with no
 worker: what the store holds is what the enqueue wrote.
-Every actor here declares ``durable=True`` (C43): only a actor known to take steps is recorded; one not
+Every actor here declares ``durable=True`` (C43): only an actor known to take steps is recorded; one not
 known yet is not (the C43 tests).
 """
 
