@@ -19,6 +19,9 @@ from celery import Task
 
 from ._task import ACK_DEFAULTS, DurableTask
 
+_DURABLE_OPTIONS = ("durable", "record_at_publish", "step_retry", "max_run_seconds", "max_suspended_seconds")
+"""The options of [`DurableTask`][celery_ext.DurableTask] a task declared before it was made durable keeps."""
+
 __all__ = ["acknowledge_late", "is_builtin", "prepare_app", "prepare_known_tasks", "prepare_task"]
 
 
@@ -39,7 +42,8 @@ def prepare_task(task: Any, app: Any) -> None:
     if isinstance(task, DurableTask) or getattr(task, "durable", True) is False:
         return
     original = type(task)
-    durable = type(original.__name__, (DurableTask, original), {"__module__": original.__module__})
+    kept = {a: getattr(original, a) for a in _DURABLE_OPTIONS if hasattr(original, a)}  # the task's own options
+    durable = type(original.__name__, (DurableTask, original), {"__module__": original.__module__, **kept})
     durable.__qualname__ = original.__qualname__
     durable._flexiq_explicit = frozenset(  # type: ignore[attr-defined]  # a DurableTask subclass
         a for a in ACK_DEFAULTS if _explicit(original, a, app.conf.get(f"task_{a}"))
