@@ -5,6 +5,7 @@ an admin page can call them directly with any [`StepStore`][flexiq_plugins.StepS
 
 - runs: [`list_runs`][flexiq_plugins.operations.list_runs], [`show_run`][flexiq_plugins.operations.show_run],
 [`cleanup`][flexiq_plugins.operations.cleanup];
+- tasks: [`known_tasks`][flexiq_plugins.operations.known_tasks], the tasks known to take steps (C43);
 - step values for display: [`decode_step_value`][flexiq_plugins.operations.decode_step_value];
 - dead letters: [`retry_dead_letter`][flexiq_plugins.operations.retry_dead_letter],
   [`retry_dead_letters`][flexiq_plugins.operations.retry_dead_letters],
@@ -69,6 +70,7 @@ from ._dead_letters import Retried, purge_dead_letters, retry_dead_letter, retry
 from ._divergence import Divergence, DivergenceLine, divergence_of
 from ._overview import DEFAULT_COUNT_CAP, Overview, overview
 from ._runs import RunDetails, cleanup, list_runs, show_run
+from ._tasks import known_tasks
 from ._timeline import RunOutcome, RunTimeline, TimelineStep, run_timeline
 from ._values import DecodedValue, decode_step_value, decode_value
 from ._wording import human_time, retried_note, run_note, steps_note
@@ -132,6 +134,7 @@ __all__ = [
     "find_stranded",
     "fork_run",
     "human_time",
+    "known_tasks",
     "list_runs",
     "load_object",
     "overview",
