@@ -377,7 +377,13 @@ class DurableSteps(Middleware):
             self._framework_ended(broker, message, Ended.FAILED)
 
     def _framework_ended(self, broker: dramatiq.Broker, message: Any, how: Ended) -> None:
-        """Tell the core how Dramatiq ended a durable job; a run whose undos must run is published on ``broker``."""
+        """Tell the core how Dramatiq ended a durable job; a run whose undos must run is published on ``broker``.
+
+        Not for a message that can have no run: one of an actor not known to take steps, neither recorded
+        at enqueue nor continuing a run (C43): Dramatiq's ending is its own, with no store statement.
+        """
+        if not self._may_have_a_run(broker, message):
+            return
         error = getattr(message, "_exception", None)  # what the worker stuffed into the message
         detail = f"{type(error).__name__}: {error}" if error is not None else ""
         run_key = run_key_of(message)
@@ -393,6 +399,22 @@ class DurableSteps(Middleware):
         if after is not None:
             _verbs.enqueue_again(broker, message, failure.run_key, math.ceil(after.delay * 1000))
         return True
+
+    def _may_have_a_run(self, broker: dramatiq.Broker, message: Any) -> bool:
+        """Whether ``message`` may have a run: recorded, continuing one, or of an actor declared or known (C43)."""
+        options = message.options
+        if options.get(RECORDED_FLAG) or options.get(RESUME_OPTION):
+            return True
+        try:
+            declared = broker.get_actor(message.actor_name).options.get("durable")
+        except ActorNotFound:
+            declared = None
+        if declared is True:
+            return True
+        try:
+            return self.driver.known_tasks.is_known("dramatiq", message.actor_name)
+        except ConfigurationError:
+            return False
 
     @staticmethod
     def _is_durable(broker: dramatiq.Broker, message: Any) -> bool:
