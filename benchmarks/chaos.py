@@ -574,7 +574,16 @@ def _drop_tables(store: Any) -> None:
 
     if store.engine.dialect.name == "sqlite":
         return
-    names = ("steps", "step_attempts", "dead_letters", "events", "sweep_lease", "runs", "alembic_version")
+    names = (
+        "steps",
+        "step_attempts",
+        "dead_letters",
+        "events",
+        "sweep_lease",
+        "known_tasks",
+        "runs",
+        "alembic_version",
+    )
     with store.engine.begin() as conn:
         for name in names:
             conn.execute(sa.text(f"DROP TABLE IF EXISTS {store.table_prefix}{name}"))

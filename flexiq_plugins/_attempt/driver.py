@@ -162,8 +162,7 @@ class AttemptDriver:
         if self.observer is not None:
             self.observer.watch(store.count_statuses)
         self.late_releases = LateReleases(store, self.config.lease_seconds)
-        self.known_tasks = KnownTasks(store, self.config.known_tasks_refresh_seconds)
-        """This process's view of the tasks known to take steps (C43): noted at a task's first step, read at publish."""
+        self.known_tasks = KnownTasks(store, self.config.known_tasks_refresh_seconds)  # the tasks taking steps (C43)
         watch_sqlalchemy()  # a plain step inside a SQLAlchemy transaction that has written is refused (C42)
 
     # ------------------------------------------------------------ one call
