@@ -1,8 +1,9 @@
 """The ``DurableSteps`` middleware: durable steps in ordinary Dramatiq actors.
 
-It stamps a run key on every new message at enqueue and records its run
-``queued`` before the message leaves, whether the key is new, the
-producer's or derived from a parent run's (C39, C44, C46), runs recovery
+It stamps a run key on every new message at enqueue and, for an actor known
+to take steps (C43), records its run ``queued`` before the message leaves,
+whether the key is new, the producer's or derived from a parent run's (C39,
+C44, C46), runs recovery
 in every worker (one sweep at a time across them, C39), swaps each durable
 actor's function for one that runs the body inside an attempt (see
 ``_actor``), and turns the attempt's decision into Dramatiq's verb (see
@@ -105,7 +106,10 @@ class InvalidActorOption(ConfigurationError, MiddlewareError):
 class DurableSteps(Middleware):
     """Middleware that gives actors durable steps: ``current_job.step.run``, ``sleep`` …
 
-    Every actor is durable unless declared with ``durable=False``;
+    Every actor is durable unless declared with ``durable=False``; one that
+    never takes a step is not touched (C43): only an actor declared
+    ``durable=True``, or known to take steps (learned at its first step), has
+    its messages recorded at enqueue (C39);
     ``step_retry=RetryPolicy(...)`` gives every ``step.run`` of an actor that
     budget unless the call passes its own ``retry=`` (C31);
     ``max_run_seconds`` and ``max_suspended_seconds`` cap each run's duration
@@ -127,7 +131,8 @@ class DurableSteps(Middleware):
         and ``codecs`` (C7), ``keep_succeeded_steps`` (C27), ``step_retry``
         (the default budget of every step, C31), ``max_run_seconds`` and
         ``max_suspended_seconds`` (the default run caps of every run, C34),
-        ``record_at_publish`` and ``recovery`` (C39). Each may also be set
+        ``record_at_publish`` and ``recovery`` (C39), ``known_tasks_refresh_seconds``
+        (C43). Each may also be set
         in Django's ``FLEXIQ`` dict, upper case; a keyword option wins.
 
     Raises:
@@ -153,7 +158,8 @@ class DurableSteps(Middleware):
 
     @property
     def actor_options(self) -> set[str]:
-        """``durable``: ``False`` opts an actor out; ``step_retry``: its steps' default budget (C31);
+        """``durable``: ``False`` opts an actor out, ``True`` declares it durable from its first message (C43);
+        ``step_retry``: its steps' default budget (C31);
         ``max_run_seconds``, ``max_suspended_seconds``: its runs' run caps (C34); ``record_at_publish``:
         ``False`` publishes its new jobs without recording their runs first (C39)."""
         return {"durable", "step_retry", "max_run_seconds", "max_suspended_seconds", RECORD_TASK_OPTION}
