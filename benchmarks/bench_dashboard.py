@@ -165,7 +165,16 @@ def analyze(store: SqlStepStore) -> None:
 def drop(store: SqlStepStore) -> None:
     """Drop the benchmark's tables."""
     with store.engine.begin() as conn:
-        for table in ("steps", "step_attempts", "dead_letters", "events", "sweep_lease", "runs", "alembic_version"):
+        for table in (
+            "steps",
+            "step_attempts",
+            "dead_letters",
+            "events",
+            "sweep_lease",
+            "known_tasks",
+            "runs",
+            "alembic_version",
+        ):
             conn.exec_driver_sql(f"DROP TABLE IF EXISTS {store.table_prefix}{table}")
 
 

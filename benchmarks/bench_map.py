@@ -147,7 +147,7 @@ def drop(store: StepStore) -> None:
             import sqlalchemy as sa
 
             with store.engine.begin() as conn:
-                for table in ("steps", "step_attempts", "dead_letters", "events", "sweep_lease", "runs"):
+                for table in ("steps", "step_attempts", "dead_letters", "events", "sweep_lease", "known_tasks", "runs"):
                     conn.execute(sa.text(f"DROP TABLE IF EXISTS {store.table_prefix}{table}"))
                 conn.execute(sa.text(f"DROP TABLE IF EXISTS {store.table_prefix}alembic_version"))
         store.close()

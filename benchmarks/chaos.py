@@ -165,7 +165,7 @@ def make_celery(config: ChaosConfig) -> Any:
     )
     celery_ext.install(app, **_options(config))
 
-    @app.task(name="chaos.five_steps", acks_late=True)
+    @app.task(name="chaos.five_steps", acks_late=True, durable=True)  # recorded from its first job (C43)
     def task(n: int) -> int:
         return five_steps(config, n)
 
@@ -194,7 +194,12 @@ def make_dramatiq(config: ChaosConfig) -> Any:
     dramatiq.set_broker(broker)
 
     @dramatiq.actor(
-        actor_name="five_steps", queue_name=config.queue, max_retries=20, min_backoff=200, store_results=True
+        actor_name="five_steps",
+        queue_name=config.queue,
+        max_retries=20,
+        min_backoff=200,
+        store_results=True,
+        durable=True,  # recorded from its first job (C43)
     )
     def actor(n: int) -> int:
         return five_steps(config, n)
@@ -569,7 +574,16 @@ def _drop_tables(store: Any) -> None:
 
     if store.engine.dialect.name == "sqlite":
         return
-    names = ("steps", "step_attempts", "dead_letters", "events", "sweep_lease", "runs", "alembic_version")
+    names = (
+        "steps",
+        "step_attempts",
+        "dead_letters",
+        "events",
+        "sweep_lease",
+        "known_tasks",
+        "runs",
+        "alembic_version",
+    )
     with store.engine.begin() as conn:
         for name in names:
             conn.execute(sa.text(f"DROP TABLE IF EXISTS {store.table_prefix}{name}"))

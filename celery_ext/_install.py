@@ -24,9 +24,11 @@ def install(app: Any, store: StoreSpec = None, **options: Any) -> None:
 
     Works for ``@app.task`` and ``@shared_task`` tasks declared before or
     after the call, on a finalized app or not; ``celery.*`` built-ins and
-    tasks declared with ``durable=False`` are left alone. Durable tasks get
-    ``acks_late=True`` and ``reject_on_worker_lost=True`` unless they set
-    them (C26). The store setting is checked here (scheme, driver: C41) but
+    tasks declared with ``durable=False`` are left alone. A task that never
+    takes a step is not touched (C43); a task declared ``durable=True``, or
+    known to take steps when a worker starts, gets ``acks_late=True`` and
+    ``reject_on_worker_lost=True`` unless it sets them (C26), and its new
+    jobs are recorded at publish (C39). The store setting is checked here (scheme, driver: C41) but
     nothing connects: each process opens the store on first use, and a
     worker reaches it once as it starts, refusing to start on a store it
     cannot use.
@@ -43,7 +45,9 @@ def install(app: Any, store: StoreSpec = None, **options: Any) -> None:
         (C24), ``store_retry_seconds`` (C28), ``max_takeovers`` (C25),
         ``step_bytes`` / ``run_bytes`` (bytes) and ``run_steps`` (C22),
         ``serializer`` and ``codecs`` (C7), ``keep_succeeded_steps`` (C27),
-        ``step_retry`` (C31), ``max_run_seconds`` / ``max_suspended_seconds`` (C34))
+        ``step_retry`` (C31), ``max_run_seconds`` / ``max_suspended_seconds`` (C34),
+        ``record_at_publish``, ``recovery`` and the ``recovery_*_seconds`` (C39),
+        ``known_tasks_refresh_seconds`` (C43))
         and the Celery ones: ``dead_letter_queue`` (default
         ``"flexiq.dead_letter"``) and ``dead_letter_path`` (``"auto"``,
         ``"reject"``, ``"queue"``, C30).

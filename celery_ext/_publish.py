@@ -3,7 +3,8 @@
 Called from ``before_task_publish`` with the message Celery is about to send.
 A message without a run key gets a new one. A job's first publish (no
 ``flexiq_resume`` header yet: a new key, a key the producer chose, or one
-derived from a parent run's, C44) has its run recorded ``queued`` unless the
+derived from a parent run's, C44) of a task known to take steps (declared
+``durable=True``, or learned: C43) has its run recorded ``queued`` unless the
 run exists (C39, C46), through the core's
 [`record_at_publish`][flexiq_plugins.integration.record_at_publish], unless its task
 (``record_at_publish=False``) or the message (header ``flexiq_record``) opts
@@ -28,6 +29,7 @@ from flexiq_plugins.integration import (
     TRACE_HEADER,
     JobEnvelope,
     build_envelope,
+    durable_at_publish,
     first_publish,
     is_json,
     new_run_key,
@@ -80,12 +82,18 @@ def stamp_new_job(
     call_option = headers.get(RECORD_OPTION)
     if (
         runtime is None
-        or not _durable(task)
         or not wants_record(
             runtime.config, task_option=getattr(task, RECORD_TASK_OPTION, None), call_option=call_option
         )
+        or not durable_at_publish(
+            lambda: runtime.driver().known_tasks,
+            "celery",
+            task_name,
+            declared=getattr(task, "durable", None),
+            run_key_given=given,
+        )
     ):
-        return
+        return  # a task not known to take steps is not touched: no store statement (C43)
     arguments = _arguments(body)
     if arguments is None:  # a message protocol this does not read: the run is recorded when it starts
         return
@@ -142,11 +150,6 @@ def _owner(task_name: str) -> tuple[Runtime | None, Any]:
         if task is not None:
             return runtime, task
     return (runtimes[0], None) if len(runtimes) == 1 else (None, None)
-
-
-def _durable(task: Any) -> bool:
-    """A task this producer does not know is durable by default in the worker (the worker settles it if not)."""
-    return task is None or getattr(task, "durable", True) is not False
 
 
 def _arguments(body: Any) -> tuple[list[Any], dict[str, Any]] | None:

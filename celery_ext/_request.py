@@ -35,10 +35,10 @@ from celery.exceptions import Ignore, Reject, Retry, Terminated
 from celery.worker.request import Request
 
 from flexiq_plugins import ConfigurationError, InvalidRunKey
-from flexiq_plugins.integration import AttemptDriver, Ended, run_key_from
+from flexiq_plugins.integration import RECORDED_FLAG, AttemptDriver, Ended, run_key_from
 
 from ._adapter import publisher
-from ._options import RUN_KEY_HEADER
+from ._options import RESUME_HEADER, RUN_KEY_HEADER
 from ._runtime import runtime_of
 
 __all__ = ["DurableRequest", "driver_for", "run_key_in"]
@@ -60,7 +60,7 @@ def run_key_in(headers: Mapping[str, Any], job_id: str) -> str | None:
 
 def driver_for(task: Any) -> AttemptDriver | None:
     """The driver of a durable task's app in this process; ``None`` for a task that is not durable, or no store."""
-    runtime = runtime_of(task.app) if getattr(task, "durable", False) else None
+    runtime = runtime_of(task.app) if getattr(task, "durable", False) is not False else None
     if runtime is None:
         return None
     try:
@@ -116,10 +116,23 @@ class DurableRequest(Request):  # type: ignore[misc]
         if not self.acknowledged or self._flexiq_requeued:
             return
         driver, run_key = self._run()
-        if driver is not None and run_key is not None:
+        if driver is not None and run_key is not None and self._may_have_a_run(driver):
             driver.framework_ended(
                 run_key, how, job_id=str(self.id), detail=detail, publisher=publisher(self.task.app), killed=killed
             )
+
+    def _may_have_a_run(self, driver: AttemptDriver) -> bool:
+        """Whether this job may have a run to settle: not a job of a task not known to take steps (C43).
+
+        A job recorded at publish or continuing a run (the resume mark), or
+        of a task declared ``durable=True`` or known to take steps in this
+        process, may; any other job's failure is Celery's alone, with no
+        store statement, as without the integration.
+        """
+        headers = self._request_dict
+        if getattr(self.task, "durable", None) is True or headers.get(RECORDED_FLAG) or headers.get(RESUME_HEADER):
+            return True
+        return driver.known_tasks.is_known("celery", self.task.name)
 
     def _run(self) -> tuple[AttemptDriver | None, str | None]:
         driver = driver_for(self.task)

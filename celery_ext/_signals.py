@@ -26,7 +26,7 @@ from flexiq_plugins.integration import (
 from ._adapter import publisher
 from ._envelope import run_key_of
 from ._options import RUN_KEY_HEADER
-from ._prepare import prepare_app
+from ._prepare import prepare_app, prepare_known_tasks
 from ._publish import stamp_new_job
 from ._request import driver_for
 from ._runtime import all_runtimes, runtime_of
@@ -69,13 +69,23 @@ def prepare_worker_app(sender: Any = None, **_: Any) -> None:
     """``worker_init``: make every task durable before its tracers are built; reach the store once (C41).
 
     A store the worker cannot use stops it with one line naming the cause
-    (``SystemExit``, which Celery's signal dispatch lets through).
+    (``SystemExit``, which Celery's signal dispatch lets through). Then the
+    tasks known to take steps are read once and acknowledged late (C26,
+    C43): this runs before the consumer builds each task's request class,
+    which keeps ``acks_late`` for the worker's life.
     """
     app: Any = getattr(sender, "app", None)
     runtime = runtime_of(app) if app is not None else None
     if runtime is not None:
         prepare_app(app)
         check_store_at_start(runtime.driver, worker=f"celery worker of app {app.main!r}")
+        try:
+            known = runtime.driver().known_tasks.refresh(force=True)
+        except FlexiqError:  # the store check above already said why; the tasks keep Celery's acknowledgement
+            return
+        late = prepare_known_tasks(app, known)
+        if late:
+            logger.info("celery worker: tasks known to take steps, acknowledged late: %s", ", ".join(sorted(late)))
 
 
 def announce_store(sender: Any = None, **_: Any) -> None:

@@ -62,7 +62,7 @@ from ._verbs import act
 __all__ = ["ACK_DEFAULTS", "DurableTask"]
 
 ACK_DEFAULTS = ("acks_late", "reject_on_worker_lost")
-"""Task attributes turned on for durable tasks unless the task sets them (C26)."""
+"""Task attributes turned on for tasks known to take steps unless the task sets them (C26, C43)."""
 
 _NEVER_RETRIED = (Disposition.DEAD_LETTER, Disposition.SLEEP)
 
@@ -77,6 +77,11 @@ class DurableTask(Task):  # type: ignore[misc]
     it into tasks that have their own ``base=``; you rarely name it yourself.
     ``@app.task(durable=False)`` opts a task out: it then runs exactly as
     plain Celery would, and ``current_job`` is not available in it.
+    ``@app.task(durable=True)`` declares it durable up front: its jobs are
+    recorded at publish from the first one and it is acknowledged late
+    (C26, C39). Unset, the library learns it: a task is known to take steps
+    once one of its attempts took one (C43); until then it keeps Celery's
+    acknowledgement and its jobs are claimed at their first step.
     ``@app.task(step_retry=RetryPolicy(max_attempts=3))`` gives every
     ``step.run`` of the task that budget unless the call passes its own
     ``retry=`` (C31); the integration's ``step_retry`` option applies otherwise.
@@ -88,7 +93,7 @@ class DurableTask(Task):  # type: ignore[misc]
     publish, and a message lost before a worker starts it is lost for good.
     """
 
-    durable: bool = True
+    durable: bool | None = None
     record_at_publish: bool | None = None
     step_retry: RetryPolicy | None = None
     max_run_seconds: float | str | None = None
@@ -99,11 +104,12 @@ class DurableTask(Task):  # type: ignore[misc]
 
     @classmethod
     def bind(cls, app: Any) -> Any:
-        """Bind to ``app``; durable tasks default to ``acks_late`` and ``reject_on_worker_lost`` (C26)."""
-        if not cls.__dict__.get("__bound__", False):
+        """Bind to ``app``; a task declared ``durable=True`` defaults to ``acks_late`` and ``reject_on_worker_lost``
+        (C26); a task learned later gets them when a worker starts (`celery_ext._prepare.acknowledge_late`, C43)."""
+        if not cls.__dict__.get("__bound__", False) and "_flexiq_explicit" not in cls.__dict__:
             cls._flexiq_explicit = frozenset(a for a in ACK_DEFAULTS if getattr(cls, a, None) is not None)
         bound = super().bind(app)
-        if cls.durable and runtime_of(app) is not None:
+        if cls.durable is True and runtime_of(app) is not None:
             for attr in ACK_DEFAULTS:
                 if attr not in cls._flexiq_explicit:
                     setattr(cls, attr, True)
@@ -112,7 +118,7 @@ class DurableTask(Task):  # type: ignore[misc]
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run one attempt of the job being executed (or the plain body when not durable)."""
         request = self.request
-        runtime = runtime_of(self.app) if self.durable else None
+        runtime = runtime_of(self.app) if self.durable is not False else None
         if runtime is None:
             return self._flexiq_body(args, kwargs)
         if request.called_directly or _in_body.get() is request:

@@ -1,8 +1,9 @@
 """The ``DurableSteps`` middleware: durable steps in ordinary Dramatiq actors.
 
-It stamps a run key on every new message at enqueue and records its run
-``queued`` before the message leaves, whether the key is new, the
-producer's or derived from a parent run's (C39, C44, C46), runs recovery
+It stamps a run key on every new message at enqueue and, for an actor known
+to take steps (C43), records its run ``queued`` before the message leaves,
+whether the key is new, the producer's or derived from a parent run's (C39,
+C44, C46), runs recovery
 in every worker (one sweep at a time across them, C39), swaps each durable
 actor's function for one that runs the body inside an attempt (see
 ``_actor``), and turns the attempt's decision into Dramatiq's verb (see
@@ -66,6 +67,7 @@ from flexiq_plugins.integration import (
     check_store_spec,
     dead_letter_unregistered,
     driver_or_put_back,
+    durable_at_publish,
     first_publish,
     job_log_fields,
     log_worker_start,
@@ -104,7 +106,10 @@ class InvalidActorOption(ConfigurationError, MiddlewareError):
 class DurableSteps(Middleware):
     """Middleware that gives actors durable steps: ``current_job.step.run``, ``sleep`` …
 
-    Every actor is durable unless declared with ``durable=False``;
+    Every actor is durable unless declared with ``durable=False``; one that
+    never takes a step is not touched (C43): only an actor declared
+    ``durable=True``, or known to take steps (learned at its first step), has
+    its messages recorded at enqueue (C39);
     ``step_retry=RetryPolicy(...)`` gives every ``step.run`` of an actor that
     budget unless the call passes its own ``retry=`` (C31);
     ``max_run_seconds`` and ``max_suspended_seconds`` cap each run's duration
@@ -126,7 +131,8 @@ class DurableSteps(Middleware):
         and ``codecs`` (C7), ``keep_succeeded_steps`` (C27), ``step_retry``
         (the default budget of every step, C31), ``max_run_seconds`` and
         ``max_suspended_seconds`` (the default run caps of every run, C34),
-        ``record_at_publish`` and ``recovery`` (C39). Each may also be set
+        ``record_at_publish`` and ``recovery`` (C39), ``known_tasks_refresh_seconds``
+        (C43). Each may also be set
         in Django's ``FLEXIQ`` dict, upper case; a keyword option wins.
 
     Raises:
@@ -152,7 +158,8 @@ class DurableSteps(Middleware):
 
     @property
     def actor_options(self) -> set[str]:
-        """``durable``: ``False`` opts an actor out; ``step_retry``: its steps' default budget (C31);
+        """``durable``: ``False`` opts an actor out, ``True`` declares it durable from its first message (C43);
+        ``step_retry``: its steps' default budget (C31);
         ``max_run_seconds``, ``max_suspended_seconds``: its runs' run caps (C34); ``record_at_publish``:
         ``False`` publishes its new jobs without recording their runs first (C39)."""
         return {"durable", "step_retry", "max_run_seconds", "max_suspended_seconds", RECORD_TASK_OPTION}
@@ -280,24 +287,28 @@ class DurableSteps(Middleware):
         message.options[RESUME_OPTION] = mark
         if first:
             _dispatch.stamp_group_callbacks(message.options)
-            self._record(broker, message, delay)
+            self._record(broker, message, delay, run_key_given=given)
         failure = self._failing.pop(message.message_id, None)
         if failure is not None and failure.claimed:
             message.options[RESUME_OPTION] = True  # the retry continues a run: it claims first (C23)
 
-    def _record(self, broker: dramatiq.Broker, message: Any, delay: int | None) -> None:
-        """Record a new message's run ``queued`` unless its actor or the message opts out (C39)."""
+    def _record(self, broker: dramatiq.Broker, message: Any, delay: int | None, *, run_key_given: bool) -> None:
+        """Record a new message's run ``queued`` if its actor is known to take steps, unless it opts out (C39, C43)."""
         try:
             options = broker.get_actor(message.actor_name).options
-        except ActorNotFound:  # a producer that does not declare the actor: durable by default
+        except ActorNotFound:  # a producer that does not declare the actor: known if it has taken steps
             options = {}
-        if options.get("durable", True) is False:
-            return
         opted = wants_record(
             self.config, task_option=options.get(RECORD_TASK_OPTION), call_option=message.options.get(RECORD_OPTION)
         )
-        if not opted:
-            return
+        if not opted or not durable_at_publish(
+            lambda: self.driver.known_tasks,
+            "dramatiq",
+            message.actor_name,
+            declared=options.get("durable"),
+            run_key_given=run_key_given,
+        ):
+            return  # an actor not known to take steps is not touched: no store statement (C43)
         message.options[RECORDED_FLAG] = True  # in the envelope: re-publishes of the run carry the flag too
         try:
             job = job_info(message)
@@ -372,7 +383,13 @@ class DurableSteps(Middleware):
             self._framework_ended(broker, message, Ended.FAILED)
 
     def _framework_ended(self, broker: dramatiq.Broker, message: Any, how: Ended) -> None:
-        """Tell the core how Dramatiq ended a durable job; a run whose undos must run is published on ``broker``."""
+        """Tell the core how Dramatiq ended a durable job; a run whose undos must run is published on ``broker``.
+
+        Not for a message that can have no run: one of an actor not known to take steps, neither recorded
+        at enqueue nor continuing a run (C43): Dramatiq's ending is its own, with no store statement.
+        """
+        if not self._may_have_a_run(broker, message):
+            return
         error = getattr(message, "_exception", None)  # what the worker stuffed into the message
         detail = f"{type(error).__name__}: {error}" if error is not None else ""
         run_key = run_key_of(message)
@@ -388,6 +405,22 @@ class DurableSteps(Middleware):
         if after is not None:
             _verbs.enqueue_again(broker, message, failure.run_key, math.ceil(after.delay * 1000))
         return True
+
+    def _may_have_a_run(self, broker: dramatiq.Broker, message: Any) -> bool:
+        """Whether ``message`` may have a run: recorded, continuing one, or of an actor declared or known (C43)."""
+        options = message.options
+        if options.get(RECORDED_FLAG) or options.get(RESUME_OPTION):
+            return True
+        try:
+            declared = broker.get_actor(message.actor_name).options.get("durable")
+        except ActorNotFound:
+            declared = None
+        if declared is True:
+            return True
+        try:
+            return self.driver.known_tasks.is_known("dramatiq", message.actor_name)
+        except ConfigurationError:
+            return False
 
     @staticmethod
     def _is_durable(broker: dramatiq.Broker, message: Any) -> bool:

@@ -28,7 +28,7 @@ from ._model.config import DurableConfig, Limits
 from ._model.durations import parse_duration
 from ._model.identity import new_run_key
 from ._model.policies import CancellationPolicy, Compensation, RetryPolicy
-from ._model.records import DeadLetterRecord, JobEnvelope, RunRecord, StepAttempt, StepRow
+from ._model.records import DeadLetterRecord, JobEnvelope, KnownTask, RunRecord, StepAttempt, StepRow
 from ._steps.context import JobContext, StepContext, current_job
 from ._steps.logfields import JobLogFilter
 from ._store.attempt_side import AttemptStore
@@ -102,6 +102,7 @@ __all__ = [
     "StepAttempt",
     "DeadLetterRecord",
     "JobEnvelope",
+    "KnownTask",
     # The errors a task body raises or catches: NonRetryableError to say "never retry" (C31),
     # StepRetryExhausted when a step's budget is spent (C31), StepMapFailed when items of a
     # step.map failed (C51), NoCurrentJob outside a job.

@@ -5,7 +5,8 @@ root; a third integration would too. The shape of an adapter:
 
 1. At publish, stamp a run key on each new job ([`new_run_key`][flexiq_plugins.integration.new_run_key]) and,
    on a job's first publish ([`first_publish`][flexiq_plugins.integration.first_publish]: a minted, a
-   producer-chosen or a derived key) unless the task or the message opts
+   producer-chosen or a derived key) of a task known to take steps
+   ([`durable_at_publish`][flexiq_plugins.integration.durable_at_publish], C43) unless the task or the message opts
    out ([`wants_record`][flexiq_plugins.integration.wants_record]), record its run ``queued`` before the message
    leaves unless it exists ([`record_at_publish`][flexiq_plugins.integration.record_at_publish], C39, C46); flag the
    message with [`RECORDED_FLAG`][flexiq_plugins.integration.RECORDED_FLAG] when it was recorded. A job the
@@ -100,6 +101,7 @@ from ._delivery.recording import (
     RECORD_OPTION,
     RECORD_TASK_OPTION,
     RECORDED_FLAG,
+    durable_at_publish,
     record_at_publish,
     settle_unclaimed_run,
     start_recovery,
@@ -213,6 +215,7 @@ __all__ = [
     "new_run_key",
     "no_current_job",
     "publishing_trace",
+    "durable_at_publish",
     "record_at_publish",
     "register_adapter",
     "register_installation",

@@ -106,7 +106,16 @@ def drop_store_tables(store: SqlStepStore) -> None:
     """Drop the tables of ``store``'s table prefix (server databases are shared between runs)."""
     prefix = store.table_prefix
     with store.engine.begin() as conn:
-        for table in ("steps", "step_attempts", "dead_letters", "events", "sweep_lease", "runs", "alembic_version"):
+        for table in (
+            "steps",
+            "step_attempts",
+            "dead_letters",
+            "events",
+            "sweep_lease",
+            "known_tasks",
+            "runs",
+            "alembic_version",
+        ):
             conn.execute(sa.text(f"DROP TABLE IF EXISTS {prefix}{table}"))
 
 

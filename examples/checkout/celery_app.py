@@ -44,7 +44,11 @@ celery_ext.install(
 )
 
 
-@app.task(autoretry_for=(ReceiptNotSent,), default_retry_delay=1, max_retries=3)  # type: ignore[untyped-decorator]
+# durable=True: durable from its very first job (recorded at publish, acknowledged late), as the demo kills a
+# worker during the first job; without it the task becomes durable once it has taken a step (C43).
+@app.task(  # type: ignore[untyped-decorator]
+    autoretry_for=(ReceiptNotSent,), default_retry_delay=1, max_retries=3, durable=True
+)
 def checkout(order_id: str, amount_cents: int) -> str:
     """Charge once, wait, send the receipt (see :func:`examples.checkout.flow.checkout`)."""
     return flow.checkout(order_id, amount_cents)

@@ -63,6 +63,7 @@ dramatiq.set_broker(broker)
     min_backoff=1000,
     max_backoff=1000,
     retry_when=lambda retries, exc: isinstance(exc, ReceiptNotSent) and retries < 3,
+    durable=True,  # durable from its very first job, recorded at publish (otherwise learned at its first step, C43)
 )
 def checkout(order_id: str, amount_cents: int) -> None:
     """Charge once, wait, send the receipt (see :func:`examples.checkout.flow.checkout`).

@@ -96,6 +96,9 @@ class AttemptHost(Protocol):
     def store_outage(self, exc: StoreUnavailable) -> decisions.PutBack:
         """The decision for a store outage: put back, no retry counted (C28)."""
 
+    def took_step(self, job: JobInfo) -> None:
+        """``job``'s body took a step: note its task as one that takes steps (C43)."""
+
     def release_later(self, claim: Claim) -> None:
         """Release ``claim``, held through a store outage, as soon as the store answers (C28)."""
 
@@ -198,6 +201,7 @@ class Attempt:
                     self._refused = claimed
                     raise ClaimRefused(f"job {self.job_id} (run {self.run_key}) could not claim its run: {claimed}")
                 self._take(claimed, bind=False)
+                self._driver.took_step(self.job)  # the body takes a step: its task is durable (C43)
             if self._active:
                 self._lease.start()  # type: ignore[union-attr]  # nothing if started already
             if not self.context.claimed:
@@ -334,6 +338,8 @@ class Attempt:
             return self._refused
         if self.claim is None:
             return self._driver.ended_unclaimed(self.job, value, error)
+        if self.journal.sequence.running:  # a step was taken (a run claimed before its body, C43)
+            self._driver.took_step(self.job)
         assert self._lease is not None
         self._lease.stop()
         try:

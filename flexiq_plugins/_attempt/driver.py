@@ -66,6 +66,7 @@ from ..errors import (
 from . import decisions, endings
 from .attempt import Attempt, report_end
 from .job import JobInfo
+from .known_tasks import KnownTasks
 from .late_release import LateReleases
 from .store_health import StoreHealth, store_health
 
@@ -161,6 +162,7 @@ class AttemptDriver:
         if self.observer is not None:
             self.observer.watch(store.count_statuses)
         self.late_releases = LateReleases(store, self.config.lease_seconds)
+        self.known_tasks = KnownTasks(store, self.config.known_tasks_refresh_seconds)  # the tasks taking steps (C43)
         watch_sqlalchemy()  # a plain step inside a SQLAlchemy transaction that has written is refused (C42)
 
     # ------------------------------------------------------------ one call
@@ -286,11 +288,15 @@ class AttemptDriver:
         that takes no step behaves as it would without the integration: no
         run exists for it (a job recorded at publish claims before its body,
         [`claims_before_body`][flexiq_plugins.integration.claims_before_body]), so nothing
-        is written: a value is [`Completed`][flexiq_plugins.integration.Completed], a
-        worker shutdown puts the job back (C38), any other error is a
-        ``Failure`` with ``claimed=False``, left to the framework's own retry
-        policy as without the integration (no dead letter of the library's,
-        C29/C30 apply to runs only).
+        is written: a value is [`Completed`][flexiq_plugins.integration.Completed], any
+        error is a ``Failure`` with ``claimed=False``, left to the framework's
+        own retry policy as without the integration (no dead letter of the
+        library's, C29/C30 apply to runs only). A worker shutdown that
+        interrupts such a body is the framework's own interruption again (the
+        ``WorkerInterrupted``'s cause, e.g. Dramatiq's ``Shutdown``): the
+        framework handles it exactly as it would without the integration,
+        since no committed step is at stake (C43); the put-back of C38 is for
+        runs.
 
         Parameters:
           job (JobInfo): the job.
@@ -299,9 +305,16 @@ class AttemptDriver:
         """
         if error is None:
             return decisions.Completed(value, claimed=False)
-        if classify(error) is Disposition.INTERRUPTED:
-            return decisions.PutBack(decisions.PutBackReason.SHUTDOWN, 0.0, str(error))
+        if classify(error) is Disposition.INTERRUPTED and error.__cause__ is not None:
+            error = error.__cause__  # the framework's own shutdown exception, as the body raised it (C43)
         return decisions.Failure(error, job.run_key, 0, claimed=False)
+
+    def took_step(self, job: JobInfo) -> None:
+        """``job``'s body took a step: its task is known to take steps from now on (C43, `KnownTasks`).
+
+        Nothing once this process knows the task; else one insert-if-absent.
+        """
+        self.known_tasks.took_step(job.job_envelope.framework, job.name)
 
     def replay_finished(self, job: JobInfo, finished: Finished) -> decisions.Replay | decisions.Ack:
         """The decision for a job whose run is already finished: replay its stored outcome (C26, C37).

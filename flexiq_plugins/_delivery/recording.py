@@ -18,6 +18,19 @@ with ``record_at_publish=False``, or a message sent with the option
 ``flexiq_record=False``, skips it: its run is recorded only when a worker
 starts it, as before, and a message lost before that cannot be recovered.
 
+**Only the tasks known to take steps are recorded (C43).** A task that
+never takes a step is not touched: no statement at publish, no run row.
+Which tasks take steps is learned (the first attempt of a task that takes a
+step notes it, `flexiq_plugins._attempt.known_tasks`) or declared
+(``durable=True``); [`durable_at_publish`][flexiq_plugins.integration.durable_at_publish]
+is the one rule both adapters follow. A job of a task not known yet is
+published unrecorded and claimed at its first step (C23): its committed
+steps are never lost (a job whose worker dies after a step is recovered
+from its claim, C35); a message the broker loses before its first step is
+lost as it would be without the integration. A job published with a run
+key the producer chose, or one derived from a parent run's, names a run:
+it is recorded whatever its task (C44, C46).
+
 **A store that cannot be reached at publish** does not fail the publish:
 the job goes out unrecorded (it is then exactly as durable as the broker
 makes it), with one WARNING line per process when the store starts failing
@@ -45,6 +58,7 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Literal
 
+from .._attempt.known_tasks import KnownTasks
 from .._attempt.store_health import StoreHealth, store_health
 from .._model.config import DurableConfig
 from .._model.records import JobEnvelope
@@ -59,6 +73,7 @@ __all__ = [
     "RECORDED_FLAG",
     "RECORD_OPTION",
     "RECORD_TASK_OPTION",
+    "durable_at_publish",
     "record_at_publish",
     "settle_unclaimed_run",
     "start_recovery",
@@ -87,6 +102,43 @@ def wants_record(config: DurableConfig, *, task_option: object = None, call_opti
     """
     chosen = next((value for value in (call_option, task_option) if value is not None), config.record_at_publish)
     return bool(chosen)
+
+
+def durable_at_publish(
+    open_known: Callable[[], KnownTasks],
+    framework: str,
+    task_name: str,
+    *,
+    declared: object,
+    run_key_given: bool = False,
+) -> bool:
+    """Whether a new job of ``task_name`` is a durable job at publish, whose run may be recorded (C39, C43, C46).
+
+    ``durable=False`` never is; ``durable=True`` always is, without a store
+    read; a job with a run key the producer chose (or derived from a parent
+    run's, C44) names a run, so it is (C46); otherwise the task must be
+    known to take steps (`KnownTasks.is_known`:
+    from memory, the store read at most every ``known_tasks_refresh_seconds``).
+    A store that cannot be opened or read makes the job not durable here: it
+    is claimed at its first step instead.
+
+    Parameters:
+      open_known (Callable[[], KnownTasks]): this process's known tasks (its driver's, opened on first use).
+      framework (str): the adapter's framework name.
+      task_name (str): the task or actor name.
+      declared (object): the task's or actor's ``durable`` option (``None``: not set, or a task this producer
+        does not have).
+      run_key_given (bool): the producer put a run key on the message.
+    """
+    if declared is False:
+        return False
+    if declared is True or run_key_given:
+        return True
+    try:
+        known = open_known()
+    except FlexiqError:  # a misconfigured store: the worker refuses to start and says why (C41)
+        return False
+    return known.is_known(framework, task_name)
 
 
 class _PublishLog:

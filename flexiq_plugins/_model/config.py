@@ -42,6 +42,7 @@ _SECONDS = (
     "recovery_grace_seconds",
     "recovery_stale_seconds",
     "recovery_queued_seconds",
+    "known_tasks_refresh_seconds",
 )
 _FLAGS = ("keep_succeeded_steps", "record_at_publish", "recovery", "tracing", "metrics", "trace_idempotency_keys")
 _OPTIONS_HELP = "docs/configuration.md, 'Integration options'"
@@ -150,6 +151,14 @@ class DurableConfig:
             "record each new durable job's run as 'queued' when it is published, before the message leaves, so "
             "recovery can re-publish a message the broker lost; a task's or actor's record_at_publish=False, or a "
             "message's flexiq_record=False, opts out (default True, C39)"
+        ),
+    )
+    known_tasks_refresh_seconds: float = field(
+        default=30.0,
+        metadata=_doc(
+            "how often a producer or worker reads again which tasks are known to take steps, seconds: a task "
+            "is recorded at publish (and, on Celery, acknowledged late) only once it is known; a task declared "
+            "durable=True is known from the start without a read (default 30, C43)"
         ),
     )
     recovery: bool = field(

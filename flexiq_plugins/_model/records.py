@@ -1,11 +1,12 @@
 """The records of a run as the store keeps them, and what its methods return.
 
-A store keeps five things: *runs* (one row per run key: status, the claim and
+A store keeps six things: *runs* (one row per run key: status, the claim and
 the job envelope, [`RunRecord`][flexiq_plugins.RunRecord]), *step rows* (the committed steps of a
 run, [`StepRow`][flexiq_plugins.StepRow]), *step attempts* (each attempt of a step with a retry
 budget, journaled before its body runs, C31, [`StepAttempt`][flexiq_plugins.StepAttempt]), *dead
 letters* ([`DeadLetterRecord`][flexiq_plugins.DeadLetterRecord]) and *events* (`EventRecord`,
-C33). These are plain frozen dataclasses: every layer above the store reads
+C33) and *known tasks*, the tasks known to take steps ([`KnownTask`][flexiq_plugins.KnownTask], C43).
+These are plain frozen dataclasses: every layer above the store reads
 them, none of them does I/O.
 
 Times are ``float`` seconds since the epoch **on the store's clock** (C23).
@@ -34,6 +35,7 @@ __all__ = [
     "EventRecord",
     "Finished",
     "JobEnvelope",
+    "KnownTask",
     "NewDeadLetter",
     "RunRecord",
     "RunStatus",
@@ -503,3 +505,18 @@ class SentEvent:
 
     event: EventRecord
     waiters: tuple[RunRecord, ...]
+
+
+@dataclass(frozen=True)
+class KnownTask:
+    """A task or actor known to take steps: the first attempt of it that took a step wrote it (C43).
+
+    Parameters:
+      name (str): the task or actor name.
+      framework (str): the framework whose task it is (``"celery"``, ``"dramatiq"``).
+      first_seen (float): when its first step was taken, epoch seconds, store clock.
+    """
+
+    name: str
+    framework: str
+    first_seen: float

@@ -112,6 +112,22 @@ class AttemptStore(StoreReads):
           delay_seconds (float): how long after now the job is due (a countdown or ETA), seconds.
         """
 
+    @abc.abstractmethod
+    def note_durable_task(self, name: str, framework: str) -> None:
+        """Note that the task ``name`` of ``framework`` takes steps: the first attempt of it that does calls it (C43).
+
+        One statement: inserts ``(name, framework)`` with the store's clock as
+        its first-seen time only if it is not there; a task noted already is
+        left exactly as it is. Producers and workers read the known tasks
+        back ([`durable_tasks`][flexiq_plugins.StepStore.durable_tasks]) to
+        decide which tasks are recorded at publish (C39) and, on Celery,
+        acknowledged late (C26).
+
+        Parameters:
+          name (str): the task or actor name (at most 255 characters).
+          framework (str): the framework's name (``"celery"``, ``"dramatiq"``).
+        """
+
     # ------------------------------------------------------------- steps
     @abc.abstractmethod
     def commit_step(self, claim: Claim, row: StepRow) -> StepRow:

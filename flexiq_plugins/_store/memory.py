@@ -27,6 +27,7 @@ from .._model.records import (
     EventPoll,
     EventRecord,
     JobEnvelope,
+    KnownTask,
     NewDeadLetter,
     RunRecord,
     RunStatus,
@@ -80,6 +81,7 @@ class MemoryStepStore(StepStore):
         self._next_event_id = 1
         self._sweep_leases: dict[str, tuple[str | None, float | None]] = {}
         self._swept_at: dict[str, float] = {}
+        self._tasks: dict[tuple[str, str], float] = {}
 
     def describe(self) -> str:
         """``memory:// (in this process only)``."""
@@ -178,6 +180,17 @@ class MemoryStepStore(StepStore):
                 run = self._new_run(run_key, envelope, now)
                 due = now + max(delay_seconds, 0.0)
                 self._runs[run_key] = dataclasses.replace(run, status="queued", job_id=job_id, wake_at=due)
+
+    def note_durable_task(self, name: str, framework: str) -> None:
+        """See `StepStore.note_durable_task`."""
+        with self._lock:
+            self._tasks.setdefault((framework, name), self.now())
+
+    def durable_tasks(self) -> list[KnownTask]:
+        """See `StepStore.durable_tasks`."""
+        with self._lock:
+            known = sorted(self._tasks.items())
+        return [KnownTask(name, framework, first_seen) for (framework, name), first_seen in known]
 
     # ------------------------------------------------------------------ steps
     def commit_step(self, claim: Claim, row: StepRow) -> StepRow:

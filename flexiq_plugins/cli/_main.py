@@ -33,6 +33,7 @@ from ._recover import recover_command
 from ._runs import runs
 from ._state import EXIT_FAILED, EXIT_NOT_FOUND, EXIT_USAGE, CliState, failure, store_env_help
 from ._store import store
+from ._tasks import tasks_command
 
 __all__ = ["cli", "main"]
 
@@ -94,6 +95,7 @@ cli.add_command(dlq)
 cli.add_command(events)
 cli.add_command(recover_command)
 cli.add_command(store)
+cli.add_command(tasks_command)
 cli.add_command(dashboard_command)
 
 

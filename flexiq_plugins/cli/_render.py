@@ -14,7 +14,7 @@ from typing import Any
 from rich.table import Table
 
 from .._model.failures import RunFailure, StepFailure, load_failure
-from .._model.records import DeadLetterRecord, RunRecord, StepAttempt, StepRow
+from .._model.records import DeadLetterRecord, KnownTask, RunRecord, StepAttempt, StepRow
 from ..operations import DecodedValue, RunDetails, Stranded, human_time, retried_note, run_note
 
 __all__ = [
@@ -47,6 +47,20 @@ def _utc(t: float) -> datetime | None:
         return datetime.fromtimestamp(t, timezone.utc)
     except (OverflowError, OSError, ValueError):  # e.g. a sleep of timedelta.max
         return None
+
+
+# ------------------------------------------------------------------- tasks
+def known_task_dict(task: KnownTask) -> dict[str, Any]:
+    """A known task for ``flexiq tasks --json``: ``name``, ``framework``, ``first_seen`` (ISO 8601 UTC)."""
+    return {"name": task.name, "framework": task.framework, "first_seen": iso_time(task.first_seen)}
+
+
+def known_tasks_table(tasks: list[KnownTask]) -> Table:
+    """The ``flexiq tasks`` table."""
+    table = Table("TASK", "FRAMEWORK", "FIRST SEEN", box=None)
+    for task in tasks:
+        table.add_row(task.name, task.framework, human_time(task.first_seen))
+    return table
 
 
 # -------------------------------------------------------------------- runs

@@ -7,6 +7,7 @@ an admin page can call them directly with any [`StepStore`][flexiq_plugins.StepS
 [`cleanup`][flexiq_plugins.operations.cleanup];
 - the store's upkeep (``flexiq store``): [`clean_store`][flexiq_plugins.operations.clean_store] (finished runs
   and old events at once) and [`upgrade_schema`][flexiq_plugins.operations.upgrade_schema];
+- tasks: [`known_tasks`][flexiq_plugins.operations.known_tasks], the tasks known to take steps (C43);
 - step values for display: [`decode_step_value`][flexiq_plugins.operations.decode_step_value];
 - dead letters: [`retry_dead_letter`][flexiq_plugins.operations.retry_dead_letter],
   [`retry_dead_letters`][flexiq_plugins.operations.retry_dead_letters],
@@ -72,6 +73,7 @@ from ._divergence import Divergence, DivergenceLine, divergence_of
 from ._maintenance import StoreCleaned, clean_store, upgrade_schema
 from ._overview import DEFAULT_COUNT_CAP, Overview, overview
 from ._runs import RunDetails, cleanup, list_runs, show_run
+from ._tasks import known_tasks
 from ._timeline import RunOutcome, RunTimeline, TimelineStep, run_timeline
 from ._values import DecodedValue, decode_step_value, decode_value
 from ._wording import human_time, retried_note, run_note, steps_note
@@ -137,6 +139,7 @@ __all__ = [
     "find_stranded",
     "fork_run",
     "human_time",
+    "known_tasks",
     "list_runs",
     "load_object",
     "overview",

@@ -68,7 +68,16 @@ def drop_tables(store: SqlStepStore) -> None:
     import sqlalchemy as sa
 
     with store.engine.begin() as conn:
-        for table in ("steps", "step_attempts", "dead_letters", "events", "sweep_lease", "runs", "alembic_version"):
+        for table in (
+            "steps",
+            "step_attempts",
+            "dead_letters",
+            "events",
+            "sweep_lease",
+            "known_tasks",
+            "runs",
+            "alembic_version",
+        ):
             conn.execute(sa.text(f"DROP TABLE IF EXISTS {store.table_prefix}{table}"))
     store.close()
 

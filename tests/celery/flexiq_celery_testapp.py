@@ -107,7 +107,11 @@ class DiesAfterTheRunEnds(DurableTask):  # type: ignore[misc]
 
 
 def register_tasks(app: Celery, calls: str) -> None:
-    """Declare the test tasks on ``app``."""
+    """Declare the test tasks on ``app``.
+
+    The tasks that take steps are declared ``durable=True`` (C43): their tests are about durable tasks
+    (recorded at publish, acknowledged late); the step-less ``plain*`` ones are left to be learned.
+    """
 
     def charge_and_receipt(task: Any, order: int, pause: float) -> dict[str, Any]:
         step = current_job.step
@@ -121,18 +125,25 @@ def register_tasks(app: Celery, calls: str) -> None:
 
         return {"charge": charge, "receipt": step.run("receipt", receipt), "retries": task.request.retries}
 
-    @app.task(bind=True, name=f"{app.main}.checkout", autoretry_for=(Exception,), max_retries=3, default_retry_delay=0)
+    @app.task(
+        durable=True,
+        bind=True,
+        name=f"{app.main}.checkout",
+        autoretry_for=(Exception,),
+        max_retries=3,
+        default_retry_delay=0,
+    )
     def checkout(self: Any, order: int, pause: float = 1) -> dict[str, Any]:
         return charge_and_receipt(self, order, pause)
 
-    @app.task(bind=True, name=f"{app.main}.checkout_manual", max_retries=3)
+    @app.task(durable=True, bind=True, name=f"{app.main}.checkout_manual", max_retries=3)
     def checkout_manual(self: Any, order: int, pause: float = 1) -> dict[str, Any]:
         try:
             return charge_and_receipt(self, order, pause)
         except Exception as exc:
             raise self.retry(exc=exc, countdown=0) from exc
 
-    @app.task(bind=True, name=f"{app.main}.sleeper", autoretry_for=(Exception,), max_retries=5)
+    @app.task(durable=True, bind=True, name=f"{app.main}.sleeper", autoretry_for=(Exception,), max_retries=5)
     def sleeper(self: Any, seconds: float) -> dict[str, Any]:
         step = current_job.step
         started = step.run("start", time.time)
@@ -146,18 +157,18 @@ def register_tasks(app: Celery, calls: str) -> None:
         step.sleep(pause)
         return step.run("ship", lambda: "shipped")
 
-    @app.task(bind=True, name=f"{app.main}.diverging", autoretry_for=(Exception,), max_retries=20)
+    @app.task(durable=True, bind=True, name=f"{app.main}.diverging", autoretry_for=(Exception,), max_retries=20)
     def diverging(self: Any, pause: float) -> str:
         return diverging_body(pause)
 
-    @app.task(bind=True, name=f"{app.main}.diverging_manual", max_retries=20)
+    @app.task(durable=True, bind=True, name=f"{app.main}.diverging_manual", max_retries=20)
     def diverging_manual(self: Any, pause: float) -> str:
         try:
             return diverging_body(pause)
         except Exception as exc:
             raise self.retry(exc=exc, countdown=0) from exc
 
-    @app.task(bind=True, name=f"{app.main}.duplicate_key", autoretry_for=(Exception,), max_retries=20)
+    @app.task(durable=True, bind=True, name=f"{app.main}.duplicate_key", autoretry_for=(Exception,), max_retries=20)
     def duplicate_key(self: Any) -> str:
         step = current_job.step
         record_call(calls, "duplicate_key")
@@ -165,7 +176,7 @@ def register_tasks(app: Celery, calls: str) -> None:
         step.run("a", lambda: 2, key="k")
         return "unreachable"
 
-    @app.task(name=f"{app.main}.slow_once")
+    @app.task(durable=True, name=f"{app.main}.slow_once")
     def slow_once(seconds: float) -> str:
         def body() -> str:
             record_call(calls, "slow_once")
@@ -188,7 +199,7 @@ def register_tasks(app: Celery, calls: str) -> None:
             raise self.retry(countdown=0)
         return int(self.request.retries)
 
-    @app.task(bind=True, name=f"{app.main}.custom_base", base=CountingBase)
+    @app.task(durable=True, bind=True, name=f"{app.main}.custom_base", base=CountingBase)
     def custom_base(self: Any, x: int) -> Any:
         return current_job.step.run("double", lambda: x * 2)
 
@@ -196,11 +207,11 @@ def register_tasks(app: Celery, calls: str) -> None:
     def opted_out() -> str:
         return "job" if current_job else "no job"
 
-    @app.task(name=f"{app.main}.not_late", acks_late=False)
+    @app.task(durable=True, name=f"{app.main}.not_late", acks_late=False)
     def not_late() -> str:
         return current_job.step.run("x", lambda: "x")
 
-    @app.task(name=f"{app.main}.bulk")
+    @app.task(durable=True, name=f"{app.main}.bulk")
     def bulk(i: int) -> int:
         step = current_job.step
         a = step.run("a", lambda: i)
@@ -213,22 +224,22 @@ def register_tasks(app: Celery, calls: str) -> None:
 def register_replay_tasks(app: Celery, calls: str) -> None:
     """Tasks of the C37 tests: a finished run's outcome replayed to a duplicate, its body never run again."""
 
-    @app.task(name=f"{app.main}.c37_total", base=DiesAfterTheRunEnds)
+    @app.task(durable=True, name=f"{app.main}.c37_total", base=DiesAfterTheRunEnds)
     def c37_total(label: str, x: int, die_once: str = "") -> int:
         record_call(calls, f"{label}:body")
         return int(current_job.step.run("add", lambda: x + 1))
 
-    @app.task(name=f"{app.main}.c37_declines", base=DiesAfterTheRunEnds)
+    @app.task(durable=True, name=f"{app.main}.c37_declines", base=DiesAfterTheRunEnds)
     def c37_declines(label: str, die_once: str = "") -> int:
         record_call(calls, f"{label}:body")
         current_job.step.run("reserve", lambda: "r-1")
         raise ValueError(f"card declined for {label}")
 
-    @app.task(name=f"{app.main}.c37_linked")
+    @app.task(durable=True, name=f"{app.main}.c37_linked")
     def c37_linked(value: Any, label: str) -> None:
         record_call(calls, f"{label}:linked:{value}")
 
-    @app.task(name=f"{app.main}.c37_errback")
+    @app.task(durable=True, name=f"{app.main}.c37_errback")
     def c37_errback(request: Any, exc: BaseException, traceback: Any, label: str) -> None:
         record_call(calls, f"{label}:errback:{type(exc).__name__}:{exc}")
 
@@ -238,7 +249,7 @@ def register_replay_tasks(app: Celery, calls: str) -> None:
 def register_dispatch_tasks(app: Celery, calls: str) -> None:
     """Tasks of the C44 tests: jobs Celery dispatches on behalf of a durable run, each a run of its own."""
 
-    @app.task(name=f"{app.main}.c44_noted")
+    @app.task(durable=True, name=f"{app.main}.c44_noted")
     def c44_noted(value: Any, label: str, die_publishing: str = "") -> Any:
         def note() -> Any:
             record_call(calls, f"{label}:noted:{value}")
@@ -246,11 +257,11 @@ def register_dispatch_tasks(app: Celery, calls: str) -> None:
 
         return current_job.step.run("note", note)
 
-    @app.task(name=f"{app.main}.c44_errback")
+    @app.task(durable=True, name=f"{app.main}.c44_errback")
     def c44_errback(task_id: str, label: str) -> None:
         current_job.step.run("note", lambda: record_call(calls, f"{label}:errback"))
 
-    @app.task(name=f"{app.main}.c44_sends")
+    @app.task(durable=True, name=f"{app.main}.c44_sends")
     def c44_sends(label: str) -> str:
         current_job.step.run("charge", lambda: record_call(calls, f"{label}:charge"))
         return str(c44_noted.delay("sent", label).id)  # the body's own job: a new run
@@ -282,7 +293,9 @@ def register_failure_tasks(app: Celery, calls: str) -> None:
     so one worker can serve several tests at once.
     """
 
-    @app.task(name=f"{app.main}.always_fails", autoretry_for=(Exception,), max_retries=1, default_retry_delay=0)
+    @app.task(
+        durable=True, name=f"{app.main}.always_fails", autoretry_for=(Exception,), max_retries=1, default_retry_delay=0
+    )
     def always_fails(label: str) -> str:
         def ship() -> str:
             n = record_call(calls, f"{label}:ship", current_job.step.idempotency_key)
@@ -290,7 +303,7 @@ def register_failure_tasks(app: Celery, calls: str) -> None:
 
         return current_job.step.run("ship", ship, retry=RetryPolicy(max_attempts=5, initial_delay=0.2, multiplier=1))
 
-    @app.task(name=f"{app.main}.exits_in_step")
+    @app.task(durable=True, name=f"{app.main}.exits_in_step")
     def exits_in_step(label: str) -> str:
         def charge() -> str:
             record_call(calls, f"{label}:charge")
@@ -298,7 +311,9 @@ def register_failure_tasks(app: Celery, calls: str) -> None:
 
         return current_job.step.run("charge", charge, retry=RetryPolicy(max_attempts=3))
 
-    @app.task(name=f"{app.main}.non_retryable", autoretry_for=(Exception,), max_retries=5, default_retry_delay=0)
+    @app.task(
+        durable=True, name=f"{app.main}.non_retryable", autoretry_for=(Exception,), max_retries=5, default_retry_delay=0
+    )
     def non_retryable(label: str) -> str:
         def charge() -> str:
             record_call(calls, f"{label}:charge")
@@ -306,7 +321,7 @@ def register_failure_tasks(app: Celery, calls: str) -> None:
 
         return current_job.step.run("charge", charge, retry=RetryPolicy(max_attempts=5, initial_delay=0))
 
-    @app.task(name=f"{app.main}.saga")
+    @app.task(durable=True, name=f"{app.main}.saga")
     def saga(label: str, marker_dir: str) -> str:
         step = current_job.step
 
@@ -328,7 +343,9 @@ def register_failure_tasks(app: Celery, calls: str) -> None:
 
         return step.run("ship", ship)
 
-    @app.task(name=f"{app.main}.gives_up", autoretry_for=(ValueError,), max_retries=1, default_retry_delay=0)
+    @app.task(
+        durable=True, name=f"{app.main}.gives_up", autoretry_for=(ValueError,), max_retries=1, default_retry_delay=0
+    )
     def gives_up(label: str) -> str:
         step = current_job.step
         step.run("reserve", lambda: "r-1", compensate=lambda r: record_call(calls, f"{label}:undo_reserve"))
@@ -340,7 +357,7 @@ def register_failure_tasks(app: Celery, calls: str) -> None:
 
         return step.run("ship", ship)
 
-    @app.task(name=f"{app.main}.default_budget", step_retry=RetryPolicy(max_attempts=2, initial_delay=0))
+    @app.task(durable=True, name=f"{app.main}.default_budget", step_retry=RetryPolicy(max_attempts=2, initial_delay=0))
     def default_budget(label: str) -> str:
         def ship() -> str:
             record_call(calls, f"{label}:ship")
@@ -348,7 +365,7 @@ def register_failure_tasks(app: Celery, calls: str) -> None:
 
         return current_job.step.run("ship", ship)
 
-    @app.task(name=f"{app.main}.cancellable")
+    @app.task(durable=True, name=f"{app.main}.cancellable")
     def cancellable(label: str, flag: str) -> str:
         step = current_job.step
         step.run("charge", lambda: "c-1", compensate=lambda c: record_call(calls, f"{label}:undo_charge"))
@@ -362,7 +379,7 @@ def register_failure_tasks(app: Celery, calls: str) -> None:
         step.run("work", work)
         return step.run("ship", lambda: record_call(calls, f"{label}:ship") and "shipped")
 
-    @app.task(name=f"{app.main}.revocable")
+    @app.task(durable=True, name=f"{app.main}.revocable")
     def revocable(label: str, pause: float) -> str:
         step = current_job.step
         step.run("charge", lambda: "c-1", compensate=lambda c: record_call(calls, f"{label}:undo_charge"))

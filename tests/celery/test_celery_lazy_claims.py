@@ -50,7 +50,7 @@ def test_c23_only_a_task_that_took_a_step_has_a_run(
     body and ends it ``succeeded`` or ``failed``, so recovery never publishes it again."""
     app: Celery = make_celery_app(redis_broker, sqlite_store, record_at_publish=recorded)
 
-    @app.task(name=f"{app.main}.no_step")
+    @app.task(name=f"{app.main}.no_step", durable=True if recorded else None)  # C43: recorded only if known
     def plain(fail: bool) -> str:
         if fail:
             raise ValueError("boom")

@@ -1,6 +1,9 @@
 """Celery: a new job's run is recorded ``queued`` when it is published, unless the task or the message opts out
 (C39), whether the integration minted its run key or the producer chose it (C46). Published on a real broker;
-no worker runs, so what the store holds is what the publish wrote."""
+no worker runs, so what the store holds is what the publish wrote.
+Every task here declares ``durable=True`` (C43): only a task known to take steps is recorded; one not
+known yet is not (the C43 tests).
+"""
 
 from __future__ import annotations
 
@@ -46,7 +49,7 @@ def test_c39_a_new_job_is_queued_before_a_worker_sees_it(
     """C39: ``delay`` records the run ``queued`` with the job's envelope and flags the message."""
     app = make_celery_app(redis_broker, sqlite_store)
 
-    @app.task(name=f"{app.main}.ship")
+    @app.task(durable=True, name=f"{app.main}.ship")
     def ship(order: str) -> str:
         return order
 
@@ -65,10 +68,10 @@ def test_c39_a_task_or_a_message_opts_out(
     is not recorded either."""
     app = make_celery_app(redis_broker, sqlite_store)
 
-    @app.task(name=f"{app.main}.hot", record_at_publish=False)
+    @app.task(durable=True, name=f"{app.main}.hot", record_at_publish=False)
     def hot() -> None: ...
 
-    @app.task(name=f"{app.main}.ship")
+    @app.task(durable=True, name=f"{app.main}.ship")
     def ship() -> None: ...
 
     for send in (
@@ -90,7 +93,7 @@ def test_c46_a_job_with_its_own_run_key_is_queued_unless_its_run_exists(
     flags the message, as a minted key does; a second job with that key leaves the run as it is."""
     app = make_celery_app(redis_broker, sqlite_store)
 
-    @app.task(name=f"{app.main}.ship")
+    @app.task(durable=True, name=f"{app.main}.ship")
     def ship(order: str) -> str:
         return order
 
@@ -110,7 +113,7 @@ def test_c39_a_countdown_is_recorded_as_the_runs_due_time(
     """C39: ``apply_async(countdown=...)`` records when the job is due, so recovery never runs it early."""
     app = make_celery_app(redis_broker, sqlite_store)
 
-    @app.task(name=f"{app.main}.later")
+    @app.task(durable=True, name=f"{app.main}.later")
     def later() -> None: ...
 
     headers = _published(app, lambda: later.apply_async(countdown=3600))
@@ -129,7 +132,9 @@ def test_c39_a_recovery_copy_does_not_run_a_job_its_original_handed_to_a_retry(
     app = make_celery_app(redis_broker, sqlite_store, recovery=False)
     ran: list[str] = []
 
-    @app.task(name=f"{app.main}.declines", autoretry_for=(ValueError,), max_retries=1, default_retry_delay=0.5)
+    @app.task(
+        durable=True, name=f"{app.main}.declines", autoretry_for=(ValueError,), max_retries=1, default_retry_delay=0.5
+    )
     def declines(order: str) -> None:
         ran.append(order)
         raise ValueError("card declined")
@@ -176,7 +181,7 @@ def test_c47_a_job_a_worker_without_the_integration_failed_is_settled_not_re_pub
     app = make_celery_app(redis_broker, sqlite_store, recovery=False)
     ran: list[str] = []
 
-    @app.task(name=f"{app.main}.declines", shared=False)
+    @app.task(durable=True, name=f"{app.main}.declines", shared=False)
     def declines(order: str) -> None:
         raise AssertionError("the producer never runs it")
 
@@ -210,7 +215,7 @@ def test_c39_a_lost_message_is_re_published_under_its_task_id_and_its_waiter_get
     app = make_celery_app(redis_broker, sqlite_store, recovery=False)
     ran: list[str] = []
 
-    @app.task(name=f"{app.main}.ship")
+    @app.task(durable=True, name=f"{app.main}.ship")
     def ship(order: str) -> str:
         ran.append(order)
         return f"shipped {order}"
@@ -233,7 +238,7 @@ def test_c39_a_copy_under_the_same_task_id_is_deduplicated_by_the_runs_claim(
     app = make_celery_app(redis_broker, sqlite_store, recovery=False)
     ran: list[str] = []
 
-    @app.task(name=f"{app.main}.ship")
+    @app.task(durable=True, name=f"{app.main}.ship")
     def ship(order: str) -> str:
         ran.append(order)
         return f"shipped {order}"
@@ -279,7 +284,7 @@ def test_c39_a_worker_sweeps_when_its_consumer_reconnects_to_the_broker(
     app = make_celery_app(redis_broker, sqlite_store, recovery=False)
     assert ReconnectSweep in app.steps["consumer"]
 
-    @app.task(name=f"{app.main}.ship")
+    @app.task(durable=True, name=f"{app.main}.ship")
     def ship(order: str) -> str:
         return f"shipped {order}"
 

@@ -207,7 +207,7 @@ def test_c1_tasks_declared_before_install_on_a_finalized_app(redis_broker: str, 
     app = Celery("fqt-before", broker=redis_broker, set_as_current=False)
     app.conf.task_always_eager = True
 
-    @app.task(bind=True)
+    @app.task(bind=True, durable=True)
     def early(self: Any) -> str:
         return current_job.step.run("x", lambda: f"ran as {current_job.run_key}")
 

@@ -51,7 +51,7 @@ def test_c28_store_outage_puts_the_job_back_without_using_its_retries(
     app = make_celery_app(redis_broker, store, store_retry_seconds=0.2)
     bodies: list[int] = []
 
-    @app.task(bind=True, name=f"{app.main}.fragile", max_retries=0)
+    @app.task(bind=True, name=f"{app.main}.fragile", max_retries=0, durable=True)  # recorded at publish (C43)
     def fragile(self: Any, x: int) -> dict[str, Any]:
         bodies.append(self.request.retries)
         value = current_job.step.run("double", lambda: x * 2)

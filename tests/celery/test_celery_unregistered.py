@@ -33,6 +33,7 @@ def test_c39_a_job_of_an_unregistered_task_is_dead_lettered_once_and_retried_onc
     run; once the task is deployed, ``retry_dead_letter`` runs it under the same run key."""
     app = make_celery_app(broker, sqlite_store, recovery=False)
     typo = f"{app.main}.chekcout"
+    sqlite_store.note_durable_task(typo, "celery")  # C43: a name known to take steps (one an earlier deploy had)
     sent = app.send_task(typo, args=["A-1"])
     [run] = sqlite_store.list_runs(task_name=typo)
     assert run.status == "queued"
@@ -75,10 +76,11 @@ def test_c39_a_late_copy_at_a_worker_without_the_task_leaves_a_started_run_alone
     letter. A copy for a run still ``queued`` in the same worker is dead-lettered: the fence is the run's state."""
     app = make_celery_app(redis_broker, sqlite_store, recovery=False)
 
-    @app.task(name=f"{app.main}.ship")
+    @app.task(name=f"{app.main}.ship", durable=True)  # recorded from its first job (C43)
     def ship(order: str) -> str:
         return order
 
+    sqlite_store.note_durable_task(f"{app.main}.gone", "celery")  # C43: known to take steps, gone from the worker
     result = ship.delay("B-2")
     [run] = sqlite_store.list_runs(task_name=f"{app.main}.ship")
     with in_process_worker(app):
@@ -103,7 +105,7 @@ def test_c39_a_retried_dead_letter_of_a_started_run_is_dead_lettered_again_by_a_
     name = f"{app.main}.order"
     charged: list[str] = []
 
-    @app.task(name=name)
+    @app.task(name=name, durable=True)  # recorded from its first job (C43)
     def order(order_id: str) -> None:
         current_job.step.run("charge", lambda: charged.append(order_id))
         current_job.step.run("x" * 300, lambda: None)  # an invalid name: dead-lettered (C2, C29)
@@ -143,6 +145,7 @@ def test_c39_a_prefork_worker_process_dead_letters_a_job_of_an_unregistered_task
         "FLEXIQ_TEST_QUEUE": queue,
     }
     store = SqlStepStore(store_url)
+    store.note_durable_task(f"{queue}.not_deployed", "celery")  # C43: known to take steps, not deployed here
     try:
         with worker_process(env, log, concurrency=1):
             sent = client.send_task(f"{queue}.not_deployed", args=[7])

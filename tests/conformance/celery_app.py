@@ -71,7 +71,7 @@ def register(app: Celery, scenario: Scenario, ledger: Ledger) -> None:
         max_retries=scenario.max_retries,
         default_retry_delay=0,
         time_limit=scenario.time_limit_seconds,
-        **scenario.options,
+        **{"durable": True, **scenario.options},  # every scenario takes steps: declared durable up front (C43)
     )(task)
 
 

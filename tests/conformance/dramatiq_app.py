@@ -73,7 +73,7 @@ def declare(broker: dramatiq.Broker, queue: str, scenario: Scenario, ledger: Led
         max_backoff=50,
         notify_shutdown=scenario.interruptible,
         **({"time_limit": int(limit * 1000)} if limit is not None else {}),
-        **scenario.options,
+        **{"durable": True, **scenario.options},  # every scenario takes steps: declared durable up front (C43)
     )(actor)
 
 

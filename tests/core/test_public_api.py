@@ -40,6 +40,7 @@ EXPORTED = [
     "JobEnvelope",
     "JobLogFilter",
     "JsonSerializer",
+    "KnownTask",
     "Limits",
     "MemoryStepStore",
     "NoCurrentJob",

@@ -15,11 +15,12 @@ import pytest
 from flexiq_plugins import AttemptStore, MemoryStepStore, OperatorStore, SqlStepStore, StepStore
 from flexiq_plugins._store.reads import StoreReads
 
-READS = {"now", "get_run", "get_steps"}
+READS = {"now", "get_run", "get_steps", "durable_tasks"}
 ATTEMPT_SIDE = {
     "begin",
     "renew",
     "record_queued",
+    "note_durable_task",
     "commit_step",
     "commit_steps",
     "commit_step_on",

@@ -102,7 +102,7 @@ def test_c10_a_durable_actor_calling_itself_directly_is_a_plain_call(
     broker.add_middleware(DurableSteps(store=sqlite_store), before=Retries)
     seen: list[Any] = []
 
-    @dramatiq.actor(broker=broker, queue_name=queue, max_retries=0)
+    @dramatiq.actor(broker=broker, queue_name=queue, max_retries=0, durable=True)  # recorded from its first job (C43)
     def countdown(n: int, outer: bool = True) -> int:
         if n == 0:
             seen.append(("inner job", bool(current_job)))

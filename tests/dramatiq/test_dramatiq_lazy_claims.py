@@ -55,7 +55,7 @@ def test_c23_a_step_less_actor_leaves_no_run_and_a_stepping_one_does(
     broker.add_middleware(DurableSteps(store=sqlite_store, record_at_publish=recorded), before=Retries)
     done: list[str] = []
 
-    @dramatiq.actor(broker=broker, queue_name=queue, max_retries=0)
+    @dramatiq.actor(broker=broker, queue_name=queue, max_retries=0, durable=True if recorded else None)  # C43
     def plain(fail: bool) -> None:
         done.append("plain")
         if fail:

@@ -1,6 +1,9 @@
 """Dramatiq: a new message's run is recorded ``queued`` at enqueue, unless the actor or the message opts out
 (C39), whether the middleware minted its run key or the producer chose it (C46). A ``StubBroker`` with no
-worker: what the store holds is what the enqueue wrote."""
+worker: what the store holds is what the enqueue wrote.
+Every actor here declares ``durable=True`` (C43): only an actor known to take steps is recorded; one not
+known yet is not (the C43 tests).
+"""
 
 from __future__ import annotations
 
@@ -31,11 +34,11 @@ def test_c39_a_new_message_is_queued_and_opt_outs_are_honoured(tmp_path: Path) -
     broker = StubBroker()
     broker.add_middleware(DurableSteps(store=store))
 
-    @dramatiq.actor(broker=broker, queue_name="orders")
+    @dramatiq.actor(durable=True, broker=broker, queue_name="orders")
     def ship(order: str) -> str:
         return order
 
-    @dramatiq.actor(broker=broker, queue_name="orders", record_at_publish=False)
+    @dramatiq.actor(durable=True, broker=broker, queue_name="orders", record_at_publish=False)
     def hot() -> None: ...
 
     sent = ship.send("A-1")
@@ -64,7 +67,7 @@ def test_c46_a_message_with_its_own_run_key_is_queued_unless_its_run_exists(tmp_
     broker = StubBroker()
     broker.add_middleware(DurableSteps(store=store))
 
-    @dramatiq.actor(broker=broker, queue_name="orders")
+    @dramatiq.actor(durable=True, broker=broker, queue_name="orders")
     def ship(order: str) -> str:
         return order
 
@@ -88,7 +91,7 @@ def test_c39_a_delay_is_recorded_as_the_runs_due_time(tmp_path: Path) -> None:
     broker = StubBroker()
     broker.add_middleware(DurableSteps(store=store))
 
-    @dramatiq.actor(broker=broker, queue_name="orders")
+    @dramatiq.actor(durable=True, broker=broker, queue_name="orders")
     def later() -> None: ...
 
     sent = later.send_with_options(delay=3_600_000)
@@ -114,7 +117,7 @@ def test_c39_a_recovery_copy_does_not_run_a_job_its_original_handed_to_retries(t
     broker.add_middleware(DurableSteps(store=store, recovery=False), before=Retries)
     ran: list[str] = []
 
-    @dramatiq.actor(broker=broker, queue_name="orders", max_retries=1, min_backoff=200, max_backoff=200)
+    @dramatiq.actor(durable=True, broker=broker, queue_name="orders", max_retries=1, min_backoff=200, max_backoff=200)
     def charge(order: str) -> None:
         ran.append(order)
         raise ValueError("card declined")
@@ -175,7 +178,7 @@ def test_c47_a_job_a_worker_without_the_middleware_failed_is_settled_not_re_publ
         raise ValueError("card declined")
 
     options = {"actor_name": "charge", "queue_name": queue, "store_results": True, "max_retries": 0}
-    sent = dramatiq.actor(charge, broker=producer, **options).send("o-1")
+    sent = dramatiq.actor(charge, broker=producer, durable=True, **options).send("o-1")
     dramatiq.actor(charge, broker=bare, **options)
 
     def failed() -> bool:
@@ -225,7 +228,7 @@ def test_c39_a_re_published_message_keeps_its_id_so_its_waiter_gets_the_result_a
     bare.close()
     ran: list[str] = []
 
-    @dramatiq.actor(broker=producer, actor_name="ship", queue_name=queue, store_results=True)
+    @dramatiq.actor(durable=True, broker=producer, actor_name="ship", queue_name=queue, store_results=True)
     def ship(order: str) -> str:
         ran.append(order)
         return f"shipped {order}"

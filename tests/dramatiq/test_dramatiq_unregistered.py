@@ -48,6 +48,7 @@ def test_c39_a_job_of_an_undeclared_actor_is_dead_lettered_once_and_retried_once
     def checkout(order: str) -> None:
         ran.append(f"checkout {order}")
 
+    sqlite_store.note_durable_task("chekcout", "dramatiq")  # C43: a name known to take steps (an earlier deploy's)
     run_key = _send(broker, queue, "chekcout", "A-1")
     assert status_of(sqlite_store, run_key) == "queued"
     publishers = operations.publishers_for(broker)
@@ -91,10 +92,11 @@ def test_c39_a_late_copy_at_a_worker_without_the_actor_leaves_a_started_run_alon
     (same run key) reaches a worker without the actor; a job of that actor whose run is still ``queued`` is."""
     stub_broker.add_middleware(DurableSteps(store=sqlite_store, recovery=False))
 
-    @dramatiq.actor(broker=stub_broker, queue_name=queue)
+    @dramatiq.actor(broker=stub_broker, queue_name=queue, durable=True)  # recorded from its first job (C43)
     def ship(order: str) -> str:
         return order
 
+    sqlite_store.note_durable_task("gone", "dramatiq")  # C43: known to take steps, gone from the worker
     done = ship.send("B-2").options[RUN_KEY_OPTION]
     start_worker(stub_broker)
     wait_until(lambda: status_of(sqlite_store, done) == "succeeded", 30, "the run to succeed")

@@ -61,7 +61,7 @@ def test_c53_dramatiq_attempts_are_spans_with_their_steps_and_the_woken_one_link
     redis_broker.add_middleware(DurableSteps(store=store))
     actor_name = f"checkout_{uuid.uuid4().hex[:8]}"
 
-    @dramatiq.actor(broker=redis_broker, actor_name=actor_name, queue_name=f"q{uuid.uuid4().hex[:8]}")
+    @dramatiq.actor(broker=redis_broker, actor_name=actor_name, queue_name=f"q{uuid.uuid4().hex[:8]}", durable=True)
     def checkout(order: str) -> str:
         step = current_job.step
         charge = step.run("charge", lambda: f"ch-{order}")
@@ -110,7 +110,9 @@ def test_c53_dramatiq_a_compensation_and_its_dead_letter_are_visible(
     actor_name = f"booking_{uuid.uuid4().hex[:8]}"
     undone: list[str] = []
 
-    @dramatiq.actor(broker=redis_broker, actor_name=actor_name, queue_name=f"q{uuid.uuid4().hex[:8]}", max_retries=0)
+    @dramatiq.actor(
+        broker=redis_broker, actor_name=actor_name, queue_name=f"q{uuid.uuid4().hex[:8]}", max_retries=0, durable=True
+    )
     def booking() -> None:
         step = current_job.step
         step.run("reserve", lambda: "seat-1", compensate=undone.append)

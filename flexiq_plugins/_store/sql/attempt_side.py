@@ -343,6 +343,19 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         )
         self._single_statement(lambda conn: conn.execute(statement))
 
+    def note_durable_task(self, name: str, framework: str) -> None:
+        """Note that the task takes steps, unless noted already (C43); see `StepStore.note_durable_task`.
+
+        One insert-if-absent statement (autocommitted on PostgreSQL), its
+        first-seen time the database's clock; an existing row is never changed.
+
+        Raises:
+          StoreUnavailable: the database cannot be reached.
+        """
+        values = {"framework": framework, "task_name": name, "first_seen": self._clock}
+        statement = self._insert_if_absent(self._t.tasks, values, ("framework", "task_name"))
+        self._single_statement(lambda conn: conn.execute(statement))
+
     def _insert_run_if_absent(
         self,
         run_key: str,

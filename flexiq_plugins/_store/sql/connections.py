@@ -401,12 +401,13 @@ class SqlConnections:
     def _now(self, conn: Executes) -> float:
         return float(conn.execute(sa.select(self._clock)).scalar_one())
 
-    def _insert_if_absent(self, table: sa.Table, values: dict[str, Any], key: str) -> sa.Insert:
+    def _insert_if_absent(self, table: sa.Table, values: dict[str, Any], key: str | tuple[str, ...]) -> sa.Insert:
         """An insert of ``values`` into ``table`` that does nothing when the primary key ``key`` exists."""
+        keys = [key] if isinstance(key, str) else list(key)
         if self._dialect == "postgresql":
-            return postgresql.insert(table).values(values).on_conflict_do_nothing(index_elements=[key])
+            return postgresql.insert(table).values(values).on_conflict_do_nothing(index_elements=keys)
         if self._dialect == "sqlite":
-            return sqlite.insert(table).values(values).on_conflict_do_nothing(index_elements=[key])
+            return sqlite.insert(table).values(values).on_conflict_do_nothing(index_elements=keys)
         stmt = mysql.insert(table).values(values)
         # Unlike INSERT IGNORE, this X-locks an existing row: no S→X upgrade deadlock.
-        return stmt.on_duplicate_key_update({key: stmt.inserted[key]})
+        return stmt.on_duplicate_key_update({keys[0]: stmt.inserted[keys[0]]})

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
-from ..._model.records import EventRecord, RunRecord, StepRow
+from ..._model.records import EventRecord, KnownTask, RunRecord, StepRow
 from ...errors import UnknownRun
 from ..reads import StoreReads
 from .connections import SqlConnections
@@ -51,6 +51,17 @@ class SqlReads(SqlConnections, StoreReads):
           StoreUnavailable: the database cannot be reached.
         """
         return self._read(lambda conn: self._steps_of(conn, run_key))
+
+    def durable_tasks(self) -> list[KnownTask]:
+        """Return the tasks known to take steps, ordered by framework and name (C43): one read.
+
+        Raises:
+          StoreUnavailable: the database cannot be reached.
+        """
+        tasks = self._t.tasks
+        query = sa.select(tasks).order_by(tasks.c.framework, tasks.c.task_name)
+        rows = self._read(lambda conn: conn.execute(query).all())
+        return [KnownTask(r.task_name, r.framework, float(r.first_seen)) for r in rows]
 
     def _steps_of(self, conn: Connection, run_key: str) -> list[StepRow]:
         steps = self._t.steps

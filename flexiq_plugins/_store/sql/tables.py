@@ -1,4 +1,4 @@
-"""The SQL store's six tables, as SQLAlchemy Core ``Table`` objects.
+"""The SQL store's seven tables, as SQLAlchemy Core ``Table`` objects.
 
 The schema is created and changed only by the Alembic migrations shipped in
 ``flexiq_plugins/_store/migrations``; the queries are built on these objects.
@@ -82,16 +82,17 @@ class ExactKey(sa.types.TypeDecorator[str]):
 
 @dataclass(frozen=True)
 class StoreTables:
-    """The six tables of one ``table_prefix``, as Core ``Table`` objects.
+    """The seven tables of one ``table_prefix``, as Core ``Table`` objects.
 
     Parameters:
-      metadata (MetaData): the metadata holding exactly these six tables.
+      metadata (MetaData): the metadata holding exactly these seven tables.
       runs (Table): ``<prefix>runs``, one row per run key.
       steps (Table): ``<prefix>steps``, the committed steps.
       dead (Table): ``<prefix>dead_letters``.
       attempts (Table): ``<prefix>step_attempts``, the journaled and failed step attempts (C31).
       events (Table): ``<prefix>events``, the events sent for waiting runs (C33).
       sweep (Table): ``<prefix>sweep_lease``, the one recovery lease of all workers (C39).
+      tasks (Table): ``<prefix>known_tasks``, the tasks known to take steps (C43).
     """
 
     metadata: sa.MetaData
@@ -101,6 +102,7 @@ class StoreTables:
     attempts: sa.Table
     events: sa.Table
     sweep: sa.Table
+    tasks: sa.Table
 
 
 def _time() -> sa.Double[float]:
@@ -125,7 +127,8 @@ def _event_id() -> sa.types.TypeEngine[int]:
 
 
 def store_tables(prefix: str) -> StoreTables:
-    """Return the six tables of ``prefix``: runs, steps, dead letters, step attempts, events and the sweep lease.
+    """Return the seven tables of ``prefix``: runs, steps, dead letters, step attempts, events, the sweep lease and
+    the known tasks.
 
     Parameters:
       prefix (str): the store's table prefix (``flexiq_`` by default).
@@ -139,6 +142,7 @@ def store_tables(prefix: str) -> StoreTables:
         _step_attempts(metadata, prefix),
         _events(metadata, prefix),
         _sweep_lease(metadata, prefix),
+        _known_tasks(metadata, prefix),
     )
 
 
@@ -269,5 +273,17 @@ def _sweep_lease(metadata: sa.MetaData, p: str) -> sa.Table:
         sa.Column("owner", sa.String(255), nullable=True),
         sa.Column("lease_until", _time(), nullable=True),
         sa.Column("swept_at", _time(), nullable=True),
+        **_MYSQL,
+    )
+
+
+def _known_tasks(metadata: sa.MetaData, p: str) -> sa.Table:
+    return sa.Table(
+        f"{p}known_tasks",
+        metadata,
+        sa.Column("framework", sa.String(32), nullable=False),
+        sa.Column("task_name", sa.String(255), nullable=False),
+        sa.Column("first_seen", _time(), nullable=False),
+        sa.PrimaryKeyConstraint("framework", "task_name", name=f"pk_{p}known_tasks"),
         **_MYSQL,
     )
