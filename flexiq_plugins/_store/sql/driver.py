@@ -90,22 +90,38 @@ class DriverStatement:
           sqlalchemy.exc.DBAPIError: the driver's error, as SQLAlchemy wraps it.
           KeyError: a bind the statement leaves without a value is not in ``params``.
         """
+        return run_on_driver(conn, self.sql, self._values(params))  # type: ignore[return-value]
+
+    def all(self, conn: Connection, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        """`first`, returning every row (the statement returns rows).
+
+        Raises:
+          sqlalchemy.exc.DBAPIError: the driver's error, as SQLAlchemy wraps it.
+          KeyError: a bind the statement leaves without a value is not in ``params``.
+        """
+        return run_on_driver(conn, self.sql, self._values(params), rows="all")  # type: ignore[return-value]
+
+    def _values(self, params: Mapping[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
         given = {**self._bound, **params}
         values = [given[name] for name in self._names]
         for i, process in self._processors:
             values[i] = process(values[i])
         if self._positional:
-            return run_on_driver(conn, self.sql, tuple(values))
-        return run_on_driver(conn, self.sql, dict(zip(self._names, values, strict=True)))
+            return tuple(values)
+        return dict(zip(self._names, values, strict=True))
 
 
-def run_on_driver(conn: Connection, sql: str, values: tuple[Any, ...] | dict[str, Any] = ()) -> tuple[Any, ...] | None:
+def run_on_driver(
+    conn: Connection, sql: str, values: tuple[Any, ...] | dict[str, Any] = (), *, rows: str = "first"
+) -> tuple[Any, ...] | list[tuple[Any, ...]] | None:
     """Execute ``sql`` with ``values`` on the driver connection of ``conn``; its first row, or ``None``.
 
     Parameters:
       conn (Connection): a SQLAlchemy connection whose dialect `runs_on_driver`.
       sql (str): one statement in the driver's parameter style.
       values (tuple | dict): the parameters, already as the driver takes them.
+      rows (str): ``first`` (the first row or ``None``) or ``all`` (every row:
+        the statement returns rows).
 
     Raises:
       sqlalchemy.exc.DBAPIError: the driver's error wrapped as SQLAlchemy wraps
@@ -117,6 +133,8 @@ def run_on_driver(conn: Connection, sql: str, values: tuple[Any, ...] | dict[str
     cursor = fairy.driver_connection.cursor()  # type: ignore[union-attr]
     try:
         cursor.execute(sql, values)
+        if rows == "all":
+            return cursor.fetchall()  # type: ignore[no-any-return]
         return cursor.fetchone() if cursor.description is not None else None  # type: ignore[no-any-return]
     except dialect.loaded_dbapi.Error as exc:
         _raise_wrapped(conn, exc, sql, values, cursor)
