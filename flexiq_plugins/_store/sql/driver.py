@@ -70,6 +70,8 @@ class DriverStatement:
         if compiled.escaped_bind_names:
             raise ValueError(f"{statement!r} has bind names the driver would not see as written")
         self.sql: str = str(compiled)
+        dml = compiled.isinsert or compiled.isupdate or compiled.isdelete
+        self._rows = "first" if not dml or compiled.effective_returning else "none"  # what it returns, known here
         self._positional = bool(compiled.positional)
         named = dict.fromkeys(compiled.bind_names.values())  # as the SQL names them, each once
         self._names: tuple[str, ...] = tuple(compiled.positiontup if self._positional else named)
@@ -90,7 +92,7 @@ class DriverStatement:
           sqlalchemy.exc.DBAPIError: the driver's error, as SQLAlchemy wraps it.
           KeyError: a bind the statement leaves without a value is not in ``params``.
         """
-        return run_on_driver(conn, self.sql, self._values(params))  # type: ignore[return-value]
+        return run_on_driver(conn, self.sql, self._values(params), rows=self._rows)  # type: ignore[return-value]
 
     def all(self, conn: Connection, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         """`first`, returning every row (the statement returns rows).
@@ -112,7 +114,7 @@ class DriverStatement:
 
 
 def run_on_driver(
-    conn: Connection, sql: str, values: tuple[Any, ...] | dict[str, Any] = (), *, rows: str = "first"
+    conn: Connection, sql: str, values: tuple[Any, ...] | dict[str, Any] = (), *, rows: str = "any"
 ) -> tuple[Any, ...] | list[tuple[Any, ...]] | None:
     """Execute ``sql`` with ``values`` on the driver connection of ``conn``; its first row, or ``None``.
 
@@ -120,8 +122,9 @@ def run_on_driver(
       conn (Connection): a SQLAlchemy connection whose dialect `runs_on_driver`.
       sql (str): one statement in the driver's parameter style.
       values (tuple | dict): the parameters, already as the driver takes them.
-      rows (str): ``first`` (the first row or ``None``) or ``all`` (every row:
-        the statement returns rows).
+      rows (str): ``first`` (the first row or ``None``), ``all`` (every row:
+        the statement returns rows), ``none`` (it returns none: ``None``) or
+        ``any`` (the first row if it returns rows, else ``None``).
 
     Raises:
       sqlalchemy.exc.DBAPIError: the driver's error wrapped as SQLAlchemy wraps
@@ -133,8 +136,12 @@ def run_on_driver(
     cursor = fairy.driver_connection.cursor()  # type: ignore[union-attr]
     try:
         cursor.execute(sql, values)
+        if rows == "first":
+            return cursor.fetchone()  # type: ignore[no-any-return]
         if rows == "all":
             return cursor.fetchall()  # type: ignore[no-any-return]
+        if rows == "none":
+            return None
         return cursor.fetchone() if cursor.description is not None else None  # type: ignore[no-any-return]
     except dialect.loaded_dbapi.Error as exc:
         _raise_wrapped(conn, exc, sql, values, cursor)

@@ -151,6 +151,7 @@ class Folded:
         self._lock_run: tuple[sa.Executable, sa.Executable | None] | None = None
         self._claim_new: sa.Executable | None = None
         self._in_one: tuple[sa.Executable, DriverStatement] | None = None
+        self._finish_on_driver: dict[tuple[str, ...], DriverStatement] = {}
         self._dead = self._dead_letter_statement()
 
     def _params(self, claim: Claim, **more: Any) -> dict[str, Any]:
@@ -802,7 +803,15 @@ class Folded:
         if key not in self._statements:
             self._statements[key] = self._finish_in_one_statement(tuple(values), drop_steps)
         params = {**self._params(claim), **{f"v_{k}": v for k, v in values.items()}}
-        if conn.execute(self._statements[key], params).scalar_one() != 1:
+        if runs_on_driver(conn):  # psycopg: straight to the driver (.driver)
+            on_driver = self._finish_on_driver.get(key)
+            if on_driver is None:
+                on_driver = self._finish_on_driver[key] = DriverStatement(self._statements[key], conn.dialect)
+            found = on_driver.first(conn, params)
+            ended = None if found is None else found[0]
+        else:
+            ended = conn.execute(self._statements[key], params).scalar_one()
+        if ended != 1:
             raise claim_lost(claim)
 
     def _finish_in_one_statement(self, names: tuple[str, ...], drop_steps: bool) -> sa.Executable:
