@@ -158,10 +158,7 @@ def run(args: argparse.Namespace) -> CpuResult:
     if postgres and not Path("/proc/stat").exists():
         raise SystemExit("bench_cpu reads the server's CPU time from /proc: Linux only")
     with contextlib.ExitStack() as stack:
-        if postgres:
-            url = STORE_URL
-        else:
-            url = f"sqlite:///{stack.enter_context(tempfile.TemporaryDirectory())}/cpu.db"
+        url = STORE_URL if postgres else f"sqlite:///{stack.enter_context(tempfile.TemporaryDirectory())}/cpu.db"
         result = _measure(args, url)
     _print(result)
     return result
