@@ -413,6 +413,10 @@ class Bench:
         with c.counting() as counts:
             self.floor_one()
         out["floor"] = counts
+        published = self.job()
+        with c.counting() as counts:
+            self.store.record_queued(published.run_key, published.job_id, published.job_envelope)
+        out["record at publish"] = counts
         job = self.job()
         with c.counting() as counts:
             attempt = self.start(job)

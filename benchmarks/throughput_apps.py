@@ -53,7 +53,8 @@ def store() -> SqlStepStore:
         def _name(_dialect: Any, _record: Any, _cargs: Any, cparams: dict[str, Any]) -> None:
             cparams["application_name"] = f"{APP_NAME}-{os.getpid()}"  # the pid of the process connecting
 
-    _count_round_trips(opened.engine)
+    if opened.engine.dialect.name == "postgresql":  # a SQLite trace would expand every statement: CPU of its own
+        _count_round_trips(opened.engine)
     return opened
 
 
