@@ -674,6 +674,8 @@ class SqlAttemptSide(SqlReads, AttemptStore):
             return
 
         def work(conn: Connection) -> None:
+            if dead_letter is None and self._folded.finish_on_driver(conn, claim, values, drop_steps):
+                return
             self._folded.finish(conn, claim, values, dead_letter)
             if drop_steps:
                 steps, attempts = self._t.steps, self._t.attempts

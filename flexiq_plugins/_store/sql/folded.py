@@ -151,7 +151,8 @@ class Folded:
         self._lock_run: tuple[sa.Executable, sa.Executable | None] | None = None
         self._claim_new: sa.Executable | None = None
         self._in_one: tuple[sa.Executable, DriverStatement] | None = None
-        self._finish_on_driver: dict[tuple[str, ...], DriverStatement] = {}
+        self._finish_on_driver: dict[tuple[str, ...], Any] = {}
+        self._driver_statements: dict[tuple[str, ...], DriverStatement] = {}
         self._dead = self._dead_letter_statement()
 
     def _params(self, claim: Claim, **more: Any) -> dict[str, Any]:
@@ -358,7 +359,17 @@ class Folded:
         if self._claim_new is None:
             self._claim_new = self._claim_new_statement()
         params = claimed_run_params(run_key, envelope, envelope_json, job_id, granted, trace_context)
+        if self._dialect == "sqlite" and runs_on_driver(conn):  # pysqlite: straight to the driver (.driver)
+            found = self._on_driver_of(("claim-new",), self._claim_new, conn).first(conn, params)
+            return None if found is None else _Named(("lease_until", "created_at"), found)
         return conn.execute(self._claim_new, params).first()
+
+    def _on_driver_of(self, key: tuple[str, ...], statement: Any, conn: Connection) -> DriverStatement:
+        """The `DriverStatement` of ``statement``, built once per ``key``."""
+        on_driver = self._driver_statements.get(key)
+        if on_driver is None:
+            on_driver = self._driver_statements[key] = DriverStatement(statement, conn.dialect)
+        return on_driver
 
     def _claim_new_statement(self, returning: tuple[sa.Column[Any], ...] = ()) -> Any:
         """``INSERT … SELECT`` from one read of the clock, so ``created_at``, ``updated_at`` and the lease agree."""
@@ -656,7 +667,13 @@ class Folded:
         key = ("run-and-steps",)
         if key not in self._statements:
             self._statements[key] = self._run_and_steps_statement()
-        rows = conn.execute(self._statements[key], {"p_run_key": run_key}).all()
+        statement = self._statements[key]
+        if runs_on_driver(conn):  # pysqlite: straight to the driver (.driver)
+            names = tuple(c.name for c in statement.selected_columns)  # type: ignore[attr-defined]
+            found = self._on_driver_of(key, statement, conn).all(conn, {"p_run_key": run_key})
+            rows: Sequence[Any] = [_Named(names, row) for row in found]
+        else:
+            rows = conn.execute(statement, {"p_run_key": run_key}).all()
         if not rows or rows[0].part != 0:
             return None, []
         return _RunColumns(rows[0]), [_StepColumns(r) for r in rows[1:]]
@@ -690,7 +707,11 @@ class Folded:
             runs = self._t.runs
             values = {name: _v(name, runs.c[name]) for name in claimed}
             self._statements[key] = sa.update(runs).where(runs.c.run_key == _p("run_key")).values(**values)
-        conn.execute(self._statements[key], {"p_run_key": run_key, **{f"v_{k}": v for k, v in claimed.items()}})
+        params = {"p_run_key": run_key, **{f"v_{k}": v for k, v in claimed.items()}}
+        if runs_on_driver(conn):  # pysqlite: straight to the driver (.driver)
+            self._on_driver_of(key, self._statements[key], conn).first(conn, params)
+        else:
+            conn.execute(self._statements[key], params)
 
     def lock_run(self, conn: Connection, run_key: str, envelope: JobEnvelope, envelope_json: str) -> Any:
         """Insert the run if absent, lock its row and read it with the clock (label ``now``), after the lock.
@@ -783,6 +804,34 @@ class Folded:
             raise claim_lost(claim)
         if dead is not None:
             self.add_dead_letter(conn, claim.run_key, dead)
+
+    def finish_on_driver(self, conn: Connection, claim: Claim, values: dict[str, Any], drop_steps: bool) -> bool:
+        """SQLite on pysqlite: `finish` without a dead letter, and the step rows dropped, straight to the driver.
+
+        The statements of `finish` and of the drop (the fenced ``UPDATE …
+        RETURNING``, then the two ``DELETE``\\ s), in the caller's transaction,
+        built once and sent to the driver (`driver`). ``False`` (nothing
+        done) where that is not available: the caller runs `finish`.
+
+        Raises:
+          ClaimLost: the claim no longer holds the run; nothing was written.
+        """
+        if not (self._returning and runs_on_driver(conn)):
+            return False
+        key = ("finish-driver", str(drop_steps), *values)
+        statements = self._finish_on_driver.get(key)
+        if statements is None:
+            runs, steps, attempts = self._t.runs, self._t.steps, self._t.attempts
+            ended = self._finish_statement(tuple(values)).returning(runs.c.run_key)  # type: ignore[attr-defined]
+            dropped = [sa.delete(t).where(t.c.run_key == _p("run_key", t.c.run_key)) for t in (steps, attempts)]
+            statements = [DriverStatement(s, conn.dialect) for s in (ended, *(dropped if drop_steps else ()))]
+            self._finish_on_driver[key] = statements
+        params = {**self._params(claim), **{f"v_{k}": v for k, v in values.items()}}
+        if statements[0].first(conn, params) is None:
+            raise claim_lost(claim)
+        for dropping in statements[1:]:
+            dropping.first(conn, {"p_run_key": claim.run_key})
+        return True
 
     def add_dead_letter(self, conn: Connection, run_key: str, dead: NewDeadLetter) -> None:
         """Record ``dead`` for the run ``run_key``, copying its task, envelope and ``updated_at`` (C30)."""
@@ -929,6 +978,21 @@ class InOne:
     envelope: str | None = None
     steps: list[StepRow] | None = None
     run: Any = None
+
+
+class _Named:
+    """A row as the driver returned it, read by column name as a SQLAlchemy row is (``row.name``, ``row._mapping``)."""
+
+    __slots__ = ("_mapping",)
+
+    def __init__(self, names: Sequence[str], row: Sequence[Any]) -> None:
+        self._mapping = dict(zip(names, row, strict=True))
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._mapping[name]
+        except KeyError:
+            raise AttributeError(name) from None
 
 
 class _Prefixed:
