@@ -104,9 +104,9 @@ class SqlAttemptSide(SqlReads, AttemptStore):
 
         Insert the run if absent, read it with the database clock, decide as
         `StepStore.begin` states (`decide_claim`), and write the
-        claim only on the run as read: PostgreSQL, two autocommitted statements
-        (one for a new run), the claim a compare-and-set on the row version,
-        else one transaction that locks the row; SQLite, one ``BEGIN
+        claim only on the run as read: PostgreSQL, one autocommitted statement
+        (two for a takeover of an expired lease), the claim a compare-and-set
+        on the row version, else one transaction that locks the row; SQLite, one ``BEGIN
         IMMEDIATE`` transaction of three statements (one for a new run);
         MySQL/MariaDB, one transaction that locks the row (three statements,
         five for a run not stored yet).

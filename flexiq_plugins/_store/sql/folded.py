@@ -18,27 +18,37 @@ writes nothing (C25). Only how many statements carry them changes:
   cost what one does: the fenced ``UPDATE`` counts them all, and their rows
   go in one multi-row ``INSERT`` (PostgreSQL: the same ``WITH``, its ``INSERT
   … SELECT`` unnesting one array parameter per column).
-- **An attempt start** is decided in Python by
-  `decide_claim` on the run as stored;
-  only how it is read and written differs.
+- **An attempt start** is decided by `decide_claim` on the run as stored
+  (on PostgreSQL, for the one case `grants_untaken` describes, by that rule
+  written as the claim's condition); only how it is read and written differs.
 
-  PostgreSQL: two autocommitted statements, one for a new run. The first is
-  a ``WITH`` of the insert of the run already claimed (``ON CONFLICT DO
-  NOTHING``) in front of a read of the stored run with the clock and the
-  row's version (``xmin``). A new run is then claimed. Otherwise the granted
-  claim is written by a compare-and-set on that version, a ``WITH … UPDATE
-  … WHERE xmin = …`` in front of the ``SELECT`` of the steps. Any write to
-  the run in between, by anyone, makes it match nothing; every step commit
-  writes the run's row, so a matched row also means the steps are those of
-  the statement's snapshot. The decision is therefore exactly the one a
-  transaction that held the row locked from the read to the write would
-  have taken: the clock only moves on, so a lease expired at the read is
-  still expired. The claim's ``updated_at`` and lease are the clock read
-  once the row is locked (C23). Why not simply lock the row in a
-  transaction: psycopg sends its ``BEGIN`` and ``COMMIT`` as round trips of
-  their own, so a locked read and a write cost four. When the read saw no
-  row (a concurrent first delivery's insert it could not see yet) or the
-  compare-and-set matched nothing (someone else wrote the run first), the
+  PostgreSQL: one autocommitted statement, two for a takeover. It is a
+  ``WITH`` of the insert of the run already claimed (``ON CONFLICT DO
+  NOTHING``), of the claim of a stored run that holds no claim (the one case
+  `grants_untaken` describes, where `decide_claim`'s answer does not
+  depend on the clock: an ``UPDATE`` whose condition is that rule), and of a
+  read of any other stored run with the clock and the row's version
+  (``xmin``). The claim applies only while the row is still the version the
+  statement's own snapshot holds (``xmin`` compared with a subquery on that
+  snapshot): a write by anyone in between (a step, a claim, a compensation's
+  marker) makes it match nothing, so the steps it returns, read on the same
+  snapshot, are all the run's committed steps. Why this matters: without that
+  comparison PostgreSQL would re-check the condition on the newer row after
+  waiting for its lock and claim it, while the steps were read before.
+  Otherwise (a takeover of an expired lease, or a run the statement found
+  changed) the granted claim is written by a compare-and-set on the version
+  read, a ``WITH … UPDATE … WHERE xmin = …`` in front of the ``SELECT`` of
+  the steps. Any write to the run in between, by anyone, makes it match
+  nothing; every step commit writes the run's row, so a matched row also
+  means the steps are those of the statement's snapshot. The decision is
+  therefore exactly the one a transaction that held the row locked from the
+  read to the write would have taken: the clock only moves on, so a lease
+  expired at the read is still expired. The claim's ``updated_at`` and lease
+  are the clock read once the row is locked (C23). Why not simply lock the
+  row in a transaction: psycopg sends its ``BEGIN`` and ``COMMIT`` as round
+  trips of their own, so a locked read and a write cost four. When the read
+  saw no row (a concurrent first delivery's insert it could not see yet) or
+  the compare-and-set matched nothing (someone else wrote the run first), the
   start is decided again in one transaction that locks the row first (the
   upsert ``ON CONFLICT DO UPDATE … RETURNING`` the row and the clock, then
   the claim and the snapshot in one ``WITH``), as it always was before.
@@ -47,7 +57,8 @@ writes nothing (C25). Only how many statements carry them changes:
   (the database's write lock comes first): the insert of the run already
   claimed, and, for a stored run, one read of it, the clock and its steps
   (a ``UNION ALL``: nothing repeated per step), then the claim's ``UPDATE``.
-  Three statements, one for a new run.
+  Three statements, one for a new run. On pysqlite they, and a finish's,
+  are sent straight to the driver (`driver`), built once.
 
   MySQL/MariaDB (no ``UPDATE … RETURNING``): one transaction of a locking
   read with the clock (``SELECT … FOR UPDATE``, which X-locks a stored run),
