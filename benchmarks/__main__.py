@@ -82,7 +82,7 @@ class Verdict:
 
     def line(self) -> str:
         mark = {True: "met", False: "NOT MET", None: "reported"}[self.met]
-        return f"{self.target:<62} {self.measured:<48} {mark}"
+        return f"{self.target:<68} {self.measured:<48} {mark}"
 
 
 def store_verdicts(run: bench_store.StoreRun, replayed: int) -> list[Verdict]:
@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> list[Verdict]:
         targets = [t for result in bench_map.run(map_args) for t in bench_map.targets(result)]
         verdicts += [Verdict(t.target, t.measured, t.met) for t in targets]
     print("\n== performance targets against this run" + (" (--quick: a smoke run, not a measurement)" * args.quick))
-    print(f"{'target':<62} {'measured':<48} verdict")
+    print(f"{'target':<68} {'measured':<48} verdict")
     for verdict in verdicts:
         print(verdict.line())
     return verdicts
