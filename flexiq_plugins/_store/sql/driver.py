@@ -1,6 +1,7 @@
-"""A new step's statements handed straight to the driver (pysqlite, psycopg), built and compiled by SQLAlchemy.
+"""The hot paths' statements handed straight to the driver (pysqlite, psycopg), built and compiled by SQLAlchemy.
 
-Why: a new step is one statement on PostgreSQL, two on SQLite, and executing
+The hot paths are a new step, an attempt start and a finish (the store's
+`folded` statements). Why: a new step is one statement on PostgreSQL, two on SQLite, and executing
 one through a SQLAlchemy ``Connection`` (execution context, bind and result
 processing set-up, event dispatch, result object) costs more of this
 process's CPU than the driver's own work: measured with callgrind, that
