@@ -1,7 +1,7 @@
 """Plain vs durable task throughput on a real Celery and a real Dramatiq worker (Redis broker, PostgreSQL store).
 
     python -m benchmarks.bench_throughput [--jobs 500] [--rounds 3] [--framework celery|dramatiq|all]
-        [--pool prefork,solo,threads] [-c N] [--dramatiq-workers 2x8,1x1]
+        [--pool prefork,solo,threads] [-c N] [--dramatiq-workers 2x8,1x1] [--store postgres,sqlite]
 
 For each framework, each worker configuration, each round and each body (a
 plain task, a durable task of 3 steps, one of 5 steps), it enqueues
@@ -41,6 +41,15 @@ database CPU of the durable job)`` is the ratio a worker could reach if the
 library itself cost nothing and the machine were the limit, which the
 ``ceiling`` column prints.
 
+``--store sqlite`` runs the same workers on a SQLite file (WAL,
+``synchronous=NORMAL``, the store's defaults), every worker process writing
+to it. SQLite runs inside the worker, so its CPU is in the worker's column;
+its ``database`` column is then the least that database work can cost: the
+job's statements at the worker (``k + 2`` transactions), each at the CPU of
+one committed single-row ``INSERT`` on the raw driver, measured in this
+process before the rounds. Statements are counted on PostgreSQL only (a
+SQLite trace would cost the worker CPU).
+
 Needs Redis on 127.0.0.1:6379 and PostgreSQL on 127.0.0.1:5432 (database
 ``test``), or ``FLEXIQ_BENCH_REDIS`` / ``FLEXIQ_STORE_URL``.
 """
@@ -48,10 +57,12 @@ Needs Redis on 127.0.0.1:6379 and PostgreSQL on 127.0.0.1:5432 (database
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import zlib
@@ -76,12 +87,20 @@ class WorkerConfig:
     pool: str = "prefork"  # Celery: prefork, solo or threads
     concurrency: int = 1  # Celery: -c; Dramatiq: threads per process
     processes: int = 1  # Dramatiq: -p
+    store: str = "postgres"  # or sqlite
 
     @property
     def label(self) -> str:
+        on = "" if self.store == "postgres" else f" ({self.store})"
         if self.framework == "celery":
-            return f"celery -P {self.pool}" + ("" if self.pool == "solo" else f" -c {self.concurrency}")
-        return f"dramatiq -p {self.processes} -t {self.concurrency}"
+            return f"celery -P {self.pool}" + ("" if self.pool == "solo" else f" -c {self.concurrency}") + on
+        return f"dramatiq -p {self.processes} -t {self.concurrency}" + on
+
+    def store_url(self, queue: str) -> str:
+        """The store of one round: the PostgreSQL database, or a SQLite file of its own."""
+        if self.store == "postgres":
+            return STORE_URL
+        return f"sqlite:///{Path(tempfile.gettempdir()) / queue}.db"
 
     def command(self, queue: str) -> list[str]:
         if self.framework == "celery":
@@ -118,20 +137,23 @@ class Connections:
 class ConnectionSampler:
     """Samples, in a thread, how many connections each process of one run holds (``application_name``)."""
 
-    def __init__(self, app_name: str) -> None:
+    def __init__(self, app_name: str, active: bool = True) -> None:
         self.app_name = app_name
         self.seen = Connections()
         self._stop = threading.Event()
+        self._active = active  # PostgreSQL only: a SQLite file has no server connections to sample
         self._engine = sa.create_engine(_sa_url(STORE_URL), poolclass=sa.pool.NullPool)
         self._thread = threading.Thread(target=self._loop, daemon=True)
 
     def __enter__(self) -> ConnectionSampler:
-        self._thread.start()
+        if self._active:
+            self._thread.start()
         return self
 
     def __exit__(self, *_: object) -> None:
         self._stop.set()
-        self._thread.join()
+        if self._active:
+            self._thread.join()
         self._engine.dispose()
 
     def _loop(self) -> None:
@@ -170,13 +192,13 @@ def _sa_url(url: str) -> str:
     return url.replace("postgresql://", "postgresql+psycopg://", 1)
 
 
-def _env(framework: str, queue: str) -> dict[str, str]:
+def _env(framework: str, queue: str, store_url: str = STORE_URL) -> dict[str, str]:
     return {
         **os.environ,
         "FLEXIQ_BENCH_FRAMEWORK": framework,
         "FLEXIQ_BENCH_QUEUE": queue,
         "FLEXIQ_BENCH_REDIS": REDIS_URL,
-        "FLEXIQ_STORE_URL": STORE_URL,
+        "FLEXIQ_STORE_URL": store_url,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
     }
 
@@ -264,10 +286,10 @@ def _descendants(root: int) -> set[int]:
     return tree
 
 
-def _enqueue(framework: str, queue: str, kind: str, k: int, jobs: int) -> None:
+def _enqueue(framework: str, queue: str, kind: str, k: int, jobs: int, *, store_url: str = STORE_URL) -> None:
     """Publish in a fresh process through the installed app, as a producer does."""
     code = f"from benchmarks.throughput_apps import enqueue; enqueue({kind!r}, {k}, {jobs})"
-    subprocess.run([sys.executable, "-c", code], env=_env(framework, queue), check=True)
+    subprocess.run([sys.executable, "-c", code], env=_env(framework, queue, store_url), check=True)
 
 
 def one_round(config: WorkerConfig, kind: str, k: int, jobs: int, tag: str) -> RoundResult:
@@ -278,11 +300,11 @@ def one_round(config: WorkerConfig, kind: str, k: int, jobs: int, tag: str) -> R
     r = redis.Redis.from_url(REDIS_URL)
     counters = ("done", "first", "last", "statements", "round_trips", "counted")
     r.delete(*(f"{queue}:{c}" for c in counters))
-    _enqueue(framework, queue, kind, k, jobs)
-    with ConnectionSampler(app_name) as sampler:
-        worker = subprocess.Popen(
-            config.command(queue), env=_env(framework, queue), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-        )
+    store_url = config.store_url(queue)
+    _enqueue(framework, queue, kind, k, jobs, store_url=store_url)
+    with ConnectionSampler(app_name, active=config.store == "postgres") as sampler:
+        env = _env(framework, queue, store_url)
+        worker = subprocess.Popen(config.command(queue), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         snapshots: list[CpuSnapshot] = []
         try:
             deadline = time.monotonic() + 600
@@ -301,17 +323,32 @@ def one_round(config: WorkerConfig, kind: str, k: int, jobs: int, tag: str) -> R
         finally:
             worker.terminate()
             worker.wait(30)
-            _drop_tables(queue)
+            _drop_tables(queue, store_url)
     cpu = CpuPerJob.between(*snapshots) if len(snapshots) == 2 else None
+    if cpu is not None and config.store == "sqlite":  # its database work is in the worker: count its least
+        cpu = dataclasses.replace(cpu, database=(k + 2) * SQLITE_FLOOR_MS[0] if kind == "durable" else 0.0)
     rate = (jobs - 1) / (last - first)
     return RoundResult(rate, sampler.seen, worker.pid, statements / counted, trips / counted, cpu)
 
 
-def _drop_tables(queue: str) -> None:
+def _drop_tables(queue: str, store_url: str = STORE_URL) -> None:
+    if store_url.startswith("sqlite:///"):
+        for suffix in ("", "-wal", "-shm"):
+            Path(store_url.removeprefix("sqlite:///") + suffix).unlink(missing_ok=True)
+        return
     prefix = f"fqb{zlib.crc32(queue.encode()):08x}_"  # as benchmarks.throughput_apps.PREFIX
     engine = sa.create_engine(_sa_url(STORE_URL))
     with engine.begin() as conn:
-        for table in ("step_attempts", "steps", "events", "dead_letters", "runs", "sweep_lease", "alembic_version"):
+        for table in (
+            "step_attempts",
+            "steps",
+            "events",
+            "dead_letters",
+            "runs",
+            "sweep_lease",
+            "known_tasks",
+            "alembic_version",
+        ):
             conn.execute(sa.text(f'DROP TABLE IF EXISTS "{prefix}{table}"'))
     engine.dispose()
 
@@ -319,16 +356,43 @@ def _drop_tables(queue: str) -> None:
 def configs(args: argparse.Namespace) -> list[WorkerConfig]:
     """The worker configurations to run, from the command line."""
     out: list[WorkerConfig] = []
-    if args.framework in ("celery", "all"):
-        for pool in args.pool.split(","):
-            if pool not in ("prefork", "solo", "threads"):
-                raise SystemExit(f"--pool: {pool!r} is not prefork, solo or threads")
-            out.append(WorkerConfig("celery", pool=pool, concurrency=1 if pool == "solo" else args.concurrency))
-    if args.framework in ("dramatiq", "all"):
-        for spec in args.dramatiq_workers.split(","):
-            processes, _, threads = spec.partition("x")
-            out.append(WorkerConfig("dramatiq", concurrency=int(threads), processes=int(processes)))
+    for store in args.store.split(","):
+        if store not in ("postgres", "sqlite"):
+            raise SystemExit(f"--store: {store!r} is not postgres or sqlite")
+        if args.framework in ("celery", "all"):
+            for pool in args.pool.split(","):
+                if pool not in ("prefork", "solo", "threads"):
+                    raise SystemExit(f"--pool: {pool!r} is not prefork, solo or threads")
+                concurrency = 1 if pool == "solo" else args.concurrency
+                out.append(WorkerConfig("celery", pool=pool, concurrency=concurrency, store=store))
+        if args.framework in ("dramatiq", "all"):
+            for spec in args.dramatiq_workers.split(","):
+                processes, _, threads = spec.partition("x")
+                out.append(WorkerConfig("dramatiq", concurrency=int(threads), processes=int(processes), store=store))
     return out
+
+
+SQLITE_FLOOR_MS = [0.0]
+"""One committed single-row ``INSERT`` on a SQLite file through the raw driver, client CPU ms (set by `run`)."""
+
+
+def sqlite_floor_ms(n: int = 3000) -> float:
+    """The CPU ms of one committed single-row ``INSERT`` on a SQLite file (WAL, ``synchronous=NORMAL``), raw driver."""
+    import sqlite3
+
+    with tempfile.TemporaryDirectory() as tmp:
+        conn = sqlite3.connect(Path(tmp) / "floor.db", isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=NORMAL")
+        conn.execute("CREATE TABLE floor (id INTEGER PRIMARY KEY AUTOINCREMENT, v VARCHAR(64) NOT NULL)")
+        started = time.process_time()
+        for i in range(n):
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT INTO floor (v) VALUES (?)", (f"row-{i}",))
+            conn.execute("COMMIT")
+        spent = time.process_time() - started
+        conn.close()
+    return spent * 1000 / n
 
 
 @dataclass
@@ -437,6 +501,7 @@ def parser() -> argparse.ArgumentParser:
         help="Dramatiq processes x threads, comma-separated (default: Dramatiq's, <CPUs>x8)",
     )
     parser.add_argument("--results", action="store_true", help="Celery: a Redis result backend for every task")
+    parser.add_argument("--store", default="postgres", help="stores, comma-separated: postgres, sqlite")
     return parser
 
 
@@ -445,6 +510,9 @@ def run(args: argparse.Namespace) -> tuple[list[WorkerConfig], Results]:
     if args.results:
         os.environ["FLEXIQ_BENCH_RESULTS"] = "1"
     setups = configs(args)
+    if any(config.store == "sqlite" for config in setups):
+        SQLITE_FLOOR_MS[0] = sqlite_floor_ms()
+        print(f"SQLite floor (one committed INSERT, raw driver): {SQLITE_FLOOR_MS[0]:.3f} ms of CPU")
     load = os.getloadavg()
     print(
         f"machine: {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; "
@@ -455,14 +523,16 @@ def run(args: argparse.Namespace) -> tuple[list[WorkerConfig], Results]:
         for config in setups:
             for kind, k in BODIES:
                 label = f"{kind} {k}-step" if kind == "durable" else "plain"
-                tag = f"{os.getpid()}-{n}-{config.pool if config.framework == 'celery' else config.processes}"
+                shape = config.pool if config.framework == "celery" else config.processes
+                tag = f"{os.getpid()}-{n}-{shape}-{config.store}"
                 got = one_round(config, kind, k, args.jobs, tag)
                 results[config].setdefault(label, []).append(got)
     backend = ", Redis result backend" if args.results else ""
     for config in setups:
         medians = rates(results, config)
         plain = medians["plain"]
-        print(f"\n== {config.label} + Redis + PostgreSQL{backend if config.framework == 'celery' else ''}")
+        store = "PostgreSQL" if config.store == "postgres" else "SQLite"
+        print(f"\n== {config.label} + Redis + {store}{backend if config.framework == 'celery' else ''}")
         print(f"{'task':<18} {'jobs/s (median)':>16} {'× plain':>8} {'stmts/job':>9} {'trips/job':>9}  rounds")
         for label, med in medians.items():
             shown = ", ".join(f"{r.rate:.0f}" for r in results[config][label])

@@ -42,6 +42,7 @@ __all__ = [
     "decide_claim",
     "fence",
     "fence_columns",
+    "grants_untaken",
     "holds",
     "lease_remaining",
     "may_recover",
@@ -159,6 +160,23 @@ def decide_claim(run: RunState, *, now: float, owner: str, lease_seconds: float)
         return Busy(remaining)
     takeovers = run.takeovers + (1 if held else 0)
     return Granted(owner=owner, attempt=run.attempt + 1, lease_until=now + lease_seconds, takeovers=takeovers)
+
+
+def grants_untaken(run: RunState) -> bool:
+    """Whether `decide_claim` grants ``run`` to any delivery, at any clock reading, with no takeover (C24, C25).
+
+    So it is when the run is not terminal and holds no claim (no owner, or no
+    lease): the grant is then ``attempt + 1``, ``takeovers`` unchanged and a
+    lease to ``now + lease_seconds``, whatever ``now`` is. A store may
+    therefore write such a grant in one conditional statement whose
+    condition is this one, without reading the run first (the SQL store's
+    PostgreSQL attempt start); any other run is decided by `decide_claim`
+    on the run as read.
+
+    Parameters:
+      run (RunState): the run as stored.
+    """
+    return run.status not in TERMINAL_STATUSES and (run.owner is None or run.lease_until is None)
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from flexiq_plugins._store.claims import (
     decide_claim,
     fence,
     fence_columns,
+    grants_untaken,
     holds,
     lease_remaining,
     may_recover,
@@ -67,6 +68,31 @@ def test_c24_a_run_inserted_claimed_gets_what_a_new_run_is_granted() -> None:
     assert granted == Granted(owner="w1", attempt=1, lease_until=30.0, takeovers=0)
     shifted = replace(granted, lease_until=NOW + granted.lease_until)
     assert shifted == decide_claim(Run(), now=NOW, owner="w1", lease_seconds=30.0)
+
+
+STATUSES = ("queued", "pending", "running", "sleeping", "waiting", "retrying", "succeeded", "failed", "dead")
+
+
+@pytest.mark.parametrize("status", STATUSES)
+@pytest.mark.parametrize("owner", [None, "w0"])
+@pytest.mark.parametrize("lease_until", [None, NOW - 5.0, NOW + 5.0])
+def test_c24_a_run_granted_untaken_gets_attempt_plus_one_at_any_clock(
+    status: str, owner: str | None, lease_until: float | None
+) -> None:
+    """Where :func:`grants_untaken` holds, :func:`decide_claim` grants at every clock reading: ``attempt + 1``,
+    the same takeovers, a lease from that reading; where it does not, a store must decide on the run as read
+    (C24, C25). The PostgreSQL store writes exactly that grant in one conditional statement."""
+    run = Run(status=status, owner=owner, lease_until=lease_until, attempt=4, takeovers=2)
+    decisions = [decide_claim(run, now=now, owner="w1", lease_seconds=30.0) for now in (0.0, NOW, NOW * 10)]
+
+    if grants_untaken(run):
+        assert decisions == [
+            Granted(owner="w1", attempt=5, lease_until=now + 30.0, takeovers=2) for now in (0.0, NOW, NOW * 10)
+        ]
+    else:
+        terminal_or_held = status in ("succeeded", "failed", "dead") or (owner, lease_until) != (None, None)
+        assert terminal_or_held
+        assert not all(isinstance(d, Granted) and d.takeovers == 2 for d in decisions)
 
 
 def test_c25_fence_columns_are_the_fields_fence_requires() -> None:

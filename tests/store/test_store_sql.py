@@ -123,7 +123,7 @@ class TransactionLog:
 # RETURNING but no DML in WITH, MySQL/MariaDB neither. (new run's begin, new step, redelivery's begin)
 FOLDED_STATEMENTS = {
     "sqlite": (1, 2, (1, 3)),  # insert claimed | fenced UPDATE RETURNING, INSERT | + read run and steps, claim
-    "postgres": (1, 1, (2, 2)),  # insert claimed | WITH fenced UPDATE, INSERT | insert or read, WITH claim SELECT
+    "postgres": (1, 1, (1, 1)),  # insert claimed | WITH fenced UPDATE, INSERT | WITH insert, claim if untaken, SELECT
     # locking read (none), upsert, locking read + clock, claim, snapshot | fenced UPDATE, read stamp, INSERT
     "mysql": (5, 3, (1, 3)),
 }
@@ -135,9 +135,10 @@ def test_c9_begin_and_commit_step_are_one_transaction_each(
 ) -> None:
     """``begin`` and ``commit_step`` each run in exactly one committed transaction, in few statements (C9).
 
-    A redelivery's ``begin`` on PostgreSQL is two autocommitted statements (the
-    insert that reads the stored run instead, then the claim's compare-and-set
-    with the snapshot); on SQLite one transaction of three statements.
+    A redelivery's ``begin`` on PostgreSQL is one autocommitted statement (the
+    insert, which leaves the stored run alone, and the claim of the run that
+    holds no claim, with its snapshot); on SQLite one transaction of three
+    statements.
     """
     store = make_sql_store(request.getfixturevalue(f"{backend}_url"))
     store.now()
@@ -189,12 +190,14 @@ def test_c9_c51_commit_steps_is_one_transaction_of_a_single_steps_statements(
     assert store.get_run("run-c51").step_count == rows
 
 
-# How an attempt starts, by what is stored (issue 14): its round trips (SQLite: statements) and
-# its transactions. A new run is inserted already claimed; a run recorded at publish (C39),
-# a retried, a sleeping and a taken-over run are read, decided on, then claimed.
+# How an attempt starts, by what is stored: its round trips (SQLite: statements) and its
+# transactions. A new run is inserted already claimed; a run recorded at publish (C39), a
+# retried and a sleeping run are claimed in the same statement on PostgreSQL (no claim held),
+# a taken-over run is read, decided on, then claimed.
 START_COST = {
     "sqlite": {"new": (1, 1), "stored": (3, 1)},  # one BEGIN IMMEDIATE transaction each
-    "postgres": {"new": (1, 0), "stored": (2, 0)},  # autocommitted statements: no BEGIN, no COMMIT
+    # autocommitted statements: no BEGIN, no COMMIT
+    "postgres": {"new": (1, 0), "stored": (1, 0), "taken over": (2, 0)},
     # locking read, claim, snapshot, COMMIT; a new run: + upsert and locking read again
     "mysql": {"new": (6, 1), "stored": (4, 1)},
 }
@@ -215,10 +218,10 @@ def stored_run(store: SqlStepStore, run_key: str, how: str) -> None:
 
 @pytest.mark.parametrize("how", ["new", *STORED_RUNS])
 @pytest.mark.parametrize("backend", SQL_BACKENDS)
-def test_c23_an_attempt_starts_in_two_round_trips_on_postgresql(
+def test_c23_an_attempt_starts_in_one_round_trip_on_postgresql_two_for_a_takeover(
     backend: str, how: str, request: pytest.FixtureRequest, make_sql_store: Callable[..., SqlStepStore]
 ) -> None:
-    """An attempt start costs 1 round trip for a new run and 2 for a stored one on PostgreSQL (issue 14, C23).
+    """An attempt start costs 1 round trip on PostgreSQL, 2 for a takeover of an expired lease (C23).
 
     SQLite: 1 and 3 statements in one transaction; MariaDB: 6 and 4 round
     trips (no ``UPDATE … RETURNING``). The claim is still the one :func:`decide_claim`
@@ -233,7 +236,8 @@ def test_c23_an_attempt_starts_in_two_round_trips_on_postgresql(
 
     begun = claim(store, "run-start", owner="worker-1")
 
-    round_trips, transactions = START_COST[backend]["new" if how == "new" else "stored"]
+    costs = START_COST[backend]
+    round_trips, transactions = costs.get(how, costs["new" if how == "new" else "stored"])
     assert (log.round_trips(backend), log.begins - log.autocommitted) == (round_trips, transactions), log.statements
     assert log.rollbacks == 0
     first = how in ("new", "queued")
@@ -307,7 +311,7 @@ def test_c46_recording_a_run_at_publish_is_one_round_trip_on_postgresql(
 def test_c23_an_attempt_start_is_one_or_two_round_trips_on_the_wire(
     how: str, postgres_url: str, make_sql_store: Callable[..., SqlStepStore], tmp_path: Path
 ) -> None:
-    """What libpq itself sends and receives: one ``ReadyForQuery`` per round trip (issue 14).
+    """What libpq itself sends and receives: one ``ReadyForQuery`` per round trip (C23).
 
     Independent of SQLAlchemy's events: the protocol trace of every pooled
     connection the start uses counts each exchange the server ends with
@@ -321,7 +325,7 @@ def test_c23_an_attempt_start_is_one_or_two_round_trips_on_the_wire(
     with trace.open("w") as out, traced(store.engine, out.fileno()):
         claim(store, "run-wire", owner="worker-1")
     replies = [line for line in trace.read_text().splitlines() if "ReadyForQuery" in line]
-    assert len(replies) == (1 if how == "new" else 2), trace.read_text()
+    assert len(replies) == (2 if how == "taken over" else 1), trace.read_text()
 
 
 @contextlib.contextmanager
@@ -347,27 +351,65 @@ def traced(engine: sa.Engine, fileno: int) -> Iterator[None]:
 
 
 @pytest.mark.postgres
-def test_c24_a_claim_taken_between_the_read_and_the_write_is_busy(
-    postgres_url: str, make_sql_store: Callable[..., SqlStepStore], monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("meanwhile", ["claimed elsewhere", "undo marker added"])
+def test_c24_a_run_written_while_its_one_statement_claim_waits_is_decided_on_its_new_state(
+    meanwhile: str, postgres_url: str, make_sql_store: Callable[..., SqlStepStore]
 ) -> None:
-    """Two deliveries of a retried run both read it claimable; the second to write finds it changed and is ``Busy``.
+    """A start whose one-statement claim waits for a row another transaction writes decides on what is committed.
 
-    The other delivery claims the run between this one's read and its
-    compare-and-set, which then writes nothing; the start decides again with
-    the row locked (C24).
+    The run holds no claim when the start's statement reads it; another
+    transaction holds its row (a delivery claiming it; or a step row added
+    while the run stays unclaimed, as a compensation's marker is) and commits
+    while the start waits. The start's claim then writes nothing, whatever
+    the committed run now allows, and the start decides again with the row
+    locked: ``Busy`` behind the other claim, or granted with the new step in
+    its snapshot, never a snapshot that misses it (C24, C25).
     """
     store = make_sql_store(postgres_url)
     stored_run(store, "run-race", "retrying")
-    other: list[object] = []
-    between(store, monkeypatch, lambda: other.append(store.begin("run-race", "job-2", ENVELOPE, "worker-2", 30.0)))
+    runs, steps = store._t.runs, store._t.steps
+    writer = sa.create_engine(postgres_url)
+    watcher = sa.create_engine(postgres_url)
 
-    result = store.begin("run-race", "job-1", ENVELOPE, "worker-1", 30.0)
+    def waiting_on_the_row() -> bool:
+        query = sa.text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE :q")
+        with watcher.connect() as conn:
+            return bool(conn.execute(query, {"q": f"%claimed AS%UPDATE {runs.name} %"}).scalar_one())
 
-    assert isinstance(other[0], Begun)
-    assert other[0].claim.attempt == 2
-    assert isinstance(result, Busy)
+    got: list[object] = []
+    with writer.connect() as conn:
+        transaction = conn.begin()
+        if meanwhile == "claimed elsewhere":
+            now = sa.literal_column("extract(epoch from clock_timestamp())")
+            conn.execute(
+                sa.update(runs)
+                .where(runs.c.run_key == "run-race")
+                .values(status="running", owner="worker-2", attempt=runs.c.attempt + 1, lease_until=now + 30.0)
+            )
+        else:
+            conn.execute(
+                sa.insert(steps).values(
+                    run_key="run-race", position=1, step_key="undo#0", kind="compensation", committed_at=0.0, attempt=1
+                )
+            )
+            conn.execute(sa.update(runs).where(runs.c.run_key == "run-race").values(step_count=runs.c.step_count + 1))
+        starter = threading.Thread(target=lambda: got.append(store.begin("run-race", "job-1", ENVELOPE, "w1", 30.0)))
+        starter.start()
+        wait_for(waiting_on_the_row, 30.0, "the start to wait for the run's row")
+        transaction.commit()
+        starter.join()
+    writer.dispose()
+    watcher.dispose()
+
+    result = got[0]
     run = store.get_run("run-race")
-    assert (run.owner, run.attempt, run.takeovers) == ("worker-2", 2, 0)
+    if meanwhile == "claimed elsewhere":
+        assert isinstance(result, Busy)
+        assert (run.owner, run.attempt, run.takeovers) == ("worker-2", 2, 0)
+    else:
+        assert isinstance(result, Begun)
+        assert [r.step_key for r in result.snapshot] == ["charge#0", "undo#0"]
+        assert (run.owner, run.attempt) == ("w1", 2)
 
 
 @pytest.mark.postgres

@@ -59,6 +59,7 @@ from ..events import poll_result
 from ..step_attempts import decide_step_attempt, failed_attempt
 from .connections import Executes
 from .errors import describe, is_lock_unavailable, is_missing_table
+from .folded import claimed_run_params
 from .mapping import attempt_values, dump_envelope, load_envelope, run_record, step_attempt, step_row, step_values
 from .reads import SqlReads
 
@@ -103,9 +104,9 @@ class SqlAttemptSide(SqlReads, AttemptStore):
 
         Insert the run if absent, read it with the database clock, decide as
         `StepStore.begin` states (`decide_claim`), and write the
-        claim only on the run as read: PostgreSQL, two autocommitted statements
-        (one for a new run), the claim a compare-and-set on the row version,
-        else one transaction that locks the row; SQLite, one ``BEGIN
+        claim only on the run as read: PostgreSQL, one autocommitted statement
+        (two for a takeover of an expired lease), the claim a compare-and-set
+        on the row version, else one transaction that locks the row; SQLite, one ``BEGIN
         IMMEDIATE`` transaction of three statements (one for a new run);
         MySQL/MariaDB, one transaction that locks the row (three statements,
         five for a run not stored yet).
@@ -134,36 +135,46 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         return self._write(lambda conn: self._begin(conn, args))
 
     def _begin_optimistic(self, args: _StartArgs) -> BeginResult | None:
-        """PostgreSQL: `begin` in two autocommitted statements, or one for a new run.
+        """PostgreSQL: `begin` in one autocommitted statement, two for a run held by a claim.
 
-        The first inserts a new run already claimed, or reads the stored run
-        with the clock and its row version; `decide_claim` decides on
-        what it read. A granted claim is then written with the snapshot's read
-        in one compare-and-set on that row version (`Folded.claim_if_unchanged`):
-        the decision stands only if nobody wrote the run in between, exactly as
-        if the row had stayed locked, and the claim's times are the clock read
-        when it is written (C23). ``None`` if a concurrent write got in between
-        (nothing was written): `begin` then decides again with the row locked.
+        The first statement (`Folded.claim_in_one`) inserts a new run
+        already claimed, or claims a stored run that `grants_untaken`
+        (not terminal, no claim held: recorded at publish, put back, retried,
+        woken) if its row is still as the statement's snapshot holds it, with
+        its steps; else it reads the stored run with the clock and its row
+        version, and `decide_claim` decides on what it read. A granted claim
+        (a takeover of an expired lease, or a run another write changed
+        meanwhile) is then written with the snapshot's read in one
+        compare-and-set on that row version (`Folded.claim_if_unchanged`):
+        the decision stands only if nobody wrote the run in between, exactly
+        as if the row had stayed locked, and the claim's times are the clock
+        read when it is written (C23). ``None`` if a concurrent write got in
+        between (nothing was written): `begin` then decides again with the
+        row locked.
         """
         granted_new = claim_of_new_run(args.run_key, owner=args.owner, lease_seconds=args.lease_seconds)
-        run = self._single_statement(
-            lambda conn: self._folded.claim_new_or_read(
-                conn,
-                args.run_key,
-                args.envelope,
-                args.envelope_json,
-                job_id=args.job_id,
-                granted=granted_new,
-                trace_context=args.trace_context,
-            )
+        params = claimed_run_params(
+            args.run_key, args.envelope, args.envelope_json, args.job_id, granted_new, args.trace_context
         )
-        if run is None:
+        got = self._single_statement(lambda conn: self._folded.claim_in_one(conn, params, args.trace_context))
+        if got.part == "none":
             return None
+        if got.part != "read":
+            envelope = args.envelope
+            if got.envelope is not None:  # stored otherwise than this job's: the run's own is the one that counts
+                envelope = load_envelope(
+                    got.envelope,
+                    task_name=args.envelope.task_name,
+                    framework=args.envelope.framework,
+                    queue=args.envelope.queue,
+                )
+            claim = Claim(args.run_key, args.owner, got.attempt, got.lease_until)
+            snapshot = tuple(got.steps or ())
+            return Begun(
+                claim, snapshot, got.now, got.takeovers, envelope, got.created_at, got.cancel_reason, got.trace_context
+            )
+        run = got.run
         stored = load_envelope(run.envelope, task_name=run.task_name, framework=run.framework, queue=run.queue)
-        if run.inserted:
-            claim = dataclasses.replace(granted_new.claim(args.run_key), lease_until=float(run.lease_until))
-            now = float(run.created_at)
-            return Begun(claim, (), now, granted_new.takeovers, stored, now, None)
         now = float(run.now)
         decision = decide_claim(run, now=now, owner=args.owner, lease_seconds=args.lease_seconds)
         if not isinstance(decision, Granted):
@@ -676,6 +687,8 @@ class SqlAttemptSide(SqlReads, AttemptStore):
             return
 
         def work(conn: Connection) -> None:
+            if dead_letter is None and self._folded.finish_on_driver(conn, claim, values, drop_steps):
+                return
             self._folded.finish(conn, claim, values, dead_letter)
             if drop_steps:
                 steps, attempts = self._t.steps, self._t.attempts

@@ -381,6 +381,10 @@ class SqlConnections:
                 finally:
                     conn.execution_options(**{READ_ONLY: False})
                 conn.rollback()
+            elif autocommit:  # the server commits the statement: no transaction of SQLAlchemy's to begin
+                result = work(conn)
+                if conn.in_transaction():  # the statement went through SQLAlchemy, which began one
+                    conn.commit()
             else:
                 with conn.begin() as transaction:
                     result = work(conn)

@@ -1,6 +1,7 @@
-"""A new step's statements handed straight to the driver (pysqlite, psycopg), built and compiled by SQLAlchemy.
+"""The hot paths' statements handed straight to the driver (pysqlite, psycopg), built and compiled by SQLAlchemy.
 
-Why: a new step is one statement on PostgreSQL, two on SQLite, and executing
+The hot paths are a new step, an attempt start and a finish (the store's
+`folded` statements). Why: a new step is one statement on PostgreSQL, two on SQLite, and executing
 one through a SQLAlchemy ``Connection`` (execution context, bind and result
 processing set-up, event dispatch, result object) costs more of this
 process's CPU than the driver's own work: measured with callgrind, that
@@ -70,6 +71,8 @@ class DriverStatement:
         if compiled.escaped_bind_names:
             raise ValueError(f"{statement!r} has bind names the driver would not see as written")
         self.sql: str = str(compiled)
+        dml = compiled.isinsert or compiled.isupdate or compiled.isdelete
+        self._rows = "first" if not dml or compiled.effective_returning else "none"  # what it returns, known here
         self._positional = bool(compiled.positional)
         named = dict.fromkeys(compiled.bind_names.values())  # as the SQL names them, each once
         self._names: tuple[str, ...] = tuple(compiled.positiontup if self._positional else named)
@@ -90,22 +93,39 @@ class DriverStatement:
           sqlalchemy.exc.DBAPIError: the driver's error, as SQLAlchemy wraps it.
           KeyError: a bind the statement leaves without a value is not in ``params``.
         """
+        return run_on_driver(conn, self.sql, self._values(params), rows=self._rows)  # type: ignore[return-value]
+
+    def all(self, conn: Connection, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
+        """`first`, returning every row (the statement returns rows).
+
+        Raises:
+          sqlalchemy.exc.DBAPIError: the driver's error, as SQLAlchemy wraps it.
+          KeyError: a bind the statement leaves without a value is not in ``params``.
+        """
+        return run_on_driver(conn, self.sql, self._values(params), rows="all")  # type: ignore[return-value]
+
+    def _values(self, params: Mapping[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
         given = {**self._bound, **params}
         values = [given[name] for name in self._names]
         for i, process in self._processors:
             values[i] = process(values[i])
         if self._positional:
-            return run_on_driver(conn, self.sql, tuple(values))
-        return run_on_driver(conn, self.sql, dict(zip(self._names, values, strict=True)))
+            return tuple(values)
+        return dict(zip(self._names, values, strict=True))
 
 
-def run_on_driver(conn: Connection, sql: str, values: tuple[Any, ...] | dict[str, Any] = ()) -> tuple[Any, ...] | None:
+def run_on_driver(
+    conn: Connection, sql: str, values: tuple[Any, ...] | dict[str, Any] = (), *, rows: str = "any"
+) -> tuple[Any, ...] | list[tuple[Any, ...]] | None:
     """Execute ``sql`` with ``values`` on the driver connection of ``conn``; its first row, or ``None``.
 
     Parameters:
       conn (Connection): a SQLAlchemy connection whose dialect `runs_on_driver`.
       sql (str): one statement in the driver's parameter style.
       values (tuple | dict): the parameters, already as the driver takes them.
+      rows (str): ``first`` (the first row or ``None``), ``all`` (every row:
+        the statement returns rows), ``none`` (it returns none: ``None``) or
+        ``any`` (the first row if it returns rows, else ``None``).
 
     Raises:
       sqlalchemy.exc.DBAPIError: the driver's error wrapped as SQLAlchemy wraps
@@ -117,6 +137,12 @@ def run_on_driver(conn: Connection, sql: str, values: tuple[Any, ...] | dict[str
     cursor = fairy.driver_connection.cursor()  # type: ignore[union-attr]
     try:
         cursor.execute(sql, values)
+        if rows == "first":
+            return cursor.fetchone()  # type: ignore[no-any-return]
+        if rows == "all":
+            return cursor.fetchall()  # type: ignore[no-any-return]
+        if rows == "none":
+            return None
         return cursor.fetchone() if cursor.description is not None else None  # type: ignore[no-any-return]
     except dialect.loaded_dbapi.Error as exc:
         _raise_wrapped(conn, exc, sql, values, cursor)

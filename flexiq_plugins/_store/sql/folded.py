@@ -18,27 +18,37 @@ writes nothing (C25). Only how many statements carry them changes:
   cost what one does: the fenced ``UPDATE`` counts them all, and their rows
   go in one multi-row ``INSERT`` (PostgreSQL: the same ``WITH``, its ``INSERT
   … SELECT`` unnesting one array parameter per column).
-- **An attempt start** is decided in Python by
-  `decide_claim` on the run as stored;
-  only how it is read and written differs.
+- **An attempt start** is decided by `decide_claim` on the run as stored
+  (on PostgreSQL, for the one case `grants_untaken` describes, by that rule
+  written as the claim's condition); only how it is read and written differs.
 
-  PostgreSQL: two autocommitted statements, one for a new run. The first is
-  a ``WITH`` of the insert of the run already claimed (``ON CONFLICT DO
-  NOTHING``) in front of a read of the stored run with the clock and the
-  row's version (``xmin``). A new run is then claimed. Otherwise the granted
-  claim is written by a compare-and-set on that version, a ``WITH … UPDATE
-  … WHERE xmin = …`` in front of the ``SELECT`` of the steps. Any write to
-  the run in between, by anyone, makes it match nothing; every step commit
-  writes the run's row, so a matched row also means the steps are those of
-  the statement's snapshot. The decision is therefore exactly the one a
-  transaction that held the row locked from the read to the write would
-  have taken: the clock only moves on, so a lease expired at the read is
-  still expired. The claim's ``updated_at`` and lease are the clock read
-  once the row is locked (C23). Why not simply lock the row in a
-  transaction: psycopg sends its ``BEGIN`` and ``COMMIT`` as round trips of
-  their own, so a locked read and a write cost four. When the read saw no
-  row (a concurrent first delivery's insert it could not see yet) or the
-  compare-and-set matched nothing (someone else wrote the run first), the
+  PostgreSQL: one autocommitted statement, two for a takeover. It is a
+  ``WITH`` of the insert of the run already claimed (``ON CONFLICT DO
+  NOTHING``), of the claim of a stored run that holds no claim (the one case
+  `grants_untaken` describes, where `decide_claim`'s answer does not
+  depend on the clock: an ``UPDATE`` whose condition is that rule), and of a
+  read of any other stored run with the clock and the row's version
+  (``xmin``). The claim applies only while the row is still the version the
+  statement's own snapshot holds (``xmin`` compared with a subquery on that
+  snapshot): a write by anyone in between (a step, a claim, a compensation's
+  marker) makes it match nothing, so the steps it returns, read on the same
+  snapshot, are all the run's committed steps. Why this matters: without that
+  comparison PostgreSQL would re-check the condition on the newer row after
+  waiting for its lock and claim it, while the steps were read before.
+  Otherwise (a takeover of an expired lease, or a run the statement found
+  changed) the granted claim is written by a compare-and-set on the version
+  read, a ``WITH … UPDATE … WHERE xmin = …`` in front of the ``SELECT`` of
+  the steps. Any write to the run in between, by anyone, makes it match
+  nothing; every step commit writes the run's row, so a matched row also
+  means the steps are those of the statement's snapshot. The decision is
+  therefore exactly the one a transaction that held the row locked from the
+  read to the write would have taken: the clock only moves on, so a lease
+  expired at the read is still expired. The claim's ``updated_at`` and lease
+  are the clock read once the row is locked (C23). Why not simply lock the
+  row in a transaction: psycopg sends its ``BEGIN`` and ``COMMIT`` as round
+  trips of their own, so a locked read and a write cost four. When the read
+  saw no row (a concurrent first delivery's insert it could not see yet) or
+  the compare-and-set matched nothing (someone else wrote the run first), the
   start is decided again in one transaction that locks the row first (the
   upsert ``ON CONFLICT DO UPDATE … RETURNING`` the row and the clock, then
   the claim and the snapshot in one ``WITH``), as it always was before.
@@ -47,7 +57,8 @@ writes nothing (C25). Only how many statements carry them changes:
   (the database's write lock comes first): the insert of the run already
   claimed, and, for a stored run, one read of it, the clock and its steps
   (a ``UNION ALL``: nothing repeated per step), then the claim's ``UPDATE``.
-  Three statements, one for a new run.
+  Three statements, one for a new run. On pysqlite they, and a finish's,
+  are sent straight to the driver (`driver`), built once.
 
   MySQL/MariaDB (no ``UPDATE … RETURNING``): one transaction of a locking
   read with the clock (``SELECT … FOR UPDATE``, which X-locks a stored run),
@@ -75,13 +86,13 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import Connection
 
-from ..._model.records import Claim, JobEnvelope, NewDeadLetter, StepRow
+from ..._model.records import TERMINAL_STATUSES, Claim, JobEnvelope, NewDeadLetter, StepRow
 from ..claims import Granted, already_committed, claim_lost, fence, fence_columns, one_already_committed
 from .driver import DriverStatement, runs_on_driver
 from .mapping import step_values
 from .tables import StoreTables
 
-__all__ = ["Folded", "StepWritten"]
+__all__ = ["Folded", "InOne", "StepWritten"]
 
 _SQLITE_RETURNING = sqlite3.sqlite_version_info >= (3, 35)
 _ROWS_PER_INSERT = 50
@@ -150,6 +161,9 @@ class Folded:
         self._statements: dict[tuple[str, ...], sa.Executable] = {}
         self._lock_run: tuple[sa.Executable, sa.Executable | None] | None = None
         self._claim_new: sa.Executable | None = None
+        self._in_one: tuple[sa.Executable, DriverStatement] | None = None
+        self._finish_on_driver: dict[tuple[str, ...], Any] = {}
+        self._driver_statements: dict[tuple[str, ...], DriverStatement] = {}
         self._dead = self._dead_letter_statement()
 
     def _params(self, claim: Claim, **more: Any) -> dict[str, Any]:
@@ -355,8 +369,18 @@ class Folded:
         """
         if self._claim_new is None:
             self._claim_new = self._claim_new_statement()
-        params = _claimed_run_params(run_key, envelope, envelope_json, job_id, granted, trace_context)
+        params = claimed_run_params(run_key, envelope, envelope_json, job_id, granted, trace_context)
+        if self._dialect == "sqlite" and runs_on_driver(conn):  # pysqlite: straight to the driver (.driver)
+            found = self._on_driver_of(("claim-new",), self._claim_new, conn).first(conn, params)
+            return None if found is None else _Named(("lease_until", "created_at"), found)
         return conn.execute(self._claim_new, params).first()
+
+    def _on_driver_of(self, key: tuple[str, ...], statement: Any, conn: Connection) -> DriverStatement:
+        """The `DriverStatement` of ``statement``, built once per ``key``."""
+        on_driver = self._driver_statements.get(key)
+        if on_driver is None:
+            on_driver = self._driver_statements[key] = DriverStatement(statement, conn.dialect)
+        return on_driver
 
     def _claim_new_statement(self, returning: tuple[sa.Column[Any], ...] = ()) -> Any:
         """``INSERT … SELECT`` from one read of the clock, so ``created_at``, ``updated_at`` and the lease agree."""
@@ -413,7 +437,7 @@ class Folded:
         key = ("claim-new-or-read",)
         if key not in self._statements:
             self._statements[key] = self._claim_new_or_read_statement()
-        params = _claimed_run_params(run_key, envelope, envelope_json, job_id, granted, trace_context)
+        params = claimed_run_params(run_key, envelope, envelope_json, job_id, granted, trace_context)
         return conn.execute(self._statements[key], params).first()
 
     def _claim_new_or_read_statement(self) -> sa.Executable:
@@ -430,6 +454,152 @@ class Folded:
             sa.false().label("inserted"), *runs.c, self._clock.label("now"), version.label("version")
         ).where(runs.c.run_key == _p("run_key", runs.c.run_key))
         return sa.union_all(new, stored)
+
+    def claim_in_one(
+        self,
+        conn: Connection,
+        params: dict[str, Any],
+        trace_context: str | None,
+    ) -> InOne:
+        """PostgreSQL: claim the run in one statement when it is new or holds no claim; else read it.
+
+        One ``WITH`` of three parts, all on the statement's one snapshot:
+
+        - `claim_new_run`'s insert of the run already claimed (``ON
+          CONFLICT DO NOTHING``: a stored run is left alone);
+        - the grant of a stored run that `grants_untaken` (not
+          terminal, no claim held): an ``UPDATE`` whose condition is that
+          rule, which writes `decide_claim`'s grant for it (``attempt + 1``,
+          the same takeovers, a lease from the clock read once the row is
+          locked, C23), and only while the row is still the version the
+          statement's snapshot holds (``xmin`` compared with a subquery of that
+          snapshot): a run written by anyone since, a step committed, a claim
+          taken, makes it match nothing, so the steps it returns, read on that
+          snapshot, are all the run's committed steps;
+        - else the stored run as read, with the clock and its row version,
+          for `decide_claim` and `claim_if_unchanged`, exactly as
+          `claim_new_or_read` returns it.
+
+        The claimed run's steps come in the same rows (a left join), its
+        stored envelope only when it differs from the job's.
+
+        Parameters:
+          conn (Connection): the store's connection.
+          params (dict[str, Any]): `claimed_run_params` of the run (its
+            key, the job's envelope as stored, the new run's claim).
+          trace_context (str | None): the attempt's ``traceparent`` (C53).
+
+        Returns:
+          InOne: what happened: inserted, claimed (with the steps), read, or
+          nothing seen (a concurrent first delivery's insert).
+        """
+        if self._in_one is None:
+            statement = self._claim_in_one_statement()
+            self._in_one = (statement, DriverStatement(statement, conn.dialect))
+        statement, on_driver = self._in_one
+        if runs_on_driver(conn):  # psycopg: straight to the driver (.driver)
+            rows = on_driver.all(conn, params)
+        else:
+            rows = [tuple(row) for row in conn.execute(statement, params).all()]
+        if not rows:
+            return InOne("none")
+        first = rows[0]
+        part = first[0]
+        if part == _INSERTED:
+            return InOne("inserted", lease_until=float(first[2]), now=float(first[3]), created_at=float(first[3]))
+        if part == _CLAIMED:
+            stored_trace = first[7] if first[7] != trace_context else None  # ours: the run had none (C53)
+            return InOne(
+                "claimed",
+                attempt=first[1],
+                lease_until=float(first[2]),
+                now=float(first[3]),
+                created_at=float(first[4]),
+                takeovers=first[5],
+                cancel_reason=first[6],
+                trace_context=stored_trace,
+                envelope=first[8],
+                steps=[_driver_step(r) for r in rows if r[_STEP_AT] is not None],
+            )
+        return InOne("read", run=_ReadRun(first))
+
+    def _claim_in_one_statement(self) -> sa.Executable:
+        runs, steps = self._t.runs, self._t.steps
+        key = _p("run_key", runs.c.run_key)
+        inserted = self._claim_new_statement(returning=(runs.c.lease_until, runs.c.created_at)).cte("inserted")
+        prior = runs.alias("prior")
+        version_then = (
+            sa.select(sa.cast(sa.literal_column("prior.xmin"), sa.Text)).where(prior.c.run_key == key).scalar_subquery()
+        )
+        unchanged = sa.cast(sa.literal_column(f"{runs.name}.xmin"), sa.Text) == version_then
+        untaken = sa.and_(
+            *(runs.c.status != sa.literal(status) for status in sorted(TERMINAL_STATUSES)),
+            sa.or_(runs.c.owner.is_(None), runs.c.lease_until.is_(None)),
+        )  # claims.grants_untaken, as SQL
+        differs = sa.case((runs.c.envelope == _p("envelope", runs.c.envelope), sa.null()), else_=runs.c.envelope)
+        claimed = (
+            sa.update(runs)
+            .where(runs.c.run_key == key, untaken, unchanged)
+            .values(
+                status="running",
+                owner=_v("owner", runs.c.owner),
+                attempt=runs.c.attempt + 1,
+                lease_until=self._clock + _v("lease_until", runs.c.lease_until),
+                updated_at=self._clock,
+                job_id=_p("job_id", runs.c.job_id),
+                trace_context=sa.func.coalesce(runs.c.trace_context, _p("trace_context", runs.c.trace_context)),
+            )
+            .returning(
+                runs.c.run_key,
+                runs.c.attempt,
+                runs.c.lease_until,
+                runs.c.updated_at,
+                runs.c.created_at,
+                runs.c.takeovers,
+                runs.c.cancel_reason,
+                runs.c.trace_context,
+                differs.label("envelope"),
+            )
+            .cte("claimed")
+        )
+        step_columns = [steps.c[name] for name in _STEP_COLUMNS]
+        read_columns = [runs.c[name] for name in _READ_COLUMNS]
+        claim_columns = [runs.c[name] for name in ("attempt", "lease_until", "updated_at", "created_at", "takeovers")]
+        claim_columns += [runs.c.cancel_reason, runs.c.trace_context, runs.c.envelope]
+        # Typed NULLs: a UNION of untyped NULLs would make them text before the next part's numbers.
+        step_pads = [_null_of(c) for c in step_columns]
+        read_pads = [_null_of(c) for c in read_columns]
+        version = sa.cast(sa.literal_column(f"{runs.name}.xmin"), sa.Text)
+        read_ends = (_null_of(self._clock), sa.cast(sa.null(), sa.Text))
+        new = _numbered(
+            sa.literal(_INSERTED),
+            sa.literal(1),
+            inserted.c.lease_until,
+            inserted.c.created_at,
+            inserted.c.created_at,
+            sa.literal(0),
+            *(_null_of(c) for c in claim_columns[5:]),
+            *step_pads,
+            *read_pads,
+            *read_ends,
+        )
+        got = _numbered(
+            sa.literal(_CLAIMED),
+            *(claimed.c[c.name] for c in claim_columns),
+            *step_columns,
+            *read_pads,
+            *read_ends,
+        ).select_from(claimed.outerjoin(steps, steps.c.run_key == claimed.c.run_key))
+        stored = _numbered(
+            sa.literal(_READ),
+            *(_null_of(c) for c in claim_columns),
+            *step_pads,
+            *read_columns,
+            self._clock,
+            version,
+        ).where(runs.c.run_key == key, ~sa.exists(sa.select(claimed.c.run_key)))
+        union = sa.union_all(new, got, stored).subquery("started")
+        return sa.select(union).order_by(union.c.c0, union.c[f"c{_STEP_AT}"])
 
     def claim_if_unchanged(
         self, conn: Connection, run_key: str, version: str, claimed: dict[str, Any], lease_seconds: float
@@ -508,7 +678,13 @@ class Folded:
         key = ("run-and-steps",)
         if key not in self._statements:
             self._statements[key] = self._run_and_steps_statement()
-        rows = conn.execute(self._statements[key], {"p_run_key": run_key}).all()
+        statement = self._statements[key]
+        if runs_on_driver(conn):  # pysqlite: straight to the driver (.driver)
+            names = tuple(c.name for c in statement.selected_columns)  # type: ignore[attr-defined]
+            found = self._on_driver_of(key, statement, conn).all(conn, {"p_run_key": run_key})
+            rows: Sequence[Any] = [_Named(names, row) for row in found]
+        else:
+            rows = conn.execute(statement, {"p_run_key": run_key}).all()
         if not rows or rows[0].part != 0:
             return None, []
         return _RunColumns(rows[0]), [_StepColumns(r) for r in rows[1:]]
@@ -542,7 +718,11 @@ class Folded:
             runs = self._t.runs
             values = {name: _v(name, runs.c[name]) for name in claimed}
             self._statements[key] = sa.update(runs).where(runs.c.run_key == _p("run_key")).values(**values)
-        conn.execute(self._statements[key], {"p_run_key": run_key, **{f"v_{k}": v for k, v in claimed.items()}})
+        params = {"p_run_key": run_key, **{f"v_{k}": v for k, v in claimed.items()}}
+        if runs_on_driver(conn):  # pysqlite: straight to the driver (.driver)
+            self._on_driver_of(key, self._statements[key], conn).first(conn, params)
+        else:
+            conn.execute(self._statements[key], params)
 
     def lock_run(self, conn: Connection, run_key: str, envelope: JobEnvelope, envelope_json: str) -> Any:
         """Insert the run if absent, lock its row and read it with the clock (label ``now``), after the lock.
@@ -636,6 +816,34 @@ class Folded:
         if dead is not None:
             self.add_dead_letter(conn, claim.run_key, dead)
 
+    def finish_on_driver(self, conn: Connection, claim: Claim, values: dict[str, Any], drop_steps: bool) -> bool:
+        """SQLite on pysqlite: `finish` without a dead letter, and the step rows dropped, straight to the driver.
+
+        The statements of `finish` and of the drop (the fenced ``UPDATE …
+        RETURNING``, then the two ``DELETE``\\ s), in the caller's transaction,
+        built once and sent to the driver (`driver`). ``False`` (nothing
+        done) where that is not available: the caller runs `finish`.
+
+        Raises:
+          ClaimLost: the claim no longer holds the run; nothing was written.
+        """
+        if not (self._returning and runs_on_driver(conn)):
+            return False
+        key = ("finish-driver", str(drop_steps), *values)
+        statements = self._finish_on_driver.get(key)
+        if statements is None:
+            runs, steps, attempts = self._t.runs, self._t.steps, self._t.attempts
+            ended = self._finish_statement(tuple(values)).returning(runs.c.run_key)  # type: ignore[attr-defined]
+            dropped = [sa.delete(t).where(t.c.run_key == _p("run_key", t.c.run_key)) for t in (steps, attempts)]
+            statements = [DriverStatement(s, conn.dialect) for s in (ended, *(dropped if drop_steps else ()))]
+            self._finish_on_driver[key] = statements
+        params = {**self._params(claim), **{f"v_{k}": v for k, v in values.items()}}
+        if statements[0].first(conn, params) is None:
+            raise claim_lost(claim)
+        for dropping in statements[1:]:
+            dropping.first(conn, {"p_run_key": claim.run_key})
+        return True
+
     def add_dead_letter(self, conn: Connection, run_key: str, dead: NewDeadLetter) -> None:
         """Record ``dead`` for the run ``run_key``, copying its task, envelope and ``updated_at`` (C30)."""
         given = {"job_id": dead.job_id, "reason": dead.reason, "message": dead.message, "traceback": dead.traceback}
@@ -655,7 +863,15 @@ class Folded:
         if key not in self._statements:
             self._statements[key] = self._finish_in_one_statement(tuple(values), drop_steps)
         params = {**self._params(claim), **{f"v_{k}": v for k, v in values.items()}}
-        if conn.execute(self._statements[key], params).scalar_one() != 1:
+        if runs_on_driver(conn):  # psycopg: straight to the driver (.driver)
+            on_driver = self._finish_on_driver.get(key)
+            if on_driver is None:
+                on_driver = self._finish_on_driver[key] = DriverStatement(self._statements[key], conn.dialect)
+            found = on_driver.first(conn, params)
+            ended = None if found is None else found[0]
+        else:
+            ended = conn.execute(self._statements[key], params).scalar_one()
+        if ended != 1:
             raise claim_lost(claim)
 
     def _finish_in_one_statement(self, names: tuple[str, ...], drop_steps: bool) -> sa.Executable:
@@ -685,6 +901,109 @@ class Folded:
             *(_p(k, letters.c[k]) for k in given), runs.c.task_name, runs.c.envelope, runs.c.updated_at
         ).where(runs.c.run_key == _p("run_key", runs.c.run_key))
         return sa.insert(letters).from_select([*given, "task_name", "envelope", "created_at"], source)
+
+
+_INSERTED, _CLAIMED, _READ = 0, 1, 2
+"""The parts of `Folded.claim_in_one`'s rows: the run inserted claimed, claimed, or read."""
+_STEP_COLUMNS = (
+    "position", "step_key", "kind", "value", "wake_at", "committed_at", "attempt", "failure", "compensate", "event_id",
+)  # fmt: skip
+_STEP_AT = 9
+"""Where a row of `Folded.claim_in_one` has its step columns (after the part and eight claim columns)."""
+_READ_COLUMNS = (
+    "run_key", "task_name", "framework", "queue", "status", "owner", "attempt", "lease_until", "takeovers",
+    "envelope", "created_at", "updated_at", "cancel_reason", "outcome", "trace_context",
+)  # fmt: skip
+_READ_AT = _STEP_AT + len(_STEP_COLUMNS)
+
+
+def _null_of(column: sa.ColumnElement[Any]) -> sa.ColumnElement[Any]:
+    """``NULL`` cast to ``column``'s type."""
+    return sa.cast(sa.null(), column.type)
+
+
+def _numbered(*columns: sa.ColumnElement[Any]) -> sa.Select[Any]:
+    """A ``SELECT`` of ``columns`` named ``c0``, ``c1``, … (the parts of a ``UNION ALL`` read by position)."""
+    return sa.select(*(column.label(f"c{i}") for i, column in enumerate(columns)))
+
+
+def _driver_step(row: tuple[Any, ...]) -> StepRow:
+    """The step of a row of `Folded.claim_in_one`, as the driver returned it."""
+    position, step_key, kind, value, wake_at, committed_at, attempt, failure, compensate, event_id = row[
+        _STEP_AT:_READ_AT
+    ]
+    return StepRow(
+        position=position,
+        step_key=step_key,
+        kind=kind,
+        value=bytes(value) if value is not None else None,
+        wake_at=wake_at,
+        committed_at=committed_at,
+        attempt=attempt,
+        failure=failure,
+        compensate=compensate,
+        event_id=event_id,
+    )
+
+
+class _ReadRun:
+    """The stored run of a row of `Folded.claim_in_one` (its ``read`` part): the run's columns, ``now``, ``version``."""
+
+    __slots__ = (*_READ_COLUMNS, "inserted", "now", "version")
+
+    def __init__(self, row: tuple[Any, ...]) -> None:
+        for name, value in zip(_READ_COLUMNS, row[_READ_AT:], strict=False):
+            setattr(self, name, value)
+        self.now, self.version = row[-2], row[-1]
+        self.inserted = False
+
+
+@dataclass(frozen=True)
+class InOne:
+    """What `Folded.claim_in_one` did.
+
+    Parameters:
+      part (str): ``inserted`` (a new run, claimed), ``claimed`` (a stored
+        run, claimed), ``read`` (a stored run it did not claim: ``run`` is it
+        as read) or ``none`` (no row seen).
+      attempt (int): the claim's attempt.
+      lease_until (float): the claim's lease.
+      now (float): the clock the claim was written at.
+      created_at (float): the run's creation.
+      takeovers (int): the run's takeovers.
+      cancel_reason (str | None): the run's requested cancellation (C34).
+      trace_context (str | None): the run's ``traceparent`` before this claim (C53).
+      envelope (str | None): the stored envelope, when it differs from the job's.
+      steps (list[StepRow]): the claimed run's committed steps, by position.
+      run (Any): the stored run as read (``read``).
+    """
+
+    part: str
+    attempt: int = 1
+    lease_until: float = 0.0
+    now: float = 0.0
+    created_at: float = 0.0
+    takeovers: int = 0
+    cancel_reason: str | None = None
+    trace_context: str | None = None
+    envelope: str | None = None
+    steps: list[StepRow] | None = None
+    run: Any = None
+
+
+class _Named:
+    """A row as the driver returned it, read by column name as a SQLAlchemy row is (``row.name``, ``row._mapping``)."""
+
+    __slots__ = ("_mapping",)
+
+    def __init__(self, names: Sequence[str], row: Sequence[Any]) -> None:
+        self._mapping = dict(zip(names, row, strict=True))
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._mapping[name]
+        except KeyError:
+            raise AttributeError(name) from None
 
 
 class _Prefixed:
@@ -721,7 +1040,7 @@ class _StepColumns(_Prefixed):
         super().__init__(row, "s_")
 
 
-def _claimed_run_params(  # noqa: PLR0917 - the statement's parameters, each given once
+def claimed_run_params(  # noqa: PLR0917 - the statement's parameters, each given once
     run_key: str, envelope: JobEnvelope, envelope_json: str, job_id: str, granted: Granted, trace_context: str | None
 ) -> dict[str, Any]:
     """The parameters of an insert of a new run already claimed by ``granted``, keeping ``trace_context`` (C53)."""

@@ -24,10 +24,12 @@ their own modules, each with its reasons):
   writers with ``BEGIN IMMEDIATE`` as well), so two deliveries of one job decide
   Finished / Busy / claim one after the other; a run not stored yet is
   inserted already claimed in one statement. On PostgreSQL ``begin`` first
-  tries without holding the lock: it reads the run and its row version, and
-  writes the claim with a compare-and-set on that version, two autocommitted
-  statements (`folded` says why that decides the same); only a lost
-  race takes the locking transaction. ``mark_recovered`` locks the row the
+  tries without holding the lock, in one autocommitted statement: a run that
+  holds no claim is claimed there if its row is still the version the
+  statement read, and any other run is read with its row version, decided on,
+  then claimed with a compare-and-set on that version (a second statement:
+  `folded` says why either decides the same); only a lost race takes the
+  locking transaction. ``mark_recovered`` locks the row the
   same way. ``renew``, ``commit_step`` and ``finish`` are fenced ``UPDATE …
   WHERE run_key AND owner AND attempt``: a zero row count means another
   attempt took the run over, and nothing is written ([`ClaimLost`][flexiq_plugins.errors.ClaimLost]). The
