@@ -18,6 +18,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
+import secrets
+import time
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -296,11 +298,30 @@ MAX_RUN_KEY_LENGTH = 255
 """The longest run key, in characters."""
 
 
-def new_run_key() -> str:
-    """Mint a run key: a UUIDv7 string (time-ordered), as stamped at publish."""
-    import uuid6
+_last_key_ms = 0
+"""The millisecond of the last run key minted in this process: the next one is later (time-ordered keys)."""
 
-    return str(uuid6.uuid7())
+
+def new_run_key() -> str:
+    """Mint a run key: a UUIDv7 string (time-ordered, RFC 9562), as stamped at publish.
+
+    48 bits of Unix milliseconds (one more than the last key's when the clock
+    has not moved on, so the keys a process mints sort in minting order), the
+    version and variant bits, and 74 random bits; formatted here directly,
+    since every new job of a producer pays for it.
+    """
+    global _last_key_ms
+    ms = time.time_ns() // 1_000_000
+    if ms <= _last_key_ms:
+        ms = _last_key_ms + 1
+    _last_key_ms = ms
+    random = secrets.randbits(74)
+    value = (ms & 0xFFFF_FFFF_FFFF) << 80 | 0x7 << 76 | (random >> 62) << 64 | 0b10 << 62 | random & _LOW_62
+    digits = f"{value:032x}"
+    return f"{digits[:8]}-{digits[8:12]}-{digits[12:16]}-{digits[16:20]}-{digits[20:]}"
+
+
+_LOW_62 = (1 << 62) - 1
 
 
 def check_run_key(run_key: object) -> str:
