@@ -469,11 +469,8 @@ class DurableSteps(Middleware):
         if isinstance(decision, Failure):  # Retries decides; the middleware settles the run if it gives up
             self._failing[message.message_id] = decision
             error = body_traceback(decision.error)
-            del decision  # the error raised holds this frame: it must not hold the error back (no cycle)
-            try:
-                raise error
-            finally:
-                del error
+            del decision
+            return _actor.Raise(error)  # raised by the actor's function itself: one frame above the body's
         try:
             return _verbs.apply_decision(broker, message, job, decision)
         finally:
