@@ -129,14 +129,15 @@ def celery_eager(store_url: Any, declared: bool = False) -> dict[str, Timer]:
 
     import celery_ext
 
-    app = Celery(f"bench{uuid.uuid4().hex[:6]}", broker="memory://", backend="cache+memory://", set_as_current=False)
+    name = f"bench{uuid.uuid4().hex[:6]}"  # each call's tasks are its own: the store measured next has others
+    app = Celery(name, broker="memory://", backend="cache+memory://", set_as_current=False)
     celery_ext.install(app, store=store_url)
 
-    @app.task(name="noop_durable", durable=True if declared else None)
+    @app.task(name=f"{name}.noop_durable", durable=True if declared else None)
     def noop_durable() -> None:
         """Does nothing."""
 
-    @app.task(name="noop_plain", durable=False)
+    @app.task(name=f"{name}.noop_plain", durable=False)
     def noop_plain() -> None:
         """Does nothing."""
 

@@ -53,12 +53,13 @@ def job_info(task: Any, request: Any) -> JobInfo:
       ConfigurationError: the task's ``step_retry`` is not a ``RetryPolicy`` (or a dict of its fields), or
         its ``max_run_seconds`` / ``max_suspended_seconds`` is not a positive duration.
     """
-    step_retry = retry_policy_option(getattr(task, "step_retry", None), where=f"task {task.name!r} step_retry")
-    caps = cancellation_option(
-        getattr(task, "max_run_seconds", None),
-        getattr(task, "max_suspended_seconds", None),
-        where=f"task {task.name!r}",
-    )
+    step_retry = getattr(task, "step_retry", None)
+    if step_retry is not None:  # unset (the usual case) names nothing: no message is formatted for it
+        step_retry = retry_policy_option(step_retry, where=f"task {task.name!r} step_retry")
+    max_run, max_suspended = getattr(task, "max_run_seconds", None), getattr(task, "max_suspended_seconds", None)
+    caps = None
+    if max_run is not None or max_suspended is not None:
+        caps = cancellation_option(max_run, max_suspended, where=f"task {task.name!r}")
     return JobInfo(
         run_key=_eager_run_key(request) if request.is_eager else run_key_of(request),
         job_id=str(request.id),

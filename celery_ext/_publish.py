@@ -68,13 +68,14 @@ def stamp_new_job(
     # a run key the producer chose may name an existing run: the job claims before its body (C37)
     headers[RESUME_HEADER] = resume_mark_at_publish(headers.get(RESUME_HEADER), run_key_given=given)
     if not given:
-        headers[RUN_KEY_HEADER] = new_run_key()
+        headers[RUN_KEY_HEADER] = run_key = new_run_key()  # valid as minted
     if not first:
         return  # the library's own re-publish, or a retry: its run is known
-    try:
-        run_key = run_key_from(headers[RUN_KEY_HEADER], "", where=f"{RUN_KEY_HEADER} header")
-    except InvalidRunKey:
-        return  # the worker refuses the job and says why (C11)
+    if given:
+        try:
+            run_key = run_key_from(headers[RUN_KEY_HEADER], "", where=_RUN_KEY_WHERE)
+        except InvalidRunKey:
+            return  # the worker refuses the job and says why (C11)
     runtime, task = _owner(task_name)
     published = None if runtime is None else publishing_trace(runtime.config)
     if published is not None:
@@ -104,6 +105,9 @@ def stamp_new_job(
     delay = _seconds_until(headers.get("eta"))
     if record_at_publish(lambda: runtime.driver().store, run_key, job_id, envelope, delay_seconds=delay):
         headers[RECORDED_FLAG] = True
+
+
+_RUN_KEY_WHERE = f"{RUN_KEY_HEADER} header"
 
 
 def _seconds_until(eta: object) -> float:

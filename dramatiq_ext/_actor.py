@@ -24,7 +24,7 @@ from dramatiq.middleware import Shutdown
 
 from flexiq_plugins.integration import Attempt, AttemptDriver, Decision, Failure, JobInfo, PutBack, WorkerInterrupted
 
-__all__ = ["Body", "execute", "is_durable", "unwrap_durable", "wrap"]
+__all__ = ["Body", "Raise", "execute", "is_durable", "unwrap_durable", "wrap"]
 
 _MARK = "__flexiq_durable__"
 
@@ -65,13 +65,41 @@ def unwrap_durable(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn.__wrapped__ if is_durable(fn) else fn  # type: ignore[attr-defined,no-any-return]
 
 
+class Raise:
+    """What ``call`` returns for an error the actor's function raises to Dramatiq (a `Failure`'s).
+
+    The stand-in raises it itself, so the traceback Dramatiq sees (and
+    ``Retries`` formats for every failed message) has one frame of the
+    integration's above the body's, not every frame between them.
+
+    Parameters:
+      error (BaseException): the error, its traceback already starting at the body's frames.
+    """
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error: BaseException | None = error
+
+
 def wrap(fn: Callable[..., Any], call: Callable[[Body, tuple[Any, ...], dict[str, Any]], Any]) -> Callable[..., Any]:
-    """Return a stand-in for ``actor.fn`` that routes every call through ``call(body, args, kwargs)``."""
+    """Return a stand-in for ``actor.fn`` that routes every call through ``call(body, args, kwargs)``.
+
+    A `Raise` that ``call`` returns is raised here.
+    """
     body = Body(fn)
 
     @functools.wraps(fn)
     def durable(*args: Any, **kwargs: Any) -> Any:
-        return call(body, args, kwargs)
+        outcome = call(body, args, kwargs)
+        if type(outcome) is not Raise:
+            return outcome
+        error, outcome.error = outcome.error, None
+        del outcome
+        try:
+            raise error  # type: ignore[misc]  # set by Raise
+        finally:
+            del error  # the error raised holds this frame: it must not hold the error back (no cycle)
 
     setattr(durable, _MARK, True)
     return durable

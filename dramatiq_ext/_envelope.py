@@ -54,7 +54,10 @@ def run_key_of(message: Any) -> str:
     Raises:
       InvalidRunKey: the option is set but is not a ``str`` of 1 to 255 characters (C11).
     """
-    return run_key_from(message.options.get(RUN_KEY_OPTION), str(message.message_id), where=f"{RUN_KEY_OPTION} option")
+    return run_key_from(message.options.get(RUN_KEY_OPTION), str(message.message_id), where=_RUN_KEY_WHERE)
+
+
+_RUN_KEY_WHERE = f"{RUN_KEY_OPTION} option"
 
 
 def job_info(message: Any, **fields: Any) -> JobInfo:
@@ -77,15 +80,17 @@ def job_info(message: Any, **fields: Any) -> JobInfo:
             serializer=encoder_serializer(dramatiq.get_encoder()),
         )
 
+    options = message.options  # each attribute of a worker's MessageProxy is a lookup of its own: read once
+    message_id = message.message_id
     return JobInfo(
-        run_key_of(message),
-        message.message_id,
+        run_key_from(options.get(RUN_KEY_OPTION), str(message_id), where=_RUN_KEY_WHERE),
+        message_id,
         envelope,
-        lazy=first_delivery(message),
+        lazy=not _claims_first(options),
         task_name=message.actor_name,
         # read once: the message's own later enqueues (Retries, a sleep's copy) must not carry it (C39)
-        unstarted_only=bool(message.options.pop(UNSTARTED_ONLY, False)),
-        publish_trace=message.options.get(TRACE_HEADER),
+        unstarted_only=bool(options.pop(UNSTARTED_ONLY, False)),
+        publish_trace=options.get(TRACE_HEADER),
         **fields,
     )
 
@@ -99,8 +104,11 @@ def first_delivery(message: Any) -> bool:
     delivery claims at its body's first step; one that takes no step does
     no store I/O at all.
     """
-    options = message.options
-    return not claims_before_body(
+    return not _claims_first(message.options)
+
+
+def _claims_first(options: Mapping[str, Any]) -> bool:
+    return claims_before_body(
         options.get(RESUME_OPTION),
         run_key_given=bool(options.get(RUN_KEY_OPTION)),
         recorded=bool(options.get(RECORDED_FLAG)),

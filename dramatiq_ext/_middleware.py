@@ -34,7 +34,6 @@ import contextvars
 import functools
 import logging
 import math
-from collections.abc import Callable
 from typing import Any
 
 import dramatiq
@@ -450,25 +449,28 @@ class DurableSteps(Middleware):
         body.check()
         job = job_info(message, step_retry=step_retry, cancellation=cancellation)
         with job_log_fields(job.run_key, job.job_id, job.name):  # every record of this delivery names its run (C53)
-            stopping = lambda: self._stopping  # noqa: E731 - read when the attempt asks
-            run = functools.partial(_actor.execute, job=job, body=body, args=args, kwargs=kwargs, stopping=stopping)
-            return self._attempt(broker, message, job, run)
+            # no local of this frame holds the decision: an error raised from it must not hold it (no cycle)
+            return self._attempt(broker, message, job, self._decide(job, body, args, kwargs))
 
-    def _attempt(
-        self, broker: dramatiq.Broker, message: Any, job: JobInfo, run: Callable[[AttemptDriver], Decision]
-    ) -> Any:
+    def _decide(self, job: JobInfo, body: _actor.Body, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Decision:
+        """Run the attempt with this process's driver; a store that cannot be opened puts the job back (C41)."""
         driver = driver_or_put_back(self._driver.get, self._config_or_arguments())
-        decision = run(driver) if isinstance(driver, AttemptDriver) else driver
+        if isinstance(driver, AttemptDriver):
+            return _actor.execute(driver, job, body, args, kwargs, stopping=self._is_stopping)
+        return driver
+
+    def _is_stopping(self) -> bool:
+        """Whether the worker is shutting down: read when the attempt asks."""
+        return self._stopping
+
+    def _attempt(self, broker: dramatiq.Broker, message: Any, job: JobInfo, decision: Decision) -> Any:
         if belongs_to_a_run(decision):  # the pipeline's next stage is a run of its own (C44)
             _dispatch.stamp_pipe_target(message.options, job.run_key)
         if isinstance(decision, Failure):  # Retries decides; the middleware settles the run if it gives up
             self._failing[message.message_id] = decision
             error = body_traceback(decision.error)
-            del decision  # the error raised holds this frame: it must not hold the error back (no cycle)
-            try:
-                raise error
-            finally:
-                del error
+            del decision
+            return _actor.Raise(error)  # raised by the actor's function itself: one frame above the body's
         try:
             return _verbs.apply_decision(broker, message, job, decision)
         finally:

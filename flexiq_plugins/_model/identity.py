@@ -23,6 +23,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import NoReturn
 
+from uuid6 import uuid7
+
 from ..errors import DuplicateStepKey, InvalidRunKey, InvalidStepKey, InvalidStepName, StepDivergence
 from .records import StepKind, StepRow
 
@@ -297,10 +299,8 @@ MAX_RUN_KEY_LENGTH = 255
 
 
 def new_run_key() -> str:
-    """Mint a run key: a UUIDv7 string (time-ordered), as stamped at publish."""
-    import uuid6
-
-    return str(uuid6.uuid7())
+    """Mint a run key: a UUIDv7 string (time-ordered, RFC 9562), as stamped at publish."""
+    return str(uuid7())
 
 
 def check_run_key(run_key: object) -> str:
@@ -315,7 +315,7 @@ def check_run_key(run_key: object) -> str:
             f"run key {run_key!r} is not a str of 1 to {MAX_RUN_KEY_LENGTH} characters; "
             "the run key header/option must be such a string (a UUIDv7 when minted at publish)"
         )
-    if _utf8_size(run_key) < 0 or _has_control(run_key):
+    if (not run_key.isascii() and _utf8_size(run_key) < 0) or _has_control(run_key):
         raise InvalidRunKey(
             f"run key {run_key!r} contains a control character or a lone surrogate; "
             "the run key header/option must be printable text (a UUIDv7 when minted at publish)"

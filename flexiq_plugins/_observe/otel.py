@@ -30,6 +30,7 @@ are added with ``Span.add_link``.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -38,6 +39,7 @@ from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
+from opentelemetry.metrics import _internal as _metrics_internal
 from opentelemetry.trace import Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from .._model.identity import StepId
@@ -67,14 +69,34 @@ def _meter_provider_types() -> tuple[type, ...]:
 _NO_METERING_PROVIDERS = _meter_provider_types()
 
 
+def _provider_global(module: Any, name: str, env_var: str) -> Callable[[], object]:
+    """A cheap read of the API's global provider ``name`` of ``module``: ``None`` while none is set.
+
+    Asked at every attempt and publish, so it reads the global instead of the
+    API's getter, which looks ``env_var`` up in the environment each time it
+    finds none set. A process started with ``env_var`` set (a provider the API
+    loads from the environment), or an API without that global, uses the getter.
+    """
+    if env_var in os.environ or not hasattr(module, name):
+        getter = module.get_tracer_provider if module is trace else metrics.get_meter_provider
+        return getter  # type: ignore[no-any-return]
+    return lambda: getattr(module, name)
+
+
+_tracer_provider = _provider_global(trace, "_TRACER_PROVIDER", "OTEL_PYTHON_TRACER_PROVIDER")
+_meter_provider = _provider_global(_metrics_internal, "_METER_PROVIDER", "OTEL_PYTHON_METER_PROVIDER")
+
+
 def tracing_configured() -> bool:
     """Whether the application has set a tracer provider (the API's default proxy records nothing)."""
-    return not isinstance(trace.get_tracer_provider(), _NO_RECORDING_PROVIDERS)
+    provider = _tracer_provider()
+    return provider is not None and not isinstance(provider, _NO_RECORDING_PROVIDERS)
 
 
 def metrics_configured() -> bool:
     """Whether the application has set a meter provider."""
-    return not isinstance(metrics.get_meter_provider(), _NO_METERING_PROVIDERS)
+    provider = _meter_provider()
+    return provider is not None and not isinstance(provider, _NO_METERING_PROVIDERS)
 
 
 # ------------------------------------------------------------ trace context

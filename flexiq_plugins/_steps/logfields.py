@@ -14,10 +14,8 @@ Add a [`JobLogFilter`][flexiq_plugins.JobLogFilter] to your own handler to give 
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 
 from .context import current_job
 from .journal import current_step_key
@@ -42,14 +40,33 @@ imported."""
 _handled: ContextVar[tuple[str, str, str] | None] = ContextVar("flexiq_log_job", default=None)
 
 
-@contextlib.contextmanager
-def job_log_fields(run_key: str, job_id: str, task: str) -> Iterator[None]:
-    """Name the job ``(run_key, job_id, task)`` on every library record logged in this context for the block."""
-    token = _handled.set((run_key, job_id, task))
-    try:
-        yield
-    finally:
-        _handled.reset(token)
+class job_log_fields:
+    """Name the job ``(run_key, job_id, task)`` on every library record logged in this context for the block.
+
+    Nested blocks naming the same job (the adapter's, the driver's, the
+    attempt's) set nothing again: a job that takes no step pays for one
+    context variable set, not one per layer (C43).
+
+    Parameters:
+      run_key (str): the job's run.
+      job_id (str): the job's id.
+      task (str): its task name.
+    """
+
+    __slots__ = ("_fields", "_token")
+
+    def __init__(self, run_key: str, job_id: str, task: str) -> None:
+        self._fields = (run_key, job_id, task)
+        self._token: Token[tuple[str, str, str] | None] | None = None
+
+    def __enter__(self) -> None:
+        if _handled.get() != self._fields:
+            self._token = _handled.set(self._fields)
+
+    def __exit__(self, *exc: object) -> None:
+        token, self._token = self._token, None
+        if token is not None:
+            _handled.reset(token)
 
 
 class JobLogFilter(logging.Filter):
