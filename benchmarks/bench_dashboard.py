@@ -43,6 +43,7 @@ from typing import Any
 import sqlalchemy as sa
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from benchmarks.schema import drop_prefixed_tables
 from flexiq_plugins import JobEnvelope, SqlStepStore
 from flexiq_plugins._store.sql.mapping import dump_envelope
 from flexiq_plugins.dashboard import create_app
@@ -164,18 +165,7 @@ def analyze(store: SqlStepStore) -> None:
 
 def drop(store: SqlStepStore) -> None:
     """Drop the benchmark's tables."""
-    with store.engine.begin() as conn:
-        for table in (
-            "steps",
-            "step_attempts",
-            "dead_letters",
-            "events",
-            "sweep_lease",
-            "known_tasks",
-            "runs",
-            "alembic_version",
-        ):
-            conn.exec_driver_sql(f"DROP TABLE IF EXISTS {store.table_prefix}{table}")
+    drop_prefixed_tables(store.engine, store.table_prefix)
 
 
 def pages(runs: int) -> dict[str, str]:

@@ -31,6 +31,7 @@ from typing import Any
 from uuid import uuid4
 
 from benchmarks.bench_store import URLS
+from benchmarks.schema import drop_prefixed_tables
 from flexiq_plugins import DurableConfig, JobEnvelope, MemoryStepStore, SqlStepStore, StepStore, StoreError, current_job
 from flexiq_plugins.integration import AttemptDriver, Completed, JobInfo
 
@@ -144,12 +145,7 @@ def drop(store: StepStore) -> None:
     """Drop a server store's tables (a SQLite file in a temporary directory is left to the system)."""
     if isinstance(store, SqlStepStore):
         if store.engine.dialect.name != "sqlite":
-            import sqlalchemy as sa
-
-            with store.engine.begin() as conn:
-                for table in ("steps", "step_attempts", "dead_letters", "events", "sweep_lease", "known_tasks", "runs"):
-                    conn.execute(sa.text(f"DROP TABLE IF EXISTS {store.table_prefix}{table}"))
-                conn.execute(sa.text(f"DROP TABLE IF EXISTS {store.table_prefix}alembic_version"))
+            drop_prefixed_tables(store.engine, store.table_prefix)
         store.close()
 
 

@@ -50,6 +50,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from benchmarks.schema import drop_prefixed_tables
+
 Timer = Callable[[int], float]
 """Runs ``n`` messages; returns the seconds they took."""
 
@@ -293,12 +295,7 @@ def _stores(postgres_url: str | None) -> Iterator[list[tuple[str, Any]]]:
 
 
 def _drop(store: Any) -> None:
-    import sqlalchemy as sa
-
-    tables = ("steps", "step_attempts", "dead_letters", "events", "sweep_lease", "known_tasks", "runs")
-    with store.engine.begin() as conn:
-        for table in (*tables, "alembic_version"):
-            conn.execute(sa.text(f"DROP TABLE IF EXISTS {store.table_prefix}{table}"))
+    drop_prefixed_tables(store.engine, store.table_prefix)
     store.close()
 
 

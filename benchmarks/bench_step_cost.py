@@ -48,6 +48,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from benchmarks.bench_store import fill_history
+from benchmarks.schema import drop_prefixed_tables
 from flexiq_plugins import JobEnvelope, SqlStepStore, current_job
 from flexiq_plugins._attempt.attempt import Attempt
 from flexiq_plugins._model.records import Claim, StepRow
@@ -277,9 +278,7 @@ class Bench:
         with self.engine.begin() as conn:
             conn.exec_driver_sql(f"DROP TABLE IF EXISTS {self.floor_table}")
         for store in self.stores:
-            store._t.metadata.drop_all(store.engine)
-            with store.engine.begin() as conn:
-                conn.exec_driver_sql(f"DROP TABLE IF EXISTS {store._prefix}alembic_version")
+            drop_prefixed_tables(store.engine, store._prefix)
             store.close()
 
 

@@ -81,6 +81,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.pool.base import reset_rollback
 
 from benchmarks.counting import on_statements
+from benchmarks.schema import drop_prefixed_tables
 from flexiq_plugins import JobEnvelope, SqlStepStore, current_job
 from flexiq_plugins._attempt.attempt import Attempt
 from flexiq_plugins._store.sql.mapping import dump_envelope
@@ -454,9 +455,7 @@ class Bench:
         if self.auto is not None:
             self.auto.close()
         self.floor_meta.drop_all(self.engine)
-        self.store._t.metadata.drop_all(self.engine)
-        with self.engine.begin() as conn:
-            conn.execute(sa.text(f"DROP TABLE IF EXISTS {self.prefix}alembic_version"))
+        drop_prefixed_tables(self.engine, self.prefix)
         self.store.close()
 
 

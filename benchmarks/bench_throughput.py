@@ -72,6 +72,8 @@ from pathlib import Path
 import redis
 import sqlalchemy as sa
 
+from benchmarks.schema import drop_prefixed_tables
+
 ROOT = Path(__file__).resolve().parents[1]
 REDIS_URL = os.environ.get("FLEXIQ_BENCH_REDIS", "redis://127.0.0.1:6379/14")
 STORE_URL = os.environ.get("FLEXIQ_STORE_URL", "postgresql://postgres@127.0.0.1:5432/test")
@@ -338,18 +340,7 @@ def _drop_tables(queue: str, store_url: str = STORE_URL) -> None:
         return
     prefix = f"fqb{zlib.crc32(queue.encode()):08x}_"  # as benchmarks.throughput_apps.PREFIX
     engine = sa.create_engine(_sa_url(STORE_URL))
-    with engine.begin() as conn:
-        for table in (
-            "step_attempts",
-            "steps",
-            "events",
-            "dead_letters",
-            "runs",
-            "sweep_lease",
-            "known_tasks",
-            "alembic_version",
-        ):
-            conn.execute(sa.text(f'DROP TABLE IF EXISTS "{prefix}{table}"'))
+    drop_prefixed_tables(engine, prefix)
     engine.dispose()
 
 

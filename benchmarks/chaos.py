@@ -66,6 +66,8 @@ from pathlib import Path
 from typing import Any
 from uuid import uuid4
 
+from benchmarks.schema import drop_prefixed_tables
+
 CONFIG_ENV = "FLEXIQ_CHAOS"
 BROKERS = {"redis": "redis://127.0.0.1:6379/13", "rabbitmq": "amqp://guest:guest@127.0.0.1:5672//"}
 STEPS = ("s1", "s2", "s3", "s4", "s5")
@@ -570,23 +572,10 @@ def _back_after_kills(ledger: list[dict[str, Any]], killed_at: dict[int, list[fl
 
 def _drop_tables(store: Any) -> None:
     """Drop the run's own tables (a SQLite file in the run's directory is kept for a look)."""
-    import sqlalchemy as sa
 
     if store.engine.dialect.name == "sqlite":
         return
-    names = (
-        "steps",
-        "step_attempts",
-        "dead_letters",
-        "events",
-        "sweep_lease",
-        "known_tasks",
-        "runs",
-        "alembic_version",
-    )
-    with store.engine.begin() as conn:
-        for name in names:
-            conn.execute(sa.text(f"DROP TABLE IF EXISTS {store.table_prefix}{name}"))
+    drop_prefixed_tables(store.engine, store.table_prefix)
     store.close()
 
 

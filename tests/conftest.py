@@ -19,6 +19,7 @@ from uuid import uuid4
 import pytest
 import sqlalchemy as sa
 
+from benchmarks.schema import drop_prefixed_tables
 from flexiq_plugins._store.base import StepStore
 from flexiq_plugins._store.caller import CallerConnection
 from flexiq_plugins._store.memory import MemoryStepStore
@@ -104,19 +105,7 @@ class PostgresCaller(CallerConnection):
 
 def drop_store_tables(store: SqlStepStore) -> None:
     """Drop the tables of ``store``'s table prefix (server databases are shared between runs)."""
-    prefix = store.table_prefix
-    with store.engine.begin() as conn:
-        for table in (
-            "steps",
-            "step_attempts",
-            "dead_letters",
-            "events",
-            "sweep_lease",
-            "known_tasks",
-            "runs",
-            "alembic_version",
-        ):
-            conn.execute(sa.text(f"DROP TABLE IF EXISTS {prefix}{table}"))
+    drop_prefixed_tables(store.engine, store.table_prefix)
 
 
 @pytest.fixture

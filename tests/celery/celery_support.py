@@ -65,20 +65,9 @@ def broker_url(kind: str) -> str:
 
 def drop_tables(store: SqlStepStore) -> None:
     """Drop the tables of ``store``'s prefix."""
-    import sqlalchemy as sa
+    from benchmarks.schema import drop_prefixed_tables
 
-    with store.engine.begin() as conn:
-        for table in (
-            "steps",
-            "step_attempts",
-            "dead_letters",
-            "events",
-            "sweep_lease",
-            "known_tasks",
-            "runs",
-            "alembic_version",
-        ):
-            conn.execute(sa.text(f"DROP TABLE IF EXISTS {store.table_prefix}{table}"))
+    drop_prefixed_tables(store.engine, store.table_prefix)
     store.close()
 
 
