@@ -23,32 +23,13 @@ from uuid import uuid4
 import pytest
 from celery import Celery, signals
 from celery_support import HERE, delete_queues, in_process_worker, wait_for
-from sqlalchemy import event
-from sqlalchemy.engine import Engine
 
 from celery_ext import RUN_KEY_HEADER
 from flexiq_plugins import SqlStepStore, UnknownRun, current_job, operations
+from tests.statements import Statements
 from tests.workers import celery_worker_process
 
 pytestmark = pytest.mark.timeout(180)
-
-
-class Statements:
-    """Every statement and transaction ``engine`` sends while `on` is set (SQLAlchemy's event listeners)."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.on = False
-        self.seen: list[str] = []
-        event.listen(engine, "before_cursor_execute", self._statement)
-        event.listen(engine, "begin", self._begin)
-
-    def _statement(self, _conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        if self.on:
-            self.seen.append(statement)
-
-    def _begin(self, _conn: Any) -> None:
-        if self.on:
-            self.seen.append("BEGIN")
 
 
 def _published(send: Callable[[], Any]) -> dict[str, Any]:

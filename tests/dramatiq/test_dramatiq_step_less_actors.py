@@ -12,34 +12,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 import dramatiq
 from dramatiq.brokers.stub import StubBroker
 from dramatiq.middleware import Retries, Shutdown
-from sqlalchemy import event
-from sqlalchemy.engine import Engine
 
 from dramatiq_ext import DurableSteps
 from flexiq_plugins import SqlStepStore, current_job, operations
-
-
-class Statements:
-    """Every statement and transaction ``engine`` sends while `on` is set (SQLAlchemy's event listeners)."""
-
-    def __init__(self, engine: Engine) -> None:
-        self.on = False
-        self.seen: list[str] = []
-        event.listen(engine, "before_cursor_execute", self._statement)
-        event.listen(engine, "begin", self._begin)
-
-    def _statement(self, _conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
-        if self.on:
-            self.seen.append(statement)
-
-    def _begin(self, _conn: Any) -> None:
-        if self.on:
-            self.seen.append("BEGIN")
+from tests.statements import Statements
 
 
 def test_c43_an_actor_that_takes_no_step_sends_no_statement_and_leaves_no_run(
