@@ -66,6 +66,14 @@ class Runs:
             with self.store.engine.begin() as conn:
                 conn.execute(sa.update(runs).where(runs.c.run_key == run_key).values(wake_at=self.store.now() - 1))
 
+    def age(self, *run_keys: str, seconds: float) -> None:
+        """Move the runs' last update ``seconds`` back on the store's clock, so no test waits for retention to pass."""
+        runs = store_tables(self.store.table_prefix).runs
+        with self.store.engine.begin() as conn:
+            conn.execute(
+                sa.update(runs).where(runs.c.run_key.in_(run_keys)).values(updated_at=runs.c.updated_at - seconds)
+            )
+
     def dead(self, run_key: str, **job: Any) -> int:
         """A run dead-lettered by divergence (a step renamed between attempts); return the dead letter id."""
         self.attempt(run_key, _fails_after("reserve"), **job)
