@@ -1,4 +1,4 @@
-"""Bad command lines and bad rows: one clear line and the documented exit code (issue 15).
+"""Bad command lines and bad rows: one clear line and the documented exit code.
 
 Exit codes: 2 for a usage mistake, 3 for something not found. Each message
 names what was wrong and what is accepted, never click's generic guess.

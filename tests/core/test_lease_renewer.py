@@ -1,4 +1,4 @@
-"""One lease renewer thread per process renews every running attempt's claim (C23, issue 14).
+"""One lease renewer thread per process renews every running attempt's claim (C23).
 
 Each attempt used to start a renewal thread and join it at its end; a
 worker now has one renewer thread that renews the claims of all its running

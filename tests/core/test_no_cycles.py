@@ -1,4 +1,4 @@
-"""A failed attempt leaves no reference cycle: its exception goes when its decision goes (issue 16).
+"""A failed attempt leaves no reference cycle: its exception goes when its decision goes.
 
 The adapters re-raise the error a :class:`~flexiq_plugins._attempt.decisions.Failure`
 holds; the traceback then references every frame the error passed through.

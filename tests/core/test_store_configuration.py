@@ -216,7 +216,7 @@ def test_c28_c41_put_backs_for_a_store_outage_double_up_to_the_cap_and_are_logge
 
     The outage is logged once at WARNING when it starts (each longer wait only
     at DEBUG), and the store's return once at INFO: a line per process per
-    outage, not one per job (issue 11).
+    outage, not one per job.
     """
     caplog.set_level(logging.INFO, logger="flexiq_plugins")
     store = RefusingStore(StoreUnavailable("connection refused"))

@@ -2,7 +2,7 @@
 
 A worker process meets an outage in several places at once: its attempts
 (put back), its lease renewals, its recovery sweeper, its publishes that
-record their runs (C39). Issue 11 asked for one clear line per worker per
+record their runs (C39). An operator wants one clear line per worker per
 outage and one on recovery, not a line per part (or per job). The failures
 here are real refused connections (a PostgreSQL URL on a closed port) or a
 memory store switched down, as each part would meet them.

@@ -1,4 +1,4 @@
-"""The option tables of the docs list exactly the options the code accepts (issue 15).
+"""The option tables of the docs list exactly the options the code accepts.
 
 ``docs/configuration.md`` lists every field of ``DurableConfig``; it and
 ``docs/celery.md`` list the same Celery-only options, the fields that

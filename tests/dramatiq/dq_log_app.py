@@ -1,4 +1,4 @@
-"""A one-actor app for a real ``dramatiq`` worker process whose log is checked (issue 15).
+"""A one-actor app for a real ``dramatiq`` worker process whose log is checked.
 
 ``FLEXIQ_TEST_NAMESPACE`` and ``FLEXIQ_TEST_QUEUE`` name the Redis namespace
 and queue, ``FLEXIQ_TEST_STORE`` the store URL, ``FLEXIQ_TEST_TABLE_PREFIX``

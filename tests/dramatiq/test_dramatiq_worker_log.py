@@ -1,4 +1,4 @@
-"""A real ``dramatiq`` worker process's log: what an operator needs and nothing more (issue 15)."""
+"""A real ``dramatiq`` worker process's log: what an operator needs and nothing more."""
 
 from __future__ import annotations
 

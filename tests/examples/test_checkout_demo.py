@@ -1,4 +1,4 @@
-"""The README's demo command, run as a newcomer runs it, on every transport (issue 5, C5, C15, C26, C31, C32).
+"""The README's demo command, run as a newcomer runs it, on every transport (C5, C15, C26, C31, C32).
 
 Each case runs ``python -m examples.checkout`` in a subprocess with a real
 worker process and checks the story it prints: one charge for several

@@ -1,4 +1,4 @@
-"""A new step's statements run straight on pysqlite and psycopg (``flexiq_plugins/_store/sql/driver.py``, issue 14).
+"""A new step's statements run straight on pysqlite and psycopg (``flexiq_plugins/_store/sql/driver.py``).
 
 They skip SQLAlchemy's execution wrapper, not what it guarantees: a driver
 error is classified as before (a busy database is an outage, C28; a missing

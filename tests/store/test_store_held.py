@@ -1,4 +1,4 @@
-"""One connection per attempt (issue 14): what ``StepStore.held`` checks out, keeps, replaces and gives back.
+"""One connection per attempt: what ``StepStore.held`` checks out, keeps, replaces and gives back.
 
 Real databases: pool checkouts are counted with SQLAlchemy's pool events, a
 held PostgreSQL connection is killed with ``pg_terminate_backend``.

@@ -119,7 +119,7 @@ class TransactionLog:
 
 
 # ------------------------------------------------------------ transactions
-# Statements of a begin and of a new step (issue 14): PostgreSQL folds them most, SQLite has
+# Statements of a begin and of a new step: PostgreSQL folds them most, SQLite has
 # RETURNING but no DML in WITH, MySQL/MariaDB neither. (new run's begin, new step, redelivery's begin)
 FOLDED_STATEMENTS = {
     "sqlite": (1, 2, (1, 3)),  # insert claimed | fenced UPDATE RETURNING, INSERT | + read run and steps, claim
@@ -872,7 +872,7 @@ def test_the_pool_keeps_a_connection_per_concurrent_user_without_a_limit(sql_sto
     """A process with more threads than SQLAlchemy's default pool (5 kept, 15 at most) neither waits nor reconnects.
 
     The store's pool keeps every connection it opened: a worker of N threads
-    holds N connections and opens no new one per job (issue 14).
+    holds N connections and opens no new one per job.
     """
     engine = sql_store.engine
     opened: list[object] = []
@@ -1012,7 +1012,7 @@ def test_c9_driver_memo_hit_is_zero_statements_and_a_new_step_one_transaction(
     assert seen == [(0, 0), (0, 0)], "memo hits issue no statement"
 
 
-# ------------------------------------------------------- connections (issue 14)
+# ------------------------------------------------------- connections
 @pytest.mark.parametrize(("query", "level"), [("", 1), ("?synchronous=full", 2), ("?synchronous=NORMAL", 1)])
 def test_c9_sqlite_commits_with_synchronous_normal_unless_the_url_asks_for_full(
     tmp_path: Path, make_sql_store: Callable[..., SqlStepStore], query: str, level: int
