@@ -4,7 +4,9 @@ The store sends a new step's statements straight to pysqlite or psycopg
 (``flexiq_plugins/_store/sql/driver.py``), past SQLAlchemy's statement
 events, so a count made with ``before_cursor_execute`` would miss them. This
 counts what the driver runs instead: SQLite's trace callback, a psycopg
-cursor class that reports each ``execute``, and SQLAlchemy's
+cursor class that reports each ``execute`` (and psycopg's ``RawCursor``,
+which the store opens for its own statements, reporting for the connections
+counted), and SQLAlchemy's
 ``before_cursor_execute`` for the other drivers (PyMySQL), which always
 execute through SQLAlchemy. Transaction control is left to the engine's
 ``begin``/``commit``/``rollback`` events: SQLite's traced ``COMMIT`` and
@@ -17,6 +19,7 @@ Used by ``bench_store``, ``throughput_apps`` and the store's tests.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -73,8 +76,34 @@ def _count_psycopg_cursors(engine: Engine, seen: Callable[[str], None], driver: 
 
     def at_checkout(dbapi_connection: Any, *_: Any) -> None:
         dbapi_connection.cursor_factory = counting
+        if driver == "psycopg":
+            _raw_reports[dbapi_connection] = counting.reports
 
     event.listen(engine, "checkout", at_checkout)
+    if driver == "psycopg":
+        _report_raw_cursors()
+
+
+_raw_reports: weakref.WeakKeyDictionary[Any, Callable[[Any], None]] = weakref.WeakKeyDictionary()
+
+
+def _report_raw_cursors() -> None:
+    """Make ``psycopg.RawCursor.execute`` report to its connection's counter, if it has one (once per process)."""
+    import psycopg
+
+    raw: Any = psycopg.RawCursor
+    if getattr(raw, "_counted", False):
+        return
+    execute = raw.execute
+
+    def counted(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        report = _raw_reports.get(self.connection)
+        if report is not None:
+            report(query)
+        return execute(self, query, *args, **kwargs)
+
+    raw.execute = counted
+    raw._counted = True
 
 
 def _counting_cursor(driver: str, seen: Callable[[str], None]) -> type:
@@ -92,6 +121,8 @@ def _counting_cursor(driver: str, seen: Callable[[str], None]) -> type:
             seen(query if isinstance(query, str) else str(query))
 
     class Counting(base):  # type: ignore[misc, valid-type]
+        reports = staticmethod(report)
+
         def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
             report(query)
             return super().execute(query, *args, **kwargs)

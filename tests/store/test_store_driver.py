@@ -242,3 +242,32 @@ def test_c25_a_step_on_either_postgresql_driver_commits_once_and_is_refused_a_se
     [row] = store.get_steps("run-twice")
     assert (row.step_key, row.value, row.committed_at) == ("zahlung ✓#0", value, pytest.approx(stored.committed_at))
     assert store.get_run("run-twice").step_count == 1
+
+
+def test_psycopg_runs_a_long_statement_as_written_with_its_own_placeholders(postgres_url: str) -> None:
+    """On psycopg a statement is compiled once with ``$n`` placeholders and sent as written.
+
+    psycopg's cursor would convert ``%(name)s`` placeholders at every
+    execution, caching that only for statements up to 4,096 bytes; an
+    attempt start's one statement is longer. A bind used twice is sent once,
+    a ``%`` in the statement's text stays a ``%``, and each value goes where
+    its name says, past psycopg's size limit.
+    """
+    pytest.importorskip("psycopg")
+    engine = sa.create_engine(normalize_url(postgres_url))
+    padding = " + ".join(["0"] * 1500)  # makes the statement longer than 4,096 bytes
+    statement = sa.select(
+        sa.bindparam("b", type_=sa.Integer),
+        sa.bindparam("a", type_=sa.Text),
+        sa.bindparam("b", type_=sa.Integer) + sa.literal_column(padding),
+        sa.literal_column("'50%'"),
+    )
+    try:
+        on_driver = DriverStatement(statement, engine.dialect)
+        assert len(on_driver.sql.encode()) > 4096
+        assert "$1" in on_driver.sql and "$2" in on_driver.sql and "%(" not in on_driver.sql
+        with engine.connect() as conn:
+            for _ in range(7):  # past psycopg's threshold for preparing it on the server
+                assert on_driver.first(conn, {"a": "ä", "b": 7}) == (7, "ä", 7, "50%")
+    finally:
+        engine.dispose()

@@ -39,6 +39,7 @@ whose types have no result processing on these drivers.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
@@ -58,6 +59,12 @@ class DriverStatement:
       dialect (Dialect): the store engine's dialect (pysqlite binds by position,
         psycopg by name: both are handled).
 
+    On psycopg the statement is compiled with PostgreSQL's own
+    ``$1`` placeholders and runs on a ``psycopg.RawCursor``, which sends it as
+    written: psycopg's cursor would convert ``%(name)s`` placeholders at every
+    execution, and it caches that conversion only for statements of up to
+    4,096 bytes, which an attempt start's one statement is not.
+
     Raises:
       ValueError: the statement needs compiling per call (an ``IN`` list
         expanded at execution, a ``literal_execute`` parameter) or has bind
@@ -65,6 +72,9 @@ class DriverStatement:
     """
 
     def __init__(self, statement: sa.Executable, dialect: sa.Dialect) -> None:
+        self._raw = _raw_cursor(dialect)
+        if self._raw is not None:
+            dialect = _dollar_placeholders(dialect)
         compiled = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
         if compiled.literal_execute_params or compiled.post_compile_params:
             raise ValueError(f"{statement!r} is compiled again at each execution; it cannot run on the driver")
@@ -93,7 +103,8 @@ class DriverStatement:
           sqlalchemy.exc.DBAPIError: the driver's error, as SQLAlchemy wraps it.
           KeyError: a bind the statement leaves without a value is not in ``params``.
         """
-        return run_on_driver(conn, self.sql, self._values(params), rows=self._rows)  # type: ignore[return-value]
+        values = self._values(params)
+        return run_on_driver(conn, self.sql, values, rows=self._rows, cursor=self._raw)  # type: ignore[return-value]
 
     def all(self, conn: Connection, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         """`first`, returning every row (the statement returns rows).
@@ -102,7 +113,7 @@ class DriverStatement:
           sqlalchemy.exc.DBAPIError: the driver's error, as SQLAlchemy wraps it.
           KeyError: a bind the statement leaves without a value is not in ``params``.
         """
-        return run_on_driver(conn, self.sql, self._values(params), rows="all")  # type: ignore[return-value]
+        return run_on_driver(conn, self.sql, self._values(params), rows="all", cursor=self._raw)  # type: ignore[return-value]
 
     def _values(self, params: Mapping[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
         given = {**self._bound, **params}
@@ -115,7 +126,12 @@ class DriverStatement:
 
 
 def run_on_driver(
-    conn: Connection, sql: str, values: tuple[Any, ...] | dict[str, Any] = (), *, rows: str = "any"
+    conn: Connection,
+    sql: str,
+    values: tuple[Any, ...] | dict[str, Any] = (),
+    *,
+    rows: str = "any",
+    cursor: Any = None,
 ) -> tuple[Any, ...] | list[tuple[Any, ...]] | None:
     """Execute ``sql`` with ``values`` on the driver connection of ``conn``; its first row, or ``None``.
 
@@ -126,6 +142,8 @@ def run_on_driver(
       rows (str): ``first`` (the first row or ``None``), ``all`` (every row:
         the statement returns rows), ``none`` (it returns none: ``None``) or
         ``any`` (the first row if it returns rows, else ``None``).
+      cursor (type | None): the driver's cursor class to open on the
+        connection (``psycopg.RawCursor``); ``None``: the connection's default.
 
     Raises:
       sqlalchemy.exc.DBAPIError: the driver's error wrapped as SQLAlchemy wraps
@@ -134,7 +152,8 @@ def run_on_driver(
     """
     dialect = conn.dialect
     fairy = conn.connection
-    cursor = fairy.driver_connection.cursor()  # type: ignore[union-attr]
+    driver_connection: Any = fairy.driver_connection
+    cursor = driver_connection.cursor() if cursor is None else cursor(driver_connection)
     try:
         cursor.execute(sql, values)
         if rows == "first":
@@ -177,6 +196,22 @@ def _invalidate(conn: Connection, exc: BaseException) -> None:
     """What SQLAlchemy does on a lost connection: the pool's older connections, then this one, invalidated."""
     conn.engine.pool._invalidate(conn.connection, exc)  # as Connection._handle_dbapi_exception does
     conn.invalidate(exc)
+
+
+def _raw_cursor(dialect: sa.Dialect) -> type | None:
+    """psycopg's ``RawCursor`` (``$1`` placeholders, sent as written) for a psycopg dialect; else ``None``."""
+    if dialect.driver != "psycopg":
+        return None
+    return dialect.loaded_dbapi.RawCursor  # type: ignore[no-any-return]  # psycopg 3.2 and later
+
+
+def _dollar_placeholders(dialect: sa.Dialect) -> sa.Dialect:
+    """A copy of ``dialect`` whose compiler writes PostgreSQL's ``$1`` placeholders, to compile statements only."""
+    dollar = copy.copy(dialect)
+    dollar.paramstyle = "numeric_dollar"  # type: ignore[misc]  # what the compiler reads, with positional
+    dollar.positional = True
+    dollar.identifier_preparer = dollar.preparer(dollar)  # its own: a % in the statement's text stays one %
+    return dollar
 
 
 def runs_on_driver(conn: Connection) -> bool:
