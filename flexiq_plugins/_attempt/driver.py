@@ -35,9 +35,9 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import socket
 import threading
-import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -79,8 +79,23 @@ _HANDED_ON = frozenset({"sleeping", "waiting", "retrying"})
 
 
 def default_owner() -> str:
-    """Return a claim owner id for this process and thread: ``host:pid:random``."""
-    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
+    """Return a claim owner id for an attempt of this process: ``host:pid:random`` (48 random bits).
+
+    The host and pid are read once per process (again in a forked child), and
+    the random part comes from `random`, which a forked child reseeds: no
+    system call per attempt.
+    """
+    return f"{_owner_prefix[0]}{random.getrandbits(48):012x}"
+
+
+def _read_owner_prefix() -> None:
+    _owner_prefix[0] = f"{socket.gethostname()}:{os.getpid()}:"
+
+
+_owner_prefix = [""]
+_read_owner_prefix()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_read_owner_prefix)
 
 
 class _Outage:

@@ -7,6 +7,8 @@ real-clock store with a 0.3 s lease and waits on an ``Event`` with a timeout.
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 from unittest.mock import ANY
 
@@ -14,6 +16,7 @@ import pytest
 
 from flexiq_plugins import DeadLettered, DurableConfig, JobEnvelope, MemoryStepStore, StoreUnavailable, current_job
 from flexiq_plugins._attempt import decisions
+from flexiq_plugins._attempt.driver import default_owner
 from flexiq_plugins._model.records import Claim, NewDeadLetter, RunStatus
 from flexiq_plugins.errors import ClaimLost
 from flexiq_plugins.integration import Attempt, AttemptDriver, JobInfo
@@ -311,3 +314,22 @@ def test_c27_rows_of_a_dead_lettered_run_are_kept_and_replayed_on_retry(harness)
     harness.store.prepare_retry(letter.id)
     assert harness.run(body, job_id="job-2") == decisions.Completed(["A", "B"])
     assert calls == ["a", "b", "b"]
+
+
+def test_c25_claim_owners_name_the_process_and_differ_per_attempt_and_in_a_forked_child() -> None:
+    """An owner is ``host:pid:`` and 48 random bits: unique per attempt, the child's pid after a fork (C25)."""
+    owners = {default_owner() for _ in range(1000)}
+    assert len(owners) == 1000
+    prefix = f"{socket.gethostname()}:{os.getpid()}:"
+    assert all(o.startswith(prefix) and len(o) == len(prefix) + 12 for o in owners)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child writes its owner and exits at once
+        os.write(write, default_owner().encode())
+        os._exit(0)
+    os.close(write)
+    _, status = os.waitpid(pid, 0)
+    child = os.read(read, 200).decode()
+    os.close(read)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert child.startswith(f"{socket.gethostname()}:{pid}:") and child not in owners
