@@ -332,4 +332,5 @@ def test_c25_claim_owners_name_the_process_and_differ_per_attempt_and_in_a_forke
     child = os.read(read, 200).decode()
     os.close(read)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert child.startswith(f"{socket.gethostname()}:{pid}:") and child not in owners
+    assert child.startswith(f"{socket.gethostname()}:{pid}:")
+    assert child not in owners
