@@ -253,8 +253,10 @@ class _Renewer:
 
     def _turn(self) -> None:
         """Sleep until the earliest renewal is due (or a keeper wakes it), then make every renewal that is due."""
-        self._take_submitted()
-        due = self._heap[0][0] if self._heap else math.inf
+        taken_until = self._take_submitted()
+        # with no live keeper, it sleeps until the last renewal it took was due: the keepers that follow
+        # are due later and need not wake it (an attempt shorter than its interval never does)
+        due = self._heap[0][0] if self._heap else taken_until
         self._wake_at = due
         if self._submitted:  # handed over before it announced its sleep: a submitter may not have woken it
             self._wake_at = -math.inf
@@ -266,15 +268,22 @@ class _Renewer:
             self._wake_at = -math.inf
             return
         self._wake_at = -math.inf
+        if not self._heap:  # the stopped keepers' renewals it slept for are past: nothing to renew
+            return
         _, ticket, keeper = heapq.heappop(self._heap)
         next_in = keeper.renew_if_current(ticket)
         if next_in is not None:
             heapq.heappush(self._heap, (time.monotonic() + next_in, ticket, keeper))
 
-    def _take_submitted(self) -> None:
-        """Move the keepers' registrations onto the heap, dropping stopped ones; rebuild a heap gone mostly stale."""
+    def _take_submitted(self) -> float:
+        """Move the keepers' registrations onto the heap, dropping stopped ones; rebuild a heap gone mostly stale.
+
+        Returns when the last registration taken was due (``inf`` if none was taken).
+        """
+        taken_until = math.inf
         while self._submitted:
             entry = self._submitted.popleft()
+            taken_until = entry[0]
             if entry[2].is_current(entry[1]):
                 heapq.heappush(self._heap, entry)
         while self._heap and not self._heap[0][2].is_current(self._heap[0][1]):
@@ -283,6 +292,7 @@ class _Renewer:
             self._heap = [entry for entry in self._heap if entry[2].is_current(entry[1])]
             heapq.heapify(self._heap)
             self._live_at_rebuild = len(self._heap)
+        return taken_until
 
 
 _LOCKED_RETRY_S = 0.1

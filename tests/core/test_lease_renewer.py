@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import threading
 import traceback
@@ -24,7 +25,7 @@ from uuid import uuid4
 import pytest
 
 from flexiq_plugins import DurableConfig, JobEnvelope, SqlStepStore, current_job
-from flexiq_plugins._attempt import decisions
+from flexiq_plugins._attempt import decisions, lease
 from flexiq_plugins._attempt.attempt import Attempt
 from flexiq_plugins._attempt.lease import RENEWER_THREAD_NAME, LeaseKeeper
 from flexiq_plugins._model.records import Begun, Claim
@@ -333,3 +334,52 @@ def test_c23_a_forked_child_renews_its_claims_with_its_own_renewer(watched: Watc
         parent.stop()
     assert os.waitstatus_to_exitcode(status) == 0, report
     assert report == {"renewed": True, "threads": [RENEWER_THREAD_NAME]}
+
+
+class _CountingDoorbell:
+    """The renewer's doorbell, counting how often a keeper rings it."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.rings = 0
+
+    def put(self, item: None) -> None:
+        self.rings += 1
+        self.inner.put(item)
+
+    def get(self, timeout: float | None = None) -> None:
+        self.inner.get(timeout=timeout)
+
+
+def test_c23_attempts_shorter_than_their_renewal_interval_do_not_wake_the_renewer_each(
+    watched: WatchedStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker's short attempts start and stop keepers without waking the renewer thread each time (C23).
+
+    The renewer sleeps until the last renewal it was handed is due; a keeper
+    started later is due later and does not ring. A keeper with a shorter
+    interval, due earlier, does ring, and is renewed.
+    """
+    doorbell = _CountingDoorbell(lease._RENEWER._doorbell)
+    monkeypatch.setattr(lease._RENEWER, "_doorbell", doorbell)
+    first = LeaseKeeper(watched, claimed(watched), 30.0)
+    first.start()
+    first.stop()
+    wait_for(  # the first keeper rang: the renewer took its registration and sleeps until it was due
+        lambda: not lease._RENEWER._submitted and lease._RENEWER._wake_at != -math.inf,
+        timeout=PATIENCE_S,
+        what="the renewer took the registration",
+    )
+    before = doorbell.rings
+    claim = claimed(watched)
+    for _ in range(300):
+        keeper = LeaseKeeper(watched, claim, 30.0)
+        keeper.start()
+        keeper.stop()
+    assert doorbell.rings - before <= 2  # at most when 256 registrations wait to be taken
+    short = LeaseKeeper(watched, claimed(watched), LEASE_S)
+    short.start()
+    try:
+        assert watched.wait_renewals(short.claim.run_key, 2)
+    finally:
+        short.stop()
