@@ -588,8 +588,15 @@ class StepJournal:
         connection: CallerConnection | None = None,
     ) -> StepRow:
         """`commit` without recording the row in the running sequence; return the row as stored."""
-        row = StepRow(self.sequence.next_position, step.id.step_key, step.id.kind, encoded, wake_at)
-        row = dataclasses.replace(row, compensate=compensate, event_id=event_id)
+        row = StepRow(
+            self.sequence.next_position,
+            step.id.step_key,
+            step.id.kind,
+            encoded,
+            wake_at,
+            compensate=compensate,
+            event_id=event_id,
+        )
         self._check_limits(row.step_key, row.size)
         if connection is not None:
             return self._writer.commit_step_on(connection, row)

@@ -273,3 +273,27 @@ def test_psycopg_runs_a_long_statement_as_written_with_its_own_placeholders(post
                 assert on_driver.first(conn, {"a": "ä", "b": 7}) == (7, "ä", 7, "50%")
     finally:
         engine.dispose()
+
+
+def test_a_committed_step_comes_back_with_every_field_it_was_given(
+    sqlite_url: str, make_sql_store: Callable[..., SqlStepStore]
+) -> None:
+    """``commit_step`` returns the row given, every field kept, with its commit time and attempt set (C5)."""
+    store = make_sql_store(sqlite_url)
+    begun = _claimed(store, "run-fields")
+    given = StepRow(0, "charge#0", "run", b"v", wake_at=None, failure=None, compensate="refund", event_id=None)
+    stored = store.commit_step(begun.claim, given)
+    assert stored.committed_at is not None
+    assert stored == dataclasses.replace(given, committed_at=stored.committed_at, attempt=begun.claim.attempt)
+    assert [f.name for f in dataclasses.fields(StepRow)] == [  # a new field must be carried by commit_step too
+        "position",
+        "step_key",
+        "kind",
+        "value",
+        "wake_at",
+        "committed_at",
+        "attempt",
+        "failure",
+        "compensate",
+        "event_id",
+    ]

@@ -418,7 +418,18 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         """
 
         written = self._single_statement(lambda conn: self._folded.commit_step(conn, claim, row))
-        stored = dataclasses.replace(row, committed_at=written.now, attempt=claim.attempt)
+        stored = StepRow(  # the row as stored: what a dataclasses.replace would give, without its field scan
+            position=row.position,
+            step_key=row.step_key,
+            kind=row.kind,
+            value=row.value,
+            wake_at=row.wake_at,
+            committed_at=written.now,
+            attempt=claim.attempt,
+            failure=row.failure,
+            compensate=row.compensate,
+            event_id=row.event_id,
+        )
         if written.cancel_reason is not None:
             raise CancelRequested(written.cancel_reason, stored)
         return stored
