@@ -347,12 +347,16 @@ class SqlAttemptSide(SqlReads, AttemptStore):
           StoreUnavailable: the database cannot be reached.
           StoreError: the envelope is not JSON-compatible, or another database error.
         """
-        envelope_json = dump_envelope(envelope)
-        due = self._clock + max(delay_seconds, 0.0)
-        statement = self._insert_run_if_absent(
-            run_key, envelope, envelope_json, status="queued", job_id=job_id, wake_at=due
-        )
-        self._single_statement(lambda conn: conn.execute(statement))
+        params = {
+            "p_run_key": run_key,
+            "p_task_name": envelope.task_name,
+            "p_framework": envelope.framework,
+            "p_queue": envelope.queue,
+            "p_envelope": dump_envelope(envelope),
+            "p_job_id": job_id,
+            "p_delay": max(delay_seconds, 0.0),
+        }
+        self._single_statement(lambda conn: self._folded.record_queued(conn, params))
 
     def note_durable_task(self, name: str, framework: str) -> None:
         """Note that the task takes steps, unless noted already (C43); see `StepStore.note_durable_task`.
@@ -366,34 +370,6 @@ class SqlAttemptSide(SqlReads, AttemptStore):
         values = {"framework": framework, "task_name": name, "first_seen": self._clock}
         statement = self._insert_if_absent(self._t.tasks, values, ("framework", "task_name"))
         self._single_statement(lambda conn: conn.execute(statement))
-
-    def _insert_run_if_absent(
-        self,
-        run_key: str,
-        envelope: JobEnvelope,
-        envelope_json: str,
-        *,
-        status: str = "pending",
-        job_id: str | None = None,
-        wake_at: Any = None,
-    ) -> sa.Insert:
-        values = {
-            "run_key": run_key,
-            "task_name": envelope.task_name,
-            "framework": envelope.framework,
-            "queue": envelope.queue,
-            "status": status,
-            "job_id": job_id,
-            "wake_at": wake_at,
-            "attempt": 0,
-            "takeovers": 0,
-            "envelope": envelope_json,
-            "step_count": 0,
-            "step_bytes": 0,
-            "created_at": self._clock,
-            "updated_at": self._clock,
-        }
-        return self._insert_if_absent(self._t.runs, values, "run_key")
 
     # ----------------------------------------------------------------- steps
     def commit_step(self, claim: Claim, row: StepRow) -> StepRow:

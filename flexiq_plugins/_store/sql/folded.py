@@ -375,6 +375,45 @@ class Folded:
             return None if found is None else _Named(("lease_until", "created_at"), found)
         return conn.execute(self._claim_new, params).first()
 
+    def record_queued(self, conn: Connection, params: dict[str, Any]) -> None:
+        """Insert a run ``queued`` unless its key exists (C39): one statement, built once, its values bound.
+
+        Parameters:
+          conn (Connection): the store's connection.
+          params (dict[str, Any]): ``p_run_key``, ``p_task_name``, ``p_framework``,
+            ``p_queue``, ``p_envelope`` (its JSON), ``p_job_id`` and ``p_delay``
+            (seconds from the database's clock until it is due, at least 0).
+        """
+        statement = self._statements.get(("record-queued",))
+        if statement is None:
+            statement = self._statements[("record-queued",)] = self._record_queued_statement()
+        if runs_on_driver(conn):  # pysqlite, psycopg: straight to the driver (.driver)
+            self._on_driver_of(("record-queued",), statement, conn).first(conn, params)
+        else:
+            conn.execute(statement, params)
+
+    def _record_queued_statement(self) -> sa.Executable:
+        runs = self._t.runs
+        given = ("run_key", "task_name", "framework", "queue", "envelope", "job_id")
+        values: dict[str, Any] = {name: _p(name, runs.c[name]) for name in given}
+        values.update(
+            status=sa.literal("queued", runs.c.status.type),
+            wake_at=self._clock + _p("delay", runs.c.wake_at),
+            attempt=sa.literal(0, runs.c.attempt.type),
+            takeovers=sa.literal(0, runs.c.takeovers.type),
+            step_count=sa.literal(0, runs.c.step_count.type),
+            step_bytes=sa.literal(0, runs.c.step_bytes.type),
+            created_at=self._clock,
+            updated_at=self._clock,
+        )
+        if self._dialect == "postgresql":
+            return postgresql.insert(runs).values(values).on_conflict_do_nothing(index_elements=["run_key"])
+        if self._dialect == "sqlite":
+            return sqlite.insert(runs).values(values).on_conflict_do_nothing(index_elements=["run_key"])
+        inserted = mysql.insert(runs).values(values)
+        # Unlike INSERT IGNORE, this X-locks an existing row: no S→X upgrade deadlock.
+        return inserted.on_duplicate_key_update({"run_key": inserted.inserted.run_key})
+
     def _on_driver_of(self, key: tuple[str, ...], statement: Any, conn: Connection) -> DriverStatement:
         """The `DriverStatement` of ``statement``, built once per ``key``."""
         on_driver = self._driver_statements.get(key)
