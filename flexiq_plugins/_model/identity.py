@@ -315,7 +315,9 @@ def check_run_key(run_key: object) -> str:
             f"run key {run_key!r} is not a str of 1 to {MAX_RUN_KEY_LENGTH} characters; "
             "the run key header/option must be such a string (a UUIDv7 when minted at publish)"
         )
-    if (not run_key.isascii() and _utf8_size(run_key) < 0) or _has_control(run_key):
+    # the usual key is ASCII, whose only controls are exactly its unprintable characters
+    ascii_clean = run_key.isascii() and run_key.isprintable()
+    if not ascii_clean and (run_key.isascii() or _utf8_size(run_key) < 0 or _has_control(run_key)):
         raise InvalidRunKey(
             f"run key {run_key!r} contains a control character or a lone surrogate; "
             "the run key header/option must be printable text (a UUIDv7 when minted at publish)"

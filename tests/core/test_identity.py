@@ -301,3 +301,12 @@ def test_c44_only_an_attempt_of_a_run_in_the_store_dispatches_with_derived_keys(
     assert not decisions.belongs_to_a_run(decisions.Failure(error, "k", 0, claimed=False))
     assert not decisions.belongs_to_a_run(decisions.PutBack(decisions.PutBackReason.SLEEP, 1.0))
     assert not decisions.belongs_to_a_run(decisions.Ack(decisions.AckReason.DUPLICATE))
+
+
+def test_c11_a_run_key_with_any_control_character_is_refused_and_printable_text_is_kept():
+    """C11: each C0 and C1 control and DEL, anywhere in a run key, is ``InvalidRunKey``; other text passes as is."""
+    for code in [*range(0x00, 0x20), *range(0x7F, 0xA0)]:
+        with pytest.raises(InvalidRunKey):
+            check_run_key(f"order{chr(code)}-1")
+    for key in ("order 42", "~!@#$%^&*()_+{}|:<>?", "zahlung-ü-✓", "\xa0nbsp"):
+        assert check_run_key(key) == key
