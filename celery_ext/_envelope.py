@@ -142,7 +142,10 @@ def _envelope(task: Any, request: Any) -> JobEnvelope:
 
 
 def _json_headers(headers: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in headers.items() if k not in (RUN_KEY_HEADER, RESUME_HEADER) and is_json(v)}
+    kept = {k: v for k, v in headers.items() if k not in (RUN_KEY_HEADER, RESUME_HEADER)}
+    if is_json(kept):  # the usual case: one encoding for all of them
+        return kept
+    return {k: v for k, v in kept.items() if is_json(v)}
 
 
 def republish(

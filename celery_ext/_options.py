@@ -13,6 +13,7 @@ inside a worker.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -54,8 +55,13 @@ def kombu_codec() -> tuple[Any, Any]:
     return module.dumps, module.loads
 
 
+@functools.lru_cache(maxsize=32)
 def kombu_serializer(name: str) -> FunctionSerializer:
     """A step-value serializer backed by kombu's registry entry ``name`` (C7).
+
+    Made once per name (every publish and delivery of a durable task asks for
+    the app's); each call encodes and decodes through kombu's registry as it
+    is then.
 
     Raises:
       ConfigurationError: ``name`` is not registered with kombu.

@@ -103,3 +103,24 @@ def test_c24_a_delivery_that_may_continue_a_run_claims_before_its_body(  # noqa:
     task = app.tasks[f"{app.main}.plain"]
     request = Context(id="t-1", task=task.name, args=[1], kwargs={}, delivery_info=delivery, headers=headers)
     assert job_info(task, request).lazy is lazy
+
+
+def test_c35_a_delivered_jobs_envelope_keeps_its_json_headers_and_drops_the_rest(
+    redis_broker: str, sqlite_store: Any, make_celery_app: Any
+) -> None:
+    """C35: the stored envelope re-publishes the job with its custom headers; one JSON cannot hold is left out,
+    and the run key and resume headers are the run's, not the job's."""
+    import datetime
+
+    from celery.app.task import Context
+
+    from celery_ext._envelope import job_info
+
+    app: Celery = make_celery_app(redis_broker, sqlite_store)
+    task = app.tasks[f"{app.main}.plain"]
+    for headers, kept in (
+        ({"tenant": "acme", "trace": {"id": 7}, "flexiq_resume": True}, {"tenant": "acme", "trace": {"id": 7}}),
+        ({"tenant": "acme", "when": datetime.datetime(2026, 1, 1)}, {"tenant": "acme"}),
+    ):
+        request = Context(id="t-1", task=task.name, args=[1], kwargs={}, delivery_info={}, headers=headers)
+        assert job_info(task, request).job_envelope.options["headers"] == kept
