@@ -5,7 +5,9 @@
 For each framework (Celery ``delay``, Dramatiq ``send``, both on the local
 Redis) and each store, it times ``--jobs`` publishes of a durable task with
 ``record_at_publish`` on (one insert into the store before the message
-leaves) and off (a task with ``record_at_publish=False``), and prints the
+leaves) and off (a task with ``record_at_publish=False``), both declared
+``durable=True`` (a task not known to take steps is never recorded, C43),
+and prints the
 time per publish and the ratio on/off. Ratios, not absolute times, are what
 to compare between machines. No worker runs; the queues are deleted after.
 """
@@ -42,10 +44,10 @@ def celery_pair(store: str) -> tuple[Callable[[], Any], Callable[[], Any], Calla
     app.conf.task_default_queue = app.main
     celery_ext.install(app, store=store, recovery=False)
 
-    @app.task(name=f"{app.main}.on")
+    @app.task(name=f"{app.main}.on", durable=True)
     def on() -> None: ...
 
-    @app.task(name=f"{app.main}.off", record_at_publish=False)
+    @app.task(name=f"{app.main}.off", durable=True, record_at_publish=False)
     def off() -> None: ...
 
     def cleanup() -> None:
@@ -68,10 +70,10 @@ def dramatiq_pair(store: str) -> tuple[Callable[[], Any], Callable[[], Any], Cal
     broker = RedisBroker(url=REDIS, namespace=namespace)
     broker.add_middleware(DurableSteps(store=store, recovery=False))
 
-    @dramatiq.actor(broker=broker, queue_name="bench")
+    @dramatiq.actor(broker=broker, queue_name="bench", durable=True)
     def on() -> None: ...
 
-    @dramatiq.actor(broker=broker, queue_name="bench", record_at_publish=False)
+    @dramatiq.actor(broker=broker, queue_name="bench", durable=True, record_at_publish=False)
     def off() -> None: ...
 
     middleware = next(m for m in broker.middleware if isinstance(m, DurableSteps))
@@ -109,7 +111,7 @@ def main() -> None:
                 recorded, plain = _time(on, args.jobs), _time(off, args.jobs)
             finally:
                 cleanup()
-            kind = store.split(":")[0]
+            kind = store.split(":")[0].split("+")[0]
             print(f"{name:<10} {kind:<12} {recorded * 1e6:>12.0f} {plain * 1e6:>16.0f} {recorded / plain:>6.2f}")
 
 
