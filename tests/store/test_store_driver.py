@@ -297,3 +297,33 @@ def test_a_committed_step_comes_back_with_every_field_it_was_given(
         "compensate",
         "event_id",
     ]
+
+
+def test_c39_a_psycopg_client_cursor_engine_keeps_client_side_binding_for_the_stores_statements(
+    postgres_url: str, make_sql_store: Callable[..., SqlStepStore]
+) -> None:
+    """An engine whose psycopg connections use ``ClientCursor`` gets no statement prepared on the server (C39, C23).
+
+    ``ClientCursor`` (SQLAlchemy's recipe for client-side binding) is what a
+    transaction-pooling PgBouncer needs: a statement prepared on one server
+    connection is missing, or already there, on the next, and the store's
+    writes fail. The store's own statements (a publish record, an attempt
+    start) run more often than psycopg's threshold for preparing one and must
+    still go through the connection's cursor class.
+    """
+    psycopg = pytest.importorskip("psycopg")
+    engine = sa.create_engine(
+        _on_driver(postgres_url, "psycopg"),
+        connect_args={"cursor_factory": psycopg.ClientCursor},
+        pool_size=1,  # one connection: the one read below is the one the store used
+        max_overflow=0,
+    )
+    store = make_sql_store(engine)
+    for i in range(7):  # past psycopg's threshold for preparing a statement (5 executions); each autocommitted
+        store.record_queued(f"run-{i}", f"job-{i}", ENVELOPE)
+        _claimed(store, f"run-{i}")
+    with store.engine.connect() as conn:  # before any read: psycopg drops its prepared statements at a rollback
+        assert conn.connection.driver_connection.cursor_factory is psycopg.ClientCursor
+        prepared = conn.exec_driver_sql("SELECT name, statement FROM pg_prepared_statements").all()
+    assert prepared == []
+    assert store.get_run("run-6").status == "running"

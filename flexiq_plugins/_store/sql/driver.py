@@ -58,12 +58,18 @@ class DriverStatement:
       statement (Executable): the statement, e.g. a fenced ``UPDATE … RETURNING``.
       dialect (Dialect): the store engine's dialect (pysqlite binds by position,
         psycopg by name: both are handled).
+      as_written (bool): on psycopg, compile with ``$1`` placeholders for a
+        ``RawCursor`` (``False``: as SQLAlchemy would, for the connection's cursor).
 
     On psycopg the statement is compiled with PostgreSQL's own
     ``$1`` placeholders and runs on a ``psycopg.RawCursor``, which sends it as
     written: psycopg's cursor would convert ``%(name)s`` placeholders at every
     execution, and it caches that conversion only for statements of up to
-    4,096 bytes, which an attempt start's one statement is not.
+    4,096 bytes, which an attempt start's one statement is not. Except on a
+    connection whose cursor class binds on the client (``cursor_factory`` a
+    ``psycopg.ClientCursor``, as a transaction-pooling PgBouncer needs: it
+    prepares nothing on the server): there it is compiled as SQLAlchemy would
+    (once, at its first such execution) and runs on that cursor class.
 
     Raises:
       ValueError: the statement needs compiling per call (an ``IN`` list
@@ -71,9 +77,12 @@ class DriverStatement:
         names the dialect escapes: keep it on ``Connection.execute``.
     """
 
-    def __init__(self, statement: sa.Executable, dialect: sa.Dialect) -> None:
-        self._raw = _raw_cursor(dialect)
+    def __init__(self, statement: sa.Executable, dialect: sa.Dialect, *, as_written: bool = True) -> None:
+        self._raw = _raw_cursor(dialect) if as_written else None
+        self._client_side: DriverStatement | None = None  # compiled as SQLAlchemy would, for a ClientCursor
         if self._raw is not None:
+            self._statement, self._dialect = statement, dialect
+            self._client_cursor: type = dialect.loaded_dbapi.ClientCursor
             dialect = _dollar_placeholders(dialect)
         compiled = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
         if compiled.literal_execute_params or compiled.post_compile_params:
@@ -103,8 +112,8 @@ class DriverStatement:
           sqlalchemy.exc.DBAPIError: the driver's error, as SQLAlchemy wraps it.
           KeyError: a bind the statement leaves without a value is not in ``params``.
         """
-        values = self._values(params)
-        return run_on_driver(conn, self.sql, values, rows=self._rows, cursor=self._raw)  # type: ignore[return-value]
+        on = self._on(conn)
+        return run_on_driver(conn, on.sql, on._values(params), rows=on._rows, cursor=on._raw)  # type: ignore[return-value]
 
     def all(self, conn: Connection, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         """`first`, returning every row (the statement returns rows).
@@ -113,7 +122,19 @@ class DriverStatement:
           sqlalchemy.exc.DBAPIError: the driver's error, as SQLAlchemy wraps it.
           KeyError: a bind the statement leaves without a value is not in ``params``.
         """
-        return run_on_driver(conn, self.sql, self._values(params), rows="all", cursor=self._raw)  # type: ignore[return-value]
+        on = self._on(conn)
+        return run_on_driver(conn, on.sql, on._values(params), rows="all", cursor=on._raw)  # type: ignore[return-value]
+
+    def _on(self, conn: Connection) -> DriverStatement:
+        """This statement, or on a connection whose cursor class binds on the client, its SQLAlchemy form."""
+        if self._raw is None:
+            return self
+        driver_connection: Any = conn.connection.driver_connection
+        if not issubclass(driver_connection.cursor_factory, self._client_cursor):
+            return self
+        if self._client_side is None:
+            self._client_side = DriverStatement(self._statement, self._dialect, as_written=False)
+        return self._client_side
 
     def _values(self, params: Mapping[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
         given = {**self._bound, **params}
