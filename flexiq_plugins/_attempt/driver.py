@@ -82,20 +82,30 @@ def default_owner() -> str:
     """Return a claim owner id for an attempt of this process: ``host:pid:random`` (48 random bits).
 
     The host and pid are read once per process (again in a forked child), and
-    the random part comes from `random`, which a forked child reseeds: no
-    system call per attempt.
+    the random part comes from a generator of this module's own, seeded from
+    the system's randomness at import and again in a forked child: no system
+    call per attempt, and nothing drawn from the global `random`, whose seed
+    user code owns (a ``random.seed`` there neither repeats owners nor sees
+    its numbers change).
     """
-    return f"{_owner_prefix[0]}{random.getrandbits(48):012x}"
+    return f"{_owner_prefix[0]}{_owner_bits(48):012x}"
 
 
 def _read_owner_prefix() -> None:
     _owner_prefix[0] = f"{socket.gethostname()}:{os.getpid()}:"
 
 
+def _in_forked_child() -> None:
+    _read_owner_prefix()
+    _owner_random.seed()  # not the parent's sequence
+
+
 _owner_prefix = [""]
 _read_owner_prefix()
+_owner_random = random.Random()  # seeded from os.urandom
+_owner_bits = _owner_random.getrandbits
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_read_owner_prefix)
+    os.register_at_fork(after_in_child=_in_forked_child)
 
 
 class _Outage:

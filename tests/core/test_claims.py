@@ -8,6 +8,7 @@ real-clock store with a 0.3 s lease and waits on an ``Event`` with a timeout.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import threading
 from unittest.mock import ANY
@@ -334,3 +335,31 @@ def test_c25_claim_owners_name_the_process_and_differ_per_attempt_and_in_a_forke
     assert os.waitstatus_to_exitcode(status) == 0
     assert child.startswith(f"{socket.gethostname()}:{pid}:")
     assert child not in owners
+    assert child.rsplit(":", 1)[1] != default_owner().rsplit(":", 1)[1]  # the child does not repeat the parent
+
+
+def test_c25_claim_owners_leave_the_process_random_alone_and_differ_after_a_user_reseeds_it() -> None:
+    """An owner draws nothing from the global `random`, whose seed user code owns (C25).
+
+    A task that seeds `random` gets the same numbers with or without attempts
+    started in between, and two attempts started right after the same
+    ``random.seed`` (two threads of one process, or a restarted process with
+    the same pid and host) still get different owners.
+    """
+    state = random.getstate()
+    try:
+        random.seed(1234)
+        alone = [random.random() for _ in range(3)]
+        random.seed(1234)
+        between = []
+        for _ in range(3):
+            default_owner()
+            between.append(random.random())
+        random.seed(7)
+        first = default_owner()
+        random.seed(7)
+        second = default_owner()
+    finally:
+        random.setstate(state)
+    assert between == alone
+    assert first != second
