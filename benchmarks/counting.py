@@ -3,10 +3,10 @@
 The store sends a new step's statements straight to pysqlite or psycopg
 (``flexiq_plugins/_store/sql/driver.py``), past SQLAlchemy's statement
 events, so a count made with ``before_cursor_execute`` would miss them. This
-counts what the driver runs instead: SQLite's trace callback, a psycopg
-cursor class that reports each ``execute`` (and psycopg's ``RawCursor``,
-which the store opens for its own statements, reporting for the connections
-counted), and SQLAlchemy's
+counts what the driver runs instead: SQLite's trace callback, psycopg's
+``Cursor`` class (a ``RawCursor``'s too, which the store opens for its own
+statements) reporting each ``execute`` of the connections counted, a
+psycopg2 cursor class that reports each ``execute``, and SQLAlchemy's
 ``before_cursor_execute`` for the other drivers (PyMySQL), which always
 execute through SQLAlchemy. Transaction control is left to the engine's
 ``begin``/``commit``/``rollback`` events: SQLite's traced ``COMMIT`` and
@@ -62,7 +62,7 @@ def _trace_sqlite(engine: Engine, seen: Callable[[str], None], active: Callable[
 
 
 def _count_psycopg_cursors(engine: Engine, seen: Callable[[str], None], driver: str) -> None:
-    counting = _counting_cursor(driver, seen)
+    report = _reporter(seen)
     ping = engine.dialect.do_ping
 
     def quiet_ping(dbapi_connection: Any) -> bool:
@@ -73,56 +73,60 @@ def _count_psycopg_cursors(engine: Engine, seen: Callable[[str], None], driver: 
             _pinging.on = False
 
     engine.dialect.do_ping = quiet_ping  # type: ignore[method-assign]
+    if driver == "psycopg":
+        # psycopg: the connection keeps its own cursor class (the store sends its hot statements on a
+        # RawCursor only where that class is psycopg's Cursor); the Cursor class reports for it instead
+        _report_psycopg_cursors()
 
-    def at_checkout(dbapi_connection: Any, *_: Any) -> None:
-        dbapi_connection.cursor_factory = counting
-        if driver == "psycopg":
-            _raw_reports[dbapi_connection] = counting.reports
+        def at_checkout(dbapi_connection: Any, *_: Any) -> None:
+            _reports[dbapi_connection] = report
+
+    else:
+        counting = _counting_psycopg2_cursor(report)
+
+        def at_checkout(dbapi_connection: Any, *_: Any) -> None:
+            dbapi_connection.cursor_factory = counting
 
     event.listen(engine, "checkout", at_checkout)
-    if driver == "psycopg":
-        _report_raw_cursors()
 
 
-_raw_reports: weakref.WeakKeyDictionary[Any, Callable[[Any], None]] = weakref.WeakKeyDictionary()
+_reports: weakref.WeakKeyDictionary[Any, Callable[[Any], None]] = weakref.WeakKeyDictionary()
+"""Each counted psycopg connection's reporter."""
 
 
-def _report_raw_cursors() -> None:
-    """Make ``psycopg.RawCursor.execute`` report to its connection's counter, if it has one (once per process)."""
+def _report_psycopg_cursors() -> None:
+    """Make ``psycopg.Cursor``'s ``execute`` and ``executemany`` (a ``RawCursor``'s too) report to their
+    connection's counter, if it has one (once per process)."""
     import psycopg
 
-    raw: Any = psycopg.RawCursor
-    if getattr(raw, "_counted", False):
+    cursor: Any = psycopg.Cursor
+    if getattr(cursor, "_counted", False):
         return
-    execute = raw.execute
+    for name in ("execute", "executemany"):
+        original = getattr(cursor, name)
 
-    def counted(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
-        report = _raw_reports.get(self.connection)
-        if report is not None:
-            report(query)
-        return execute(self, query, *args, **kwargs)
+        def counted(self: Any, query: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            report = _reports.get(self.connection)
+            if report is not None:
+                report(query)
+            return _original(self, query, *args, **kwargs)
 
-    raw.execute = counted
-    raw._counted = True
+        setattr(cursor, name, counted)
+    cursor._counted = True
 
 
-def _counting_cursor(driver: str, seen: Callable[[str], None]) -> type:
-    if driver == "psycopg":
-        import psycopg
-
-        base: type = psycopg.Cursor
-    else:
-        import psycopg2.extensions
-
-        base = psycopg2.extensions.cursor
-
+def _reporter(seen: Callable[[str], None]) -> Callable[[Any], None]:
     def report(query: Any) -> None:
         if not getattr(_pinging, "on", False):
             seen(query if isinstance(query, str) else str(query))
 
-    class Counting(base):  # type: ignore[misc, valid-type]
-        reports = staticmethod(report)
+    return report
 
+
+def _counting_psycopg2_cursor(report: Callable[[Any], None]) -> type:
+    import psycopg2.extensions
+
+    class Counting(psycopg2.extensions.cursor):  # type: ignore[misc]
         def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
             report(query)
             return super().execute(query, *args, **kwargs)

@@ -327,3 +327,35 @@ def test_c39_a_psycopg_client_cursor_engine_keeps_client_side_binding_for_the_st
         prepared = conn.exec_driver_sql("SELECT name, statement FROM pg_prepared_statements").all()
     assert prepared == []
     assert store.get_run("run-6").status == "running"
+
+
+def test_a_psycopg_connections_own_cursor_class_sees_every_statement_of_an_attempt(
+    postgres_url: str, make_sql_store: Callable[..., SqlStepStore]
+) -> None:
+    """A cursor class of the engine's own (a tracing instrumentation's) runs the hot statements too (C5, C9).
+
+    The store sends its start, steps and finish on a ``RawCursor`` only where
+    the connection's cursor class is psycopg's ``Cursor``; with another, they
+    go through that class as SQLAlchemy's statements do, so whatever it
+    records (a span, a log line) sees them.
+    """
+    psycopg = pytest.importorskip("psycopg")
+    seen: list[str] = []
+
+    class Traced(psycopg.Cursor):  # type: ignore[misc, name-defined]
+        def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+            seen.append(str(query))
+            return super().execute(query, *args, **kwargs)
+
+    engine = sa.create_engine(_on_driver(postgres_url, "psycopg"), connect_args={"cursor_factory": Traced})
+    store = make_sql_store(engine)
+    store.record_queued("run-traced", "job-1", ENVELOPE)
+    begun = _claimed(store, "run-traced")
+    seen.clear()
+    stored = store.commit_step(begun.claim, StepRow(0, "charge#0", "run", b"v"))
+    store.finish(begun.claim, "succeeded")
+    assert stored.value == b"v"
+    assert any("INSERT INTO" in sql and "steps" in sql for sql in seen), seen
+    assert any(sql.lstrip().startswith(("UPDATE", "WITH")) and "status" in sql for sql in seen), seen
+    assert all("$1" not in sql for sql in seen)  # SQLAlchemy's own placeholders, as the class expects
+    assert store.get_run("run-traced").status == "succeeded"

@@ -65,11 +65,13 @@ class DriverStatement:
     ``$1`` placeholders and runs on a ``psycopg.RawCursor``, which sends it as
     written: psycopg's cursor would convert ``%(name)s`` placeholders at every
     execution, and it caches that conversion only for statements of up to
-    4,096 bytes, which an attempt start's one statement is not. Except on a
-    connection whose cursor class binds on the client (``cursor_factory`` a
-    ``psycopg.ClientCursor``, as a transaction-pooling PgBouncer needs: it
-    prepares nothing on the server): there it is compiled as SQLAlchemy would
-    (once, at its first such execution) and runs on that cursor class.
+    4,096 bytes, which an attempt start's one statement is not. That is only
+    on a connection whose cursor class is psycopg's own ``Cursor``: on one set
+    up with another (``cursor_factory`` a ``psycopg.ClientCursor``, which
+    prepares nothing on the server, as a transaction-pooling PgBouncer needs;
+    a tracing instrumentation's cursor; your own) the statement is compiled as
+    SQLAlchemy would (once, at its first such execution) and runs on that
+    connection's cursor class, as every other statement does.
 
     Raises:
       ValueError: the statement needs compiling per call (an ``IN`` list
@@ -79,10 +81,10 @@ class DriverStatement:
 
     def __init__(self, statement: sa.Executable, dialect: sa.Dialect, *, as_written: bool = True) -> None:
         self._raw = _raw_cursor(dialect) if as_written else None
-        self._client_side: DriverStatement | None = None  # compiled as SQLAlchemy would, for a ClientCursor
+        self._as_compiled: DriverStatement | None = None  # compiled as SQLAlchemy would, for another cursor class
         if self._raw is not None:
             self._statement, self._dialect = statement, dialect
-            self._client_cursor: type = dialect.loaded_dbapi.ClientCursor
+            self._default_cursor: type = dialect.loaded_dbapi.Cursor
             dialect = _dollar_placeholders(dialect)
         compiled = statement.compile(dialect=dialect)  # type: ignore[attr-defined]
         if compiled.literal_execute_params or compiled.post_compile_params:
@@ -126,15 +128,15 @@ class DriverStatement:
         return run_on_driver(conn, on.sql, on._values(params), rows="all", cursor=on._raw)  # type: ignore[return-value]
 
     def _on(self, conn: Connection) -> DriverStatement:
-        """This statement, or on a connection whose cursor class binds on the client, its SQLAlchemy form."""
+        """This statement, or on a connection with a cursor class of its own, its SQLAlchemy form."""
         if self._raw is None:
             return self
         driver_connection: Any = conn.connection.driver_connection
-        if not issubclass(driver_connection.cursor_factory, self._client_cursor):
+        if driver_connection.cursor_factory is self._default_cursor:
             return self
-        if self._client_side is None:
-            self._client_side = DriverStatement(self._statement, self._dialect, as_written=False)
-        return self._client_side
+        if self._as_compiled is None:
+            self._as_compiled = DriverStatement(self._statement, self._dialect, as_written=False)
+        return self._as_compiled
 
     def _values(self, params: Mapping[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
         given = {**self._bound, **params}
