@@ -264,7 +264,8 @@ class _Renewer:
         delay = due - time.monotonic()
         if delay > 0:
             with contextlib.suppress(queue.Empty):
-                self._doorbell.get(timeout=None if due == math.inf else delay)
+                # a lease of years sleeps at most TIMEOUT_MAX at a time (a longer timeout raises OverflowError)
+                self._doorbell.get(timeout=None if due == math.inf else min(delay, threading.TIMEOUT_MAX))
             self._wake_at = -math.inf
             return
         self._wake_at = -math.inf

@@ -383,3 +383,30 @@ def test_c23_attempts_shorter_than_their_renewal_interval_do_not_wake_the_renewe
         assert watched.wait_renewals(short.claim.run_key, 2)
     finally:
         short.stop()
+
+
+def test_c23_a_lease_of_years_puts_the_renewer_to_sleep_without_an_error(
+    watched: WatchedStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A keeper whose renewal is due beyond the longest timeout a wait takes does not make the renewer fail (C23).
+
+    The renewer sleeps at most ``threading.TIMEOUT_MAX`` at a time; a keeper
+    due sooner still wakes it and is renewed.
+    """
+    years = LeaseKeeper(watched, claimed(watched), 1e11)
+    years.start()
+    try:
+        wait_for(
+            lambda: lease._RENEWER._wake_at > 1e9,
+            timeout=PATIENCE_S,
+            what="the renewer sleeping until the long lease's renewal",
+        )
+        short = LeaseKeeper(watched, claimed(watched), LEASE_S)
+        short.start()
+        try:
+            assert watched.wait_renewals(short.claim.run_key, 2)
+        finally:
+            short.stop()
+    finally:
+        years.stop()
+    assert [r for r in caplog.records if "lease renewer failed" in r.getMessage()] == []
