@@ -21,7 +21,7 @@ from sqlalchemy import event
 from flexiq_plugins._model.records import Begun, JobEnvelope, StepRow
 from flexiq_plugins._store.sql import SqlStepStore, normalize_url
 from flexiq_plugins._store.sql import connections as sql_connections_module
-from flexiq_plugins._store.sql.driver import DriverStatement, runs_on_driver
+from flexiq_plugins._store.sql.driver import DriverStatement, _dollar_placeholders, runs_on_driver
 from flexiq_plugins.errors import ClaimLost, StoreError, StoreUnavailable
 from tests.store.test_store_held import Checkouts, _backend_pid, _terminate
 
@@ -359,3 +359,28 @@ def test_a_psycopg_connections_own_cursor_class_sees_every_statement_of_an_attem
     assert any(sql.lstrip().startswith(("UPDATE", "WITH")) and "status" in sql for sql in seen), seen
     assert all("$1" not in sql for sql in seen)  # SQLAlchemy's own placeholders, as the class expects
     assert store.get_run("run-traced").status == "succeeded"
+
+
+def test_compiling_for_the_driver_leaves_the_engines_own_rendering_of_a_percent_alone(postgres_url: str) -> None:
+    """The ``$n`` copy of psycopg's dialect keeps its own type processors: the engine's literals still double ``%``.
+
+    A processor made while compiling for the driver would render a literal
+    ``%`` as one ``%`` in a statement psycopg then reads with ``%(name)s``
+    placeholders.
+    """
+    pytest.importorskip("psycopg")
+    engine = sa.create_engine(normalize_url(postgres_url))
+    text_type = sa.String()
+    literal = sa.select(sa.literal("50%", text_type))
+    try:
+        with engine.connect() as conn:  # the engine has compiled and run statements before the copy is made
+            conn.execute(sa.select(sa.literal(1)))
+        dollar = _dollar_placeholders(engine.dialect)  # the copy DriverStatement compiles with
+        rendered = str(literal.compile(dialect=dollar, compile_kwargs={"literal_binds": True}))
+        assert "'50%'" in rendered  # the copy's processor, made first: no doubling there
+        engine_sql = str(literal.compile(dialect=engine.dialect, compile_kwargs={"literal_binds": True}))
+        assert "'50%%'" in engine_sql
+        with engine.connect() as conn:
+            assert conn.execute(literal).scalar_one() == "50%"
+    finally:
+        engine.dispose()

@@ -40,6 +40,7 @@ whose types have no result processing on these drivers.
 from __future__ import annotations
 
 import copy
+import weakref
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
@@ -234,6 +235,8 @@ def _dollar_placeholders(dialect: sa.Dialect) -> sa.Dialect:
     dollar.paramstyle = "numeric_dollar"  # type: ignore[misc]  # what the compiler reads, with positional
     dollar.positional = True
     dollar.identifier_preparer = dollar.preparer(dollar)  # its own: a % in the statement's text stays one %
+    dollar._type_memos = weakref.WeakKeyDictionary()  # type: ignore[attr-defined]  # its own types' processors,
+    # which may read the dialect's % doubling: one made for the copy must never render the engine's statements
     return dollar
 
 
