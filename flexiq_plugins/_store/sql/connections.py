@@ -38,7 +38,6 @@ from typing import Any, Protocol, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
-from sqlalchemy.dialects import mysql, postgresql, sqlite
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.pool import StaticPool
 
@@ -54,7 +53,7 @@ from .engine import (
     safe_url,
 )
 from .errors import is_deadlock, translated
-from .folded import Folded
+from .folded import Folded, insert_if_absent
 from .migrate import migrate
 from .tables import DEFAULT_TABLE_PREFIX, store_tables
 
@@ -407,11 +406,4 @@ class SqlConnections:
 
     def _insert_if_absent(self, table: sa.Table, values: dict[str, Any], key: str | tuple[str, ...]) -> sa.Insert:
         """An insert of ``values`` into ``table`` that does nothing when the primary key ``key`` exists."""
-        keys = [key] if isinstance(key, str) else list(key)
-        if self._dialect == "postgresql":
-            return postgresql.insert(table).values(values).on_conflict_do_nothing(index_elements=keys)
-        if self._dialect == "sqlite":
-            return sqlite.insert(table).values(values).on_conflict_do_nothing(index_elements=keys)
-        stmt = mysql.insert(table).values(values)
-        # Unlike INSERT IGNORE, this X-locks an existing row: no S→X upgrade deadlock.
-        return stmt.on_duplicate_key_update({keys[0]: stmt.inserted[keys[0]]})
+        return insert_if_absent(self._dialect, table, values, key)

@@ -112,6 +112,24 @@ class StepWritten:
     cancel_reason: str | None
 
 
+def insert_if_absent(dialect: str, table: sa.Table, values: dict[str, Any], key: str | tuple[str, ...]) -> sa.Insert:
+    """An insert of ``values`` into ``table`` that does nothing when the primary key ``key`` exists.
+
+    Parameters:
+      dialect (str): ``postgresql``, ``sqlite``, ``mysql`` or ``mariadb``.
+      values (dict[str, Any]): column values, or bind parameters and SQL expressions.
+      key (str | tuple[str, ...]): the primary key's columns.
+    """
+    keys = [key] if isinstance(key, str) else list(key)
+    if dialect == "postgresql":
+        return postgresql.insert(table).values(values).on_conflict_do_nothing(index_elements=keys)
+    if dialect == "sqlite":
+        return sqlite.insert(table).values(values).on_conflict_do_nothing(index_elements=keys)
+    stmt = mysql.insert(table).values(values)
+    # Unlike INSERT IGNORE, this X-locks an existing row: no S→X upgrade deadlock.
+    return stmt.on_duplicate_key_update({keys[0]: stmt.inserted[keys[0]]})
+
+
 def _p(name: str, column: sa.Column[Any] | None = None, prefix: str = "p_") -> sa.BindParameter[Any]:
     """A named parameter (prefixed: an ``UPDATE`` reserves its columns' own names)."""
     return sa.bindparam(f"{prefix}{name}", type_=None if column is None else column.type)
@@ -406,13 +424,7 @@ class Folded:
             created_at=self._clock,
             updated_at=self._clock,
         )
-        if self._dialect == "postgresql":
-            return postgresql.insert(runs).values(values).on_conflict_do_nothing(index_elements=["run_key"])
-        if self._dialect == "sqlite":
-            return sqlite.insert(runs).values(values).on_conflict_do_nothing(index_elements=["run_key"])
-        inserted = mysql.insert(runs).values(values)
-        # Unlike INSERT IGNORE, this X-locks an existing row: no S→X upgrade deadlock.
-        return inserted.on_duplicate_key_update({"run_key": inserted.inserted.run_key})
+        return insert_if_absent(self._dialect, runs, values, "run_key")
 
     def _on_driver_of(self, key: tuple[str, ...], statement: Any, conn: Connection) -> DriverStatement:
         """The `DriverStatement` of ``statement``, built once per ``key``."""
