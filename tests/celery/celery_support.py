@@ -9,13 +9,13 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import pytest
-from celery import Celery
+from celery import Celery, signals
 
 from flexiq_plugins import SqlStepStore
 from tests.polling import wait_for  # noqa: F401 - the tests import it from here
@@ -94,3 +94,18 @@ def worker_process(env: dict[str, str], log: Path, concurrency: int = 2) -> Iter
         "flexiq_celery_testapp", env["FLEXIQ_TEST_QUEUE"], env, log, concurrency=concurrency, pythonpath=HERE
     ) as proc:
         yield proc
+
+
+def published_headers(send: Callable[[], Any]) -> dict[str, Any]:
+    """Publish with ``send``; return the headers of the message that left (``after_task_publish``)."""
+    seen: dict[str, Any] = {}
+
+    def note(headers: dict[str, Any] | None = None, **_: Any) -> None:
+        seen.update(headers or {})
+
+    signals.after_task_publish.connect(note, weak=False)
+    try:
+        send()
+    finally:
+        signals.after_task_publish.disconnect(note)
+    return seen

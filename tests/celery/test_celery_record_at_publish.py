@@ -8,11 +8,10 @@ known yet is not (the C43 tests).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 from uuid import uuid4
 
 from celery import Celery
-from celery_support import in_process_worker, wait_for
+from celery_support import in_process_worker, published_headers, wait_for
 
 from celery_ext import RUN_KEY_HEADER
 from celery_ext._options import RESUME_HEADER
@@ -26,23 +25,6 @@ def _run_status(store: SqlStepStore, run_key: str) -> str | None:
         return None
 
 
-def _published(app: Celery, send: Callable[[], Any]) -> dict[str, Any]:
-    """Publish with ``send`` and return the headers of the message that left."""
-    seen: dict[str, Any] = {}
-
-    def note(headers: dict[str, Any] | None = None, **_: Any) -> None:
-        seen.update(headers or {})
-
-    from celery import signals
-
-    signals.after_task_publish.connect(note, weak=False)
-    try:
-        send()
-    finally:
-        signals.after_task_publish.disconnect(note)
-    return seen
-
-
 def test_c39_a_new_job_is_queued_before_a_worker_sees_it(
     redis_broker: str, sqlite_store: SqlStepStore, make_celery_app: Callable[..., Celery]
 ) -> None:
@@ -53,7 +35,7 @@ def test_c39_a_new_job_is_queued_before_a_worker_sees_it(
     def ship(order: str) -> str:
         return order
 
-    headers = _published(app, lambda: ship.delay("A-1"))
+    headers = published_headers(lambda: ship.delay("A-1"))
     run = sqlite_store.get_run(headers[RUN_KEY_HEADER])
     assert (run.status, run.job_id, run.envelope.args) == ("queued", headers["id"], ["A-1"])
     assert run.envelope.task_name == f"{app.main}.ship"
@@ -81,7 +63,7 @@ def test_c39_a_task_or_a_message_opts_out(
         lambda: hot.apply_async(headers={RUN_KEY_HEADER: f"order-{uuid4().hex}"}),
         lambda: ship.apply_async(headers={RUN_KEY_HEADER: f"run-{uuid4().hex}", RESUME_HEADER: True}),
     ):
-        headers = _published(app, send)
+        headers = published_headers(send)
         assert _run_status(sqlite_store, headers[RUN_KEY_HEADER]) is None
         assert "flexiq_recorded" not in headers
 
@@ -98,11 +80,11 @@ def test_c46_a_job_with_its_own_run_key_is_queued_unless_its_run_exists(
         return order
 
     order = f"order-{uuid4().hex}"
-    headers = _published(app, lambda: ship.apply_async(("A-1",), headers={RUN_KEY_HEADER: order}))
+    headers = published_headers(lambda: ship.apply_async(("A-1",), headers={RUN_KEY_HEADER: order}))
     run = sqlite_store.get_run(order)
     assert (run.status, run.job_id, run.envelope.args) == ("queued", headers["id"], ["A-1"])
     assert headers["flexiq_recorded"] is True
-    again = _published(app, lambda: ship.apply_async(("B-2",), headers={RUN_KEY_HEADER: order}))
+    again = published_headers(lambda: ship.apply_async(("B-2",), headers={RUN_KEY_HEADER: order}))
     assert again[RUN_KEY_HEADER] == order
     assert sqlite_store.get_run(order) == run
 
@@ -116,7 +98,7 @@ def test_c39_a_countdown_is_recorded_as_the_runs_due_time(
     @app.task(durable=True, name=f"{app.main}.later")
     def later() -> None: ...
 
-    headers = _published(app, lambda: later.apply_async(countdown=3600))
+    headers = published_headers(lambda: later.apply_async(countdown=3600))
     run = sqlite_store.get_run(headers[RUN_KEY_HEADER])
     assert run.status == "queued"
     assert run.wake_at is not None

@@ -21,8 +21,8 @@ from typing import Any
 from uuid import uuid4
 
 import pytest
-from celery import Celery, signals
-from celery_support import HERE, delete_queues, in_process_worker, wait_for
+from celery import Celery
+from celery_support import HERE, delete_queues, in_process_worker, published_headers, wait_for
 
 from celery_ext import RUN_KEY_HEADER
 from flexiq_plugins import SqlStepStore, UnknownRun, current_job, operations
@@ -30,21 +30,6 @@ from tests.statements import Statements
 from tests.workers import celery_worker_process
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def _published(send: Callable[[], Any]) -> dict[str, Any]:
-    """Publish with ``send``; return the headers of the message that left."""
-    seen: dict[str, Any] = {}
-
-    def note(headers: dict[str, Any] | None = None, **_: Any) -> None:
-        seen.update(headers or {})
-
-    signals.after_task_publish.connect(note, weak=False)
-    try:
-        send()
-    finally:
-        signals.after_task_publish.disconnect(note)
-    return seen
 
 
 def _status(store: SqlStepStore, run_key: str) -> str | None:
@@ -84,7 +69,7 @@ def test_c43_a_task_that_takes_no_step_sends_no_statement_leaves_no_run_and_keep
     with in_process_worker(app):
         assert plain.delay(0).get(timeout=20) == 1  # the first publish read the known tasks
         statements.on = True
-        headers = _published(lambda: plain.delay(1))
+        headers = published_headers(lambda: plain.delay(1))
         assert [plain.delay(n).get(timeout=20) for n in (2, 3)] == [3, 4]
         with pytest.raises(ValueError, match="always"):
             failing.delay().get(timeout=20)
@@ -109,7 +94,7 @@ def test_c43_once_a_task_took_a_step_its_jobs_are_recorded_and_a_lost_message_is
     def ship(order: str) -> str:
         return str(current_job.step.run("label", lambda: f"label {order}"))
 
-    first = _published(lambda: ship.delay("A-0"))
+    first = published_headers(lambda: ship.delay("A-0"))
     assert "flexiq_recorded" not in first
     assert _status(sqlite_store, first[RUN_KEY_HEADER]) is None
     with in_process_worker(app):
@@ -139,7 +124,7 @@ def test_c43_a_task_declared_durable_is_recorded_from_its_first_job_and_acknowle
     @app.task(name=f"{app.main}.learned")
     def learned() -> None: ...
 
-    headers = _published(declared.delay)
+    headers = published_headers(declared.delay)
     assert headers["flexiq_recorded"] is True
     assert _status(sqlite_store, headers[RUN_KEY_HEADER]) == "queued"
     assert (declared.acks_late, declared.reject_on_worker_lost) == (True, True)
@@ -212,7 +197,7 @@ def test_c43_a_job_of_a_task_not_known_yet_whose_worker_dies_after_a_step_is_rec
     producer = make_app(queue, redis_broker, sqlite_store, calls, str(hang), recovery=False)
     try:
         with _learned_worker(env, tmp_path / "first.log") as first:
-            headers = _published(lambda: producer.send_task(f"{queue}.order", (7,)))
+            headers = published_headers(lambda: producer.send_task(f"{queue}.order", (7,)))
             assert "flexiq_recorded" not in headers  # not known yet: not recorded at publish
             run_key = headers[RUN_KEY_HEADER]
             [(_, child)] = wait_for(lambda: _calls(calls, "ship"), 60, "the ship step to hang")
