@@ -62,7 +62,10 @@ def stamp_new_job(
     routing_key: str | None,
 ) -> None:
     """Stamp a run key on a new job's message, record a job's run at its first publish (C11, C39, C46);
-    set every message's resume mark (C37)."""
+    set every message's resume mark (C37). A task declared ``durable=False`` is left alone (C43)."""
+    runtime, task = _owner(task_name)
+    if getattr(task, "durable", None) is False:
+        return  # a task that opts out is not touched (C43)
     given = bool(headers.get(RUN_KEY_HEADER))
     first = first_publish(headers.get(RESUME_HEADER))
     # a run key the producer chose may name an existing run: the job claims before its body (C37)
@@ -76,7 +79,6 @@ def stamp_new_job(
             run_key = run_key_from(headers[RUN_KEY_HEADER], "", where=_RUN_KEY_WHERE)
         except InvalidRunKey:
             return  # the worker refuses the job and says why (C11)
-    runtime, task = _owner(task_name)
     published = None if runtime is None else publishing_trace(runtime.config)
     if published is not None:
         headers[TRACE_HEADER] = published  # the run's first attempt links to this span (C53)

@@ -129,6 +129,8 @@ def execute(
       stopping (Callable[[], bool]): whether the worker is shutting down.
     """
     if not body.is_async:
+        if job.lazy:  # a body that takes no step touches no connection; its claim holds one (Attempt.claim_now)
+            return driver.start(job).run(body.interruptible, *args, **kwargs)  # type: ignore[union-attr]
         with driver.store.held():  # one connection for the attempt's store calls in this thread, not one per call
             started = driver.start(job)
             return started.run(body.interruptible, *args, **kwargs) if isinstance(started, Attempt) else started

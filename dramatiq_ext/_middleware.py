@@ -49,6 +49,7 @@ from flexiq_plugins.integration import (
     TRACE_HEADER,
     AttemptDriver,
     CancellationPolicy,
+    Completed,
     Decision,
     DurableConfig,
     Ended,
@@ -275,36 +276,41 @@ class DurableSteps(Middleware):
         a put-back, a retry, a recovery) is not recorded again; a retry of an
         attempt that claimed its run resumes it.
         """
-        given = bool(message.options.get(RUN_KEY_OPTION))
-        first = first_publish(message.options.get(RESUME_OPTION))
+        options = message.options
+        try:
+            actor_options = broker.get_actor(message.actor_name).options
+        except ActorNotFound:  # a producer that does not declare the actor: known if it has taken steps
+            actor_options = {}
+        if actor_options.get("durable") is False:
+            return  # an actor that opts out is not touched (C43)
+        given = bool(options.get(RUN_KEY_OPTION))
+        first = first_publish(options.get(RESUME_OPTION))
         if not given:
-            message.options[RUN_KEY_OPTION] = new_run_key()
+            options[RUN_KEY_OPTION] = new_run_key()
             published = publishing_trace(self._config_or_arguments())
             if published is not None:
-                message.options[TRACE_HEADER] = published  # the run's first attempt links to this span (C53)
-        mark = resume_mark_at_publish(message.options.get(RESUME_OPTION), run_key_given=given)
-        message.options[RESUME_OPTION] = mark
+                options[TRACE_HEADER] = published  # the run's first attempt links to this span (C53)
+        options[RESUME_OPTION] = resume_mark_at_publish(options.get(RESUME_OPTION), run_key_given=given)
         if first:
-            _dispatch.stamp_group_callbacks(message.options)
-            self._record(broker, message, delay, run_key_given=given)
-        failure = self._failing.pop(message.message_id, None)
-        if failure is not None and failure.claimed:
-            message.options[RESUME_OPTION] = True  # the retry continues a run: it claims first (C23)
+            _dispatch.stamp_group_callbacks(options)
+            self._record(message, delay, actor_options, run_key_given=given)
+        if self._failing:
+            failure = self._failing.pop(message.message_id, None)
+            if failure is not None and failure.claimed:
+                options[RESUME_OPTION] = True  # the retry continues a run: it claims first (C23)
 
-    def _record(self, broker: dramatiq.Broker, message: Any, delay: int | None, *, run_key_given: bool) -> None:
+    def _record(self, message: Any, delay: int | None, actor_options: dict[str, Any], *, run_key_given: bool) -> None:
         """Record a new message's run ``queued`` if its actor is known to take steps, unless it opts out (C39, C43)."""
-        try:
-            options = broker.get_actor(message.actor_name).options
-        except ActorNotFound:  # a producer that does not declare the actor: known if it has taken steps
-            options = {}
         opted = wants_record(
-            self.config, task_option=options.get(RECORD_TASK_OPTION), call_option=message.options.get(RECORD_OPTION)
+            self.config,
+            task_option=actor_options.get(RECORD_TASK_OPTION),
+            call_option=message.options.get(RECORD_OPTION),
         )
         if not opted or not durable_at_publish(
             lambda: self.driver.known_tasks,
             "dramatiq",
             message.actor_name,
-            declared=options.get("durable"),
+            declared=actor_options.get("durable"),
             run_key_given=run_key_given,
         ):
             return  # an actor not known to take steps is not touched: no store statement (C43)
@@ -454,7 +460,7 @@ class DurableSteps(Middleware):
 
     def _decide(self, job: JobInfo, body: _actor.Body, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Decision:
         """Run the attempt with this process's driver; a store that cannot be opened puts the job back (C41)."""
-        driver = driver_or_put_back(self._driver.get, self._config_or_arguments())
+        driver = driver_or_put_back(self._driver.get, self._config_or_arguments)
         if isinstance(driver, AttemptDriver):
             return _actor.execute(driver, job, body, args, kwargs, stopping=self._is_stopping)
         return driver
@@ -464,6 +470,8 @@ class DurableSteps(Middleware):
         return self._stopping
 
     def _attempt(self, broker: dramatiq.Broker, message: Any, job: JobInfo, decision: Decision) -> Any:
+        if type(decision) is Completed and not decision.claimed:  # a body that took no step: its value, as is (C43)
+            return decision.value
         if belongs_to_a_run(decision):  # the pipeline's next stage is a run of its own (C44)
             _dispatch.stamp_pipe_target(message.options, job.run_key)
         if isinstance(decision, Failure):  # Retries decides; the middleware settles the run if it gives up

@@ -140,6 +140,8 @@ class Attempt:
         self._claiming = threading.Lock()
         self._active = False
         self._lease: LeaseKeeper | None = None
+        self._body_thread: int | None = None
+        self._kept: contextlib.AbstractContextManager[None] | None = None
         self.context = JobContext(self.run_key, self.job_id, None, self.task_name, None, claim=self.claim_now)
         if begun is not None:
             self._take(begun)
@@ -196,6 +198,8 @@ class Attempt:
         """
         with self._claiming:
             if self.claim is None:
+                if self._refused is None and self._body_thread == threading.get_ident():
+                    self._keep_connection()
                 claimed = self._claim() if self._refused is None else self._refused
                 if not isinstance(claimed, Begun):
                     self._refused = claimed
@@ -206,6 +210,24 @@ class Attempt:
                 self._lease.start()  # type: ignore[union-attr]  # nothing if started already
             if not self.context.claimed:
                 self.context.bind(self.number, self.journal)  # type: ignore[arg-type]
+
+    def _keep_connection(self) -> None:
+        """From a lazy claim on, keep one store connection for this attempt's calls in the body's thread.
+
+        What `AttemptDriver.run_job` does for an attempt that claims before
+        its body (`StepStore.held`), begun only now: a body that takes no step
+        never touches the store, not even its pool. Given back once the
+        attempt has concluded (`_run`).
+        """
+        if self._kept is None:
+            hold = self._store.held()
+            hold.__enter__()
+            self._kept = hold
+
+    def _give_connection_back(self) -> None:
+        hold, self._kept = self._kept, None
+        if hold is not None:
+            hold.__exit__(None, None, None)
 
     def _claim(self) -> Begun | decisions.Decision:
         trace = None if self.observation is None else self.observation.trace_context
@@ -294,6 +316,15 @@ class Attempt:
             return self._run(fn, *args, **kwargs)
 
     def _run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> decisions.Decision:
+        if self.claim is not None:
+            return self._run_body(fn, args, kwargs)
+        self._body_thread = threading.get_ident()  # a lazy claim in this thread holds a connection (_keep_connection)
+        try:
+            return self._run_body(fn, args, kwargs)
+        finally:
+            self._give_connection_back()
+
+    def _run_body(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> decisions.Decision:
         try:
             tokens = self._enter()  # what ``activate`` does, without a generator per job: less per-job cost
             try:

@@ -201,6 +201,9 @@ class AttemptDriver:
         Raises:
           InvalidRunKey: the run key is not a ``str`` of 1 to 255 characters.
         """
+        if job.lazy:  # a body that takes no step touches no connection; its claim holds one (Attempt.claim_now)
+            started = self.start(job, owner=owner)
+            return started.run(body) if isinstance(started, Attempt) else started
         with self.store.held():
             started = self.start(job, owner=owner)
             return started.run(body) if isinstance(started, Attempt) else started
@@ -231,10 +234,10 @@ class AttemptDriver:
           InvalidRunKey: the run key is not a ``str`` of 1 to 255 characters.
         """
         check_run_key(job.run_key)
+        if job.lazy:  # nothing is claimed or logged now
+            return Attempt(self, job, None, owner=owner, observation=self._observe(job))
         with job_log_fields(job.run_key, job.job_id, job.name):
             observation = self._observe(job)
-            if job.lazy:
-                return Attempt(self, job, None, owner=owner, observation=observation)
             trace = None if observation is None else observation.trace_context
             claimed = self.claim(job, owner, trace_context=trace)
             if isinstance(claimed, Begun):

@@ -111,7 +111,9 @@ def _refuse_to_start(worker: str, exc: Exception) -> NoReturn:
     raise SystemExit(EXIT_CONFIGURATION) from None
 
 
-def driver_or_put_back(open_driver: Callable[[], AttemptDriver], config: DurableConfig) -> AttemptDriver | PutBack:
+def driver_or_put_back(
+    open_driver: Callable[[], AttemptDriver], config: DurableConfig | Callable[[], DurableConfig]
+) -> AttemptDriver | PutBack:
     """This process's driver, or the put-back of a job whose store cannot be opened (C41).
 
     A job never meets a [`ConfigurationError`][flexiq_plugins.errors.ConfigurationError] that
@@ -121,13 +123,15 @@ def driver_or_put_back(open_driver: Callable[[], AttemptDriver], config: Durable
 
     Parameters:
       open_driver (Callable[[], AttemptDriver]): the adapter's per-process driver.
-      config (DurableConfig): the adapter's options.
+      config (DurableConfig | Callable[[], DurableConfig]): the adapter's options, or what reads them (only
+        when the store cannot be opened).
     """
     try:
         return open_driver()
     except ConfigurationError as exc:
         logger.error("the step store cannot be opened: %s; the job goes back to its queue", exc)
-        return PutBack(PutBackReason.STORE_UNAVAILABLE, config.store_retry_max_seconds, str(exc))
+        options = config if isinstance(config, DurableConfig) else config()
+        return PutBack(PutBackReason.STORE_UNAVAILABLE, options.store_retry_max_seconds, str(exc))
 
 
 # --------------------------------------------------------------- hand-offs

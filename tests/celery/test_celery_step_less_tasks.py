@@ -82,6 +82,25 @@ def test_c43_a_task_that_takes_no_step_sends_no_statement_leaves_no_run_and_keep
     assert (bool(plain.acks_late), bool(plain.reject_on_worker_lost)) == (False, False)
 
 
+def test_c43_a_task_that_opts_out_is_published_as_without_the_integration(
+    redis_broker: str, sqlite_store: SqlStepStore, make_celery_app: Callable[..., Celery]
+) -> None:
+    """C43: a ``durable=False`` task's message gets no run key, no resume mark and no record, even when the
+    task is known to take steps."""
+    app = make_celery_app(redis_broker, sqlite_store, recovery=False)
+    sqlite_store.note_durable_task(f"{app.main}.opted", "celery")
+
+    @app.task(name=f"{app.main}.opted", durable=False)
+    def opted(x: int) -> int:
+        return x + 1
+
+    with in_process_worker(app):
+        headers = published_headers(lambda: opted.delay(1))
+        assert opted.delay(2).get(timeout=20) == 3
+    assert not any(name.startswith("flexiq_") for name in headers), headers
+    assert sqlite_store.list_runs() == []
+
+
 def test_c43_once_a_task_took_a_step_its_jobs_are_recorded_and_a_lost_message_is_recovered(
     redis_broker: str, sqlite_store: SqlStepStore, make_celery_app: Callable[..., Celery]
 ) -> None:

@@ -59,6 +59,29 @@ def test_c43_an_actor_that_takes_no_step_sends_no_statement_and_leaves_no_run(
     assert [m.actor_name for m in stub_broker.dead_letters] == ["failing"]  # Dramatiq's own dead letter
 
 
+def test_c43_an_actor_that_opts_out_is_sent_as_without_the_middleware(
+    stub_broker: dramatiq.Broker, queue: str, sqlite_store: SqlStepStore, start_worker: Callable[..., dramatiq.Worker]
+) -> None:
+    """C43: a ``durable=False`` actor's message gets no run key, no resume mark and no record, even when the
+    actor is known to take steps; a key the producer put on it is left as it is."""
+    stub_broker.add_middleware(DurableSteps(store=sqlite_store, recovery=False), before=Retries)
+    sqlite_store.note_durable_task("opted", "dramatiq")
+    done: list[int] = []
+
+    @dramatiq.actor(broker=stub_broker, queue_name=queue, durable=False)
+    def opted(n: int) -> None:
+        done.append(n)
+
+    start_worker(stub_broker)
+    plain = opted.send(1)
+    keyed = opted.send_with_options(args=(2,), flexiq_run_key="order-1")
+    stub_broker.join(queue)
+    assert plain.options == {}
+    assert keyed.options == {"flexiq_run_key": "order-1"}
+    assert sorted(done) == [1, 2]
+    assert sqlite_store.list_runs() == []
+
+
 def test_c43_once_an_actor_took_a_step_its_messages_are_recorded_and_a_lost_one_is_recovered(
     stub_broker: dramatiq.Broker, queue: str, sqlite_store: SqlStepStore, start_worker: Callable[..., dramatiq.Worker]
 ) -> None:

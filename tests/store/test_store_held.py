@@ -338,3 +338,65 @@ def test_c28_a_held_connection_idle_past_the_threshold_is_pinged_before_use(
         sql_store.commit_step(begun.claim, StepRow(1, "b#0", "run", b"2"))
         assert len(checkouts.out) == 2, "the dead connection was replaced before use"
     assert [row.step_key for row in sql_store.get_steps("run-idle")] == ["a#0", "b#0"]
+
+
+@pytest.mark.parametrize("sql_store", BACKENDS, indirect=True)
+def test_c43_a_lazy_attempt_that_takes_no_step_checks_nothing_out(sql_store: SqlStepStore) -> None:
+    """A first delivery claimed at its first step, whose body takes none, never touches the pool (C43)."""
+    driver = AttemptDriver(sql_store, DurableConfig(lease_seconds=600))
+    checkouts = Checkouts(sql_store.engine)
+
+    decision = driver.run_job(JobInfo("run-lazy-none", "job-1", ENVELOPE, lazy=True), lambda: "plain")
+
+    assert decision == Completed("plain", claimed=False)
+    assert checkouts.out == []
+
+
+@pytest.mark.parametrize("sql_store", BACKENDS, indirect=True)
+@pytest.mark.parametrize("how", ["returns", "raises", "sleeps"])
+def test_c9_a_lazy_attempt_holds_one_connection_from_its_claim(sql_store: SqlStepStore, how: str) -> None:
+    """A lazy attempt's claim, steps and finish share one checkout, taken at its first step and given back (C9, C23)."""
+    driver = AttemptDriver(sql_store, DurableConfig(lease_seconds=600))
+    checkouts = Checkouts(sql_store.engine)
+    before: list[int] = []
+
+    def body() -> str:
+        before.append(len(checkouts.out))
+        for i in range(3):
+            current_job.step.run(f"s{i}", functools.partial(int, i))
+        if how == "sleeps":
+            current_job.step.sleep("1h")
+        if how == "raises":
+            raise ValueError("boom")
+        return "done"
+
+    decision = driver.run_job(JobInfo(f"run-lazy-{how}", "job-1", ENVELOPE, lazy=True), body)
+
+    expected = {"returns": Completed, "raises": Failure, "sleeps": PutBack}[how]
+    assert isinstance(decision, expected), decision
+    assert before == [0], "nothing is checked out before the first step"
+    assert len(checkouts.out) == 1, checkouts.out
+    assert checkouts.back == 1
+    assert sql_store.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    status = {"returns": "succeeded", "raises": "retrying", "sleeps": "sleeping"}[how]
+    assert sql_store.get_run(f"run-lazy-{how}").status == status
+
+
+@pytest.mark.parametrize("sql_store", BACKENDS, indirect=True)
+def test_c23_a_lazy_claim_from_another_thread_holds_nothing(sql_store: SqlStepStore) -> None:
+    """A lazy run first claimed by a thread the body started keeps no connection in that thread (C23)."""
+    driver = AttemptDriver(sql_store, DurableConfig(lease_seconds=600))
+
+    def body() -> str:
+        job = current_job.get()
+        assert job is not None
+        done: list[Any] = []
+        worker = threading.Thread(target=lambda: done.append(job.step.run("a", lambda: 1)))
+        worker.start()
+        worker.join()
+        assert done == [1]
+        return "done"
+
+    assert driver.run_job(JobInfo("run-lazy-thread", "job-1", ENVELOPE, lazy=True), body) == Completed("done")
+    assert sql_store.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    assert sql_store.get_run("run-lazy-thread").status == "succeeded"
