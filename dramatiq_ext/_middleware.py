@@ -334,7 +334,8 @@ class DurableSteps(Middleware):
         self, broker: dramatiq.Broker, message: Any, *, result: Any = None, exception: BaseException | None = None
     ) -> None:
         """Forget the current message; a recorded job of an actor that is not durable ends its run (C39)."""
-        _message.set(None)
+        if _message.get() is not None:  # a durable call forgot it already
+            _message.set(None)
         _handled.set(None)
         if message.options.get(RECORDED_FLAG) and not self._is_durable(broker, message):
             settle_unclaimed_run(self.store, run_key_of(message), "succeeded" if exception is None else "failed")

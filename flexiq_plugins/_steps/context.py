@@ -534,11 +534,11 @@ class JobContext:
         finally:
             self.leave(tokens)
 
-    def enter(self) -> tuple[Token[JobContext | None], Token[str | None]]:
+    def enter(self) -> tuple[Token[JobContext | None], Token[str | None] | None]:
         """Make this the current job, outside any step, until `leave` with the tokens returned."""
         return _job.set(self), leave_steps()
 
-    def leave(self, tokens: tuple[Token[JobContext | None], Token[str | None]]) -> None:
+    def leave(self, tokens: tuple[Token[JobContext | None], Token[str | None] | None]) -> None:
         """Undo `enter`."""
         back_in_steps(tokens[1])
         _job.reset(tokens[0])

@@ -122,17 +122,21 @@ def outside_steps() -> Iterator[None]:
     try:
         yield
     finally:
-        _step_key.reset(token)
+        back_in_steps(token)
 
 
-def leave_steps() -> Token[str | None]:
-    """From now on, no step body runs in this context; `back_in_steps` with the token undoes it."""
-    return _step_key.set(None)
+def leave_steps() -> Token[str | None] | None:
+    """From now on, no step body runs in this context; `back_in_steps` with the token undoes it.
+
+    Outside any step body (the usual case: a job started by its worker) nothing is set and the token is ``None``.
+    """
+    return None if _step_key.get() is None else _step_key.set(None)
 
 
-def back_in_steps(token: Token[str | None]) -> None:
+def back_in_steps(token: Token[str | None] | None) -> None:
     """Undo `leave_steps`."""
-    _step_key.reset(token)
+    if token is not None:
+        _step_key.reset(token)
 
 
 @contextlib.contextmanager
