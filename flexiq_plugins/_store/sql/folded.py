@@ -11,9 +11,11 @@ writes nothing (C25). Only how many statements carry them changes:
   ``RETURNING`` the cancellation request) and whose second part ``INSERT …
   SELECT``\\ s the step row from it, so no row is inserted unless the fence
   held. SQLite (3.35 or later: ``RETURNING``) needs two statements, the fenced
-  ``UPDATE … RETURNING`` and the ``INSERT``; MySQL/MariaDB (no ``UPDATE …
-  RETURNING``) three: the fenced ``UPDATE``, a read of what it stamped, the
-  ``INSERT``.
+  ``UPDATE … RETURNING`` and the ``INSERT``; MariaDB (no ``UPDATE …
+  RETURNING``) two: the fenced ``UPDATE``, then an ``INSERT … SELECT`` of
+  the step row with the stamp the ``UPDATE`` wrote, ``RETURNING`` it and the
+  cancellation request (MariaDB 10.5 or later; MySQL, which has no
+  ``RETURNING``, reads the stamp first: three).
 - **Several new steps** (a step map's items that finished together, C51)
   cost what one does: the fenced ``UPDATE`` counts them all, and their rows
   go in one multi-row ``INSERT`` (PostgreSQL: the same ``WITH``, its ``INSERT
@@ -172,6 +174,7 @@ class Folded:
         self._counted_returning = self._counted.returning(runs.c.updated_at, runs.c.cancel_reason)
         self._stamp = sa.select(runs.c.updated_at, runs.c.cancel_reason).where(runs.c.run_key == _p("run_key"))
         self._insert_step = sa.insert(steps)
+        self._insert_stamped: sa.Insert | None = None
         self._on_driver: tuple[DriverStatement, DriverStatement] | None = None
         self._pg_on_driver: DriverStatement | None = None
         self._step_pg = self._step_statement_postgresql()
@@ -267,17 +270,48 @@ class Folded:
     def _step_plain(self, conn: Connection, claim: Claim, row: StepRow) -> StepWritten | None:
         if conn.execute(self._counted, self._params(claim, size=row.size)).rowcount != 1:
             return None
+        if conn.dialect.insert_returning:  # MariaDB 10.5 or later: the INSERT reads the stamp itself
+            values = step_values(row)
+            del values["committed_at"], values["attempt"]
+            params = {f"p_s_{k}": v for k, v in values.items()}
+            params.update(p_run_key=claim.run_key, p_attempt=claim.attempt)
+            inserted = conn.execute(self._insert_stamped_statement(), params).one()
+            return StepWritten(float(inserted.committed_at), inserted.cancel_reason)
         stamped = conn.execute(self._stamp, {"p_run_key": claim.run_key}).one()
         now = float(stamped.updated_at)
         conn.execute(self._insert_step, self._step_columns(claim, row, now))
         return StepWritten(now, stamped.cancel_reason)
+
+    def _insert_stamped_statement(self) -> sa.Insert:
+        """MariaDB: the step's ``INSERT … SELECT`` of the run's stamp, ``RETURNING`` it and the cancellation (C34).
+
+        It follows the fenced ``UPDATE`` in the same transaction, which
+        locked the run's row and stamped its ``updated_at``: the step's
+        ``committed_at`` is that stamp, read in the ``INSERT`` instead of by
+        a ``SELECT`` of its own.
+        """
+        if self._insert_stamped is None:
+            steps, runs = self._t.steps, self._t.runs
+            names = [c.name for c in steps.c if c.name not in ("run_key", "attempt", "committed_at")]
+            run_key = _p("run_key", runs.c.run_key)
+            source = sa.select(
+                runs.c.run_key, _p("attempt", steps.c.attempt), runs.c.updated_at,
+                *(_p(f"s_{name}", steps.c[name]) for name in names),
+            ).where(runs.c.run_key == run_key)  # fmt: skip
+            cancel = sa.select(runs.c.cancel_reason).where(runs.c.run_key == run_key).scalar_subquery()
+            self._insert_stamped = (
+                sa.insert(steps)
+                .from_select(["run_key", "attempt", "committed_at", *names], source)
+                .returning(steps.c.committed_at, cancel.label("cancel_reason"))
+            )
+        return self._insert_stamped
 
     # ------------------------------------------------------ several new steps
     def commit_steps(self, conn: Connection, claim: Claim, rows: Sequence[StepRow]) -> StepWritten:
         """Insert ``rows`` and count them all in the run, fenced on ``claim``, in the caller's transaction (C9, C51).
 
         The statements of `commit_step` for any number of rows: one on
-        PostgreSQL, two on SQLite, three on MySQL/MariaDB (one more
+        PostgreSQL, two on SQLite and MariaDB, three on MySQL (one more
         ``INSERT`` per 50 rows beyond the first 50).
 
         Raises:
@@ -288,6 +322,8 @@ class Folded:
         try:
             if self._dialect == "postgresql":
                 written = self._steps_postgresql(conn, claim, rows, size)
+            elif not self._returning and conn.dialect.insert_returning:
+                written = self._steps_stamped_by_insert(conn, claim, rows, size)
             else:
                 written = self._counted_rows(conn, claim, len(rows), size)
                 if written is not None:
@@ -299,6 +335,33 @@ class Folded:
             raise one_already_committed(claim, [row.step_key for row in rows]) from exc
         if written is None:
             raise claim_lost(claim)
+        return written
+
+    def _steps_stamped_by_insert(
+        self, conn: Connection, claim: Claim, rows: Sequence[StepRow], size: int
+    ) -> StepWritten | None:
+        """MariaDB: the fenced ``UPDATE`` counting ``rows``, then their ``INSERT``\\ s reading its stamp.
+
+        Each row's ``committed_at`` is the run's ``updated_at`` the ``UPDATE``
+        wrote, read by a subquery; the first ``INSERT`` returns it and the
+        cancellation request (C34).
+        """
+        if conn.execute(self._counting_many(), self._params(claim, size=size, count=len(rows))).rowcount != 1:
+            return None
+        runs, steps = self._t.runs, self._t.steps
+        stamp = sa.select(runs.c.updated_at).where(runs.c.run_key == claim.run_key).scalar_subquery()
+        written: StepWritten | None = None
+        for start in range(0, len(rows), _ROWS_PER_INSERT):
+            chunk = rows[start : start + _ROWS_PER_INSERT]
+            values = [{**self._step_columns(claim, row), "committed_at": stamp} for row in chunk]
+            insert = sa.insert(steps).values(values)
+            if written is None:
+                cancel = sa.select(runs.c.cancel_reason).where(runs.c.run_key == claim.run_key).scalar_subquery()
+                first = conn.execute(insert.returning(steps.c.committed_at, cancel.label("cancel_reason"))).first()
+                assert first is not None
+                written = StepWritten(float(first.committed_at), first.cancel_reason)
+            else:
+                conn.execute(insert)
         return written
 
     def _counted_rows(self, conn: Connection, claim: Claim, count: int, size: int) -> StepWritten | None:
