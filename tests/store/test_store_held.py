@@ -400,3 +400,41 @@ def test_c23_a_lazy_claim_from_another_thread_holds_nothing(sql_store: SqlStepSt
     assert driver.run_job(JobInfo("run-lazy-thread", "job-1", ENVELOPE, lazy=True), body) == Completed("done")
     assert sql_store.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
     assert sql_store.get_run("run-lazy-thread").status == "succeeded"
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("engine_autocommit", [False, True])
+def test_c9_a_held_connection_goes_back_to_the_pool_in_the_autocommit_mode_it_came_in(
+    postgres_url: str, make_sql_store: Callable[..., SqlStepStore], engine_autocommit: bool
+) -> None:
+    """The start and finish autocommit on the held psycopg connection; the pool gets it back as it lent it.
+
+    A transaction in between (a cancellation request) runs in the connection's
+    own mode, and the isolation level stays as the engine set it.
+    """
+    options: dict[str, Any] = {"isolation_level": "AUTOCOMMIT"} if engine_autocommit else {}
+    engine = sa.create_engine(normalize_url(postgres_url), **options)
+    store = make_sql_store(engine)
+    store.now()
+    lent: list[tuple[bool, Any]] = []
+    back: list[tuple[bool, Any]] = []
+
+    @event.listens_for(engine, "checkout")
+    def _checkout(dbapi_connection: Any, *_: Any) -> None:
+        lent.append((dbapi_connection.autocommit, dbapi_connection.isolation_level))
+
+    @event.listens_for(engine, "checkin")
+    def _checkin(dbapi_connection: Any, *_: Any) -> None:
+        back.append((dbapi_connection.autocommit, dbapi_connection.isolation_level))
+
+    with store.held():
+        begun = store.begin("run-mode", "job-1", ENVELOPE, "w", 600)
+        assert isinstance(begun, Begun)
+        assert store.request_cancel("run-mode", "asked")
+        store.finish(begun.claim, "cancelled")
+
+    assert len(lent) == len(back) == 1
+    assert back == lent
+    assert lent[0][0] is engine_autocommit
+    assert store.get_run("run-mode").status == "cancelled"
+    engine.dispose()

@@ -103,16 +103,37 @@ class _Hold:
     whether its driver connection is in autocommit mode now (PostgreSQL's
     single statements): it stays so across consecutive single statements and
     is switched back before a transaction and before it returns to the pool.
+    On psycopg only the driver connection's ``autocommit`` flag is switched,
+    and switched back to what it was (``restore``): its isolation level,
+    which does not apply in autocommit mode, is left as it is; other drivers
+    switch through the dialect's isolation level, as SQLAlchemy does.
     """
 
-    __slots__ = ("autocommit", "conn", "depth", "pid", "used_at")
+    __slots__ = ("autocommit", "conn", "depth", "pid", "restore", "used_at")
 
     def __init__(self) -> None:
         self.depth = 1
         self.conn: Connection | None = None
         self.autocommit = False
+        self.restore: bool | None = None  # psycopg: its autocommit flag before the switch; None: the dialect's
         self.used_at = 0.0
         self.pid = os.getpid()
+
+    def switch(self, engine: Engine, conn: Connection, autocommit: bool) -> None:
+        """Put ``conn`` (the held connection) into autocommit mode, or back as it was; ``autocommit`` is then that."""
+        dbapi_connection = _driver_connection(conn)
+        if autocommit:
+            if engine.dialect.driver == "psycopg":
+                self.restore = dbapi_connection.autocommit
+                dbapi_connection.autocommit = True
+            else:
+                engine.dialect.set_isolation_level(dbapi_connection, "AUTOCOMMIT")
+        elif self.restore is not None:
+            dbapi_connection.autocommit = self.restore
+            self.restore = None
+        else:
+            engine.dialect.reset_isolation_level(dbapi_connection)
+        self.autocommit = autocommit
 
     def orphan(self) -> None:
         """In a forked child: never touch the parent's connection, nor let it be garbage-collected.
@@ -134,11 +155,12 @@ class _Hold:
             return
         try:
             if self.autocommit and not conn.invalidated:
-                engine.dialect.reset_isolation_level(_driver_connection(conn))
+                self.switch(engine, conn, False)
         except Exception:
             conn.invalidate()  # it cannot be put back as it was: the pool discards it
         finally:
             self.autocommit = False
+            self.restore = None
             conn.close()
 
 
@@ -367,12 +389,7 @@ class SqlConnections:
         try:
             conn = self._held_connection(hold)
             if autocommit != hold.autocommit:
-                dbapi_connection = _driver_connection(conn)
-                if autocommit:
-                    self._engine.dialect.set_isolation_level(dbapi_connection, "AUTOCOMMIT")
-                else:
-                    self._engine.dialect.reset_isolation_level(dbapi_connection)
-                hold.autocommit = autocommit
+                hold.switch(self._engine, conn, autocommit)
             if read_only:
                 conn.execution_options(**{READ_ONLY: True})
                 try:
