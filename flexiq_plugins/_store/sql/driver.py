@@ -40,8 +40,9 @@ whose types have no result processing on these drivers.
 from __future__ import annotations
 
 import copy
+import operator
 import weakref
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 import sqlalchemy as sa
@@ -104,6 +105,7 @@ class DriverStatement:
         }
         processors = [bind.type.bind_processor(dialect) for bind in binds]
         self._processors = [(i, process) for i, process in enumerate(processors) if process is not None]
+        self._pick = _picker(self._names)  # the values in the statement's order, from a mapping: one C call
 
     def first(self, conn: Connection, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
         """Execute with ``params`` (by bind name) on ``conn``'s driver connection; its first row, or ``None``.
@@ -115,8 +117,10 @@ class DriverStatement:
           sqlalchemy.exc.DBAPIError: the driver's error, as SQLAlchemy wraps it.
           KeyError: a bind the statement leaves without a value is not in ``params``.
         """
-        on = self._on(conn)
-        return run_on_driver(conn, on.sql, on._values(params), rows=on._rows, cursor=on._raw)  # type: ignore[return-value]
+        driver_connection = conn.connection.driver_connection
+        on = self._on(driver_connection)
+        values = on._values(params)
+        return run_on_driver(conn, on.sql, values, rows=on._rows, cursor=on._raw, on=driver_connection)  # type: ignore[return-value]
 
     def all(self, conn: Connection, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         """`first`, returning every row (the statement returns rows).
@@ -125,14 +129,15 @@ class DriverStatement:
           sqlalchemy.exc.DBAPIError: the driver's error, as SQLAlchemy wraps it.
           KeyError: a bind the statement leaves without a value is not in ``params``.
         """
-        on = self._on(conn)
-        return run_on_driver(conn, on.sql, on._values(params), rows="all", cursor=on._raw)  # type: ignore[return-value]
+        driver_connection = conn.connection.driver_connection
+        on = self._on(driver_connection)
+        values = on._values(params)
+        return run_on_driver(conn, on.sql, values, rows="all", cursor=on._raw, on=driver_connection)  # type: ignore[return-value]
 
-    def _on(self, conn: Connection) -> DriverStatement:
-        """This statement, or on a connection with a cursor class of its own, its SQLAlchemy form."""
+    def _on(self, driver_connection: Any) -> DriverStatement:
+        """This statement, or on a driver connection with a cursor class of its own, its SQLAlchemy form."""
         if self._raw is None:
             return self
-        driver_connection: Any = conn.connection.driver_connection
         if driver_connection.cursor_factory is self._default_cursor:
             return self
         if self._as_compiled is None:
@@ -140,12 +145,14 @@ class DriverStatement:
         return self._as_compiled
 
     def _values(self, params: Mapping[str, Any]) -> tuple[Any, ...] | dict[str, Any]:
-        given = {**self._bound, **params}
-        values = [given[name] for name in self._names]
-        for i, process in self._processors:
-            values[i] = process(values[i])
+        values: tuple[Any, ...] = self._pick({**self._bound, **params} if self._bound else params)
+        if self._processors:
+            processed = list(values)
+            for i, process in self._processors:
+                processed[i] = process(processed[i])
+            values = tuple(processed)
         if self._positional:
-            return tuple(values)
+            return values
         return dict(zip(self._names, values, strict=True))
 
 
@@ -156,6 +163,7 @@ def run_on_driver(
     *,
     rows: str = "any",
     cursor: Any = None,
+    on: Any = None,
 ) -> tuple[Any, ...] | list[tuple[Any, ...]] | None:
     """Execute ``sql`` with ``values`` on the driver connection of ``conn``; its first row, or ``None``.
 
@@ -168,15 +176,15 @@ def run_on_driver(
         ``any`` (the first row if it returns rows, else ``None``).
       cursor (type | None): the driver's cursor class to open on the
         connection (``psycopg.RawCursor``); ``None``: the connection's default.
+      on (Any): the driver connection of ``conn``, when the caller has it at
+        hand; ``None``: read from ``conn``.
 
     Raises:
       sqlalchemy.exc.DBAPIError: the driver's error wrapped as SQLAlchemy wraps
         it; ``connection_invalidated`` when the dialect reads it as a lost
         connection (then ``conn`` is invalidated).
     """
-    dialect = conn.dialect
-    fairy = conn.connection
-    driver_connection: Any = fairy.driver_connection
+    driver_connection: Any = conn.connection.driver_connection if on is None else on
     cursor = driver_connection.cursor() if cursor is None else cursor(driver_connection)
     try:
         cursor.execute(sql, values)
@@ -187,7 +195,7 @@ def run_on_driver(
         if rows == "none":
             return None
         return cursor.fetchone() if cursor.description is not None else None  # type: ignore[no-any-return]
-    except dialect.loaded_dbapi.Error as exc:
+    except conn.dialect.loaded_dbapi.Error as exc:
         _raise_wrapped(conn, exc, sql, values, cursor)
     except BaseException as exc:
         if is_exit_exception(exc):  # interrupted mid-statement: its state unknown, as SQLAlchemy treats it
@@ -238,6 +246,16 @@ def _dollar_placeholders(dialect: sa.Dialect) -> sa.Dialect:
     dollar._type_memos = weakref.WeakKeyDictionary()  # type: ignore[attr-defined]  # its own types' processors,
     # which may read the dialect's % doubling: one made for the copy must never render the engine's statements
     return dollar
+
+
+def _picker(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    """A function of a mapping that returns its values of ``names`` as a tuple (``KeyError`` for a missing one)."""
+    if not names:
+        return lambda _: ()
+    pick = operator.itemgetter(*names)
+    if len(names) == 1:
+        return lambda given: (pick(given),)
+    return pick  # type: ignore[return-value]
 
 
 def runs_on_driver(conn: Connection) -> bool:
