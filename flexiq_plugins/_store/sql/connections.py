@@ -52,7 +52,7 @@ from .engine import (
     register_fork_hook,
     safe_url,
 )
-from .errors import is_deadlock, translated
+from .errors import is_deadlock, translation
 from .folded import Folded, insert_if_absent
 from .migrate import migrate
 from .tables import DEFAULT_TABLE_PREFIX, store_tables
@@ -74,6 +74,8 @@ _CLOCKS = {
 }
 
 T = TypeVar("T")
+_UNGUARDED = nullcontext()
+"""The guard of a call on a pooled connection: none (stateless, so one serves every thread)."""
 
 
 class _Dropped(Exception):
@@ -312,8 +314,13 @@ class SqlConnections:
         retries = _DEADLOCK_RETRIES
         while True:
             try:
-                with translated(self._engine):
+                try:  # what ``translated`` does, without a generator per call
                     return self._once(work, read_only=read_only, autocommit=autocommit)
+                except Exception as exc:
+                    error = translation(exc, self._engine)
+                    if error is None:
+                        raise
+                    raise error from exc
             except StoreUnavailable as exc:
                 if not (retries and is_deadlock(exc.__cause__)):
                     raise
@@ -321,7 +328,7 @@ class SqlConnections:
                 time.sleep(0.01 * (_DEADLOCK_RETRIES - retries))
 
     def _once(self, work: Callable[[Connection], T], *, read_only: bool, autocommit: bool = False) -> T:
-        guard: AbstractContextManager[Any] = self._serial if self._shared_connection else nullcontext()
+        guard: AbstractContextManager[Any] = self._serial if self._shared_connection else _UNGUARDED
         with guard:
             self._ensure_schema()
             started = time.monotonic()

@@ -69,12 +69,27 @@ def translated(engine: Engine) -> Iterator[None]:
     """
     try:
         yield
-    except (sa_exc.SQLAlchemyError, OSError) as exc:
-        raise _translate(exc, engine) from exc
     except Exception as exc:
-        if type(exc).__module__.split(".")[0] not in _DRIVER_MODULES:
+        error = translation(exc, engine)
+        if error is None:
             raise
-        raise _translate(exc, engine) from exc
+        raise error from exc
+
+
+def translation(exc: Exception, engine: Engine) -> StoreError | None:
+    """The [`StoreError`][flexiq_plugins.errors.StoreError] `translated` raises for ``exc``, if any.
+
+    Parameters:
+      exc (Exception): what a store call raised.
+      engine (Engine): the store's engine, named (password hidden) in messages.
+
+    Returns:
+      StoreError | None: a `StoreUnavailable`, `StoreMisconfigured` or other
+      `StoreError`; ``None`` when ``exc`` is not a database error (it goes through as it is).
+    """
+    if isinstance(exc, (sa_exc.SQLAlchemyError, OSError)) or type(exc).__module__.split(".")[0] in _DRIVER_MODULES:
+        return _translate(exc, engine)
+    return None
 
 
 def _translate(exc: BaseException, engine: Engine) -> StoreError:
