@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import sqlite3
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -22,10 +21,8 @@ from sqlalchemy import event
 from flexiq_plugins._model.records import Begun, JobEnvelope, StepRow
 from flexiq_plugins._store.sql import SqlStepStore, normalize_url
 from flexiq_plugins._store.sql import connections as sql_connections_module
-from flexiq_plugins._store.sql import engine as sql_engine_module
 from flexiq_plugins._store.sql.driver import DriverStatement, _dollar_placeholders, runs_on_driver
 from flexiq_plugins.errors import ClaimLost, StoreError, StoreUnavailable
-from tests.polling import wait_for
 from tests.store.test_store_held import Checkouts, _backend_pid, _terminate
 
 ENVELOPE = JobEnvelope(task_name="shop.checkout", framework="test", args=[1])
@@ -43,18 +40,22 @@ def _on_driver(postgres_url: str, driver: str) -> sa.URL:
     return sa.make_url(normalize_url(postgres_url)).set(drivername=f"postgresql+{driver}")
 
 
-def _no_busy_wait(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Make a SQLite store's writers give up on another writer's lock after one short pause instead of 30 s."""
-    monkeypatch.setattr(sql_engine_module, "_SQLITE_BUSY_TIMEOUT_MS", 0)
+def _no_busy_wait(store: SqlStepStore) -> None:
+    """Make the store's connections give up on a lock at once instead of after the busy timeout."""
+
+    def at_checkout(dbapi_connection: Any, *_: Any) -> None:
+        dbapi_connection.execute("PRAGMA busy_timeout = 0")
+
+    event.listen(store.engine, "checkout", at_checkout)
 
 
 def test_c28_a_new_step_on_a_database_another_connection_holds_is_an_outage_and_commits_nothing(
-    sqlite_url: str, make_sql_store: Callable[..., SqlStepStore], monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, make_sql_store: Callable[..., SqlStepStore]
 ) -> None:
     """``BEGIN IMMEDIATE`` refused ("database is locked") is ``StoreUnavailable``; once free, the step commits (C28)."""
     store = make_sql_store(sqlite_url)
     claim = _claimed(store, "run-locked").claim
-    _no_busy_wait(monkeypatch)
+    _no_busy_wait(store)
     other = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
     other.execute("BEGIN IMMEDIATE")  # another writer (process or connection) holds the database
     try:
@@ -70,37 +71,6 @@ def test_c28_a_new_step_on_a_database_another_connection_holds_is_an_outage_and_
     stored = store.commit_step(claim, StepRow(0, "charge#0", "run", b"v"))
     assert [s.step_key for s in store.get_steps("run-locked")] == ["charge#0"]
     assert stored.committed_at is not None
-
-
-def test_c9_a_sqlite_writer_waits_for_another_writer_in_short_pauses_then_commits(
-    sqlite_url: str, make_sql_store: Callable[..., SqlStepStore]
-) -> None:
-    """A new step meeting another writer's transaction tries its ``BEGIN IMMEDIATE`` again (SQLite's busy timeout
-    is off on the WAL file) and commits once the other writer is done (C9)."""
-    store = make_sql_store(sqlite_url)
-    claim = _claimed(store, "run-waits").claim
-    begins: list[str] = []
-
-    def at_checkout(dbapi_connection: Any, *_: Any) -> None:
-        dbapi_connection.set_trace_callback(lambda sql: begins.append(sql) if sql == "BEGIN IMMEDIATE" else None)
-
-    event.listen(store.engine, "checkout", at_checkout)
-    other = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
-    other.execute("BEGIN IMMEDIATE")  # another writer (process or connection) holds the database
-    done: list[StepRow] = []
-    writer = threading.Thread(target=lambda: done.append(store.commit_step(claim, StepRow(0, "a#0", "run", b"v"))))
-    try:
-        writer.start()
-        wait_for(lambda: len(begins) >= 3, timeout=30, what="the step's writer to try its BEGIN again")
-        assert done == [], "it waits while the other writer holds the lock"
-    finally:
-        other.execute("ROLLBACK")
-        other.close()
-    writer.join(timeout=30)
-    assert len(done) == 1
-    assert [s.step_key for s in store.get_steps("run-waits")] == ["a#0"]
-    with store.engine.connect() as conn:
-        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 0
 
 
 def test_a_new_step_whose_table_is_gone_names_the_fix_and_leaves_the_run_unchanged(

@@ -48,7 +48,6 @@ from .engine import (
     bad_store_message,
     create_engine,
     dead_after_idle,
-    is_sqlite_busy,
     normalize_url,
     register_fork_hook,
     safe_url,
@@ -323,7 +322,7 @@ class SqlConnections:
                         raise
                     raise error from exc
             except StoreUnavailable as exc:
-                if not (retries and (is_deadlock(exc.__cause__) or is_sqlite_busy(exc.__cause__))):
+                if not (retries and is_deadlock(exc.__cause__)):
                     raise
                 retries -= 1
                 time.sleep(0.01 * (_DEADLOCK_RETRIES - retries))

@@ -8,13 +8,7 @@ Why it is built the way it is:
   the URL is read, so a worker that changes directory keeps the same file.
 - **SQLite writers queue instead of deadlocking.** pysqlite's own transaction
   handling is switched off and every write transaction starts with ``BEGIN
-  IMMEDIATE``; the file opens in WAL mode. A ``BEGIN IMMEDIATE`` that finds
-  another writer inside its transaction tries again after 0.1 ms, then
-  after twice as long each time up to 2 ms, for at most 30 s. SQLite's own
-  busy handler (``busy_timeout``) would sleep 1, 2, 5, 10 … 100 ms, far
-  longer than a step's transaction holds the lock, and leave the workers
-  idle while it sleeps; it is off on a WAL file, where nothing but a writer
-  waits for a lock (a store call that meets one anyway is tried again).
+  IMMEDIATE``; the file opens in WAL mode with a 30 s busy timeout.
 - **SQLite commits without an fsync each (``synchronous=NORMAL``).** Under WAL
   this is safe against a crashed *process* (a committed step is in the WAL
   file, which the next opener replays); only a power loss or an OS crash may
@@ -103,7 +97,6 @@ __all__ = [
     "create_engine",
     "dead_after_idle",
     "normalize_url",
-    "is_sqlite_busy",
     "register_fork_hook",
     "safe_url",
     "sqlite_file",
@@ -119,10 +112,6 @@ READ_ONLY = "flexiq_read_only"
 """The execution option that marks a read-only transaction (SQLite then takes no write lock)."""
 
 _SQLITE_BUSY_TIMEOUT_MS = 30_000
-_SQLITE_BUSY = 5
-"""SQLite's ``SQLITE_BUSY`` result code (``sqlite3.OperationalError.sqlite_errorcode``, Python 3.11 and later)."""
-_SQLITE_WRITER_PAUSES = (0.0001, 0.002)
-"""The first and the longest pause, in seconds, of a ``BEGIN IMMEDIATE`` waiting for another writer."""
 SQLITE_SYNCHRONOUS = "synchronous"
 """The SQLite URL option choosing ``PRAGMA synchronous`` (``normal``, the default, or ``full``/``extra``)."""
 _SQLITE_SYNCHRONOUS_LEVELS = ("normal", "full", "extra")
@@ -460,9 +449,7 @@ def _install_sqlite_events(engine: Engine, *, wal: bool, synchronous: str) -> No
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         try:
-            # WAL: no busy timeout; a write transaction waits for the lock in short pauses (_begin_writing),
-            # and a read meets none (a store call that does is tried again, SqlConnections._run)
-            cursor.execute(f"PRAGMA busy_timeout = {0 if wal else _SQLITE_BUSY_TIMEOUT_MS}")
+            cursor.execute(f"PRAGMA busy_timeout = {_SQLITE_BUSY_TIMEOUT_MS}")
             if wal:
                 _enable_wal(cursor)
                 cursor.execute(f"PRAGMA synchronous = {synchronous.upper()}")
@@ -470,60 +457,14 @@ def _install_sqlite_events(engine: Engine, *, wal: bool, synchronous: str) -> No
             cursor.close()
 
     def on_begin(conn: Connection) -> None:
-        if conn.get_execution_options().get(READ_ONLY, False):
-            _begin(conn, "BEGIN")
-        elif wal:
-            _begin_writing(conn)
+        sql = "BEGIN" if conn.get_execution_options().get(READ_ONLY, False) else "BEGIN IMMEDIATE"
+        if runs_on_driver(conn):  # SQLAlchemy's execution would cost 5× the BEGIN (see .driver)
+            run_on_driver(conn, sql)
         else:
-            _begin(conn, "BEGIN IMMEDIATE")
+            conn.exec_driver_sql(sql)
 
     event.listen(engine, "connect", on_connect)
     event.listen(engine, "begin", on_begin)
-
-
-def _begin(conn: Connection, sql: str) -> None:
-    if runs_on_driver(conn):  # SQLAlchemy's execution would cost 5× the BEGIN (see .driver)
-        run_on_driver(conn, sql)
-    else:
-        conn.exec_driver_sql(sql)
-
-
-def _begin_writing(conn: Connection) -> None:
-    """``BEGIN IMMEDIATE`` on a WAL file, waiting for another writer in short pauses instead of SQLite's long sleeps.
-
-    The connection has no busy timeout (see `_install_sqlite_events`): a
-    write lock another connection holds fails the ``BEGIN`` at once, and it
-    is tried again after 0.1 ms, doubling up to 2 ms, until 30 s have
-    passed; the last failure is raised (``database is locked``).
-    """
-    deadline = 0.0
-    pause, longest = _SQLITE_WRITER_PAUSES
-    while True:
-        try:
-            _begin(conn, "BEGIN IMMEDIATE")
-            return
-        except sa_exc.OperationalError as exc:
-            if not is_sqlite_busy(exc):
-                raise
-            now = time.monotonic()
-            if not deadline:
-                deadline = now + _SQLITE_BUSY_TIMEOUT_MS / 1000
-            elif now >= deadline:
-                raise
-        time.sleep(pause)
-        pause = min(pause * 2, longest)
-
-
-def is_sqlite_busy(exc: BaseException | None) -> bool:
-    """Whether ``exc`` is SQLite's ``SQLITE_BUSY``: another connection holds the lock a statement needs.
-
-    Parameters:
-      exc (BaseException | None): a SQLAlchemy ``DBAPIError`` (typically the ``__cause__`` of a translated error).
-    """
-    origin = getattr(exc, "orig", None)
-    return isinstance(origin, sqlite3.OperationalError) and (
-        getattr(origin, "sqlite_errorcode", None) == _SQLITE_BUSY or "database is locked" in str(origin)
-    )
 
 
 def _enable_wal(cursor: Any) -> None:
