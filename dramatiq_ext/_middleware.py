@@ -274,17 +274,27 @@ class DurableSteps(Middleware):
         exists, whichever key it carries, and its group completion callbacks
         derived keys; a message the middleware publishes again (a sleep hop,
         a put-back, a retry, a recovery) is not recorded again; a retry of an
-        attempt that claimed its run resumes it.
+        attempt that claimed its run resumes it, and a retry of a message
+        published without a run key (a producer without the middleware, or
+        one that declares the actor ``durable=False``) carries its run's key,
+        its message id.
         """
         options = message.options
         try:
             actor_options = broker.get_actor(message.actor_name).options
         except ActorNotFound:  # a producer that does not declare the actor: known if it has taken steps
             actor_options = {}
-        if actor_options.get("durable") is False:
-            return  # an actor that opts out is not touched (C43)
+        if actor_options.get("durable") is False:  # an actor that opts out is not touched (C43) ...
+            if first_publish(options.get(RESUME_OPTION)):
+                _dispatch.stamp_group_callbacks(options)  # ... but a durable completion callback keeps its key (C44)
+            return
         given = bool(options.get(RUN_KEY_OPTION))
         first = first_publish(options.get(RESUME_OPTION))
+        failure = self._failing.pop(message.message_id, None) if self._failing else None
+        if failure is not None and not given:  # Retries' copy of a message published without a key (C11):
+            options[RUN_KEY_OPTION] = failure.run_key  # its run's key (the message id) from now on
+            options[RESUME_OPTION] = failure.claimed  # a run it claimed is continued: the retry claims first (C23)
+            return
         if not given:
             options[RUN_KEY_OPTION] = new_run_key()
             published = publishing_trace(self._config_or_arguments())
@@ -294,10 +304,8 @@ class DurableSteps(Middleware):
         if first:
             _dispatch.stamp_group_callbacks(options)
             self._record(message, delay, actor_options, run_key_given=given)
-        if self._failing:
-            failure = self._failing.pop(message.message_id, None)
-            if failure is not None and failure.claimed:
-                options[RESUME_OPTION] = True  # the retry continues a run: it claims first (C23)
+        if failure is not None and failure.claimed:
+            options[RESUME_OPTION] = True  # the retry continues a run: it claims first (C23)
 
     def _record(self, message: Any, delay: int | None, actor_options: dict[str, Any], *, run_key_given: bool) -> None:
         """Record a new message's run ``queued`` if its actor is known to take steps, unless it opts out (C39, C43)."""

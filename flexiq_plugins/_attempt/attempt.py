@@ -220,9 +220,8 @@ class Attempt:
         attempt has concluded (`_run`).
         """
         if self._kept is None:
-            hold = self._store.held()
-            hold.__enter__()
-            self._kept = hold
+            self._kept = self._store.held()  # kept before it is entered: an interruption in between leaks nothing
+            self._kept.__enter__()
 
     def _give_connection_back(self) -> None:
         hold, self._kept = self._kept, None

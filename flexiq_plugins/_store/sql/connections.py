@@ -320,7 +320,10 @@ class SqlConnections:
                     error = translation(exc, self._engine)
                     if error is None:
                         raise
-                    raise error from exc
+                    try:
+                        raise error from exc
+                    finally:
+                        del error  # the frame, in the error's traceback, must not hold it (no cycle)
             except StoreUnavailable as exc:
                 if not (retries and is_deadlock(exc.__cause__)):
                     raise
