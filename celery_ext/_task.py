@@ -164,14 +164,15 @@ def _retry_options(request: Any, options: dict[str, Any]) -> dict[str, Any]:
     An eager retry is applied at once under the same task id but would get a
     run of its own (`celery_ext._envelope.job_info`): it carries the
     run key. A retry of an attempt that claimed its run claims before its
-    body runs, so the run is settled however the retry ends.
+    body runs, so the run is settled however the retry ends; one of an
+    attempt that took no step still claims at its first step, so a
+    step-less task's eager retry writes nothing either (C43).
     """
     job = current_job.get()
     if job is None or not (request.is_eager or job.claimed):
         return options
     headers = {**without_unstarted_only(request.headers), **(options.get("headers") or {}), RUN_KEY_HEADER: job.run_key}
-    if job.claimed:
-        headers[RESUME_HEADER] = True
+    headers[RESUME_HEADER] = job.claimed
     return {**options, "headers": headers}
 
 

@@ -74,6 +74,36 @@ def test_c11_an_eager_retry_replays_the_steps_of_the_run_it_retries(
     assert charges == [1]
 
 
+def test_c43_an_eager_retry_of_a_task_that_takes_no_step_writes_no_run(
+    redis_broker: str, sqlite_store: Any, make_celery_app: Any
+) -> None:
+    """C43: ``self.retry()`` under ``Task.apply()`` of a task that takes no step retries as Celery does and leaves
+    no run row; a retry that then takes a step claims its run at that step, under the retried job's key (C11)."""
+    app: Celery = make_celery_app(redis_broker, sqlite_store)
+    keys: list[str] = []
+
+    @app.task(bind=True, name=f"{app.main}.retry_once", max_retries=1)
+    def retry_once(self: Any) -> str:
+        if self.request.retries == 0:
+            raise self.retry(countdown=0, exc=ConnectionError("down"))
+        return "done"
+
+    @app.task(bind=True, name=f"{app.main}.steps_on_retry", max_retries=1)
+    def steps_on_retry(self: Any) -> str:
+        job = current_job.get()
+        assert job is not None
+        keys.append(job.run_key)
+        if self.request.retries == 0:
+            raise self.retry(countdown=0, exc=ConnectionError("down"))
+        return str(current_job.step.run("charge", lambda: "charged"))
+
+    assert retry_once.apply().get() == "done"
+    assert sqlite_store.list_runs() == []
+    assert steps_on_retry.apply().get() == "charged"
+    assert len(set(keys)) == 1
+    assert [(run.run_key, run.status) for run in sqlite_store.list_runs()] == [(keys[0], "succeeded")]
+
+
 @pytest.mark.parametrize("steps", [False, True], ids=["no_step", "step"])
 def test_c26_celery_canvas_works_for_durable_tasks(
     redis_broker: str, sqlite_store: Any, make_celery_app: Any, steps: bool
