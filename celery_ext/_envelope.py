@@ -11,7 +11,7 @@ cannot take (``pickle`` apps) are kept encoded with the app's task serializer
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from flexiq_plugins.integration import (
@@ -24,6 +24,7 @@ from flexiq_plugins.integration import (
     build_envelope,
     cancellation_option,
     claims_before_body,
+    durable_at_publish,
     envelope_arguments,
     is_json,
     retry_policy_option,
@@ -46,8 +47,13 @@ def run_key_of(request: Any) -> str:
     return run_key_from(carried, str(request.id), where=f"{RUN_KEY_HEADER} header")
 
 
-def job_info(task: Any, request: Any) -> JobInfo:
+def job_info(task: Any, request: Any, known_tasks: Callable[[], Any] | None = None) -> JobInfo:
     """The core's view of the message ``request`` of ``task``, with its ``step_retry`` (C31) and run caps (C34).
+
+    ``known_tasks`` opens this process's known tasks: a redelivered message
+    of a task neither declared ``durable=True`` nor known to take steps has
+    no run to continue, and claims at its first step like a first delivery
+    (C43); ``None``: every redelivery claims before its body.
 
     Raises:
       ConfigurationError: the task's ``step_retry`` is not a ``RetryPolicy`` (or a dict of its fields), or
@@ -68,7 +74,7 @@ def job_info(task: Any, request: Any) -> JobInfo:
         step_retry=step_retry,
         cancellation=caps,
         eager=bool(request.is_eager),
-        lazy=not _may_continue(request),
+        lazy=not _may_continue(task, request, known_tasks),
         # a recovery copy of a queued run; its own redelivery (its worker died) claims as usual
         unstarted_only=bool(_header(request, UNSTARTED_ONLY)) and not (request.delivery_info or {}).get("redelivered"),
         publish_trace=_header(request, TRACE_HEADER),
@@ -96,18 +102,22 @@ def without_unstarted_only(headers: Mapping[str, Any] | None) -> dict[str, Any]:
     return {k: v for k, v in (headers or {}).items() if k != UNSTARTED_ONLY}
 
 
-def _may_continue(request: Any) -> bool:
+def _may_continue(task: Any, request: Any, known_tasks: Callable[[], Any] | None) -> bool:
     """Whether the job may continue a run, so it claims before its body (C23, C24).
 
     A put-back, a re-publish or a retry of an attempt that claimed carries
     ``flexiq_resume``; a message the broker delivers again (a worker died, a
-    visibility timeout) is ``redelivered``. Any other job claims at its
-    first step.
+    visibility timeout) is ``redelivered``, and may continue a run if its
+    task is declared durable or known to take steps (C43). Any other job
+    claims at its first step.
     """
     mark = getattr(request, RESUME_HEADER, None)
     if mark is None:
         mark = (request.headers or {}).get(RESUME_HEADER)
     redelivered = bool((request.delivery_info or {}).get("redelivered"))
+    if redelivered and known_tasks is not None:
+        name = str(request.task or task.name)
+        redelivered = durable_at_publish(known_tasks, "celery", name, declared=getattr(task, "durable", None))
     return claims_before_body(
         mark,
         run_key_given=bool(_header(request, RUN_KEY_HEADER)),

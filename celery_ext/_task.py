@@ -189,7 +189,7 @@ def _next_call_is_celerys(cls: type) -> bool:
 def _run_attempt(
     task: DurableTask, runtime: Runtime, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
-    job = job_info(task, request)
+    job = job_info(task, request, lambda: runtime.driver().known_tasks)
     handed_on: list[Ignore] = []
     exiting: list[SystemExit] = []
 

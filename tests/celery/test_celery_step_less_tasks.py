@@ -101,6 +101,31 @@ def test_c43_a_task_that_opts_out_is_published_as_without_the_integration(
     assert sqlite_store.list_runs() == []
 
 
+def test_c43_a_redelivered_job_of_a_task_that_takes_no_step_writes_no_run(
+    redis_broker: str, sqlite_store: SqlStepStore, make_celery_app: Callable[..., Celery]
+) -> None:
+    """C43: a step-less task's message that the broker delivers again (``Reject(requeue=True)`` with
+    ``acks_late``: ``redelivered``) runs again as in plain Celery and leaves no run row: only a task declared
+    durable or known to take steps has a run a redelivery may continue."""
+    from celery.exceptions import Reject
+
+    app = make_celery_app(redis_broker, sqlite_store, recovery=False)
+    seen: list[bool] = []
+
+    @app.task(bind=True, name=f"{app.main}.requeued", acks_late=True)
+    def requeued(self: Any) -> str:
+        redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
+        seen.append(redelivered)
+        if not redelivered:
+            raise Reject("again", requeue=True)
+        return "done"
+
+    with in_process_worker(app):
+        assert requeued.delay().get(timeout=20) == "done"
+    assert seen == [False, True]
+    assert sqlite_store.list_runs() == []
+
+
 def test_c43_once_a_task_took_a_step_its_jobs_are_recorded_and_a_lost_message_is_recovered(
     redis_broker: str, sqlite_store: SqlStepStore, make_celery_app: Callable[..., Celery]
 ) -> None:
