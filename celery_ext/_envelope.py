@@ -10,6 +10,7 @@ cannot take (``pickle`` apps) are kept encoded with the app's task serializer
 
 from __future__ import annotations
 
+import functools
 import secrets
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -108,21 +109,23 @@ def _may_continue(task: Any, request: Any, known_tasks: Callable[[], Any] | None
     A put-back, a re-publish or a retry of an attempt that claimed carries
     ``flexiq_resume``; a message the broker delivers again (a worker died, a
     visibility timeout) is ``redelivered``, and may continue a run if its
-    task is declared durable or known to take steps (C43). Any other job
-    claims at its first step.
+    task takes steps (`claims_before_body`, C43). Any other job claims at
+    its first step.
     """
     mark = getattr(request, RESUME_HEADER, None)
     if mark is None:
         mark = (request.headers or {}).get(RESUME_HEADER)
     redelivered = bool((request.delivery_info or {}).get("redelivered"))
-    if redelivered and known_tasks is not None:
-        name = str(request.task or task.name)
-        redelivered = durable_at_publish(known_tasks, "celery", name, declared=getattr(task, "durable", None))
+    takes_steps = None
+    if known_tasks is not None:
+        name, declared = str(request.task or task.name), getattr(task, "durable", None)
+        takes_steps = functools.partial(durable_at_publish, known_tasks, "celery", name, declared=declared)
     return claims_before_body(
         mark,
         run_key_given=bool(_header(request, RUN_KEY_HEADER)),
         redelivered=redelivered,
         recorded=bool(_header(request, RECORDED_FLAG)),
+        takes_steps=takes_steps,
     )
 
 

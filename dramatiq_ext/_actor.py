@@ -128,12 +128,8 @@ def execute(
     Parameters:
       stopping (Callable[[], bool]): whether the worker is shutting down.
     """
-    if not body.is_async:
-        if job.lazy:  # a body that takes no step touches no connection; its claim holds one (Attempt.claim_now)
-            return driver.start(job).run(body.interruptible, *args, **kwargs)  # type: ignore[union-attr]
-        with driver.store.held():  # one connection for the attempt's store calls in this thread, not one per call
-            started = driver.start(job)
-            return started.run(body.interruptible, *args, **kwargs) if isinstance(started, Attempt) else started
+    if not body.is_async:  # the attempt's store calls share one connection (AttemptDriver.run_job)
+        return driver.run_job(job, functools.partial(body.interruptible, *args, **kwargs))
     started = driver.start(job)
     if not isinstance(started, Attempt):
         return started

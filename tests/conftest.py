@@ -9,6 +9,7 @@ drop their tables afterwards, so tests are isolated and can be re-run.
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 from collections.abc import Callable, Iterator
@@ -141,3 +142,14 @@ def store(request: pytest.FixtureRequest, make_sql_store: Callable[..., SqlStepS
         return MemoryStepStore()
     url = request.getfixturevalue(f"{request.param}_url")
     return make_sql_store(url)
+
+
+@pytest.fixture
+def collector_off() -> Iterator[None]:
+    """The cyclic garbage collector off for the test: only reference counting frees objects (no-cycle tests)."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._model.codec import Serializer
@@ -33,7 +33,12 @@ __all__ = [
 
 # ---------------------------------------------------------------- claims
 def claims_before_body(
-    resume: bool | None, *, run_key_given: bool, redelivered: bool = False, recorded: bool = False
+    resume: bool | None,
+    *,
+    run_key_given: bool,
+    redelivered: bool = False,
+    recorded: bool = False,
+    takes_steps: Callable[[], bool] | None = None,
 ) -> bool:
     """Whether a delivery claims its run before the body runs, or lazily at its first step (C23, C37, C39).
 
@@ -45,7 +50,10 @@ def claims_before_body(
     ``queued``; claiming first marks it started, so neither a long body
     before its first step nor a copy recovery published can run it twice. A
     genuinely new job that was not recorded claims at its first step, so a
-    body that takes no step costs no store I/O.
+    body that takes no step costs no store I/O. A message the broker
+    delivers again may continue a run only if its task takes steps: a task
+    never known to take one has no run, and its redelivery claims at its
+    first step too (C43).
 
     Parameters:
       resume (bool | None): the message's resume mark (``flexiq_resume``):
@@ -56,11 +64,13 @@ def claims_before_body(
       run_key_given (bool): whether the message carries a run key.
       redelivered (bool): whether the broker says it delivered the message before.
       recorded (bool): whether the message says its run was recorded at publish (C39).
+      takes_steps (Callable[[], bool] | None): whether the message's task is declared durable or known to take
+        steps (`durable_at_publish`), asked only of a redelivery; ``None``: assume it does.
 
     Returns:
       bool: ``True`` to claim before the body.
     """
-    if redelivered or recorded:
+    if recorded or (redelivered and (takes_steps is None or takes_steps())):
         return True
     if resume is None:
         return run_key_given  # a run key from a producer without the integration may name an existing run

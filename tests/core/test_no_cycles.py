@@ -11,9 +11,7 @@ run with the collector disabled, so only reference counting frees anything.
 from __future__ import annotations
 
 import asyncio
-import gc
 import weakref
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -35,14 +33,8 @@ class Boom(RuntimeError):
 
 
 @pytest.fixture
-def no_gc() -> Iterator[None]:
+def no_gc(collector_off: None) -> None:
     """The cyclic garbage collector off for the test."""
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def _boom(refs: list[weakref.ref[Any]]) -> Boom:

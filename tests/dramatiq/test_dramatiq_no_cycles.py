@@ -8,10 +8,9 @@ Celery's is ``tests/celery/test_celery_no_cycles.py``.
 
 from __future__ import annotations
 
-import gc
 import logging
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import dramatiq
@@ -32,19 +31,13 @@ class Big:
 
 
 @pytest.fixture
-def no_gc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def no_gc(monkeypatch: pytest.MonkeyPatch, collector_off: None) -> None:
     """The cyclic garbage collector off for the test: only reference counting frees objects.
 
     The worker's log records do not reach pytest's capture, which keeps each
     record (and the ``exc_info`` it logs) until the test ends.
     """
     monkeypatch.setattr(logging.getLogger("dramatiq.worker.WorkerThread"), "disabled", True)
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 class Boom(RuntimeError):

@@ -15,7 +15,9 @@ from collections.abc import Callable
 
 import dramatiq
 from dramatiq.brokers.stub import StubBroker
-from dramatiq.middleware import Retries, Shutdown
+from dramatiq.message import Message
+from dramatiq.middleware import GroupCallbacks, Retries, Shutdown
+from dramatiq.rate_limits.backends import StubBackend
 
 from dramatiq_ext import DurableSteps
 from flexiq_plugins import SqlStepStore, current_job, operations
@@ -80,6 +82,36 @@ def test_c43_an_actor_that_opts_out_is_sent_as_without_the_middleware(
     assert keyed.options == {"flexiq_run_key": "order-1"}
     assert sorted(done) == [1, 2]
     assert sqlite_store.list_runs() == []
+
+
+def test_c44_a_group_of_opted_out_actors_gives_its_completion_callback_a_derived_key(
+    stub_broker: dramatiq.Broker, queue: str, sqlite_store: SqlStepStore
+) -> None:
+    """C43, C44: an opted-out member's message gets no ``flexiq_*`` option of its own, but the group's
+    completion callback it carries gets the key derived from the group, as a durable member's would."""
+    from dramatiq import group
+
+    stub_broker.add_middleware(DurableSteps(store=sqlite_store, recovery=False), before=Retries)
+    stub_broker.add_middleware(GroupCallbacks(StubBackend()))
+
+    @dramatiq.actor(broker=stub_broker, queue_name=queue, durable=False)
+    def part(n: int) -> None:
+        """An opted-out member."""
+
+    @dramatiq.actor(broker=stub_broker, queue_name=queue)
+    def summary(tag: str) -> None:
+        """A durable completion callback."""
+
+    members = group([part.message(1), part.message(2)])
+    members.add_completion_callback(summary.message("g"))
+    members.run()
+    sent = stub_broker.queues[queue].queue
+    options = [Message.decode(raw).options for raw in sent]
+    assert len(options) == 2
+    for own in options:
+        assert not [name for name in own if name.startswith("flexiq_")], own
+        (callback,) = own["group_completion_callbacks"]
+        assert callback["options"]["flexiq_run_key"].endswith("/group/0")
 
 
 def test_c43_once_an_actor_took_a_step_its_messages_are_recorded_and_a_lost_one_is_recovered(

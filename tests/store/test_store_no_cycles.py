@@ -13,7 +13,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -35,15 +35,9 @@ class Big:
 
 
 @pytest.fixture
-def no_gc(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def no_gc(monkeypatch: pytest.MonkeyPatch, collector_off: None) -> None:
     """The cyclic collector off; the library's log records kept out of pytest's capture (which keeps exc_info)."""
     monkeypatch.setattr(logging.getLogger("flexiq_plugins"), "disabled", True)
-    gc.collect()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def test_c28_a_store_error_is_freed_once_dropped(no_gc: None) -> None:
