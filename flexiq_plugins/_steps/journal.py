@@ -315,8 +315,14 @@ class StepJournal:
     def _replay_or_execute(self, verb: Verb, step: Step) -> Protocol_:
         if step.memo is not None:
             return verb.replay(self, step)
-        with self._body_of(step), in_step(step.id.step_key):
+        token = _step_key.set(step.id.step_key)  # what in_step does, and _body_of: no generator per step
+        try:
             produced = yield from verb.execute(self, step)
+        except BaseException:
+            _step_key.reset(token)
+            self.sequence.abandon(step.id)  # a body that raised: the step takes no key and no place (C6)
+            raise
+        _step_key.reset(token)
         value = verb.commit(self, step, produced)
         self.stop_if_cancelled()
         return value
@@ -462,15 +468,6 @@ class StepJournal:
             raise TypeError("a batch commit's cancellation notice must carry the committed rows")
         for row in stored:
             self.record(row)
-
-    @contextlib.contextmanager
-    def _body_of(self, step: Step) -> Iterator[None]:
-        """A new step's execution: if it raises, the step takes no key and no place (C6)."""
-        try:
-            yield
-        except BaseException:
-            self.sequence.abandon(step.id)
-            raise
 
     # ------------------------------------------------- what verbs build on
     def decode(self, step: Step) -> Any:

@@ -87,8 +87,12 @@ def open_transactions(exclude: CallerTransaction | None = None) -> list[OpenTran
       exclude (CallerTransaction | None): the transaction a transactional step
         shares; it is not a hazard to that step.
     """
-    found = _django_open() + _sqlalchemy_open()
-    return [t for t in found if exclude is None or not exclude.owns(t.key)]
+    found = _django_open()
+    if getattr(_local, "writers", None):  # no SQLAlchemy transaction of this thread has written: none to look at
+        found += _sqlalchemy_open()
+    if exclude is None or not found:
+        return found
+    return [t for t in found if not exclude.owns(t.key)]
 
 
 def _django_open() -> list[OpenTransactionInfo]:

@@ -333,7 +333,8 @@ class SqlConnections:
     def _once(self, work: Callable[[Connection], T], *, read_only: bool, autocommit: bool = False) -> T:
         guard: AbstractContextManager[Any] = self._serial if self._shared_connection else _UNGUARDED
         with guard:
-            self._ensure_schema()
+            if not self._schema_ready:
+                self._ensure_schema()
             started = time.monotonic()
             try:
                 return self._transaction(work, read_only=read_only, autocommit=autocommit)

@@ -232,9 +232,20 @@ class Folded:
         return sa.select(held.c.updated_at, held.c.cancel_reason).add_cte(wrote)
 
     def _step_postgresql(self, conn: Connection, claim: Claim, row: StepRow) -> StepWritten | None:
-        values = step_values(row)
-        del values["committed_at"], values["attempt"]
-        params = self._params(claim, size=row.size, **{f"s_{k}": v for k, v in values.items()})
+        params = {  # the fence and the step's columns, by the statement's bind names: no intermediate dicts
+            "p_run_key": claim.run_key,
+            "p_owner": claim.owner,
+            "p_attempt": claim.attempt,
+            "p_size": row.size,
+            "p_s_position": row.position,
+            "p_s_step_key": row.step_key,
+            "p_s_kind": row.kind,
+            "p_s_value": row.value,
+            "p_s_wake_at": row.wake_at,
+            "p_s_failure": row.failure,
+            "p_s_compensate": row.compensate,
+            "p_s_event_id": row.event_id,
+        }
         if runs_on_driver(conn):  # psycopg: straight to the driver (.driver)
             if self._pg_on_driver is None:
                 self._pg_on_driver = DriverStatement(self._step_pg, conn.dialect)
