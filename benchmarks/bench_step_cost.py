@@ -52,7 +52,7 @@ from benchmarks.schema import drop_prefixed_tables
 from flexiq_plugins import JobEnvelope, SqlStepStore, current_job
 from flexiq_plugins._attempt.attempt import Attempt
 from flexiq_plugins._model.records import Claim, StepRow
-from flexiq_plugins._store.sql.folded import Folded
+from flexiq_plugins._store.sql.folded import Folded, postgresql_step_params
 from flexiq_plugins.integration import AttemptDriver, JobInfo
 
 URL = os.environ.get("FLEXIQ_BENCH_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
@@ -96,20 +96,7 @@ class Variant:
         self.compiled = step_statement(store, stamp).compile(dialect=store.engine.dialect)
 
     def params(self, claim: Claim, row: StepRow) -> dict[str, Any]:
-        given = {
-            "p_run_key": claim.run_key,
-            "p_owner": claim.owner,
-            "p_attempt": claim.attempt,
-            "p_size": row.size,
-            "p_s_position": row.position,
-            "p_s_step_key": row.step_key,
-            "p_s_kind": row.kind,
-            "p_s_value": row.value,
-            "p_s_wake_at": None,
-            "p_s_failure": None,
-            "p_s_compensate": None,
-            "p_s_event_id": None,
-        }
+        given = postgresql_step_params(claim, row)
         return dict(self.compiled.construct_params(given))
 
     def start(self) -> Attempt:

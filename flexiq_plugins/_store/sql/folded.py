@@ -94,7 +94,7 @@ from .driver import DriverStatement, runs_on_driver
 from .mapping import step_values
 from .tables import StoreTables
 
-__all__ = ["Folded", "InOne", "StepWritten"]
+__all__ = ["Folded", "InOne", "StepWritten", "postgresql_step_params"]
 
 _SQLITE_RETURNING = sqlite3.sqlite_version_info >= (3, 35)
 _ROWS_PER_INSERT = 50
@@ -140,6 +140,28 @@ def _p(name: str, column: sa.Column[Any] | None = None, prefix: str = "p_") -> s
 def _v(name: str, column: sa.Column[Any]) -> sa.BindParameter[Any]:
     """A parameter for the value an ``UPDATE`` sets (apart from the ``p_`` ones of its ``WHERE``)."""
     return _p(name, column, prefix="v_")
+
+
+def postgresql_step_params(claim: Claim, row: StepRow) -> dict[str, Any]:
+    """The parameters of PostgreSQL's one-statement step (`Folded.commit_step`): the fence and the step's columns.
+
+    Built as one dictionary, by the statement's bind names: a new step's
+    client CPU is mostly Python like this (see ``docs/performance.md``).
+    """
+    return {
+        "p_run_key": claim.run_key,
+        "p_owner": claim.owner,
+        "p_attempt": claim.attempt,
+        "p_size": row.size,
+        "p_s_position": row.position,
+        "p_s_step_key": row.step_key,
+        "p_s_kind": row.kind,
+        "p_s_value": row.value,
+        "p_s_wake_at": row.wake_at,
+        "p_s_failure": row.failure,
+        "p_s_compensate": row.compensate,
+        "p_s_event_id": row.event_id,
+    }
 
 
 class Folded:
@@ -232,20 +254,7 @@ class Folded:
         return sa.select(held.c.updated_at, held.c.cancel_reason).add_cte(wrote)
 
     def _step_postgresql(self, conn: Connection, claim: Claim, row: StepRow) -> StepWritten | None:
-        params = {  # the fence and the step's columns, by the statement's bind names: no intermediate dicts
-            "p_run_key": claim.run_key,
-            "p_owner": claim.owner,
-            "p_attempt": claim.attempt,
-            "p_size": row.size,
-            "p_s_position": row.position,
-            "p_s_step_key": row.step_key,
-            "p_s_kind": row.kind,
-            "p_s_value": row.value,
-            "p_s_wake_at": row.wake_at,
-            "p_s_failure": row.failure,
-            "p_s_compensate": row.compensate,
-            "p_s_event_id": row.event_id,
-        }
+        params = postgresql_step_params(claim, row)
         if runs_on_driver(conn):  # psycopg: straight to the driver (.driver)
             if self._pg_on_driver is None:
                 self._pg_on_driver = DriverStatement(self._step_pg, conn.dialect)
