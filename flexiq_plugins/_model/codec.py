@@ -109,6 +109,8 @@ _LOADERS: dict[str, Callable[[Any], Any]] = {
 # NaN and the infinities are written as ``NaN``, ``Infinity`` and ``-Infinity``,
 # as Python's json, kombu's and Dramatiq's JSON write them: a float comes back
 # unchanged (C7). Strict JSON parsers outside Python refuse those three tokens.
+_SAME_AFTER_JSON = frozenset({int, str, bool, type(None)})
+"""The exact types a JSON round trip returns unchanged (a subclass, e.g. an ``IntEnum``, comes back as its base)."""
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=_tagged)
 _DECODER = json.JSONDecoder(object_hook=_untagged)
 
@@ -251,6 +253,7 @@ class CodecChain:
             if not n or any(ch in n for ch in "|\n"):
                 raise ConfigurationError(f"codec name {n!r} must be non-empty without '|' or newline")
         self._header = _MAGIC + b"|" + "|".join(names).encode() + b"\n"
+        self._plain_json = type(self.serializer) is JsonSerializer and not self.codecs
 
     @property
     def description(self) -> str:
@@ -271,6 +274,20 @@ class CodecChain:
         for codec in self.codecs:
             data = codec.encode(data)
         return self._header + data
+
+    def read_back(self, value: Any, encoded: bytes, *, step_key: str = "?") -> Any:
+        """What a replay of ``encoded`` (the bytes `encode` made of ``value``) returns: its `decode` (C7).
+
+        A value of exactly ``int``, ``str``, ``bool`` or ``None`` stored by
+        the plain JSON chain (no codec) is returned as it is: JSON gives
+        these back unchanged, so reading them back would only cost time.
+
+        Raises:
+          DecodeError: the bytes cannot be read back.
+        """
+        if self._plain_json and type(value) in _SAME_AFTER_JSON:
+            return value
+        return self.decode(encoded, step_key=step_key)
 
     def decode(self, stored: bytes, *, step_key: str = "?") -> Any:
         """Decode stored bytes; [`DecodeError`][flexiq_plugins.errors.DecodeError] if another chain wrote them or

@@ -108,6 +108,8 @@ Protocol_ = Generator[object, Any, Any]
 """A step protocol in progress: yields `CALL_BODY`, receives the body's value, returns the step's."""
 
 _step_key: ContextVar[str | None] = ContextVar("flexiq_current_step", default=None)
+_NEVER_AWAITABLE = frozenset({int, str, bytes, float, bool, type(None), dict, list, tuple})
+"""Exact types no body's return value can be awaited as: checked before `inspect.isawaitable`, which costs more."""
 
 
 def current_step_key() -> str | None:
@@ -494,7 +496,7 @@ class StepJournal:
 
     def refuse_awaitable(self, step: Step, value: Any) -> None:
         """Refuse a body of ``run`` that returned an awaitable: it belongs in ``arun``."""
-        if inspect.isawaitable(value):
+        if type(value) not in _NEVER_AWAITABLE and inspect.isawaitable(value):
             _discard(value)
             self.refuse(
                 InvalidStepBody(
@@ -549,7 +551,7 @@ class StepJournal:
         key = step.id.step_key
         try:
             encoded = self._codec.encode(value, step_key=key)
-            return encoded, self._codec.decode(encoded, step_key=key)  # never store what cannot be read back
+            return encoded, self._codec.read_back(value, encoded, step_key=key)  # never store what cannot be read
         except DecodeError as exc:
             self.refuse(EncodeError(f"step {key!r} returned a value its serializer cannot read back: {exc}"))
             raise  # unreachable: refuse() raises

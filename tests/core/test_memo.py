@@ -142,6 +142,27 @@ def test_c7_dict_with_int_keys_comes_back_decoded_on_first_run(harness):
     assert decision == decisions.Completed({"1": "a"})
 
 
+def test_c7_an_int_subclass_comes_back_as_the_int_json_reads_on_first_run_and_on_replay(harness):
+    """An ``IntEnum`` member is stored as its number, and the first run returns what a replay will: the ``int``."""
+    import enum
+
+    class Size(enum.IntEnum):
+        LARGE = 3
+
+    seen: list[object] = []
+
+    def body():
+        seen.append(current_job.step.run("size", lambda: Size.LARGE))
+        seen.append(current_job.step.run("flag", lambda: True))
+        if current_job.attempt == 1:
+            raise Boom("retry")
+
+    harness.run(body)
+    harness.run(body)
+    assert seen == [3, True, 3, True]
+    assert [type(v) for v in seen] == [int, bool, int, bool]
+
+
 @pytest.mark.parametrize(
     "value",
     [pytest.param(object(), id="object"), pytest.param({1, 2}, id="set")],

@@ -244,6 +244,42 @@ def test_c25_a_step_on_either_postgresql_driver_commits_once_and_is_refused_a_se
     assert store.get_run("run-twice").step_count == 1
 
 
+@pytest.mark.postgres
+def test_c25_psycopg_steps_share_one_kept_cursor_and_a_refused_step_leaves_a_fresh_one_for_the_next(
+    postgres_url: str, make_sql_store: Callable[..., SqlStepStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One ``RawCursor`` serves every step of a held connection; a step refused by the database closes it (C25).
+
+    Opening and closing a psycopg cursor per statement costs more than a few
+    microseconds, so the pooled connection keeps one. A statement that fails
+    (here a step key already committed, the driver's unique violation) drops
+    it, and the next step commits on a new one.
+    """
+    psycopg = pytest.importorskip("psycopg")
+    opened: list[Any] = []
+    open_cursor = psycopg.RawCursor.__init__
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
+        opened.append(self)
+        open_cursor(self, *args, **kwargs)
+
+    monkeypatch.setattr(psycopg.RawCursor, "__init__", counted)
+    store = make_sql_store(postgres_url)
+    claim = _claimed(store, "run-kept").claim
+    opened.clear()  # the claim's (its statement returns the run's steps: a cursor of its own, closed)
+    with store.held():
+        for position in range(4):
+            store.commit_step(claim, StepRow(position, f"s{position}#0", "run", b"v"))
+        assert len(opened) == 1, "each step opened a cursor of its own"
+        with pytest.raises(ClaimLost):
+            store.commit_step(claim, StepRow(4, "s0#0", "run", b"again"))
+        assert opened[0].closed, "the cursor of the refused statement was kept"
+        store.commit_step(claim, StepRow(4, "s4#0", "run", b"v"))
+    assert len(opened) == 2
+    assert [row.step_key for row in store.get_steps("run-kept")] == [f"s{i}#0" for i in range(5)]
+    assert store.get_run("run-kept").step_count == 5
+
+
 def test_psycopg_runs_a_long_statement_as_written_with_its_own_placeholders(postgres_url: str) -> None:
     """On psycopg a statement is compiled once with ``$n`` placeholders and sent as written.
 

@@ -117,10 +117,15 @@ class DriverStatement:
           sqlalchemy.exc.DBAPIError: the driver's error, as SQLAlchemy wraps it.
           KeyError: a bind the statement leaves without a value is not in ``params``.
         """
-        driver_connection = conn.connection.driver_connection
+        pooled = conn.connection
+        driver_connection = pooled.driver_connection
         on = self._on(driver_connection)
         values = on._values(params)
-        return run_on_driver(conn, on.sql, values, rows=on._rows, cursor=on._raw, on=driver_connection)  # type: ignore[return-value]
+        if on._raw is not None:  # psycopg's RawCursor: one kept per pooled connection (`run_on_driver`'s ``keep``)
+            return run_on_driver(
+                conn, on.sql, values, rows=on._rows, cursor=on._raw, on=driver_connection, keep=pooled.info
+            )  # type: ignore[return-value]
+        return run_on_driver(conn, on.sql, values, rows=on._rows, on=driver_connection)  # type: ignore[return-value]
 
     def all(self, conn: Connection, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         """`first`, returning every row (the statement returns rows).
@@ -164,6 +169,7 @@ def run_on_driver(
     rows: str = "any",
     cursor: Any = None,
     on: Any = None,
+    keep: dict[Any, Any] | None = None,
 ) -> tuple[Any, ...] | list[tuple[Any, ...]] | None:
     """Execute ``sql`` with ``values`` on the driver connection of ``conn``; its first row, or ``None``.
 
@@ -178,6 +184,12 @@ def run_on_driver(
         connection (``psycopg.RawCursor``); ``None``: the connection's default.
       on (Any): the driver connection of ``conn``, when the caller has it at
         hand; ``None``: read from ``conn``.
+      keep (dict | None): the pooled connection's ``info``, to keep one
+        ``cursor`` open there for its next statements instead of opening and
+        closing one per statement (psycopg's cursor set-up costs more than a
+        few microseconds); ``None``: a cursor of its own, closed after. A kept
+        cursor is dropped when a statement on it fails, and its connection's
+        ``info`` is cleared by the pool when the driver connection is replaced.
 
     Raises:
       sqlalchemy.exc.DBAPIError: the driver's error wrapped as SQLAlchemy wraps
@@ -185,7 +197,11 @@ def run_on_driver(
         connection (then ``conn`` is invalidated).
     """
     driver_connection: Any = conn.connection.driver_connection if on is None else on
-    cursor = driver_connection.cursor() if cursor is None else cursor(driver_connection)
+    if keep is not None:
+        cursor = _kept_cursor(keep, driver_connection, cursor)
+    else:
+        cursor = driver_connection.cursor() if cursor is None else cursor(driver_connection)
+    closing = keep is None
     try:
         cursor.execute(sql, values)
         if rows == "first":
@@ -196,14 +212,36 @@ def run_on_driver(
             return None
         return cursor.fetchone() if cursor.description is not None else None  # type: ignore[no-any-return]
     except conn.dialect.loaded_dbapi.Error as exc:
+        closing = _forget_kept(keep)
         _raise_wrapped(conn, exc, sql, values, cursor)
     except BaseException as exc:
+        closing = _forget_kept(keep)
         if is_exit_exception(exc):  # interrupted mid-statement: its state unknown, as SQLAlchemy treats it
             conn.invalidate(exc)
         raise
     finally:
-        if not conn.invalidated:
+        if closing and not conn.invalidated:
             cursor.close()
+
+
+_KEPT_CURSOR = "flexiq_kept_cursor"
+"""The key of the cursor `run_on_driver` keeps in a pooled connection's ``info``."""
+
+
+def _kept_cursor(info: dict[Any, Any], driver_connection: Any, cursor_class: type) -> Any:
+    """The ``cursor_class`` cursor kept in ``info`` for ``driver_connection``, opened if there is none (or not one
+    of this connection, or closed)."""
+    kept = info.get(_KEPT_CURSOR)
+    if kept is None or kept.closed or kept.connection is not driver_connection or type(kept) is not cursor_class:
+        kept = info[_KEPT_CURSOR] = cursor_class(driver_connection)
+    return kept
+
+
+def _forget_kept(info: dict[Any, Any] | None) -> bool:
+    """Forget the kept cursor after a failed statement (it is closed then, as an unkept one is); always ``True``."""
+    if info is not None:
+        info.pop(_KEPT_CURSOR, None)
+    return True
 
 
 def _raise_wrapped(conn: Connection, exc: Exception, sql: str, values: Any, cursor: Any) -> NoReturn:

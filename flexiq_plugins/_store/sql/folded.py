@@ -188,7 +188,7 @@ class Folded:
             sa.update(runs)
             .where(*self._fence)
             .values(
-                step_count=runs.c.step_count + 1,
+                step_count=runs.c.step_count + sa.literal_column("1", sa.Integer),  # in the text: nothing to bind
                 step_bytes=runs.c.step_bytes + _p("size", runs.c.step_bytes),
                 updated_at=clock,
             )
