@@ -280,6 +280,41 @@ def test_c25_psycopg_steps_share_one_kept_cursor_and_a_refused_step_leaves_a_fre
     assert store.get_run("run-kept").step_count == 5
 
 
+@pytest.mark.postgres
+def test_c22_a_pooled_connection_does_not_keep_a_large_step_value_or_envelope_alive_after_its_statement(
+    postgres_url: str, make_sql_store: Callable[..., SqlStepStore]
+) -> None:
+    """A kept cursor holds its last parameters: a large step value or job envelope runs on a cursor of its own.
+
+    After the step and the record at publish, with the pooled connection back
+    in the pool, nothing still references the 4 MB value or the 4 MB
+    argument (C22 lets a step value be that large).
+    """
+    import gc
+    import os
+    import tracemalloc
+
+    pytest.importorskip("psycopg")
+    store = make_sql_store(postgres_url)
+    claim = _claimed(store, "run-large").claim
+    size = 4_000_000
+    tracemalloc.start()
+    try:
+        with store.held():
+            store.commit_step(claim, StepRow(0, "small#0", "run", b"v"))  # the connection's kept cursor
+            store.commit_step(claim, StepRow(1, "large#0", "run", os.urandom(size)))  # its last statement
+        gc.collect()
+        after_step, _ = tracemalloc.get_traced_memory()
+        store.record_queued("run-big-envelope", "job-2", JobEnvelope("shop.import", "test", args=["x" * size]))
+        gc.collect()
+        after_record, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert after_step < size, f"{after_step / 1e6:.1f} MB still referenced after the step"
+    assert after_record < size, f"{after_record / 1e6:.1f} MB still referenced after the record at publish"
+    assert [row.step_key for row in store.get_steps("run-large")] == ["small#0", "large#0"]
+
+
 def test_psycopg_runs_a_long_statement_as_written_with_its_own_placeholders(postgres_url: str) -> None:
     """On psycopg a statement is compiled once with ``$n`` placeholders and sent as written.
 

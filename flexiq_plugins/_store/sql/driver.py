@@ -106,6 +106,9 @@ class DriverStatement:
         processors = [bind.type.bind_processor(dialect) for bind in binds]
         self._processors = [(i, process) for i, process in enumerate(processors) if process is not None]
         self._pick = _picker(self._names)  # the values in the statement's order, from a mapping: one C call
+        self._unbounded = tuple(  # the binds whose values have no size limit: a step's value, an envelope
+            name for name, bind in zip(self._names, binds, strict=True) if _unbounded(bind.type)
+        )
 
     def first(self, conn: Connection, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
         """Execute with ``params`` (by bind name) on ``conn``'s driver connection; its first row, or ``None``.
@@ -121,11 +124,25 @@ class DriverStatement:
         driver_connection = pooled.driver_connection
         on = self._on(driver_connection)
         values = on._values(params)
-        if on._raw is not None:  # psycopg's RawCursor: one kept per pooled connection (`run_on_driver`'s ``keep``)
+        if on._raw is not None and not on._large(params):  # psycopg's RawCursor: one kept per pooled connection
             return run_on_driver(
                 conn, on.sql, values, rows=on._rows, cursor=on._raw, on=driver_connection, keep=pooled.info
             )  # type: ignore[return-value]
-        return run_on_driver(conn, on.sql, values, rows=on._rows, on=driver_connection)  # type: ignore[return-value]
+        return run_on_driver(conn, on.sql, values, rows=on._rows, cursor=on._raw, on=driver_connection)  # type: ignore[return-value]
+
+    def _large(self, params: Mapping[str, Any]) -> bool:
+        """Whether ``params`` hold more than `KEEP_CURSOR_BYTES` in this statement's unbounded binds.
+
+        A kept cursor holds on to its last statement's parameters until the
+        next statement on its connection: a large step value or envelope runs
+        on a cursor of its own instead, closed and freed after.
+        """
+        size = 0
+        for name in self._unbounded:
+            value = params.get(name)
+            if value is not None:
+                size += len(value)
+        return size > KEEP_CURSOR_BYTES
 
     def all(self, conn: Connection, params: Mapping[str, Any]) -> list[tuple[Any, ...]]:
         """`first`, returning every row (the statement returns rows).
@@ -224,6 +241,10 @@ def run_on_driver(
             cursor.close()
 
 
+KEEP_CURSOR_BYTES = 16 * 1024
+"""The most bytes of unbounded parameters (a value, an envelope) a statement may pass on a kept cursor, which
+holds them until its connection's next statement."""
+
 _KEPT_CURSOR = "flexiq_kept_cursor"
 """The key of the cursor `run_on_driver` keeps in a pooled connection's ``info``."""
 
@@ -266,6 +287,15 @@ def _invalidate(conn: Connection, exc: BaseException) -> None:
     """What SQLAlchemy does on a lost connection: the pool's older connections, then this one, invalidated."""
     conn.engine.pool._invalidate(conn.connection, exc)  # as Connection._handle_dbapi_exception does
     conn.invalidate(exc)
+
+
+def _unbounded(type_: sa.types.TypeEngine[Any]) -> bool:
+    """Whether a bind of ``type_`` takes values of any size (``LargeBinary``, ``Text``, a ``String`` without length)."""
+    if isinstance(type_, sa.TypeDecorator):
+        type_ = type_.impl_instance
+    return isinstance(type_, (sa.LargeBinary, sa.Text)) or (
+        isinstance(type_, sa.String) and getattr(type_, "length", None) is None
+    )
 
 
 def _raw_cursor(dialect: sa.Dialect) -> type | None:
