@@ -189,6 +189,9 @@ class Adapter(Protocol):
 _lock = threading.Lock()
 _registered: dict[str, Adapter] = {}
 _entry_points_loaded: set[str] = set()
+_loading = threading.RLock()
+"""Held while an adapter's entry point is imported and registered: a second thread asking for it waits for the first
+(re-entrant: importing one adapter may ask for another)."""
 
 
 def register_adapter(adapter: Adapter) -> None:
@@ -198,17 +201,21 @@ def register_adapter(adapter: Adapter) -> None:
 
 
 def _load_entry_point(name: str) -> None:
+    """Import and register the adapter ``name`` once; it is marked loaded only when it is registered."""
     if name in _entry_points_loaded:
         return
-    _entry_points_loaded.add(name)
-    for point in entry_points(group=ENTRY_POINT_GROUP, name=name):
-        try:
-            adapter = point.load()
-        except ImportError as exc:  # the framework is not installed: the adapter is unavailable
-            logger.debug("adapter %r is not available: %s", name, exc)
-            continue
-        if isinstance(adapter, Adapter) and name not in _registered:
-            register_adapter(adapter)
+    with _loading:
+        if name in _entry_points_loaded:
+            return
+        for point in entry_points(group=ENTRY_POINT_GROUP, name=name):
+            try:
+                adapter = point.load()
+            except ImportError as exc:  # the framework is not installed: the adapter is unavailable
+                logger.debug("adapter %r is not available: %s", name, exc)
+                continue
+            if isinstance(adapter, Adapter) and name not in _registered:
+                register_adapter(adapter)
+        _entry_points_loaded.add(name)
 
 
 def _names() -> list[str]:

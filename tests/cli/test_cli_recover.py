@@ -101,10 +101,15 @@ def test_c35_concurrent_recovers_publish_each_run_once(
     stores: list[StepStore] = [first] + [SqlStepStore(url, table_prefix=first.table_prefix) for _ in range(3)]
     barrier = threading.Barrier(len(stores))
     reports: list[operations.RecoveryReport] = []
+    errors: list[BaseException] = []
 
     def recoverer(store: StepStore) -> None:
         barrier.wait()
-        reports.append(operations.recover(store, operations.publishers_for(broker), grace=0.5))
+        try:
+            reports.append(operations.recover(store, operations.publishers_for(broker), grace=0.5))
+        except BaseException as exc:
+            errors.append(exc)
+            raise
 
     threads = [threading.Thread(target=recoverer, args=(s,)) for s in stores]
     for t in threads:
@@ -113,6 +118,8 @@ def test_c35_concurrent_recovers_publish_each_run_once(
         t.join(60)
     for s in stores[1:]:
         s.close()
+    assert errors == [], "every recoverer must run to its end"
+    assert len(reports) == len(stores)
     assert sorted(queued_run_keys(broker)) == keys
     assert sum(len(r.recovered) for r in reports) == len(keys)
     assert all(not r.failed for r in reports)
