@@ -208,12 +208,16 @@ def _run_attempt(
         finally:
             _in_body.reset(token)
 
-    with job_log_fields(job.run_key, job.job_id, job.name):  # every record of this delivery names its run (C53)
-        decision = runtime.driver().run_job(job, body) if request.is_eager else runtime.run_job(job, body)
-        if handed_on and isinstance(decision, Completed):
-            raise handed_on[0]
-        if exiting:
-            raise exiting[0]  # the process goes on exiting; Celery gives the unfinished message back (C38)
+    # the attempt names the run on every record it logs (C53): the driver while it claims and concludes,
+    # current_job while the body runs; what follows names it too
+    decision = runtime.driver().run_job(job, body) if request.is_eager else runtime.run_job(job, body)
+    if handed_on and isinstance(decision, Completed):
+        raise handed_on[0]
+    if exiting:
+        raise exiting[0]  # the process goes on exiting; Celery gives the unfinished message back (C38)
+    if type(decision) is Completed and not decision.claimed:  # a body that took no step: its value, as is (C43)
+        return decision.value
+    with job_log_fields(job.run_key, job.job_id, job.name):
         if not request.is_eager and belongs_to_a_run(decision):
             stamp_dispatches(request, job.run_key)  # its callbacks, chain and chord body are runs of their own (C44)
         try:

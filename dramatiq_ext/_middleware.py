@@ -463,9 +463,8 @@ class DurableSteps(Middleware):
         _handled.set(message.message_id)
         body.check()
         job = job_info(message, step_retry=step_retry, cancellation=cancellation)
-        with job_log_fields(job.run_key, job.job_id, job.name):  # every record of this delivery names its run (C53)
-            # no local of this frame holds the decision: an error raised from it must not hold it (no cycle)
-            return self._attempt(broker, message, job, self._decide(job, body, args, kwargs))
+        # no local of this frame holds the decision: an error raised from it must not hold it (no cycle)
+        return self._attempt(broker, message, job, self._decide(job, body, args, kwargs))
 
     def _decide(self, job: JobInfo, body: _actor.Body, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Decision:
         """Run the attempt with this process's driver; a store that cannot be opened puts the job back (C41)."""
@@ -479,19 +478,25 @@ class DurableSteps(Middleware):
         return self._stopping
 
     def _attempt(self, broker: dramatiq.Broker, message: Any, job: JobInfo, decision: Decision) -> Any:
+        """Turn the attempt's decision into Dramatiq's verb; every record it logs names the run (C53).
+
+        The attempt itself names it: the driver while it claims and concludes,
+        ``current_job`` while the body runs.
+        """
         if type(decision) is Completed and not decision.claimed:  # a body that took no step: its value, as is (C43)
             return decision.value
-        if belongs_to_a_run(decision):  # the pipeline's next stage is a run of its own (C44)
-            _dispatch.stamp_pipe_target(message.options, job.run_key)
-        if isinstance(decision, Failure):  # Retries decides; the middleware settles the run if it gives up
-            self._failing[message.message_id] = decision
-            error = body_traceback(decision.error)
-            del decision
-            return _actor.Raise(error)  # raised by the actor's function itself: one frame above the body's
-        try:
-            return _verbs.apply_decision(broker, message, job, decision)
-        finally:
-            del decision
+        with job_log_fields(job.run_key, job.job_id, job.name):
+            if belongs_to_a_run(decision):  # the pipeline's next stage is a run of its own (C44)
+                _dispatch.stamp_pipe_target(message.options, job.run_key)
+            if isinstance(decision, Failure):  # Retries decides; the middleware settles the run if it gives up
+                self._failing[message.message_id] = decision
+                error = body_traceback(decision.error)
+                del decision
+                return _actor.Raise(error)  # raised by the actor's function itself: one frame above the body's
+            try:
+                return _verbs.apply_decision(broker, message, job, decision)
+            finally:
+                del decision
 
 
 def _step_retry(actor: dramatiq.Actor[Any, Any]) -> RetryPolicy | None:

@@ -123,6 +123,7 @@ class Attempt:
         *,
         owner: str | None = None,
         observation: AttemptObservation | None = None,
+        context: JobContext | None = None,
     ) -> None:
         self._driver = driver
         self.observation = observation
@@ -142,7 +143,9 @@ class Attempt:
         self._lease: LeaseKeeper | None = None
         self._body_thread: int | None = None
         self._kept: contextlib.AbstractContextManager[None] | None = None
-        self.context = JobContext(self.run_key, self.job_id, None, self.task_name, None, claim=self.claim_now)
+        if context is None:
+            context = JobContext(self.run_key, self.job_id, None, self.task_name, None, claim=self.claim_now)
+        self.context = context
         if begun is not None:
             self._take(begun)
 
@@ -210,6 +213,25 @@ class Attempt:
                 self._lease.start()  # type: ignore[union-attr]  # nothing if started already
             if not self.context.claimed:
                 self.context.bind(self.number, self.journal)  # type: ignore[arg-type]
+
+    def join_running_body(self, thread: int) -> None:
+        """This lazy attempt is made while its body already runs in ``thread`` (`unclaimed.Unclaimed`).
+
+        What `run` does before the body, minus entering ``current_job`` (the
+        body's context is already current): the claim that follows keeps the
+        lease alive and holds a connection in ``thread``. End it with
+        `leave_body`, `conclude` and `give_connection_back`.
+        """
+        self._body_thread = thread
+        self._active = True
+
+    def leave_body(self, tokens: tuple[Any, Any]) -> None:
+        """What `run` does once the body has returned or raised: undo the ``current_job`` ``tokens``, stop the lease."""
+        self._leave((tokens, None))
+
+    def give_connection_back(self) -> None:
+        """Give back the connection a lazy claim kept in the body's thread (after `conclude`)."""
+        self._give_connection_back()
 
     def _keep_connection(self) -> None:
         """From a lazy claim on, keep one store connection for this attempt's calls in the body's thread.

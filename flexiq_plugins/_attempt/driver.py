@@ -69,6 +69,7 @@ from .job import JobInfo
 from .known_tasks import KnownTasks
 from .late_release import LateReleases
 from .store_health import StoreHealth, store_health
+from .unclaimed import Unclaimed
 
 __all__ = ["AttemptDriver", "default_owner"]
 
@@ -202,8 +203,11 @@ class AttemptDriver:
           InvalidRunKey: the run key is not a ``str`` of 1 to 255 characters.
         """
         if job.lazy:  # a body that takes no step touches no connection; its claim holds one (Attempt.claim_now)
-            started = self.start(job, owner=owner)
-            return started.run(body) if isinstance(started, Attempt) else started
+            check_run_key(job.run_key)
+            observation = self._observe(job)
+            if observation is None:  # nothing of an attempt until the body's first step (C43)
+                return Unclaimed(self, job, owner).run(body)
+            return Attempt(self, job, None, owner=owner, observation=observation).run(body)
         with self.store.held():
             started = self.start(job, owner=owner)
             return started.run(body) if isinstance(started, Attempt) else started

@@ -14,9 +14,12 @@ from .._model.records import (
 __all__ = ["JobInfo"]
 
 
-@dataclass(frozen=True)
+@dataclass
 class JobInfo:
-    """One framework message, as the core sees it.
+    """One framework message, as the core sees it; an adapter makes one per delivery and changes none.
+
+    A plain (not frozen) dataclass: made for every message a worker handles,
+    it costs a third of a frozen one (C43).
 
     Parameters:
       run_key (str): the run key the message carries (or its job id, C1 words).

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import threading
 from typing import Any
 
 import pytest
@@ -210,3 +212,65 @@ def test_c37_a_producers_own_run_key_is_marked_to_claim_first() -> None:
     assert resume_mark_at_publish(None, run_key_given=False) is False
     assert resume_mark_at_publish(False, run_key_given=True) is False  # a retry of a new run stays lazy
     assert resume_mark_at_publish(True, run_key_given=True) is True
+
+
+def test_c23_two_threads_of_one_body_that_first_ask_at_once_share_one_claim(
+    driver: AttemptDriver, store: CountingStore
+) -> None:
+    """C23, C24: the body's threads that read ``current_job.attempt`` together claim the run once, not twice."""
+    ready = threading.Barrier(4)
+    seen: list[object] = []
+
+    def ask() -> None:
+        ready.wait()
+        try:
+            seen.append(current_job.attempt)
+        except BaseException as exc:  # a second claim would be refused as busy
+            seen.append(exc)
+
+    def body() -> str:
+        threads = [threading.Thread(target=contextvars.copy_context().run, args=(ask,)) for _ in range(4)]
+        ready.reset()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return current_job.step.run("after", lambda: "done")
+
+    decision = driver.run_job(lazy(), body)
+    assert seen == [1, 1, 1, 1]
+    assert decision == Completed("done", claimed=True)
+    assert store.calls.count("begin") == 1
+    assert store.get_run("run-1").status == "succeeded"
+
+
+def test_c23_a_thread_the_body_left_behind_cannot_claim_its_ended_run(
+    driver: AttemptDriver, store: CountingStore
+) -> None:
+    """C23, C43: a step asked for after the body ended is refused; the job stays one that took no step."""
+    asked = threading.Event()
+    answers: list[BaseException] = []
+
+    def late() -> None:
+        asked.wait()
+        try:
+            current_job.step.run("late", lambda: "never")
+        except BaseException as exc:
+            answers.append(exc)
+
+    left: list[threading.Thread] = []
+
+    def body() -> str:
+        left.append(threading.Thread(target=contextvars.copy_context().run, args=(late,)))
+        left[0].start()
+        return "returned"
+
+    decision = driver.run_job(lazy(), body)
+    asked.set()
+    left[0].join()
+    assert decision == Completed("returned", claimed=False)
+    assert len(answers) == 1
+    assert isinstance(answers[0], RuntimeError)
+    assert "has ended" in str(answers[0])
+    assert store.calls == []
+    assert store.list_runs() == []
