@@ -88,7 +88,7 @@ def open_transactions(exclude: CallerTransaction | None = None) -> list[OpenTran
         shares; it is not a hazard to that step.
     """
     found = _django_open()
-    if getattr(_local, "writers", None):  # no SQLAlchemy transaction of this thread has written: none to look at
+    if _local.writers:  # no SQLAlchemy transaction of this thread has written: none to look at
         found += _sqlalchemy_open()
     if exclude is None or not found:
         return found
@@ -112,7 +112,16 @@ def _django_open() -> list[OpenTransactionInfo]:
     return found
 
 
-_local = threading.local()
+_Writers = dict[int, tuple[weakref.ref[Connection], object]]
+
+
+class _ThreadState(threading.local):
+    """What this module keeps per thread; ``writers`` is ``None`` until a transaction of the thread writes."""
+
+    writers: _Writers | None = None  # a class default: reading it in a thread that never wrote raises nothing
+
+
+_local = _ThreadState()
 _ignored: weakref.WeakSet[Engine] = weakref.WeakSet()
 _watch_lock = threading.Lock()
 _watching = False
@@ -141,12 +150,9 @@ def ignore_engine(engine: Engine) -> None:
     _ignored.add(engine)
 
 
-_Writers = dict[int, tuple[weakref.ref[Connection], object]]
-
-
 def _writers() -> _Writers:
     """This thread's connections whose open transaction has written: ``id → (connection, asyncio task)``."""
-    found: _Writers | None = getattr(_local, "writers", None)
+    found = _local.writers
     if found is None:
         found = _local.writers = {}
     return found

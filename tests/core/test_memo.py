@@ -7,12 +7,22 @@ belong to the store's own tests).
 
 from __future__ import annotations
 
+import json
 from unittest.mock import ANY
 
 import pytest
 from cryptography.fernet import Fernet
 
-from flexiq_plugins import CodecChain, DurableConfig, FernetCodec, JobEnvelope, MemoryStepStore, ZlibCodec, current_job
+from flexiq_plugins import (
+    CodecChain,
+    DurableConfig,
+    FernetCodec,
+    JobEnvelope,
+    JsonSerializer,
+    MemoryStepStore,
+    ZlibCodec,
+    current_job,
+)
 from flexiq_plugins._attempt import decisions
 from flexiq_plugins.errors import DecodeError, EncodeError
 from flexiq_plugins.integration import AttemptDriver, JobInfo
@@ -308,3 +318,23 @@ def test_c9_memo_hit_makes_no_store_call_and_a_new_step_makes_one(memory_store):
     assert store.calls == ["begin"]
     assert attempt.run(body) == decisions.Completed("done")
     assert during == {"memo": [], "new": ["commit_step"]}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [0, -7, 2**63, 10**40, True, False, None],
+    ids=["zero", "negative", "2**63", "10**40", "true", "false", "none"],
+)
+def test_c7_an_int_bool_or_none_is_stored_as_the_json_encoder_writes_it(value):
+    """C7: the serializer's shortcut for these values writes the bytes the JSON encoder writes, and reads them back."""
+    serializer = JsonSerializer()
+    stored = serializer.dumps(value)
+    assert stored == json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    assert serializer.loads(stored) == value
+    assert type(serializer.loads(stored)) is type(value)
+
+
+def test_c7_an_int_too_long_for_text_fails_as_the_json_encoder_fails():
+    """C7: an int past Python's digit limit is refused with the encoder's own ``ValueError``, shortcut or not."""
+    with pytest.raises(ValueError, match="4300 digits"):
+        JsonSerializer().dumps(10**5000)
