@@ -27,11 +27,6 @@ from .job import JobInfo
 
 __all__ = ["Unclaimed"]
 
-_making = threading.Lock()
-"""Held while an unclaimed body makes its attempt: two threads of one body that take their first step at once
-make one."""
-
-
 class Unclaimed:
     """One lazy job's body, run with ``current_job`` set and no attempt until its first step.
 
@@ -41,7 +36,7 @@ class Unclaimed:
       owner (str | None): the claim's owner; ``None``: this process's.
     """
 
-    __slots__ = ("_attempt", "_context", "_done", "_driver", "_job", "_owner", "_thread")
+    __slots__ = ("_attempt", "_context", "_done", "_driver", "_job", "_making", "_owner", "_thread")
 
     def __init__(self, driver: AttemptHost, job: JobInfo, owner: str | None = None) -> None:
         self._driver = driver
@@ -49,6 +44,7 @@ class Unclaimed:
         self._owner = owner
         self._attempt: Attempt | None = None
         self._done = False
+        self._making = threading.Lock()  # two threads of the body that first take a step at once make one attempt
         self._thread = 0
         self._context = JobContext(job.run_key, job.job_id, None, job.name, None, claim=self._claim)
 
@@ -74,7 +70,7 @@ class Unclaimed:
         """
         attempt = self._attempt
         if attempt is None:
-            with _making:
+            with self._making:
                 if self._done:
                     raise RuntimeError(f"job {self._job.job_id} (run {self._job.run_key}) has ended: no step can run")
                 attempt = self._attempt
@@ -85,7 +81,7 @@ class Unclaimed:
         attempt.claim_now()
 
     def _leave(self, tokens: tuple[Any, Any]) -> None:
-        with _making:
+        with self._making:
             self._done = True
             attempt = self._attempt
         if attempt is None:
