@@ -139,6 +139,7 @@ class Attempt:
         self.journal: StepJournal = None  # type: ignore[assignment]  # set by _take, before any step runs
         self._refused: decisions.Decision | None = None
         self._claiming = threading.Lock()
+        self._concluding = False  # set under _claiming: a claim asked for after it is refused
         self._active = False
         self._lease: LeaseKeeper | None = None
         self._body_thread: int | None = None
@@ -201,18 +202,37 @@ class Attempt:
         """
         with self._claiming:
             if self.claim is None:
+                if self._concluding:  # a thread the body left behind: its attempt has ended without a claim
+                    raise RuntimeError(f"job {self.job_id} (run {self.run_key}) has ended: no step can run")
                 if self._refused is None and self._body_thread == threading.get_ident():
                     self._keep_connection()
-                claimed = self._claim() if self._refused is None else self._refused
-                if not isinstance(claimed, Begun):
-                    self._refused = claimed
-                    raise ClaimRefused(f"job {self.job_id} (run {self.run_key}) could not claim its run: {claimed}")
-                self._take(claimed, bind=False)
+                self._claim_and_take()
                 self._driver.took_step(self.job)  # the body takes a step: its task is durable (C43)
             if self._active:
                 self._lease.start()  # type: ignore[union-attr]  # nothing if started already
             if not self.context.claimed:
                 self.context.bind(self.number, self.journal)  # type: ignore[arg-type]
+
+    def _claim_and_take(self) -> None:
+        """Claim the run and hold the claim; a refused claim is kept and raised as ``ClaimRefused``.
+
+        An exception raised into the body's thread from outside (a
+        framework's time limit) after the store granted the claim but before
+        it is held still leaves it held: the attempt then settles the run as
+        that exception ends it (C38), instead of leaving it ``running`` with
+        nothing renewing its lease.
+        """
+        claimed: Begun | decisions.Decision | None = None
+        try:
+            claimed = self._claim() if self._refused is None else self._refused
+            if not isinstance(claimed, Begun):
+                self._refused = claimed
+                raise ClaimRefused(f"job {self.job_id} (run {self.run_key}) could not claim its run: {claimed}")
+            self._take(claimed, bind=False)
+        except BaseException:
+            if isinstance(claimed, Begun) and self.claim is None:
+                self._take(claimed, bind=False)
+            raise
 
     def join_running_body(self, thread: int) -> None:
         """This lazy attempt is made while its body already runs in ``thread`` (`unclaimed.Unclaimed`).
@@ -380,6 +400,8 @@ class Attempt:
           value (Any): the body's return value, when it returned.
           error (BaseException | None): what it raised, when it raised.
         """
+        with self._claiming:  # a claim in flight in another of the body's threads lands first, or never
+            self._concluding = True
         outcome = self._conclude(value, error)
         if self.observation is not None:
             report_end(self.observation, outcome, claim_refused=outcome is self._refused)

@@ -4,9 +4,9 @@ A first delivery of a job whose run was not recorded at publish claims its run
 at the body's first use of ``current_job.step`` (``JobInfo.lazy``). Most such
 jobs are of tasks that never take a step, and those must cost what they cost
 without the integration (C43). So an unobserved lazy job runs its body under a
-bare ``current_job`` and nothing else: no [`Attempt`][flexiq_plugins.integration.Attempt],
-no lock, no lease, no log fields of its own (the library's log filter reads
-``current_job``). The first read of ``current_job.step`` (or ``.attempt``)
+bare ``current_job`` and the job's log fields (C53), and nothing else: no
+[`Attempt`][flexiq_plugins.integration.Attempt], no lease, no store connection.
+The first read of ``current_job.step`` (or ``.attempt``)
 makes the attempt, joins it to the running body and claims the run; from then
 on the body is exactly an attempt that claimed lazily, and it concludes as one.
 A body that returns or raises without a step ends as
@@ -26,6 +26,7 @@ from .attempt import Attempt, AttemptHost
 from .job import JobInfo
 
 __all__ = ["Unclaimed"]
+
 
 class Unclaimed:
     """One lazy job's body, run with ``current_job`` set and no attempt until its first step.
@@ -51,15 +52,17 @@ class Unclaimed:
     def run(self, body: Callable[[], Any]) -> decisions.Decision:
         """Run ``body()`` as the job's body in the calling thread; return the one decision it ends with."""
         self._thread = threading.get_ident()
-        tokens = self._context.enter()
-        try:
+        job = self._job
+        with job_log_fields(job.run_key, job.job_id, job.name):  # this job, even inside another's body (C53)
+            tokens = self._context.enter()
             try:
-                value = body()
-            finally:
-                self._leave(tokens)
-        except BaseException as exc:
-            return self._conclude(None, exc)
-        return self._conclude(value, None)
+                try:
+                    value = body()
+                finally:
+                    self._leave(tokens)
+            except BaseException as exc:
+                return self._conclude(None, exc)
+            return self._conclude(value, None)
 
     def _claim(self) -> None:
         """The body's first ``current_job.step``: make the attempt, join it to the body, claim the run (C23).
@@ -93,9 +96,7 @@ class Unclaimed:
         attempt = self._attempt
         if attempt is None:
             return self._driver.ended_unclaimed(self._job, value, error)
-        job = self._job
         try:
-            with job_log_fields(job.run_key, job.job_id, job.name):
-                return attempt.conclude(value=value, error=error)
+            return attempt.conclude(value=value, error=error)
         finally:
             attempt.give_connection_back()

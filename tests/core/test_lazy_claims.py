@@ -274,3 +274,73 @@ def test_c23_a_thread_the_body_left_behind_cannot_claim_its_ended_run(
     assert "has ended" in str(answers[0])
     assert store.calls == []
     assert store.list_runs() == []
+
+
+class SlowClaimStore(MemoryStepStore):
+    """A memory store whose claim waits until released: a claim in flight over the network."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def begin(self, *args: Any, **kwargs: Any) -> Any:
+        self.entered.set()
+        assert self.release.wait(10)
+        return super().begin(*args, **kwargs)
+
+
+def test_c23_a_claim_in_flight_when_the_body_returns_is_settled_with_the_job() -> None:
+    """C23, C25, C38: a thread of the body starts the first claim and the body returns meanwhile: the attempt waits
+    for that claim and settles the run, instead of ending as a job of no step and leaving the run ``running``."""
+    store = SlowClaimStore()
+    driver = AttemptDriver(store, DurableConfig())
+    left: list[threading.Thread] = []
+    got: list[object] = []
+
+    def late() -> None:
+        try:
+            got.append(current_job.step.run("x", lambda: "side effect"))
+        except BaseException as exc:
+            got.append(exc)
+
+    def body() -> str:
+        left.append(threading.Thread(target=contextvars.copy_context().run, args=(late,)))
+        left[0].start()
+        assert store.entered.wait(10)
+        threading.Timer(0.05, store.release.set).start()  # the claim lands while the attempt concludes
+        return "returned"
+
+    decision = driver.run_job(lazy("run-race", "job-race"), body)
+    left[0].join(10)
+    assert decision == Completed("returned", claimed=True)
+    assert store.get_run("run-race").status == "succeeded"
+
+
+class Interrupted(BaseException):
+    """What a framework raises into a worker thread from outside (Dramatiq's ``TimeLimitExceeded``)."""
+
+
+def test_c38_an_exception_raised_into_the_body_as_its_claim_is_granted_still_settles_the_run(
+    driver: AttemptDriver, store: CountingStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """C38: an exception that lands between the store granting the first step's claim and the attempt holding it
+    (a time limit) ends the attempt as that exception, its run settled: never left ``running`` for recovery."""
+    from flexiq_plugins._attempt.attempt import Attempt
+
+    take = Attempt._take
+    landed: list[bool] = []
+
+    def interrupted_once(self: Attempt, *args: Any, **kwargs: Any) -> None:
+        if not landed:
+            landed.append(True)
+            raise Interrupted("time limit")
+        take(self, *args, **kwargs)
+
+    monkeypatch.setattr(Attempt, "_take", interrupted_once)
+    decision = driver.run_job(lazy(), lambda: current_job.step.run("one", lambda: 1))
+    assert landed == [True]
+    assert isinstance(decision, Failure)
+    assert decision.claimed
+    assert isinstance(decision.error, Interrupted)
+    assert store.get_run("run-1").status != "running"

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
 
 import pytest
 
-from flexiq_plugins import JobLogFilter, RetryPolicy, current_job
+from flexiq_plugins import DurableConfig, JobEnvelope, JobLogFilter, MemoryStepStore, RetryPolicy, current_job
+from flexiq_plugins._attempt.decisions import Completed
 from flexiq_plugins._steps.logfields import LIBRARY_LOGGERS
+from flexiq_plugins.integration import AttemptDriver, JobInfo, no_current_job
 from flexiq_plugins.testing import DurableRun
 
 FIELDS = ("run_key", "job_id", "task", "step_key")
@@ -94,3 +97,59 @@ def test_c53_every_library_logger_has_the_filter() -> None:
     assert names <= set(LIBRARY_LOGGERS)
     for name in LIBRARY_LOGGERS:
         assert any(isinstance(f, JobLogFilter) for f in logging.getLogger(name).filters), name
+
+
+@pytest.fixture
+def shop_records() -> Iterator[list[logging.LogRecord]]:
+    """What the ``shop`` logger emits through a handler with a ``JobLogFilter``."""
+    handler = logging.Handler()
+    records: list[logging.LogRecord] = []
+    handler.emit = records.append  # type: ignore[method-assign]
+    handler.addFilter(JobLogFilter())
+    shop = logging.getLogger("shop")
+    shop.addHandler(handler)
+    shop.setLevel(logging.INFO)
+    yield records
+    shop.removeHandler(handler)
+
+
+def _job(run_key: str, job_id: str, task: str, *, lazy: bool) -> JobInfo:
+    return JobInfo(run_key, job_id, JobEnvelope(task, "test"), lazy=lazy, task_name=task)
+
+
+def test_c53_a_job_run_inside_another_jobs_body_names_itself(shop_records: list[logging.LogRecord]) -> None:
+    """C53: a first delivery run inside another job's attempt (Celery's ``inner.apply()`` in a task body) names the
+    inner job on its body's records, and the outer job again after it."""
+    driver = AttemptDriver(MemoryStepStore(), DurableConfig())
+
+    def inner() -> str:
+        logging.getLogger("shop").info("inner")
+        return "in"
+
+    def outer() -> None:
+        logging.getLogger("shop").info("outer")
+        driver.run_job(_job("run-inner", "job-inner", "inner", lazy=True), inner)
+        logging.getLogger("shop").info("outer again")
+
+    assert isinstance(driver.run_job(_job("run-outer", "job-outer", "outer", lazy=False), outer), Completed)
+    assert [(r.getMessage(), r.run_key, r.job_id, r.task) for r in shop_records] == [  # type: ignore[attr-defined]
+        ("outer", "run-outer", "job-outer", "outer"),
+        ("inner", "run-inner", "job-inner", "inner"),
+        ("outer again", "run-outer", "job-outer", "outer"),
+    ]
+
+
+def test_c53_a_task_called_directly_in_a_first_delivery_logs_under_the_job_that_runs_it(
+    shop_records: list[logging.LogRecord],
+) -> None:
+    """C53: inside a durable task called as a plain function (no ``current_job`` of its own) the records still name
+    the job being handled, whose body calls it."""
+    driver = AttemptDriver(MemoryStepStore(), DurableConfig())
+
+    def body() -> None:
+        with no_current_job("called_directly"):
+            logging.getLogger("shop").info("direct")
+
+    driver.run_job(_job("run-1", "job-1", "outer", lazy=True), body)
+    (record,) = shop_records
+    assert (record.run_key, record.job_id, record.task) == ("run-1", "job-1", "outer")  # type: ignore[attr-defined]
