@@ -17,6 +17,20 @@ from flexiq_plugins.testing import DurableRun
 FIELDS = ("run_key", "job_id", "task", "step_key")
 
 
+@pytest.fixture
+def shop_records() -> Iterator[list[logging.LogRecord]]:
+    """What the ``shop`` logger emits through a handler with a ``JobLogFilter``."""
+    handler = logging.Handler()
+    records: list[logging.LogRecord] = []
+    handler.emit = records.append  # type: ignore[method-assign]
+    handler.addFilter(JobLogFilter())
+    shop = logging.getLogger("shop")
+    shop.addHandler(handler)
+    shop.setLevel(logging.INFO)
+    yield records
+    shop.removeHandler(handler)
+
+
 def flaky() -> None:
     """A step that fails once with a budget: the library logs the failure and the next attempt's delay."""
     calls = {"n": 0}
@@ -41,20 +55,10 @@ def test_c53_the_librarys_records_name_the_run_job_and_task(caplog: pytest.LogCa
     assert record.job_id.startswith("job-")  # type: ignore[attr-defined]
 
 
-def test_c53_a_job_log_filter_names_the_step_on_a_users_record(caplog: pytest.LogCaptureFixture) -> None:
+def test_c53_a_job_log_filter_names_the_step_on_a_users_record(shop_records: list[logging.LogRecord]) -> None:
     """``JobLogFilter`` on the user's handler gives a record logged inside a step body its ``step_key`` too (C53)."""
-    handler = logging.Handler()
-    seen: list[logging.LogRecord] = []
-    handler.emit = seen.append  # type: ignore[method-assign]
-    handler.addFilter(JobLogFilter())
-    shop = logging.getLogger("shop")
-    shop.addHandler(handler)
-    shop.setLevel(logging.INFO)
-    try:
-        DurableRun(flaky, run_key="run-user-logs", task_name="shop.charge").attempt()
-    finally:
-        shop.removeHandler(handler)
-    (record,) = seen
+    DurableRun(flaky, run_key="run-user-logs", task_name="shop.charge").attempt()
+    (record,) = shop_records
     assert [getattr(record, f) for f in ("run_key", "task", "step_key")] == ["run-user-logs", "shop.charge", "charge#0"]
 
 
@@ -97,20 +101,6 @@ def test_c53_every_library_logger_has_the_filter() -> None:
     assert names <= set(LIBRARY_LOGGERS)
     for name in LIBRARY_LOGGERS:
         assert any(isinstance(f, JobLogFilter) for f in logging.getLogger(name).filters), name
-
-
-@pytest.fixture
-def shop_records() -> Iterator[list[logging.LogRecord]]:
-    """What the ``shop`` logger emits through a handler with a ``JobLogFilter``."""
-    handler = logging.Handler()
-    records: list[logging.LogRecord] = []
-    handler.emit = records.append  # type: ignore[method-assign]
-    handler.addFilter(JobLogFilter())
-    shop = logging.getLogger("shop")
-    shop.addHandler(handler)
-    shop.setLevel(logging.INFO)
-    yield records
-    shop.removeHandler(handler)
 
 
 def _job(run_key: str, job_id: str, task: str, *, lazy: bool) -> JobInfo:
