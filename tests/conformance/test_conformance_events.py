@@ -129,7 +129,7 @@ def test_c34_flexiq_runs_cancel_stops_a_sleeping_run_and_its_next_step_never_run
 def test_c34_the_cli_cancels_a_sleeping_run_without_undos_at_once(harness: Harness) -> None:
     """C34: ``flexiq runs cancel RUN_KEY --reason`` on a sleeping run with nothing to undo ends it at once; its
     wake-up is dropped when it arrives and ``after`` never runs."""
-    job = harness.publish("nap", 1.0)
+    job = harness.publish("nap", 5.0)  # the CLI's start must come first: on a loaded 2-core machine it took over 1 s
     harness.wait_status(job.run_key, "sleeping")
     result = CliRunner().invoke(
         cli, ["--store", harness.config.store_url, "runs", "cancel", job.run_key, "--reason", "duplicate"]
