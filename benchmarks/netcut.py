@@ -94,14 +94,19 @@ class Proxy:
             except OSError:
                 client.close()
                 continue
-            with self._lock:
+            with self._lock:  # a cut while this connected drops it too: no connection outlives a cut
+                if self._cut or self._closed:
+                    client.close()
+                    server.close()
+                    continue
                 self._open += [client, server]
             for a, b in ((client, server), (server, client)):
                 threading.Thread(target=_pump, args=(a, b), daemon=True).start()
 
     def cut(self) -> None:
         """Drop every connection; new ones are accepted and closed at once (a refused connection)."""
-        self._cut = True
+        with self._lock:
+            self._cut = True
         self._drop_all()
 
     def restore(self) -> None:

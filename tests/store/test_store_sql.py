@@ -15,6 +15,7 @@ import os
 import threading
 import time
 import traceback
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -976,6 +977,30 @@ def test_upgrade_store_is_idempotent_and_safe_concurrently(
         versions = conn.execute(sa.text(f"SELECT version_num FROM {store.table_prefix}alembic_version")).all()
     assert [v[0] for v in versions] == [migrations_head()]
     claim(store, "run-after-upgrade")
+
+
+@pytest.mark.postgres
+def test_c41_a_store_already_at_the_newest_schema_starts_without_waiting_on_the_migration_lock(
+    postgres_url: str, make_sql_store: Callable[..., SqlStepStore]
+) -> None:
+    """A process whose tables are at the newest revision reads and writes while another session holds
+    the migration lock (a session cut off mid-upgrade, say): its store waits on no lock. The second
+    store gives up on any lock after 2 s, so waiting on this one would fail the test, not hang it."""
+    first = make_sql_store(postgres_url)
+    claim(first, "run-before-the-lock")  # the tables exist, at head
+    holder = sa.create_engine(postgres_url)
+    try:
+        with holder.connect() as conn:
+            number = zlib.crc32(f"flexiq-migrate:{first.table_prefix}".encode())
+            assert conn.execute(sa.select(sa.func.pg_try_advisory_lock(number))).scalar_one() is True
+            conn.commit()
+            impatient = make_sql_store(
+                postgres_url + "?options=-c%20lock_timeout%3D2000", table_prefix=first.table_prefix
+            )
+            claim(impatient, "run-while-the-lock-is-held")
+            assert impatient.get_run("run-before-the-lock").status == "running"
+    finally:
+        holder.dispose()
 
 
 @pytest.mark.parametrize("backend", SQL_BACKENDS)

@@ -6,7 +6,9 @@ race to create the tables, so the whole upgrade runs under a lock released
 only after it has committed: a PostgreSQL advisory lock, a MySQL/MariaDB
 ``GET_LOCK``, or on SQLite the ``BEGIN IMMEDIATE`` that already serializes
 writers. A process that waited then finds the new version row and does
-nothing.
+nothing. A process that finds the schema already at the newest revision
+takes no lock at all: it neither waits behind an upgrade nor behind a
+session that holds the lock for long (one cut off mid-upgrade, say).
 
 Quiet by design: every worker process checks the schema the first time it
 touches the store, and Alembic would log seven to ten INFO lines each time,
@@ -87,13 +89,19 @@ def migrate(engine: Engine, revision: str, prefix: str) -> str | None:
     Returns:
       str | None: the schema revision now (``None``: no tables).
     """
-    with _quiet_alembic(), engine.connect() as conn, _migration_lock(conn, prefix), conn.begin():
+    with _quiet_alembic():
         from alembic import command
         from alembic.config import Config
 
         config = Config()
         config.set_main_option("script_location", str(_MIGRATIONS))
         config.attributes["table_prefix"] = prefix
+        if revision == "head":  # up to date: no lock to wait for (whoever holds it, for however long)
+            with engine.connect() as conn:
+                current = _revision_of(conn, prefix)
+            if current is not None and current == _head(config):
+                return current
+    with _quiet_alembic(), engine.connect() as conn, _migration_lock(conn, prefix), conn.begin():
         before = _revision_of(conn, prefix)
         if before is not None and revision == "head" and before == _head(config):
             return before
