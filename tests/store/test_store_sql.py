@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sqlite3
 import threading
 import time
 import traceback
@@ -999,6 +1000,53 @@ def test_c41_a_store_already_at_the_newest_schema_starts_without_waiting_on_the_
             )
             claim(impatient, "run-while-the-lock-is-held")
             assert impatient.get_run("run-before-the-lock").status == "running"
+    finally:
+        holder.dispose()
+
+
+def test_c41_a_sqlite_store_at_the_newest_schema_starts_while_another_connection_writes(tmp_path: Path) -> None:
+    """SQLite: the first call of a store whose file is at the newest schema reads it without taking the
+    write lock, so another process's open write transaction does not hold it up (it would wait out the
+    busy timeout, then fail with "database is locked")."""
+    path = tmp_path / "steps.db"
+    url = f"sqlite:///{path}"
+    upgrade_store(url)
+    writer = sqlite3.connect(path, isolation_level=None)
+    writer.execute("BEGIN IMMEDIATE")  # another process's write transaction, left open
+    store = SqlStepStore(url)
+    try:
+        assert "schema revision " + migrations_head() in store.describe()
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+        store.close()
+
+
+@pytest.mark.mysql
+def test_c41_a_migration_lock_not_granted_in_time_migrates_nothing_and_says_so(
+    mysql_url: str, make_sql_store: Callable[..., SqlStepStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MySQL/MariaDB: an upgrade whose ``GET_LOCK`` times out (another session holds the migration lock)
+    raises ``StoreUnavailable`` naming the lock and leaves the schema as it was; it never upgrades without
+    the lock. Once the lock is free the same upgrade goes through."""
+    from flexiq_plugins._store.sql import migrate as migrate_module
+
+    store = make_sql_store(mysql_url, auto_upgrade=False)
+    prefix = store.table_prefix
+    upgrade_store(mysql_url, revision="0010", table_prefix=prefix)
+    monkeypatch.setattr(migrate_module, "_LOCK_WAIT_S", 1)
+    holder = sa.create_engine(mysql_url)
+    try:
+        with holder.connect() as conn:
+            assert conn.execute(sa.select(sa.func.get_lock(f"flexiq-migrate:{prefix}"[:64], 0))).scalar() == 1
+            with pytest.raises(StoreUnavailable, match="migration lock"):
+                upgrade_store(mysql_url, table_prefix=prefix)
+            with store.engine.connect() as reader:
+                assert migrate_module.schema_revision(reader, prefix) == "0010"
+            conn.execute(sa.select(sa.func.release_lock(f"flexiq-migrate:{prefix}"[:64])))
+        upgrade_store(mysql_url, table_prefix=prefix)
+        with store.engine.connect() as reader:
+            assert migrate_module.schema_revision(reader, prefix) == migrations_head()
     finally:
         holder.dispose()
 

@@ -29,7 +29,8 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlalchemy.engine import URL, Connection, Engine
 
-from .engine import create_engine, normalize_url
+from ...errors import StoreUnavailable
+from .engine import READ_ONLY, create_engine, normalize_url
 from .errors import translated
 from .tables import DEFAULT_TABLE_PREFIX
 
@@ -39,6 +40,8 @@ logger = logging.getLogger("flexiq_plugins")
 
 _MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
 _quiet = threading.local()
+_LOCK_WAIT_S = 120
+"""How long MySQL/MariaDB's ``GET_LOCK`` waits for the migration lock, seconds (PostgreSQL's lock waits on)."""
 
 
 def upgrade_store(
@@ -60,7 +63,8 @@ def upgrade_store(
 
     Raises:
       ConfigurationError: an unusable URL.
-      StoreUnavailable: the database cannot be reached.
+      StoreUnavailable: the database cannot be reached, or (MySQL/MariaDB)
+        another session held the migration lock for 120 s.
       StoreError: the migration failed.
     """
     if isinstance(url_or_engine, Engine):
@@ -98,6 +102,7 @@ def migrate(engine: Engine, revision: str, prefix: str) -> str | None:
         config.attributes["table_prefix"] = prefix
         if revision == "head":  # up to date: no lock to wait for (whoever holds it, for however long)
             with engine.connect() as conn:
+                conn.execution_options(**{READ_ONLY: True})  # SQLite: a plain BEGIN, not BEGIN IMMEDIATE
                 current = _revision_of(conn, prefix)
             if current is not None and current == _head(config):
                 return current
@@ -180,12 +185,17 @@ def _migration_lock(conn: Connection, prefix: str) -> Iterator[None]:
         number = zlib.crc32(key.encode())
         lock, unlock = sa.func.pg_advisory_lock(number), sa.func.pg_advisory_unlock(number)
     elif name in ("mysql", "mariadb"):
-        lock, unlock = sa.func.get_lock(key[:64], 120), sa.func.release_lock(key[:64])
+        lock, unlock = sa.func.get_lock(key[:64], _LOCK_WAIT_S), sa.func.release_lock(key[:64])
     else:
         yield
         return
-    conn.execute(sa.select(lock))
+    granted = conn.execute(sa.select(lock)).scalar()
     conn.commit()
+    if name != "postgresql" and granted != 1:  # GET_LOCK: 0 after its timeout, NULL on an error
+        raise StoreUnavailable(
+            f"the migration lock of the step store's tables {prefix}* was not granted within {_LOCK_WAIT_S} s: another "
+            "session holds it (an upgrade in progress, or one cut off); nothing was migrated, try again"
+        )
     try:
         yield
     finally:

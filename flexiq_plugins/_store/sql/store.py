@@ -43,9 +43,10 @@ their own modules, each with its reasons):
   take a shared lock that two concurrent ``FOR UPDATE`` readers then deadlock
   on. A deadlock the server reports anyway (the whole transaction was rolled
   back) is retried a few times before it surfaces as [`StoreUnavailable`][flexiq_plugins.errors.StoreUnavailable].
-- **Lazy schema.** Construction never connects. The first call runs the Alembic
-  migrations once per store object (thread-safe), under the migration lock of
-  `migrate`.
+- **Lazy schema.** Construction never connects. The first call checks the
+  schema once per store object (thread-safe): a schema at the newest revision
+  is used as it is, without a lock; an older one (or none) is upgraded with
+  the Alembic migrations under the migration lock of `migrate`.
 """
 
 from __future__ import annotations
