@@ -1035,15 +1035,16 @@ def test_c41_a_migration_lock_not_granted_in_time_migrates_nothing_and_says_so(
     prefix = store.table_prefix
     upgrade_store(mysql_url, revision="0010", table_prefix=prefix)
     monkeypatch.setattr(migrate_module, "_LOCK_WAIT_S", 1)
+    key = f"flexiq-migrate:{prefix}"[:64]  # the migration lock's name
     holder = sa.create_engine(mysql_url)
     try:
         with holder.connect() as conn:
-            assert conn.execute(sa.select(sa.func.get_lock(f"flexiq-migrate:{prefix}"[:64], 0))).scalar() == 1
+            assert conn.execute(sa.select(sa.func.get_lock(key, 0))).scalar() == 1
             with pytest.raises(StoreUnavailable, match="migration lock"):
                 upgrade_store(mysql_url, table_prefix=prefix)
             with store.engine.connect() as reader:
                 assert migrate_module.schema_revision(reader, prefix) == "0010"
-            conn.execute(sa.select(sa.func.release_lock(f"flexiq-migrate:{prefix}"[:64])))
+            conn.execute(sa.select(sa.func.release_lock(key)))
         upgrade_store(mysql_url, table_prefix=prefix)
         with store.engine.connect() as reader:
             assert migrate_module.schema_revision(reader, prefix) == migrations_head()

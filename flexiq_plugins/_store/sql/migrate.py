@@ -82,8 +82,9 @@ def upgrade_store(
 def migrate(engine: Engine, revision: str, prefix: str) -> str | None:
     """Run the migrations up to ``revision`` under the migration lock; errors are not translated.
 
-    Nothing is logged when the schema is already there; an upgrade logs one
-    INFO line naming both revisions.
+    For ``"head"``, a schema already at the newest revision is read without
+    the lock and left as it is. Nothing is logged when the schema is already
+    there; an upgrade logs one INFO line naming both revisions.
 
     Parameters:
       engine (Engine): the store's engine.
@@ -100,15 +101,16 @@ def migrate(engine: Engine, revision: str, prefix: str) -> str | None:
         config = Config()
         config.set_main_option("script_location", str(_MIGRATIONS))
         config.attributes["table_prefix"] = prefix
-        if revision == "head":  # up to date: no lock to wait for (whoever holds it, for however long)
+        newest = _head(config) if revision == "head" else None  # None: no revision counts as up to date
+        if newest is not None:  # up to date: no lock to wait for (whoever holds it, for however long)
             with engine.connect() as conn:
                 conn.execution_options(**{READ_ONLY: True})  # SQLite: a plain BEGIN, not BEGIN IMMEDIATE
                 current = _revision_of(conn, prefix)
-            if current is not None and current == _head(config):
+            if current == newest:
                 return current
     with _quiet_alembic(), engine.connect() as conn, _migration_lock(conn, prefix), conn.begin():
-        before = _revision_of(conn, prefix)
-        if before is not None and revision == "head" and before == _head(config):
+        before = _revision_of(conn, prefix)  # again, under the lock: another process may have upgraded meanwhile
+        if newest is not None and before == newest:
             return before
         config.attributes["connection"] = conn
         command.upgrade(config, revision)
