@@ -2,21 +2,23 @@
 
 Write transactions on one SQLite file queue for its write lock and are woken
 in turn (``flexiq_plugins/_store/sql/sqlite_gate.py``): in a process on a
-condition variable, across processes on a POSIX lock of ``<database>-writer-lock``.
-These tests watch that lock from other, real processes: ``lockf`` locks are
-per process, so only another process can see one held, and Linux's
-``/proc/locks`` shows which process holds it and which waits for it.
+lock, across processes on a POSIX lock of ``<database>-writer-lock``. These
+tests watch that lock from other, real processes: ``lockf`` locks are per
+process, so only another process can see one held.
 """
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
+import sqlite3
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -24,9 +26,10 @@ from flexiq_plugins._model.records import JobEnvelope, StepRow
 from flexiq_plugins._store.sql import SqlStepStore
 from flexiq_plugins._store.sql.engine import READ_ONLY
 from flexiq_plugins._store.sql.sqlite_gate import LOCK_FILE_SUFFIX, WriterGate, writer_gate
+from flexiq_plugins.errors import StoreUnavailable
 from tests.polling import wait_for
 
-pytestmark = pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux's /proc/locks")
+pytestmark = pytest.mark.skipif(os.name != "posix", reason="the writer lock file is a POSIX lock")
 
 ENVELOPE = JobEnvelope(task_name="shop.checkout", framework="test", args=[1])
 
@@ -46,19 +49,6 @@ def lock_state(lock_file: str) -> str:
     """``held`` or ``free``: whether another process could take the writer lock now (asked in a new process)."""
     probe = subprocess.run([sys.executable, "-c", _PROBE, lock_file], capture_output=True, text=True, check=True)
     return probe.stdout.strip()
-
-
-def waiting_for_lock(lock_file: str) -> set[int]:
-    """The pids that wait (``->`` in ``/proc/locks``) for a POSIX lock of ``lock_file``."""
-    inode = os.stat(lock_file).st_ino
-    pids = set()
-    for line in Path("/proc/locks").read_text().splitlines():
-        fields = line.split()
-        if "->" in fields and fields[fields.index("->") + 1] == "POSIX":
-            pid, device_inode = fields[fields.index("->") + 4], fields[fields.index("->") + 5]
-            if int(device_inode.rsplit(":", 1)[1]) == inode:
-                pids.add(int(pid))
-    return pids
 
 
 @pytest.fixture
@@ -123,31 +113,70 @@ def test_c43_the_writer_lock_is_released_by_a_rollback_an_error_and_a_closed_con
     assert lock_state(lock_file) == "free"
 
 
-def _write_one_run(url: str, run_key: str) -> None:
+def _write_one_run(url: str, run_key: str, about_to_write: Any = None) -> None:
     store = SqlStepStore(url)
+    store.now()  # opened: the write below is the first to wait
+    if about_to_write is not None:
+        about_to_write.set()
     try:
         store.record_queued(run_key, "job-1", ENVELOPE)
     finally:
         store.close()
 
 
-def test_c43_a_writer_of_another_process_waits_on_the_writer_lock_and_commits_once_it_is_released(
+def test_c43_a_writer_of_another_process_waits_for_the_writer_lock_and_commits_once_it_is_released(
     sqlite_store: SqlStepStore,
 ) -> None:
-    """While this process holds a write transaction, another process's store write waits in the kernel for
-    the writer lock (``/proc/locks`` lists it as waiting), not in SQLite's busy sleeps; it commits as soon
-    as the transaction here ends."""
-    lock_file = lock_file_of(sqlite_store)
+    """While this process holds a write transaction, another process's store write waits for it and commits
+    once the transaction here ends: nothing is refused as busy."""
     url = str(sqlite_store.engine.url)
     spawn = multiprocessing.get_context("spawn")
+    about_to_write = spawn.Event()
     with sqlite_store.engine.begin() as conn:
         conn.exec_driver_sql("SELECT 1")
-        child = spawn.Process(target=_write_one_run, args=(url, "run-from-the-other-process"))
+        child = spawn.Process(target=_write_one_run, args=(url, "run-from-the-other-process", about_to_write))
         child.start()
-        wait_for(lambda: child.pid in waiting_for_lock(lock_file), 60, "the other process to wait for the lock")
+        assert about_to_write.wait(60)
+        assert lock_state(lock_file_of(sqlite_store)) == "held"
     child.join(60)
     assert child.exitcode == 0
     assert sqlite_store.get_run("run-from-the-other-process").status == "queued"
+
+
+def test_c43_a_write_that_cannot_enter_the_gate_in_time_fails_as_busy_instead_of_hanging(
+    sqlite_store: SqlStepStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process holds the writer lock and does not let go (stopped inside its transaction): a write
+    here fails with ``StoreUnavailable`` ("database is locked") after the busy timeout, as SQLite's own
+    wait would, and nothing is written; once the other process ends, the same write goes through."""
+    url = str(sqlite_store.engine.url)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, url], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "inside"
+        gate = writer_gate(sqlite_store.engine.url.database or "", 30)
+        monkeypatch.setattr(gate, "timeout", 0.5)
+        with pytest.raises(StoreUnavailable, match="database is locked"):
+            sqlite_store.record_queued("run-while-locked", "job-1", ENVELOPE)
+        assert gate.owner is None
+    finally:
+        holder.kill()
+        holder.wait()
+    sqlite_store.record_queued("run-while-locked", "job-1", ENVELOPE)
+    assert sqlite_store.get_run("run-while-locked").status == "queued"
+
+
+_HOLDER = """
+import sys
+from flexiq_plugins._store.sql import SqlStepStore
+store = SqlStepStore(sys.argv[1])
+with store.engine.begin() as conn:
+    conn.exec_driver_sql("SELECT 1")
+    print("inside", flush=True)
+    sys.stdin.read()
+"""
 
 
 def test_c43_a_fork_waits_for_the_write_transactions_of_other_threads_and_the_child_can_write(
@@ -244,20 +273,28 @@ def _busy_writer(url: str, name: str) -> None:
     store.close()
 
 
-def test_c43_a_wait_on_the_gate_that_lasts_its_timeout_goes_on_without_it(tmp_path: Path) -> None:
-    """A writer that waited the timeout for another thread of its process goes on without the gate (SQLite's
-    own lock still orders it); once the holder leaves, the next writer takes the gate at once."""
+def test_c43_a_wait_on_the_gate_that_lasts_its_timeout_fails_as_busy_and_a_leaked_gate_is_taken_back(
+    tmp_path: Path,
+) -> None:
+    """In one process: a writer that waits the timeout for another thread's transaction gets SQLite's "database
+    is locked"; once the holder leaves, the next writer enters at once. A gate left taken by no writer (one
+    interrupted as it entered) is taken back after the timeout instead of blocking every writer for good."""
     gate = WriterGate(str(tmp_path / "steps.db"), timeout=0.05)
     first, second = object(), object()
-    assert gate.enter(first)
-    assert gate.enter(second) is False
+    gate.enter(first)
+    with pytest.raises(sqlite3.OperationalError, match="database is locked"):
+        gate.enter(second)
     assert gate.owner is first
     gate.leave(second)  # not its holder: nothing happens
     assert gate.owner is first
     gate.leave(first)
-    assert gate.enter(second)
+    gate.enter(second)
     assert gate.owner is second
     gate.leave(second)
+    assert gate._queue.acquire(blocking=False)  # taken, and no owner recorded
+    gate.enter(first)
+    assert gate.owner is first
+    gate.leave(first)
 
 
 def test_c43_stores_of_one_process_on_the_same_file_share_its_gate(tmp_path: Path) -> None:
@@ -279,3 +316,24 @@ def test_c43_a_read_only_sqlite_store_creates_no_writer_lock_file(tmp_path: Path
     finally:
         reader.close()
     assert not Path(str(path) + LOCK_FILE_SUFFIX).exists()
+
+
+def test_c43_the_writer_lock_file_is_closed_once_no_store_uses_its_database(tmp_path: Path) -> None:
+    """A process that opens and closes stores on many SQLite files does not keep a lock file open for each:
+    once no store of the process uses a file, its lock file is closed."""
+
+    def lock_files_open() -> int:
+        fds = Path("/proc/self/fd")
+        return sum(1 for fd in fds.iterdir() if os.path.realpath(fd).endswith(LOCK_FILE_SUFFIX))
+
+    if not Path("/proc/self/fd").exists():
+        pytest.skip("needs Linux's /proc/self/fd")
+    gc.collect()
+    before = lock_files_open()
+    for n in range(20):
+        store = SqlStepStore(f"sqlite:///{tmp_path / f'steps-{n}.db'}")
+        store.record_queued("run-1", "job-1", ENVELOPE)
+        store.close()
+        del store
+    gc.collect()
+    assert lock_files_open() == before

@@ -472,7 +472,10 @@ def _install_sqlite_events(engine: Engine, *, wal: bool, synchronous: str, gate:
         owner = None
         if gate is not None and not read_only:
             owner = conn.connection.dbapi_connection
-            gate.enter(owner)
+            try:
+                gate.enter(owner)
+            except sqlite3.OperationalError as exc:  # not entered in time: busy, as SQLite itself would say
+                raise sa_exc.OperationalError(sql, None, exc) from exc
         try:
             if runs_on_driver(conn):  # SQLAlchemy's execution would cost 5× the BEGIN (see .driver)
                 run_on_driver(conn, sql)
@@ -502,22 +505,23 @@ class _GatedConnection(sqlite3.Connection):
         try:
             super().commit()
         finally:
-            if self.gate is not None:
-                self.gate.leave(self)
+            self._leave_gate()
 
     def rollback(self) -> None:
         try:
             super().rollback()
         finally:
-            if self.gate is not None:
-                self.gate.leave(self)
+            self._leave_gate()
 
     def close(self) -> None:
         try:
             super().close()
         finally:
-            if self.gate is not None:
-                self.gate.leave(self)
+            self._leave_gate()
+
+    def _leave_gate(self) -> None:
+        if self.gate is not None:
+            self.gate.leave(self)
 
 
 def _enable_wal(cursor: Any) -> None:
