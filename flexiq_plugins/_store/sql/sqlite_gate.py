@@ -5,9 +5,9 @@ file. A connection that finds the file locked waits in SQLite's busy handler,
 which sleeps 1, 2, 5, 10 … ms between tries and is not woken when the lock
 frees. With several workers writing short transactions to one file (Celery's
 prefork children, Dramatiq's processes and threads), the writers spent those
-sleeps idle while the lock was free: a Celery worker of two processes ran a
-3-step job about 17 % slower than with the gate, its machine idle a third of
-the time (``benchmarks/MEASUREMENTS.md``).
+sleeps idle while the lock was free: with the gate, a Celery worker of two
+processes runs about 20 % more 3-step jobs a second, where its machine was
+idle a third of the time (``benchmarks/MEASUREMENTS.md``).
 
 What it does: before its ``BEGIN IMMEDIATE``, a write transaction of the store
 enters the gate of its database file; it leaves after its ``COMMIT`` or
