@@ -88,7 +88,6 @@ from sqlalchemy.pool import StaticPool
 
 from ...errors import ConfigurationError
 from .driver import run_on_driver, runs_on_driver
-from .sqlite_gate import WriterGate, writer_gate
 
 __all__ = [
     "ACCEPTED_STORE_FORMS",
@@ -270,14 +269,10 @@ def create_engine(url: URL) -> Engine:
     kwargs: dict[str, Any] = {}
     synchronous = _sqlite_synchronous(url) if backend == "sqlite" else None
     url = url.difference_update_query([SQLITE_SYNCHRONOUS]) if backend == "sqlite" else url
-    gate: WriterGate | None = None
     if backend == "sqlite" and _is_memory_sqlite(url):
         kwargs.update(poolclass=StaticPool, connect_args={"check_same_thread": False})
     else:
         kwargs["pool_size"] = _POOL_SIZE_UNLIMITED  # keep every connection opened: one per thread using the store
-    if backend == "sqlite" and (path := sqlite_file(url)) is not None and sqlite_read_only(url) is None:
-        gate = writer_gate(path, _SQLITE_BUSY_TIMEOUT_MS / 1000)  # the file's writers queue (see .sqlite_gate)
-        kwargs["connect_args"] = {"factory": _GatedConnection}
     if backend == "postgresql":
         defaults = {"connect_timeout": _CONNECT_TIMEOUT_S, **NETWORK_TIMEOUTS, "options": _POSTGRES_SESSION_OPTIONS}
         kwargs["connect_args"] = {key: value for key, value in defaults.items() if key not in url.query}
@@ -295,7 +290,7 @@ def create_engine(url: URL) -> Engine:
     except (sa_exc.ArgumentError, TypeError) as exc:
         raise ConfigurationError(f"cannot create an engine for {safe_url(url)}: {exc}") from exc
     if backend == "sqlite":
-        _install_sqlite_events(engine, wal=not _is_memory_sqlite(url), synchronous=synchronous or "normal", gate=gate)
+        _install_sqlite_events(engine, wal=not _is_memory_sqlite(url), synchronous=synchronous or "normal")
     else:
         _install_idle_ping(engine)
     if backend in ("mysql", "mariadb"):
@@ -440,23 +435,18 @@ def _sqlite_synchronous(url: URL) -> str | None:
     return value
 
 
-def _install_sqlite_events(engine: Engine, *, wal: bool, synchronous: str, gate: WriterGate | None) -> None:
-    """The pysqlite ``BEGIN IMMEDIATE`` recipe, WAL mode, ``PRAGMA synchronous``, a busy timeout, the writer gate.
+def _install_sqlite_events(engine: Engine, *, wal: bool, synchronous: str) -> None:
+    """The pysqlite ``BEGIN IMMEDIATE`` recipe, WAL mode, ``PRAGMA synchronous`` and a busy timeout.
 
     pysqlite's own transaction handling is switched off (``isolation_level =
     None``) and every write transaction starts with ``BEGIN IMMEDIATE``, which
     takes SQLite's write lock up front: two processes can never both read and
     then both try to upgrade to writing (the "database is locked" deadlock).
     Read-only calls use a plain deferred ``BEGIN`` and do not block writers.
-    A file's write transaction first enters the file's `WriterGate`
-    (`sqlite_gate`) and leaves it when it ends, or when its connection goes
-    back to the pool.
     """
 
     def on_connect(dbapi_connection: Any, _record: Any) -> None:
         dbapi_connection.isolation_level = None
-        if gate is not None:
-            dbapi_connection.gate = gate
         cursor = dbapi_connection.cursor()
         try:
             cursor.execute(f"PRAGMA busy_timeout = {_SQLITE_BUSY_TIMEOUT_MS}")
@@ -467,61 +457,14 @@ def _install_sqlite_events(engine: Engine, *, wal: bool, synchronous: str, gate:
             cursor.close()
 
     def on_begin(conn: Connection) -> None:
-        read_only = conn.get_execution_options().get(READ_ONLY, False)
-        sql = "BEGIN" if read_only else "BEGIN IMMEDIATE"
-        owner = None
-        if gate is not None and not read_only:
-            owner = conn.connection.dbapi_connection
-            try:
-                gate.enter(owner)
-            except sqlite3.OperationalError as exc:  # not entered in time: busy, as SQLite itself would say
-                raise sa_exc.OperationalError(sql, None, exc) from exc
-        try:
-            if runs_on_driver(conn):  # SQLAlchemy's execution would cost 5× the BEGIN (see .driver)
-                run_on_driver(conn, sql)
-            else:
-                conn.exec_driver_sql(sql)
-        except BaseException:
-            if owner is not None:
-                gate.leave(owner)  # type: ignore[union-attr]
-            raise
-
-    def on_checkin(dbapi_connection: Any, _record: Any) -> None:
-        if dbapi_connection is not None:  # None: invalidated, and closed (which left the gate)
-            gate.leave(dbapi_connection)  # type: ignore[union-attr]
+        sql = "BEGIN" if conn.get_execution_options().get(READ_ONLY, False) else "BEGIN IMMEDIATE"
+        if runs_on_driver(conn):  # SQLAlchemy's execution would cost 5× the BEGIN (see .driver)
+            run_on_driver(conn, sql)
+        else:
+            conn.exec_driver_sql(sql)
 
     event.listen(engine, "connect", on_connect)
     event.listen(engine, "begin", on_begin)
-    if gate is not None:
-        event.listen(engine.pool, "checkin", on_checkin)
-
-
-class _GatedConnection(sqlite3.Connection):
-    """A pysqlite connection that leaves its file's `WriterGate` once its transaction has ended."""
-
-    gate: WriterGate | None = None
-
-    def commit(self) -> None:
-        try:
-            super().commit()
-        finally:
-            self._leave_gate()
-
-    def rollback(self) -> None:
-        try:
-            super().rollback()
-        finally:
-            self._leave_gate()
-
-    def close(self) -> None:
-        try:
-            super().close()
-        finally:
-            self._leave_gate()
-
-    def _leave_gate(self) -> None:
-        if self.gate is not None:
-            self.gate.leave(self)
 
 
 def _enable_wal(cursor: Any) -> None:
